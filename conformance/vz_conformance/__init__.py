@@ -1,0 +1,1 @@
+"""The vz conformance suite."""

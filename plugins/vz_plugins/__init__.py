@@ -1,0 +1,1 @@
+"""The vz plugin SDK: serve any Driver as a Runtime Protocol plugin."""

@@ -1,0 +1,1 @@
+"""vz core: the host, the Driver contract, and everything shared."""

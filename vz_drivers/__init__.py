@@ -1,0 +1,1 @@
+"""Built-in vz drivers, one package each."""
