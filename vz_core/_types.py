@@ -1,0 +1,299 @@
+"""Plain typed values of the Machine contract.
+
+These mirror the Runtime Protocol v1 messages (PROTOCOL.md §1) without any protobuf types, so driver authors,
+the CLI and the conformance suite never touch generated code. ``vz_core._convert`` is the one place that
+translates between these and the wire messages.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Literal
+
+__all__ = [
+    "API_MAJOR",
+    "API_MINOR",
+    "ARCHITECTURES",
+    "MAX_CHUNK",
+    "Capabilities",
+    "DriverInfo",
+    "EgressPolicy",
+    "ExecEvent",
+    "ExecExit",
+    "ExecOutput",
+    "ExecSpec",
+    "Extensions",
+    "GpuRequirement",
+    "HostRequirements",
+    "MachineConfig",
+    "MachineDetails",
+    "MachineMount",
+    "MachineState",
+    "Mount",
+    "MountType",
+    "RecreateMode",
+    "RunImageRequest",
+]
+
+API_MAJOR = 1
+"""The Runtime Protocol major version this code speaks."""
+API_MINOR = 3
+"""The newest minor version this code speaks (1.3 adds recreate-on-run)."""
+MAX_CHUNK = 32768
+"""Largest payload of one exec stdin/stdout/stderr frame or logs chunk, in bytes."""
+ARCHITECTURES = ("amd64", "arm64")
+"""The only values TargetArchitecture may answer."""
+
+_EMPTY: Mapping[str, str] = MappingProxyType({})
+
+
+class MountType(enum.IntEnum):
+    """Kind of a mount (wire enum ``MountType``)."""
+
+    UNSPECIFIED = 0
+    BIND = 1
+    VOLUME = 2
+    TMPFS = 3
+
+    @property
+    def label(self) -> str:
+        """The lowercase name used in ContainerMount.type ("bind", "volume", "tmpfs")."""
+        return self.name.lower()
+
+
+class RecreateMode(enum.IntEnum):
+    """How a driver replaces an existing Machine (wire enum ``RecreateMode``)."""
+
+    UNSPECIFIED = 0
+    DELETE = 1
+    STOP = 2
+    ON_RUN = 3
+
+
+class GpuRequirement(enum.IntEnum):
+    """Wire enum ``GpuRequirementValue``."""
+
+    UNSPECIFIED = 0
+    FALSE = 1
+    OPTIONAL = 2
+    REQUIRED = 3
+
+
+class EgressPolicy(enum.IntEnum):
+    """Outbound network policy of a Machine (``vz.machine.v1.EgressPolicy``)."""
+
+    UNSPECIFIED = 0
+    ALLOW = 1
+    DENY = 2
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a driver supports (wire message ``Capabilities``).
+
+    Optional calls are gated on these flags: a host never calls ProvisioningPreflight, ReusePreflight or Logs
+    on a driver that does not advertise them.
+    """
+
+    mount_types: tuple[MountType, ...] = ()
+    requires_mount_streaming: bool = False
+    requires_workspace_chown: bool = False
+    recreate_mode: RecreateMode = RecreateMode.DELETE
+    provisioning_preflight: bool = False
+    reprovision: bool = False
+    logs: bool = False
+    reuse_preflight: bool = False
+
+
+@dataclass(frozen=True)
+class DriverInfo:
+    """Answer to Info (wire message ``InfoResponse``)."""
+
+    driver_name: str
+    driver_version: str
+    runtime_name: str
+    runtime_version: str = ""
+    capabilities: Capabilities | None = field(default_factory=Capabilities)
+    api_major: int = API_MAJOR
+    api_minor: int = API_MINOR
+
+
+@dataclass(frozen=True)
+class Mount:
+    """A mount requested for a Machine (wire message ``Mount``).
+
+    For BIND, ``source`` is a host path; for VOLUME, a volume name; for TMPFS it is ignored.
+    """
+
+    type: MountType
+    source: str
+    target: str
+    read_only: bool = False
+    options: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class HostRequirements:
+    """Resources requested for a Machine; zero means "driver default"."""
+
+    cpus: int = 0
+    memory_bytes: int = 0
+    storage_bytes: int = 0
+    gpu: GpuRequirement = GpuRequirement.UNSPECIFIED
+
+
+def _redacted_env(env: Mapping[str, str]) -> str:
+    return "{" + ", ".join(f"{k!r}: '***'" for k in env) + "}"
+
+
+@dataclass(frozen=True)
+class RunImageRequest:
+    """Create and start a Machine (wire message ``RunImageRequest``).
+
+    ``environment`` values are secrets: they never appear in ``repr``, logs or errors.
+    ``privileged`` and ``init`` keep explicit presence (``None`` = unset, which differs from ``False``).
+    """
+
+    workspace_id: str
+    image: str
+    image_built_locally: bool = False
+    user: str = ""
+    entrypoint: str = ""
+    args: tuple[str, ...] = ()
+    environment: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
+    labels: tuple[str, ...] = ()
+    cap_add: tuple[str, ...] = ()
+    security_opt: tuple[str, ...] = ()
+    privileged: bool | None = None
+    init: bool | None = None
+    workspace_mount: Mount | None = None
+    mounts: tuple[Mount, ...] = ()
+    userns: str = ""
+    uid_map: tuple[str, ...] = ()
+    gid_map: tuple[str, ...] = ()
+    platform: str = ""
+    host_requirements: HostRequirements | None = None
+    remote_user: str = ""
+    dockerless: bool = False
+    allow_recreate: bool = False
+
+    def label_map(self) -> dict[str, str]:
+        """Labels as a dict, each "k=v" split at the first "=" (a label without "=" maps to "")."""
+        out: dict[str, str] = {}
+        for item in self.labels:
+            key, _, value = item.partition("=")
+            out[key] = value
+        return out
+
+    def developer_identity(self) -> str:
+        """The resolved developer identity: remote_user, else user, else "root"."""
+        return self.remote_user or self.user or "root"
+
+    def all_mounts(self) -> tuple[Mount, ...]:
+        """The workspace mount (if any) followed by the other mounts."""
+        return ((self.workspace_mount,) if self.workspace_mount else ()) + self.mounts
+
+    def __repr__(self) -> str:
+        fields = ", ".join(
+            f"{name}={_redacted_env(value) if name == 'environment' else repr(value)}"
+            for name, value in self.__dict__.items()
+        )
+        return f"RunImageRequest({fields})"
+
+
+@dataclass(frozen=True)
+class MachineState:
+    """Wire message ``ContainerState``; ``status`` is "running" or "stopped"."""
+
+    status: Literal["running", "stopped"]
+    started_at: str = ""
+    exit_code: int = 0
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class MachineConfig:
+    """Wire message ``ContainerConfig``."""
+
+    labels: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
+    working_dir: str = ""
+    user: str = ""
+
+
+@dataclass(frozen=True)
+class MachineMount:
+    """Wire message ``ContainerMount``; ``type`` is "bind", "volume" or "tmpfs"."""
+
+    type: str
+    source: str
+    destination: str
+
+
+@dataclass(frozen=True)
+class MachineDetails:
+    """What Find reports about an existing Machine (wire message ``ContainerDetails``)."""
+
+    id: str
+    created_at: str
+    state: MachineState
+    config: MachineConfig = field(default_factory=MachineConfig)
+    mounts: tuple[MachineMount, ...] = ()
+
+
+@dataclass(frozen=True)
+class ExecSpec:
+    """The start of an exec (wire message ``ExecStart``). ``environment`` values are secrets."""
+
+    workspace_id: str
+    argv: tuple[str, ...]
+    user: str = ""
+    workdir: str = ""
+    environment: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
+    tty: bool = False
+
+    def __repr__(self) -> str:
+        return (
+            f"ExecSpec(workspace_id={self.workspace_id!r}, argv={self.argv!r}, user={self.user!r}, "
+            f"workdir={self.workdir!r}, environment={_redacted_env(self.environment)}, tty={self.tty!r})"
+        )
+
+
+@dataclass(frozen=True)
+class ExecOutput:
+    """A chunk of command output; ``data`` must be 1..MAX_CHUNK bytes."""
+
+    stream: Literal["stdout", "stderr"]
+    data: bytes
+
+
+@dataclass(frozen=True)
+class ExecExit:
+    """The final event of an exec. Success is ``exit_code == 0`` and an empty ``signal``."""
+
+    exit_code: int
+    signal: str = ""
+
+    @property
+    def success(self) -> bool:
+        return self.exit_code == 0 and not self.signal
+
+
+ExecEvent = ExecOutput | ExecExit
+
+
+@dataclass(frozen=True)
+class Extensions:
+    """What a driver supports beyond the Runtime Protocol (``vz.machine.v1.ExtensionsResponse``)."""
+
+    extensions_version: int = 1
+    target_os: tuple[str, ...] = ("linux",)
+    profiles: tuple[str, ...] = ()
+    tty: bool = False
+    accelerator: str = ""
+    accelerator_reason: str = ""
+    snapshots: bool = False
+    egress_policies: tuple[EgressPolicy, ...] = ()
+    facts: Mapping[str, str] = field(default_factory=lambda: _EMPTY)

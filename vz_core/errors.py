@@ -1,0 +1,252 @@
+"""One error hierarchy for vz, mapped exactly once to the Runtime Protocol (PROTOCOL.md §5).
+
+::
+
+    VzError                                  root of everything vz raises on purpose
+    ├── UserError                            caller misuse found by the host (bad vz.json, bad flags)
+    │   └── SelectionError                   no / ambiguous Environment or Machine selection
+    ├── TrustError                           a driver binary or manifest failed verification
+    ├── PluginError                          a plugin process misbehaved (handshake, crash, protocol)
+    └── DriverError                          a Runtime Protocol error category, carried on the wire
+        ├── caller misuse:  InvalidArgumentError, NotFoundError, AlreadyExistsError,
+        │                   FailedPreconditionError, PermissionDeniedError, UnsupportedError,
+        │                   IncompatibleVersionError
+        └── backend broke:  UnavailableError, RuntimeFailureError, RuntimeTimeoutError,
+                            OperationCancelledError, UnknownRuntimeError
+
+Every ``DriverError`` class has exactly one ``RuntimeErrorCode`` and one gRPC status code (``CATEGORY_TABLE``).
+On the wire an error is a gRPC status whose ``google.rpc.Status.details`` hold exactly one
+``devsy.runtime.v1.RuntimeError``; ``to_status``/``from_rpc_error`` are the only translators.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, ClassVar
+
+import grpc
+
+__all__ = [
+    "CATEGORY_TABLE",
+    "AlreadyExistsError",
+    "Category",
+    "DriverError",
+    "FailedPreconditionError",
+    "IncompatibleVersionError",
+    "InvalidArgumentError",
+    "NotFoundError",
+    "OperationCancelledError",
+    "PermissionDeniedError",
+    "PluginError",
+    "RuntimeFailureError",
+    "RuntimeTimeoutError",
+    "SelectionError",
+    "TrustError",
+    "UnavailableError",
+    "UnknownRuntimeError",
+    "UnsupportedError",
+    "UserError",
+    "VzError",
+    "error_class_for_code",
+]
+
+
+class VzError(Exception):
+    """Root of every error vz raises on purpose. ``str()`` is one actionable line."""
+
+
+class UserError(VzError):
+    """The user asked for something invalid; nothing was changed."""
+
+
+class SelectionError(UserError):
+    """An Environment/Machine selector matched nothing or more than one candidate."""
+
+
+class TrustError(VzError):
+    """A driver binary or manifest failed verification; the binary was not launched."""
+
+
+class PluginError(VzError):
+    """A plugin process misbehaved (no/garbled handshake, wrong versions, crash)."""
+
+
+@dataclass(frozen=True)
+class Category:
+    """One row of the error table: wire code name and number, gRPC status code, retryability."""
+
+    name: str
+    number: int
+    grpc_code: grpc.StatusCode
+    retryable: bool = False
+
+
+class DriverError(VzError):
+    """An error of one Runtime Protocol category.
+
+    ``message`` is actionable and shown to users; ``runtime_message`` holds backend diagnostics (redacted
+    before display); ``details`` is a string map of context (which field, which workspace).
+    """
+
+    category: ClassVar[Category]
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        runtime_message: str = "",
+        details: Mapping[str, str] | None = None,
+        retryable: bool | None = None,
+    ) -> None:
+        if not message:
+            raise ValueError("a DriverError needs a non-empty, actionable message")
+        super().__init__(message)
+        self.message = message
+        self.runtime_message = runtime_message
+        self.details: Mapping[str, str] = MappingProxyType(dict(details or {}))
+        self.retryable = self.category.retryable if retryable is None else retryable
+
+    @property
+    def code(self) -> str:
+        """The RuntimeErrorCode name without prefix, e.g. "NOT_FOUND"."""
+        return self.category.name
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), self.message, self.runtime_message, dict(self.details), self.retryable))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.message!r}, code={self.code})"
+
+
+def _rebuild(
+    cls: type[DriverError], message: str, runtime_message: str, details: dict[str, str], retryable: bool
+) -> DriverError:
+    return cls(message, runtime_message=runtime_message, details=details, retryable=retryable)
+
+
+def _category(name: str, number: int, code: grpc.StatusCode, retryable: bool = False) -> Category:
+    return Category(name, number, code, retryable)
+
+
+class UnknownRuntimeError(DriverError):
+    """The backend failed in a way it could not classify."""
+
+    category = _category("UNKNOWN", 0, grpc.StatusCode.UNKNOWN)
+
+
+class NotFoundError(DriverError):
+    """The Machine (or a named resource) does not exist."""
+
+    category = _category("NOT_FOUND", 1, grpc.StatusCode.NOT_FOUND)
+
+
+class AlreadyExistsError(DriverError):
+    """The Machine already exists and the request did not allow recreation."""
+
+    category = _category("ALREADY_EXISTS", 2, grpc.StatusCode.ALREADY_EXISTS)
+
+
+class InvalidArgumentError(DriverError):
+    """The request is malformed (empty ids, bad frames, impossible values)."""
+
+    category = _category("INVALID_ARGUMENT", 3, grpc.StatusCode.INVALID_ARGUMENT)
+
+
+class UnsupportedError(DriverError):
+    """The driver or this host cannot do what was asked (capability absent)."""
+
+    category = _category("UNSUPPORTED", 4, grpc.StatusCode.UNIMPLEMENTED)
+
+
+class UnavailableError(DriverError):
+    """The backend or plugin is unreachable right now; retrying may help."""
+
+    category = _category("UNAVAILABLE", 5, grpc.StatusCode.UNAVAILABLE, retryable=True)
+
+
+class FailedPreconditionError(DriverError):
+    """The Machine is not in a state that allows the call (stopped, identity changed)."""
+
+    category = _category("FAILED_PRECONDITION", 6, grpc.StatusCode.FAILED_PRECONDITION)
+
+
+class PermissionDeniedError(DriverError):
+    """The backend refused for lack of permission."""
+
+    category = _category("PERMISSION_DENIED", 7, grpc.StatusCode.PERMISSION_DENIED)
+
+
+class RuntimeTimeoutError(DriverError):
+    """The operation ran out of time."""
+
+    category = _category("TIMEOUT", 8, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+class OperationCancelledError(DriverError):
+    """The caller cancelled the operation."""
+
+    category = _category("CANCELLED", 9, grpc.StatusCode.CANCELLED)
+
+
+class RuntimeFailureError(DriverError):
+    """The backend broke while doing what was asked."""
+
+    category = _category("RUNTIME_FAILURE", 10, grpc.StatusCode.INTERNAL)
+
+
+class IncompatibleVersionError(DriverError):
+    """The peer speaks an API version this side cannot use."""
+
+    category = _category("INCOMPATIBLE_VERSION", 11, grpc.StatusCode.FAILED_PRECONDITION)
+
+
+CATEGORY_TABLE: tuple[type[DriverError], ...] = (
+    UnknownRuntimeError,
+    NotFoundError,
+    AlreadyExistsError,
+    InvalidArgumentError,
+    UnsupportedError,
+    UnavailableError,
+    FailedPreconditionError,
+    PermissionDeniedError,
+    RuntimeTimeoutError,
+    OperationCancelledError,
+    RuntimeFailureError,
+    IncompatibleVersionError,
+)
+"""Every category, indexed by its RuntimeErrorCode number."""
+
+_BY_NUMBER = {cls.category.number: cls for cls in CATEGORY_TABLE}
+
+# A status that carries no RuntimeError detail (transport failures, peers that do not follow the convention)
+# is classified by its gRPC code alone. INCOMPATIBLE_VERSION is only recognised through the detail.
+_BY_GRPC_CODE: dict[grpc.StatusCode, type[DriverError]] = {
+    grpc.StatusCode.UNKNOWN: UnknownRuntimeError,
+    grpc.StatusCode.NOT_FOUND: NotFoundError,
+    grpc.StatusCode.ALREADY_EXISTS: AlreadyExistsError,
+    grpc.StatusCode.INVALID_ARGUMENT: InvalidArgumentError,
+    grpc.StatusCode.UNIMPLEMENTED: UnsupportedError,
+    grpc.StatusCode.UNAVAILABLE: UnavailableError,
+    grpc.StatusCode.FAILED_PRECONDITION: FailedPreconditionError,
+    grpc.StatusCode.PERMISSION_DENIED: PermissionDeniedError,
+    grpc.StatusCode.UNAUTHENTICATED: PermissionDeniedError,
+    grpc.StatusCode.DEADLINE_EXCEEDED: RuntimeTimeoutError,
+    grpc.StatusCode.CANCELLED: OperationCancelledError,
+    grpc.StatusCode.INTERNAL: RuntimeFailureError,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: RuntimeFailureError,
+    grpc.StatusCode.DATA_LOSS: RuntimeFailureError,
+    grpc.StatusCode.ABORTED: UnavailableError,
+    grpc.StatusCode.OUT_OF_RANGE: InvalidArgumentError,
+}
+
+
+def error_class_for_code(number: int) -> type[DriverError]:
+    """The DriverError class of a RuntimeErrorCode number; unknown numbers map to UnknownRuntimeError."""
+    return _BY_NUMBER.get(number, UnknownRuntimeError)
+
+
+def error_class_for_grpc(code: grpc.StatusCode) -> type[DriverError]:
+    """The DriverError class for a status that carried no RuntimeError detail."""
+    return _BY_GRPC_CODE.get(code, UnknownRuntimeError)
