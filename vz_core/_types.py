@@ -297,3 +297,5 @@ class Extensions:
     snapshots: bool = False
     egress_policies: tuple[EgressPolicy, ...] = ()
     facts: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
+    resource_limits: bool = False
+    storage_limits: bool = False
