@@ -1,0 +1,46 @@
+"""The vz image store, shared by the linux_native and qemu drivers.
+
+Resolves image references (``vz:default``, ``oci:``, ``docker-archive:``, registry ``host/repo:tag``) into
+locally stored, digest-verified images and unpacks them into cached root filesystems. See docs/images.md.
+
+::
+
+    store = ImageStore()                       # root: vz_core.paths.cache_dir() / "images"
+    image = await store.resolve("vz:default")  # -> Image(ref, digest, config, layers, architecture, os)
+    rootfs = await store.rootfs(image)         # -> Path, read-only by convention
+
+Errors (vz_core.errors): InvalidArgumentError (malformed reference or image content), NotFoundError (no such
+image/tag/file), UnsupportedError (platform or format not handled), PermissionDeniedError (registry refused),
+UnavailableError (registry unreachable, busybox-static missing), RuntimeFailureError (digest mismatch).
+"""
+
+from __future__ import annotations
+
+from vz_drivers._images._model import Image, ImageConfig, Platform, host_platform
+from vz_drivers._images._reference import (
+    DEFAULT_REF,
+    DefaultRef,
+    DockerArchiveRef,
+    ImageReference,
+    OciLayoutRef,
+    RegistryRef,
+    parse_reference,
+)
+from vz_drivers._images._store import ImageStore, RegistryCredentials, default_store_root
+
+__all__ = [
+    "DEFAULT_REF",
+    "DefaultRef",
+    "DockerArchiveRef",
+    "Image",
+    "ImageConfig",
+    "ImageReference",
+    "ImageStore",
+    "OciLayoutRef",
+    "Platform",
+    "RegistryCredentials",
+    "RegistryRef",
+    "default_store_root",
+    "host_platform",
+    "parse_reference",
+]
