@@ -68,7 +68,11 @@ def diff(committed: Path, fresh: Path) -> list[str]:
         if a.get(name) != b.get(name):
             out.extend(
                 difflib.unified_diff(
-                    a.get(name, "").splitlines(), b.get(name, "").splitlines(), f"committed/{name}", f"fresh/{name}", lineterm=""
+                    a.get(name, "").splitlines(),
+                    b.get(name, "").splitlines(),
+                    f"committed/{name}",
+                    f"fresh/{name}",
+                    lineterm="",
                 )
             )
             out.append(f"differs: {name}")

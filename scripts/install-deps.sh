@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Install what vz needs on Debian 12: system packages (apt-get) and a virtualenv with vz and its test tools.
+# Usage: scripts/install-deps.sh            (as root, or with sudo available)
+# Environment: VZ_VENV (default .venv), PYTHON (default python3), VZ_SKIP_APT=1 to skip apt-get.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PACKAGES=(
+  # Python toolchain for the virtualenv (Debian's python3 is 3.11 on Debian 12)
+  python3 python3-venv python3-dev gcc
+  # linux_native: OCI runtime, network namespaces/egress rules, embedded default image
+  runc iproute2 nftables busybox-static
+  # images: local OCI registry for tests, image tools
+  docker-registry skopeo umoci
+  # qemu: VMs under TCG/KVM, root disks without loop devices, a stock guest kernel
+  qemu-system-x86 e2fsprogs linux-image-amd64 kmod cpio
+  # guest agent build and Go interop fixtures (go-plugin peers), GOPATH mode
+  golang-go golang-github-hashicorp-go-plugin-dev golang-google-grpc-dev golang-google-protobuf-dev
+  golang-github-golang-protobuf-1-5-dev golang-google-genproto-dev golang-golang-x-sys-dev
+  protobuf-compiler protoc-gen-go protoc-gen-go-grpc
+  # misc used by tests
+  procps psmisc util-linux
+)
+
+if [ "${VZ_SKIP_APT:-0}" != "1" ]; then
+  SUDO=""
+  if [ "$(id -u)" != "0" ]; then SUDO="sudo"; fi
+  export DEBIAN_FRONTEND=noninteractive
+  missing=()
+  for p in "${APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if [ "${#missing[@]}" -gt 0 ]; then
+    echo "installing system packages: ${missing[*]}"
+    $SUDO apt-get update -q
+    $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+  fi
+fi
+
+VENV="${VZ_VENV:-.venv}"
+PY="${PYTHON:-python3}"
+if [ ! -x "$VENV/bin/python" ]; then
+  "$PY" -m venv "$VENV"
+fi
+"$VENV/bin/python" -m pip install -q --upgrade pip
+"$VENV/bin/python" -m pip install -q -e '.[test]'
+echo "vz installed in $VENV (activate with: . $VENV/bin/activate)"

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The whole test suite: lint, format, types, then pytest (warnings are errors). Exit 5 (no tests) fails.
+# Usage: scripts/test.sh [pytest args...]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+VENV="${VZ_VENV:-.venv}"
+if [ -x "$VENV/bin/python" ]; then export PATH="$PWD/$VENV/bin:$PATH"; fi
+
+status=0
+echo "== ruff check"; ruff check . || status=1
+echo "== ruff format --check"; ruff format --check . || status=1
+echo "== mypy --strict (vz_core, plugin SDK, conformance)"; mypy vz_core plugins/vz_plugins conformance/vz_conformance || status=1
+echo "== pytest"
+python -m pytest "$@"
+rc=$?
+if [ "$rc" -eq 5 ]; then
+  echo "pytest collected no tests: that is a failure" >&2
+  rc=1
+fi
+[ "$rc" -eq 0 ] || status=1
+echo "== leftovers"
+bash scripts/leak-check.sh || status=1
+exit $status
