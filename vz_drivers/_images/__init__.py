@@ -16,6 +16,14 @@ UnavailableError (registry unreachable, busybox-static missing), RuntimeFailureE
 
 from __future__ import annotations
 
+from vz_drivers._images._build import (
+    Descriptor,
+    OciLayoutWriter,
+    build_docker_archive,
+    build_oci_layout,
+    layer_tar,
+)
+from vz_drivers._images._default import DEFAULT_CONFIG
 from vz_drivers._images._model import Image, ImageConfig, Platform, host_platform
 from vz_drivers._images._reference import (
     DEFAULT_REF,
@@ -29,18 +37,24 @@ from vz_drivers._images._reference import (
 from vz_drivers._images._store import ImageStore, RegistryCredentials, default_store_root
 
 __all__ = [
+    "DEFAULT_CONFIG",
     "DEFAULT_REF",
     "DefaultRef",
+    "Descriptor",
     "DockerArchiveRef",
     "Image",
     "ImageConfig",
     "ImageReference",
     "ImageStore",
     "OciLayoutRef",
+    "OciLayoutWriter",
     "Platform",
     "RegistryCredentials",
     "RegistryRef",
+    "build_docker_archive",
+    "build_oci_layout",
     "default_store_root",
     "host_platform",
+    "layer_tar",
     "parse_reference",
 ]
