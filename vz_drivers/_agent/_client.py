@@ -1,0 +1,598 @@
+"""Host side of the guest agent protocol, on asyncio streams.
+
+One ``AgentClient`` owns one connection (a Unix socket, or the single byte stream of a virtio-serial port) to
+one ``vz-agent``. A single reader task demultiplexes frames into per-stream queues; any number of execs run
+concurrently on one client. Memory is bounded by credit: the client grants output credit only as the
+consumer pulls chunks, so a paused consumer stops the agent reading the command's pipes and the command
+blocks. All failures of the connection surface as ``vz_core.errors.UnavailableError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import secrets
+import time
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType, TracebackType
+from typing import Any, Final
+
+from vz_core import ExecEvent, ExecExit, ExecOutput, ExecSpec
+from vz_core.errors import (
+    CATEGORY_TABLE,
+    DriverError,
+    IncompatibleVersionError,
+    InvalidArgumentError,
+    UnavailableError,
+    UnknownRuntimeError,
+    UnsupportedError,
+)
+from vz_drivers._agent import _protocol as p
+
+__all__ = ["AgentClient", "AgentInfo", "AgentStatus"]
+
+_HELLO_RESEND: Final = 1.0  # seconds between HELLO retries on a single-stream transport
+_KILL_CONFIRM: Final = 5.0  # how long a cancelled exec waits for the agent to confirm the kill
+_ERROR_BY_CODE: Final = {cls.category.name: cls for cls in CATEGORY_TABLE}
+_SUN_PATH_MAX: Final = 107
+
+
+@dataclass(frozen=True)
+class AgentInfo:
+    """What the agent reported in its HELLO reply."""
+
+    protocol_version: int
+    agent_version: str
+    pid: int
+    nproc: int
+    mem_total: int
+    """MemTotal of the agent's kernel, in bytes."""
+    arch: str
+    """GOARCH of the agent binary ("amd64", "arm64")."""
+    kernel: str
+    hostname: str
+    root: str
+    """The directory execs are chrooted into by default ("" = none)."""
+    init: bool
+    """The agent supervises a main process (``--init``)."""
+    main_pid: int
+    mode: str
+    """"unix" (one session per socket connection) or "stream" (single byte stream)."""
+    features: tuple[str, ...] = ()
+    raw: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}), repr=False)
+
+
+@dataclass(frozen=True)
+class AgentStatus:
+    """Answer to STATUS: the main process and the agent's load."""
+
+    main_pid: int
+    """0 when the agent runs no main process."""
+    main_running: bool
+    main_exit: ExecExit | None
+    """How the main process ended; ``None`` while it runs or when there is none."""
+    execs: int
+    """Running execs over all connections."""
+    sessions: int
+
+
+class _Stream:
+    """Host-side state of one exec or logs stream."""
+
+    __slots__ = ("credit_event", "finished", "id", "pid", "queue", "stdin_credit", "terminal", "ungranted")
+
+    def __init__(self, stream_id: int) -> None:
+        self.id = stream_id
+        self.queue: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue()
+        self.stdin_credit = p.DEFAULT_WINDOW
+        self.credit_event = asyncio.Event()
+        self.terminal = asyncio.Event()
+        self.ungranted = [0, 0, 0]
+        self.finished = False
+        self.pid = 0
+
+
+def _error_from_payload(payload: bytes) -> DriverError:
+    try:
+        doc = json.loads(payload)
+        code = str(doc.get("code", "UNKNOWN"))
+        message = str(doc.get("message", "")) or "the guest agent reported an error without a message"
+    except (ValueError, AttributeError):
+        return UnknownRuntimeError("the guest agent sent a malformed ERROR frame")
+    return _ERROR_BY_CODE.get(code, UnknownRuntimeError)(message)
+
+
+class _ProtocolError(Exception):
+    pass
+
+
+async def _open_unix(path: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    if len(os.fsencode(path)) <= _SUN_PATH_MAX:
+        return await asyncio.open_unix_connection(path)
+    # sun_path holds 108 bytes: reach a deeper socket through a descriptor of its directory.
+    directory, name = os.path.split(path)
+    dirfd = os.open(directory or ".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        return await asyncio.open_unix_connection(f"/proc/self/fd/{dirfd}/{name}")
+    finally:
+        os.close(dirfd)
+
+
+class AgentClient:
+    """A connection to one guest agent. Create it with ``connect_unix`` or ``from_streams``.
+
+    The client owns the streams it was given and closes them in ``close()`` (also on ``async with`` exit).
+    Every method raises ``UnavailableError`` once the connection is lost; execs in flight end with it too.
+    """
+
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        *,
+        stream_mode: bool,
+        window: int = p.DEFAULT_WINDOW,
+    ) -> None:
+        """Wrap a stream pair without talking to the agent; use the factories instead."""
+        if not p.MAX_DATA <= window < 1 << 31:
+            raise ValueError(f"window must be between {p.MAX_DATA} and 2**31-1 bytes, got {window}")
+        self._reader = reader
+        self._writer = writer
+        self._stream_mode = stream_mode
+        self._window = window
+        self._grant_threshold = max(window // 4, 1)
+        self._streams: dict[int, _Stream] = {}
+        self._pending: dict[int, asyncio.Future[bytes]] = {}
+        self._next_id = 0
+        self._lost: str | None = None
+        self._info: AgentInfo | None = None
+        self._reader_task: asyncio.Task[None] | None = None
+        self._closing = False
+
+    # ------------------------------------------------------------------ construction
+
+    @classmethod
+    async def connect_unix(
+        cls,
+        path: str | os.PathLike[str],
+        timeout: float | None = 10.0,  # noqa: ASYNC109 - bounds connect + handshake, which run as one step
+        *,
+        window: int = p.DEFAULT_WINDOW,
+    ) -> AgentClient:
+        """Connect to ``vz-agent serve --listen unix:PATH`` and complete the handshake within ``timeout``.
+
+        Raises ``UnavailableError`` when nothing listens there or the agent does not answer in time, and
+        ``IncompatibleVersionError`` when it speaks no protocol version this client knows.
+        """
+        spath = os.fspath(path)
+        try:
+            async with asyncio.timeout(timeout):
+                reader, writer = await _open_unix(spath)
+        except TimeoutError:
+            raise UnavailableError(f"connecting to the guest agent at {spath} timed out after {timeout} s") from None
+        except OSError as exc:
+            raise UnavailableError(
+                f"cannot connect to the guest agent at {spath}: {exc.strerror or exc}; is the Machine running?"
+            ) from None
+        return await cls.from_streams(reader, writer, wait_ready=False, timeout=timeout, window=window)
+
+    @classmethod
+    async def from_streams(
+        cls,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        *,
+        wait_ready: bool = False,
+        timeout: float | None = None,  # noqa: ASYNC109 - bounds the handshake only, not the client's life
+        window: int = p.DEFAULT_WINDOW,
+    ) -> AgentClient:
+        """Run the handshake over an already open stream pair and return a ready client.
+
+        ``wait_ready=True`` is for single-stream transports (virtio-serial, ``--fd``): the agent may still be
+        booting and stale bytes of an earlier session may precede its answer. The client then re-sends its
+        HELLO every second, skips READY frames and garbage, and accepts only the reply carrying its own nonce.
+        Without it, the first frame must be the HELLO reply. ``timeout`` bounds the whole handshake
+        (``None`` = wait as long as the caller does). On failure the streams are closed.
+        """
+        client = cls(reader, writer, stream_mode=wait_ready, window=window)
+        try:
+            await client._handshake(timeout)
+        except BaseException:
+            writer.close()
+            raise
+        client._reader_task = asyncio.get_running_loop().create_task(client._read_loop(), name="vz-agent-reader")
+        return client
+
+    async def __aenter__(self) -> AgentClient:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    # ------------------------------------------------------------------ public API
+
+    @property
+    def info(self) -> AgentInfo:
+        """The facts of the HELLO reply."""
+        assert self._info is not None
+        return self._info
+
+    @property
+    def closed(self) -> bool:
+        """True once the connection is lost or closed."""
+        return self._lost is not None
+
+    async def hello(self) -> AgentInfo:
+        """The agent's facts (from the handshake; the connection is checked to be alive)."""
+        self._check_open()
+        return self.info
+
+    async def ping(self) -> float:
+        """Round trip to the agent; returns the time it took in seconds. Bound it with ``asyncio.timeout``."""
+        started = time.perf_counter()
+        await self._request(p.T_PING, b"")
+        return time.perf_counter() - started
+
+    async def status(self) -> AgentStatus:
+        """The main process's state and how many execs run."""
+        doc = json.loads(await self._request(p.T_STATUS, b""))
+        main_exit = None
+        if doc.get("main_exited"):
+            main_exit = ExecExit(int(doc.get("main_exit_code", 0)), str(doc.get("main_signal", "")))
+        return AgentStatus(
+            main_pid=int(doc.get("main_pid", 0)),
+            main_running=bool(doc.get("main_running", False)),
+            main_exit=main_exit,
+            execs=int(doc.get("execs", 0)),
+            sessions=int(doc.get("sessions", 0)),
+        )
+
+    async def shutdown(self, *, grace: float = 10.0) -> None:
+        """Stop everything in the Machine and end the agent; then close this client.
+
+        The agent sends SIGTERM to the main process, waits up to ``grace`` seconds, kills every remaining
+        process, syncs, and exits. When it runs as PID 1 (a VM's init) it also unmounts the filesystems and
+        powers the machine off. Returns once the agent acknowledged (or the connection ended because it did);
+        bound the wait with ``asyncio.timeout``.
+        """
+        payload = json.dumps({"grace_ms": int(grace * 1000)}).encode()
+        try:
+            await self._request(p.T_SHUTDOWN, payload, lost_ok=True)
+        finally:
+            await self.close()
+
+    async def exec(
+        self, spec: ExecSpec, stdin: AsyncIterator[bytes], *, root_override: str | None = None
+    ) -> AsyncIterator[ExecEvent]:
+        """Run ``spec.argv`` through the agent; ``vz_core.Driver.exec`` semantics exactly.
+
+        Yields ``ExecOutput`` chunks of 1..32768 bytes (stdout and stderr separate) and then exactly one
+        ``ExecExit``. ``stdin`` is consumed by a task of its own; the command may exit before it ends.
+        ``spec.workspace_id`` is not used here. ``root_override`` chroots this exec into another directory of
+        the agent's filesystem ("/" = no chroot) instead of the agent's ``--root``.
+
+        Raises ``InvalidArgumentError`` (empty argv, unknown user, missing workdir), ``UnsupportedError``
+        (tty), ``UnavailableError`` (connection lost), or the error the agent reported for the setup.
+        Closing the generator (or cancelling its task) before the exit kills the command and all its
+        descendants and waits briefly for the agent to confirm.
+        """
+        if not spec.argv:
+            raise InvalidArgumentError("exec needs a non-empty argv")
+        if spec.tty:
+            raise UnsupportedError("the guest agent does not run tty execs")
+        request: dict[str, Any] = {
+            "argv": list(spec.argv),
+            "env": dict(spec.environment),
+            "user": spec.user,
+            "workdir": spec.workdir,
+            "window": self._window,
+        }
+        if root_override is not None:
+            request["root"] = root_override
+        st = self._open_stream()
+        self._write(p.frame(p.T_EXEC_START, st.id, json.dumps(request).encode()))
+        pump = asyncio.get_running_loop().create_task(self._pump_stdin(st, stdin), name=f"vz-agent-stdin-{st.id}")
+        try:
+            while True:
+                item = await st.queue.get()
+                kind = item[0]
+                if kind == "out":
+                    channel: int = item[1]
+                    data: bytes = item[2]
+                    self._consumed(st, channel, len(data))
+                    yield ExecOutput("stdout" if channel == p.CH_STDOUT else "stderr", data)
+                elif kind == "exit":
+                    await self._stop_task(pump)
+                    self._streams.pop(st.id, None)
+                    yield ExecExit(item[1], item[2])
+                    return
+                else:  # "error", "lost" or "stdin_failed"
+                    raise item[1]
+        finally:
+            await self._stop_task(pump)
+            await self._end_stream(st)
+
+    async def logs(self) -> AsyncIterator[bytes]:
+        """The main process's log (``--log``) as it is now: chunks of 1..32768 bytes, then the end.
+
+        Raises ``UnsupportedError`` when the agent keeps no log.
+        """
+        st = self._open_stream()
+        self._write(p.frame(p.T_LOGS, st.id, json.dumps({"window": self._window}).encode()))
+        try:
+            while True:
+                item = await st.queue.get()
+                if item[0] == "out":
+                    self._consumed(st, item[1], len(item[2]))
+                    yield item[2]
+                elif item[0] == "exit":
+                    self._streams.pop(st.id, None)
+                    return
+                else:
+                    raise item[1]
+        finally:
+            await self._end_stream(st)
+
+    async def close(self) -> None:
+        """Close the connection (idempotent). Execs still running are killed by the agent."""
+        if self._closing:
+            return
+        self._closing = True
+        self._lose("the guest agent client was closed")
+        task = self._reader_task
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.wait([task])
+        self._writer.close()
+        with contextlib.suppress(Exception):
+            await self._writer.wait_closed()
+
+    # ------------------------------------------------------------------ internals
+
+    def _check_open(self) -> None:
+        if self._lost is not None:
+            raise UnavailableError(self._lost)
+
+    def _write(self, data: bytes) -> None:
+        self._check_open()
+        self._writer.write(data)
+
+    def _new_id(self) -> int:
+        while True:
+            self._next_id = self._next_id % 0xFFFFFFFF + 1
+            if self._next_id not in self._streams and self._next_id not in self._pending:
+                return self._next_id
+
+    def _open_stream(self) -> _Stream:
+        self._check_open()
+        st = _Stream(self._new_id())
+        self._streams[st.id] = st
+        return st
+
+    def _consumed(self, st: _Stream, channel: int, n: int) -> None:
+        st.ungranted[channel] += n
+        if st.ungranted[channel] >= self._grant_threshold and not st.finished and self._lost is None:
+            self._writer.write(p.frame(p.T_WINDOW, st.id, p.encode_window(channel, st.ungranted[channel])))
+            st.ungranted[channel] = 0
+
+    async def _request(self, type_: int, payload: bytes, *, lost_ok: bool = False) -> bytes:
+        self._check_open()
+        rid = self._new_id()
+        fut: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        self._pending[rid] = fut
+        try:
+            self._write(p.frame(type_, rid, payload))
+            return await fut
+        except UnavailableError:
+            if lost_ok:
+                return b""
+            raise
+        finally:
+            self._pending.pop(rid, None)
+
+    async def _stop_task(self, task: asyncio.Task[None]) -> None:
+        if not task.done():
+            task.cancel()
+            await asyncio.wait([task])
+        if not task.cancelled():
+            task.exception()  # retrieved; the pump reports its failures through the stream queue
+
+    async def _end_stream(self, st: _Stream) -> None:
+        """Kill a stream that ended without EXIT/ERROR on our side, then forget it."""
+        try:
+            if not st.finished and self._lost is None:
+                self._writer.write(p.frame(p.T_KILL, st.id))
+                waiter = asyncio.ensure_future(st.terminal.wait())
+                try:
+                    await asyncio.wait([waiter], timeout=_KILL_CONFIRM)
+                finally:
+                    waiter.cancel()
+        finally:
+            self._streams.pop(st.id, None)
+
+    async def _pump_stdin(self, st: _Stream, stdin: AsyncIterator[bytes]) -> None:
+        writer = self._writer
+        try:
+            async for chunk in stdin:
+                view = memoryview(chunk)
+                offset = 0
+                while offset < len(view):
+                    while st.stdin_credit <= 0:
+                        if st.finished or self._lost is not None:
+                            return
+                        st.credit_event.clear()
+                        await st.credit_event.wait()
+                    if st.finished:
+                        return
+                    n = min(len(view) - offset, p.MAX_DATA, st.stdin_credit)
+                    st.stdin_credit -= n
+                    self._write(p.frame(p.T_STDIN, st.id, bytes(view[offset : offset + n])))
+                    offset += n
+                    await writer.drain()
+                if st.finished:
+                    return
+            if not st.finished:
+                self._write(p.frame(p.T_STDIN_CLOSE, st.id))
+        except (UnavailableError, ConnectionError):
+            return  # the reader task reports the lost connection to the stream
+        except Exception as exc:
+            if not st.finished:
+                st.queue.put_nowait(("stdin_failed", exc))
+
+    async def _handshake(self, limit: float | None) -> None:
+        nonce = secrets.token_hex(8)
+        hello = p.frame(p.T_HELLO, 0, json.dumps({"versions": list(p.SUPPORTED_VERSIONS), "nonce": nonce}).encode())
+        resend: asyncio.Task[None] | None = None
+        try:
+            self._writer.write(hello)
+            if self._stream_mode:
+                resend = asyncio.get_running_loop().create_task(self._resend_hello(hello))
+            async with asyncio.timeout(limit):
+                doc = await self._await_hello_reply(nonce)
+        except TimeoutError:
+            raise UnavailableError(f"the guest agent did not answer the handshake within {limit} s") from None
+        except (asyncio.IncompleteReadError, ConnectionError) as exc:
+            raise UnavailableError(f"the guest agent closed the connection during the handshake ({exc})") from None
+        except _ProtocolError as exc:
+            raise UnavailableError(f"the guest agent answered the handshake with garbage: {exc}") from None
+        finally:
+            if resend is not None:
+                await self._stop_task(resend)
+        version = int(doc.get("version", 0))
+        if version not in p.SUPPORTED_VERSIONS:
+            raise IncompatibleVersionError(
+                f"the guest agent speaks protocol version {version}, this host speaks {list(p.SUPPORTED_VERSIONS)};"
+                " rebuild or update the agent"
+            )
+        self._info = AgentInfo(
+            protocol_version=version,
+            agent_version=str(doc.get("agent_version", "")),
+            pid=int(doc.get("pid", 0)),
+            nproc=int(doc.get("nproc", 0)),
+            mem_total=int(doc.get("mem_total", 0)),
+            arch=str(doc.get("arch", "")),
+            kernel=str(doc.get("kernel", "")),
+            hostname=str(doc.get("hostname", "")),
+            root=str(doc.get("root", "")),
+            init=bool(doc.get("init", False)),
+            main_pid=int(doc.get("main_pid", 0)),
+            mode=str(doc.get("mode", "")),
+            features=tuple(str(f) for f in doc.get("features", ())),
+            raw=MappingProxyType(dict(doc)),
+        )
+
+    async def _resend_hello(self, hello: bytes) -> None:
+        while True:
+            await asyncio.sleep(_HELLO_RESEND)
+            self._writer.write(hello)
+
+    async def _await_hello_reply(self, nonce: str) -> dict[str, Any]:
+        reader = self._reader
+        header = await reader.readexactly(p.HEADER_SIZE)
+        while True:
+            magic, type_, flags, stream, length = p.HEADER.unpack(header)
+            if magic != p.MAGIC or flags != 0 or length > p.MAX_CONTROL:
+                if not self._stream_mode:
+                    raise _ProtocolError(f"bad frame header {header.hex()}")
+                header = header[1:] + await reader.readexactly(1)  # resynchronise byte by byte
+                continue
+            payload = await reader.readexactly(length) if length else b""
+            header = b""
+            if type_ == p.T_HELLO_REPLY and stream == 0:
+                try:
+                    doc = json.loads(payload)
+                except ValueError:
+                    if not self._stream_mode:
+                        raise _ProtocolError("the HELLO reply is not JSON") from None
+                    doc = None
+                if isinstance(doc, dict) and doc.get("nonce") == nonce:
+                    return doc
+            elif type_ == p.T_ERROR and stream == 0:
+                raise _error_from_payload(payload)
+            elif type_ != p.T_READY and not self._stream_mode:
+                raise _ProtocolError(f"expected a HELLO reply, got {p.TYPE_NAMES.get(type_, type_)}")
+            header = await reader.readexactly(p.HEADER_SIZE)
+
+    async def _read_loop(self) -> None:
+        reader = self._reader
+        reason = "the guest agent connection was lost"
+        try:
+            while True:
+                header = await reader.readexactly(p.HEADER_SIZE)
+                magic, type_, _flags, stream, length = p.HEADER.unpack(header)
+                if magic != p.MAGIC or length > p.MAX_CONTROL:
+                    raise _ProtocolError(f"bad frame header {header.hex()}")
+                payload = await reader.readexactly(length) if length else b""
+                self._dispatch(type_, stream, payload)
+        except asyncio.IncompleteReadError:
+            reason = "the guest agent closed the connection"
+        except (ConnectionError, OSError) as exc:
+            reason = f"the guest agent connection failed: {exc}"
+        except _ProtocolError as exc:
+            reason = f"the guest agent broke the protocol: {exc}"
+        finally:
+            self._lose(reason)
+
+    def _dispatch(self, type_: int, stream: int, payload: bytes) -> None:
+        if type_ == p.T_STDOUT or type_ == p.T_STDERR:
+            st = self._streams.get(stream)
+            if st is not None and payload:
+                st.queue.put_nowait(("out", p.CH_STDOUT if type_ == p.T_STDOUT else p.CH_STDERR, payload))
+        elif type_ == p.T_WINDOW:
+            st = self._streams.get(stream)
+            if st is not None:
+                try:
+                    channel, increment = p.decode_window(payload)
+                except ValueError as exc:
+                    raise _ProtocolError(str(exc)) from None
+                if channel == p.CH_STDIN:
+                    st.stdin_credit += increment
+                    st.credit_event.set()
+        elif type_ == p.T_EXIT:
+            st = self._streams.get(stream)
+            if st is not None and not st.finished:
+                try:
+                    code, signal = p.decode_exit(payload)
+                except ValueError as exc:
+                    raise _ProtocolError(str(exc)) from None
+                self._finish(st, ("exit", code, signal))
+        elif type_ == p.T_ERROR:
+            if stream == 0:
+                raise _ProtocolError(f"connection error: {_error_from_payload(payload)}")
+            st = self._streams.get(stream)
+            if st is not None and not st.finished:
+                self._finish(st, ("error", _error_from_payload(payload)))
+            fut = self._pending.get(stream)
+            if fut is not None and not fut.done():
+                fut.set_exception(_error_from_payload(payload))
+        elif type_ == p.T_EXEC_STARTED:
+            st = self._streams.get(stream)
+            if st is not None and len(payload) == 4:
+                st.pid = int.from_bytes(payload, "big")
+        elif type_ in (p.T_PONG, p.T_STATUS_REPLY, p.T_SHUTDOWN_ACK):
+            fut = self._pending.get(stream)
+            if fut is not None and not fut.done():
+                fut.set_result(payload)
+        # HELLO_REPLY duplicates (answers to re-sent HELLOs) and READY are ignored once connected.
+
+    def _finish(self, st: _Stream, item: tuple[Any, ...]) -> None:
+        st.finished = True
+        st.queue.put_nowait(item)
+        st.terminal.set()
+        st.credit_event.set()
+
+    def _lose(self, reason: str) -> None:
+        if self._lost is not None:
+            return
+        self._lost = reason
+        for st in list(self._streams.values()):
+            if not st.finished:
+                self._finish(st, ("lost", UnavailableError(reason)))
+        for fut in self._pending.values():
+            if not fut.done():
+                fut.set_exception(UnavailableError(reason))
