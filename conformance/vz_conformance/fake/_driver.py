@@ -1,0 +1,565 @@
+"""The reference fake driver: Machines are directories, commands are host processes.
+
+It implements the whole Machine contract honestly except isolation: there is no namespace, so it advertises
+no mount types, no resource or storage limits and no egress policies, and refuses requests that need them.
+Fault modes (``FAULT_DESCRIPTIONS``) each break one rule on purpose so the conformance suite can prove that
+its checks fail when they should.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.metadata
+import os
+import platform
+import pwd
+import secrets
+import shutil
+import subprocess
+from collections.abc import AsyncIterator, Iterable, Mapping
+from dataclasses import replace
+from datetime import UTC, datetime
+from pathlib import Path
+from types import MappingProxyType
+from typing import cast
+
+from vz_core import (
+    API_MAJOR,
+    API_MINOR,
+    MAX_CHUNK,
+    Capabilities,
+    Driver,
+    DriverInfo,
+    ExecEvent,
+    ExecOutput,
+    ExecSpec,
+    Extensions,
+    GpuRequirement,
+    MachineConfig,
+    MachineDetails,
+    MachineMount,
+    MachineState,
+    Mount,
+    MountType,
+    RecreateMode,
+    RunImageRequest,
+)
+from vz_core import paths as vz_paths
+from vz_core.errors import (
+    AlreadyExistsError,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    NotFoundError,
+    PermissionDeniedError,
+    RuntimeFailureError,
+    UnavailableError,
+    UnsupportedError,
+)
+
+from ._exec import (
+    MINIMAL_PATH,
+    HostUser,
+    Launch,
+    exit_event,
+    kill_group,
+    resolve_user,
+    run_main_process,
+    spawn,
+    stream_exec,
+)
+from ._faults import check_faults
+from ._store import MachineRecord, MachineStore, atomic_write
+
+__all__ = ["FakeDriver"]
+
+INVALID_IMAGE_PREFIX = "invalid/"
+"""Images starting with this are rejected as InvalidArgument (so tests can exercise a bad image)."""
+MAIN_PROCESS_TIMEOUT = 10.0
+LOG_LIMIT = 1 << 20
+_LOGS_WRONG_CHUNK = 2 * MAX_CHUNK
+_UNKNOWN_MOUNT_TYPE = 99
+_ARCHITECTURES = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
+
+
+class FakeDriver(Driver):
+    """A Driver whose Machines are directories under ``state_dir`` and whose commands run on the host.
+
+    ``state_dir`` defaults to ``<vz state dir>/drivers/fake``. ``faults`` names fault modes (see
+    ``FAULT_DESCRIPTIONS``; a string is read as a comma-separated list); an unknown name is a ``UserError``.
+    Everything lives on disk, so a new instance on the same directory (a relaunched plugin) finds every
+    Machine in the state the last one left it. Calls are serialized per workspace within a process (asyncio
+    lock) and across processes (fcntl lock).
+    """
+
+    def __init__(self, state_dir: str | Path | None = None, faults: Iterable[str] | str = ()) -> None:
+        if isinstance(faults, str):
+            faults = [name.strip() for name in faults.split(",") if name.strip()]
+        self.faults = check_faults(faults)
+        self.state_dir = Path(state_dir) if state_dir is not None else vz_paths.state_dir() / "drivers" / "fake"
+        self._store = MachineStore(self.state_dir, raw_id_paths="raw-id-paths" in self.faults)
+        # Process groups of the execs this instance is running, per Machine key: Stop/Delete/recreation kill them.
+        self._active: dict[str, set[int]] = {}
+
+    def __repr__(self) -> str:
+        return f"FakeDriver(state_dir={str(self.state_dir)!r}, faults={sorted(self.faults)!r})"
+
+    # Discovery -------------------------------------------------------------------------------------------
+
+    async def info(self, *, supports_recreate_on_run: bool = False) -> DriverInfo:
+        if "crash-during-info" in self.faults:
+            os._exit(3)
+        mount_types: tuple[MountType, ...] = ()
+        if "unknown-enum-info" in self.faults:
+            # Deliberately not a MountType member: the value must reach the wire as the raw number.
+            mount_types = cast(tuple[MountType, ...], (_UNKNOWN_MOUNT_TYPE,))
+        return DriverInfo(
+            driver_name="" if "malformed-info" in self.faults else "fake",
+            driver_version=_version(),
+            runtime_name="fake",
+            runtime_version="1",
+            capabilities=Capabilities(
+                mount_types=mount_types,
+                recreate_mode=RecreateMode.ON_RUN if supports_recreate_on_run else RecreateMode.DELETE,
+                provisioning_preflight=True,
+                reuse_preflight=True,
+                logs=True,
+            ),
+            api_major=2 if "incompatible-version" in self.faults else API_MAJOR,
+            api_minor=API_MINOR,
+        )
+
+    async def extensions(self) -> Extensions:
+        return Extensions(
+            target_os=("linux",),
+            profiles=("developer",),
+            tty=False,
+            accelerator="none",
+            accelerator_reason="Machines are plain host processes; nothing is virtualized",
+            snapshots=False,
+            egress_policies=(),
+            resource_limits=False,
+            storage_limits=False,
+        )
+
+    async def preflight(self, *, disable_auto_start: bool = False) -> None:
+        if "failing-preflight" in self.faults:
+            raise RuntimeFailureError("preflight failed on purpose (fault mode 'failing-preflight')")
+        _host_architecture()
+        self._check_state_dir()
+
+    async def provisioning_preflight(self) -> None:
+        self._check_state_dir()
+
+    def _check_state_dir(self) -> None:
+        try:
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UnavailableError(
+                f"the fake driver cannot create its state directory {self.state_dir}: {exc.strerror}; "
+                "pass a writable --state-dir (or set VZ_HOME)"
+            ) from exc
+        if not os.access(self.state_dir, os.W_OK | os.X_OK):
+            raise UnavailableError(
+                f"the fake driver's state directory {self.state_dir} is not writable; "
+                "pass a writable --state-dir (or set VZ_HOME)"
+            )
+
+    async def target_architecture(self, workspace_id: str) -> str:
+        _require_id(workspace_id, "TargetArchitecture")
+        return _host_architecture()
+
+    # Lifecycle -------------------------------------------------------------------------------------------
+
+    async def find(self, workspace_id: str) -> MachineDetails | None:
+        _require_id(workspace_id, "Find")
+        record = self._store.read(self._store.key(workspace_id))
+        if record is None:
+            return None
+        return MachineDetails(
+            id=record.id,
+            created_at=record.created_at,
+            state=MachineState(status=record.reported_status or record.status, started_at=record.started_at),
+            config=MachineConfig(
+                labels=MappingProxyType(dict(record.labels)), working_dir=record.working_dir, user=record.user
+            ),
+            mounts=tuple(MachineMount(**mount) for mount in record.mounts),
+        )
+
+    async def run_image(self, request: RunImageRequest) -> None:
+        _require_id(request.workspace_id, "RunImage")
+        key = self._store.key(request.workspace_id)
+        if "recreate-before-validate" in self.faults and request.allow_recreate:
+            async with self._store.locked(key):
+                self._kill_active(key)
+                await self._store.discard(self._store.remove(key))
+        record = self._validate_run(request, key)
+        if "failing-run" in self.faults:
+            raise RuntimeFailureError("RunImage failed on purpose (fault mode 'failing-run'); nothing was created")
+        async with self._store.locked(key):
+            existing = self._store.read(key)
+            if existing is not None and not request.allow_recreate and "runimage-overwrites" not in self.faults:
+                raise AlreadyExistsError(
+                    f"a Machine for workspace {request.workspace_id!r} already exists (id {existing.id}); "
+                    "reuse it, delete it first, or recreate it explicitly (--recreate)",
+                    details={"workspace_id": request.workspace_id},
+                )
+            now = _now()
+            record = replace(record, id=secrets.token_hex(32), created_at=now, started_at=now)
+            self._kill_active(key)
+            await self._store.discard(self._store.install(key, record))
+            await self._run_main_process(key, record)
+
+    async def start(self, workspace_id: str) -> None:
+        _require_id(workspace_id, "Start")
+        key = self._store.key(workspace_id)
+        async with self._store.locked(key):
+            record = self._store.read(key)
+            if record is None:
+                if "missing-not-found" in self.faults:
+                    return
+                raise _not_found(workspace_id, "Start")
+            if record.status == "running":
+                return
+            record.status = "running"
+            record.started_at = _now()
+            record.reported_status = ""
+            self._store.write(key, record)
+            await self._run_main_process(key, record)
+
+    async def stop(self, workspace_id: str) -> None:
+        _require_id(workspace_id, "Stop")
+        key = self._store.key(workspace_id)
+        async with self._store.locked(key):
+            record = self._store.read(key)
+            if record is None:
+                if "missing-not-found" in self.faults:
+                    return
+                raise _not_found(workspace_id, "Stop")
+            if record.status == "stopped":
+                if "stop-not-idempotent" in self.faults:
+                    raise FailedPreconditionError(
+                        f"the Machine for workspace {workspace_id!r} is already stopped "
+                        "(fault mode 'stop-not-idempotent')"
+                    )
+                return
+            self._kill_active(key)
+            record.status = "stopped"
+            if "find-stale-status" in self.faults:
+                record.reported_status = "running"
+            self._store.write(key, record)
+
+    async def delete(self, workspace_id: str) -> None:
+        _require_id(workspace_id, "Delete")
+        key = self._store.key(workspace_id)
+        async with self._store.locked(key):
+            self._kill_active(key)
+            old = self._store.remove(key)
+            if old is None and "delete-not-idempotent" in self.faults:
+                raise _not_found(workspace_id, "Delete")
+            await self._store.discard(old)
+
+    async def reuse_preflight(self, workspace_id: str, remote_user: str) -> None:
+        _require_id(workspace_id, "ReusePreflight")
+        record = self._store.read(self._store.key(workspace_id))
+        if record is None:
+            raise _not_found(workspace_id, "ReusePreflight")
+        if "reuse-ignores-identity" in self.faults:
+            return
+        identity = remote_user or "root"
+        if identity != record.identity:
+            raise FailedPreconditionError(
+                f"the Machine for workspace {workspace_id!r} was created for developer identity "
+                f"{record.identity!r}, not {identity!r}; run again with --recreate to replace it "
+                "(its Machine-local data is discarded)",
+                details={"workspace_id": workspace_id, "created_for": record.identity, "requested": identity},
+            )
+
+    # Exec and logs ---------------------------------------------------------------------------------------
+
+    async def exec(self, spec: ExecSpec, stdin: AsyncIterator[bytes]) -> AsyncIterator[ExecEvent]:
+        _require_id(spec.workspace_id, "Exec")
+        if not spec.argv:
+            raise InvalidArgumentError("Exec needs a non-empty argv", details={"field": "argv"})
+        if spec.tty:
+            raise UnsupportedError(
+                "the fake driver has no pseudo-terminals (extensions advertise tty = false); run without a TTY"
+            )
+        _check_argv(spec.argv, "argv")
+        _check_environment(spec.environment, "environment")
+        key = self._store.key(spec.workspace_id)
+        active = self._active.setdefault(key, set())
+        async with self._store.locked(key, cross_process=False):
+            # Under the lock: a concurrent Stop either sees this command registered (and kills it) or runs first.
+            record = self._running_record(key, spec.workspace_id, "Exec")
+            launch = self._exec_launch(key, record, spec)
+            try:
+                proc = spawn(launch, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            except OSError as exc:
+                failure = _spawn_failure(exc, launch)
+            else:
+                failure = []
+                active.add(proc.pid)
+        if failure:
+            for event in failure:
+                yield event
+            return
+        async with contextlib.aclosing(
+            stream_exec(proc, stdin, faults=self.faults, on_finish=lambda: active.discard(proc.pid))
+        ) as events:
+            async for event in events:
+                yield event
+
+    async def logs(self, workspace_id: str) -> AsyncIterator[bytes]:
+        _require_id(workspace_id, "Logs")
+        key = self._store.key(workspace_id)
+        self._running_record(key, workspace_id, "Logs")
+        try:
+            data = self._store.log_path(key).read_bytes()
+        except FileNotFoundError:
+            data = b""
+        size = _LOGS_WRONG_CHUNK if "logs-wrong-chunks" in self.faults else MAX_CHUNK
+        for offset in range(0, len(data), size):
+            yield data[offset : offset + size]
+
+    # Helpers ---------------------------------------------------------------------------------------------
+
+    def _running_record(self, key: str, workspace_id: str, rpc: str) -> MachineRecord:
+        record = self._store.read(key)
+        if record is None:
+            raise _not_found(workspace_id, rpc)
+        if record.status != "running":
+            raise FailedPreconditionError(
+                f"{rpc}: the Machine for workspace {workspace_id!r} is stopped; start it first (vz up)",
+                details={"workspace_id": workspace_id},
+            )
+        return record
+
+    def _kill_active(self, key: str) -> None:
+        for pgid in self._active.get(key, ()):
+            kill_group(pgid)
+
+    def _validate_run(self, request: RunImageRequest, key: str) -> MachineRecord:
+        """Check the whole request without touching anything; the record to create (id and times unset)."""
+        if not request.image:
+            raise InvalidArgumentError("RunImage needs a non-empty image", details={"field": "image"})
+        if request.image.startswith(INVALID_IMAGE_PREFIX):
+            raise InvalidArgumentError(
+                f"image {request.image!r} is invalid: the fake driver rejects every image named "
+                f"{INVALID_IMAGE_PREFIX}...; use any other non-empty image name",
+                details={"field": "image"},
+            )
+        for mount in request.all_mounts():
+            raise UnsupportedError(
+                f"mount {_describe_mount(mount)} is not supported: the fake driver supports no mount types "
+                "(capabilities.mount_types is empty); remove the mount or use a driver that projects mounts",
+                details={"field": "mounts", "target": mount.target},
+            )
+        requirements = request.host_requirements
+        if requirements is not None:
+            for name, value in (
+                ("cpus", requirements.cpus),
+                ("memory_bytes", requirements.memory_bytes),
+                ("storage_bytes", requirements.storage_bytes),
+            ):
+                if value:
+                    raise UnsupportedError(
+                        f"host_requirements.{name} = {value} is not supported: the fake driver cannot limit "
+                        "resources or storage (its extensions declare resource_limits and storage_limits "
+                        "false); leave it 0",
+                        details={"field": f"host_requirements.{name}"},
+                    )
+            if requirements.gpu == GpuRequirement.REQUIRED:
+                raise UnsupportedError(
+                    "a GPU is required but the fake driver has no accelerator; drop the GPU requirement",
+                    details={"field": "host_requirements.gpu"},
+                )
+        if request.platform:
+            target_os, _, rest = request.platform.partition("/")
+            arch = rest.partition("/")[0]
+            host = _host_architecture()
+            if target_os != "linux" or arch != host:
+                raise UnsupportedError(
+                    f"platform {request.platform!r} is not supported: the fake driver runs Machines as host "
+                    f"processes, so only linux/{host} works here",
+                    details={"field": "platform"},
+                )
+        labels = request.label_map()
+        profile = labels.get("vz.profile", "")
+        if profile and profile != "developer":
+            raise UnsupportedError(
+                f"profile {profile!r} is not supported: the fake driver offers only the 'developer' profile",
+                details={"field": "labels", "label": "vz.profile"},
+            )
+        if "vz.egress" in labels:
+            raise UnsupportedError(
+                "egress policies are not supported by the fake driver (its extensions declare none); "
+                "remove the vz.egress label",
+                details={"field": "labels", "label": "vz.egress"},
+            )
+        user = resolve_user(request.user) if request.user else None
+        _check_environment(request.environment, "environment")
+        argv = _main_argv(request.entrypoint, request.args)
+        if argv:
+            _check_argv(argv, "entrypoint/args")
+            _check_executable(argv[0], request.environment.get("PATH", MINIMAL_PATH), user)
+        return MachineRecord(
+            workspace_id=request.workspace_id,
+            id="",
+            created_at="",
+            started_at="",
+            status="running",
+            image=request.image,
+            labels=labels,
+            user=request.user,
+            working_dir=str(self._store.root_dir(key)),
+            identity=request.developer_identity(),
+            mount_policy=[],
+            mounts=[],
+            entrypoint=request.entrypoint,
+            args=list(request.args),
+            environment=dict(request.environment),
+        )
+
+    async def _run_main_process(self, key: str, record: MachineRecord) -> None:
+        """Run the Machine's entrypoint/args to completion and append its output to the bounded log."""
+        argv = _main_argv(record.entrypoint, tuple(record.args))
+        if not argv:
+            return
+        root = self._store.root_dir(key)
+        try:
+            user = resolve_user(record.user) if record.user else None
+        except InvalidArgumentError as exc:
+            output = f"vz-fake: cannot start the main process: {exc.message}\n".encode()
+        else:
+            env = _environment(user, root, record.environment)
+            launch = Launch(argv=argv, cwd=str(root), env=env, user=user)
+            output = await run_main_process(launch, time_limit=MAIN_PROCESS_TIMEOUT, limit=LOG_LIMIT)
+        log = self._store.log_path(key)
+        try:
+            previous = log.read_bytes()
+        except FileNotFoundError:
+            previous = b""
+        atomic_write(log, (previous + output)[-LOG_LIMIT:])
+
+    def _exec_launch(self, key: str, record: MachineRecord, spec: ExecSpec) -> Launch:
+        user_name = spec.user or record.user
+        user = resolve_user(user_name) if user_name else None
+        root = self._store.root_dir(key)
+        cwd = root
+        if spec.workdir:
+            cwd = root / spec.workdir  # an absolute workdir replaces the root
+            if not cwd.is_dir():
+                raise InvalidArgumentError(
+                    f"workdir {spec.workdir!r} is not a directory (relative paths start at the Machine root)",
+                    details={"field": "workdir"},
+                )
+        argv = spec.argv
+        if "exec-shell-reparse" in self.faults:
+            argv = ("sh", "-c", " ".join(spec.argv))
+        env = _environment(user, root, record.environment, spec.environment)
+        return Launch(argv=argv, cwd=str(cwd), env=env, user=user)
+
+
+def _spawn_failure(exc: OSError, launch: Launch) -> list[ExecEvent]:
+    """What an exec reports when its command cannot start: shell-style 127/126, or an RPC error."""
+    if exc.filename is not None and exc.filename != launch.cwd:
+        if isinstance(exc, FileNotFoundError):
+            return [ExecOutput("stderr", f"vz-fake: {launch.argv[0]}: command not found\n".encode()), exit_event(127)]
+        if isinstance(exc, PermissionError):
+            return [ExecOutput("stderr", f"vz-fake: {launch.argv[0]}: permission denied\n".encode()), exit_event(126)]
+    if isinstance(exc, PermissionError):
+        raise PermissionDeniedError(
+            f"cannot start the command as the requested user: {exc.strerror}; the fake driver must run as root "
+            "to switch users",
+            runtime_message=str(exc),
+        ) from exc
+    raise RuntimeFailureError(f"cannot start the command: {exc.strerror}", runtime_message=str(exc)) from exc
+
+
+def _environment(user: HostUser | None, root: Path, *layers: Mapping[str, str]) -> dict[str, str]:
+    home = user.home if user is not None else _own_home()
+    env = {"PATH": MINIMAL_PATH, "HOME": home}
+    for layer in layers:
+        env.update(layer)
+    env["VZ_MACHINE_ROOT"] = str(root)
+    return env
+
+
+def _own_home() -> str:
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_dir
+    except KeyError:
+        return "/"
+
+
+def _main_argv(entrypoint: str, args: tuple[str, ...]) -> tuple[str, ...]:
+    return ((entrypoint,) if entrypoint else ()) + tuple(args)
+
+
+def _check_argv(argv: tuple[str, ...], name: str) -> None:
+    for index, arg in enumerate(argv):
+        if "\0" in arg:
+            raise InvalidArgumentError(f"{name}[{index}] contains a NUL byte", details={"field": name})
+
+
+def _check_environment(environment: Mapping[str, str], name: str) -> None:
+    # Values are secrets: errors name the variable, never its value.
+    for key, value in environment.items():
+        if not key or "=" in key or "\0" in key:
+            raise InvalidArgumentError(
+                f"{name} has an invalid variable name {key!r} (empty, or contains '=' or NUL)", details={"field": name}
+            )
+        if "\0" in value:
+            raise InvalidArgumentError(f"{name} variable {key!r} has a value containing NUL", details={"field": name})
+
+
+def _check_executable(command: str, path: str, user: HostUser | None) -> None:
+    if "/" in command and not os.path.isabs(command):
+        return  # relative to the Machine root, which only exists once the Machine does
+    found = shutil.which(command, path=path) if "/" not in command else command
+    if found is None or not os.path.isfile(found) or not os.access(found, os.X_OK):
+        raise InvalidArgumentError(
+            f"entrypoint {command!r} is not an executable file on the Machine's PATH ({path}); "
+            "the fake driver runs host commands",
+            details={"field": "entrypoint"},
+        )
+
+
+def _describe_mount(mount: Mount) -> str:
+    kind = mount.type.label if isinstance(mount.type, MountType) else f"type {int(mount.type)}"
+    return f"{kind} {mount.source!r} -> {mount.target!r}"
+
+
+def _require_id(workspace_id: str, rpc: str) -> None:
+    if not workspace_id:
+        raise InvalidArgumentError(f"{rpc} needs a non-empty workspace_id", details={"field": "workspace_id"})
+
+
+def _not_found(workspace_id: str, rpc: str) -> NotFoundError:
+    return NotFoundError(
+        f"{rpc}: no Machine exists for workspace {workspace_id!r}; create it first (vz up)",
+        details={"workspace_id": workspace_id},
+    )
+
+
+def _host_architecture() -> str:
+    machine = platform.machine().lower()
+    try:
+        return _ARCHITECTURES[machine]
+    except KeyError:
+        raise UnsupportedError(
+            f"host architecture {machine!r} is not supported: Machines can only be amd64 or arm64"
+        ) from None
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+@functools.cache
+def _version() -> str:
+    try:
+        return importlib.metadata.version("vz")
+    except importlib.metadata.PackageNotFoundError:
+        return "0+unknown"
