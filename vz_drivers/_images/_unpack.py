@@ -13,6 +13,7 @@ symlinks, hard links and FIFOs are preserved. Every layer blob is re-hashed whil
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import logging
@@ -274,6 +275,13 @@ _TAR_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
+def _corrupt(digest: str, actual: str) -> BlobCorruptError:
+    return BlobCorruptError(
+        f"stored layer blob is corrupt: expected {digest}, got {actual}; it was removed, resolve the image again",
+        details={"digest": digest, "actual": actual},
+    )
+
+
 def unpack_layers(layers: Sequence[tuple[str, Path]], dest: Path) -> UnpackStats:
     """Apply ``(digest, blob path)`` layers bottom-up into the existing empty directory ``dest``.
 
@@ -283,6 +291,7 @@ def unpack_layers(layers: Sequence[tuple[str, Path]], dest: Path) -> UnpackStats
     """
     unpacker = _Unpacker(dest)
     for digest, blob in layers:
+        unpacker.created.clear()  # opaque markers hide what the layers below made, not this layer's entries
         with blob.open("rb") as fh:
             reader = _HashingReader(fh)
             try:
@@ -296,16 +305,17 @@ def unpack_layers(layers: Sequence[tuple[str, Path]], dest: Path) -> UnpackStats
                     details={"layer": digest},
                 ) from None
             except _TAR_ERRORS as exc:
+                with contextlib.suppress(OSError):
+                    reader.drain()
+                actual = "sha256:" + reader.hash.hexdigest()
+                if actual != digest:  # the blob rotted in the store: say so rather than blaming the image
+                    raise _corrupt(digest, actual) from None
                 raise InvalidArgumentError(
                     f"layer {digest} is not a valid (gzip) tar archive: {exc}; re-create or re-pull the image",
                     details={"layer": digest},
                 ) from exc
             actual = "sha256:" + reader.hash.hexdigest()
             if actual != digest:
-                raise BlobCorruptError(
-                    f"stored layer blob is corrupt: expected {digest}, got {actual}; "
-                    "it was removed, resolve the image again",
-                    details={"digest": digest, "actual": actual},
-                )
+                raise _corrupt(digest, actual)
     unpacker.finish()
     return unpacker.stats
