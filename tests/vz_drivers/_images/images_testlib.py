@@ -15,6 +15,7 @@ import secrets
 import socket
 import tarfile
 import threading
+import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -149,6 +150,8 @@ class Proxy:
     counts: collections.Counter[str] = field(default_factory=collections.Counter)
     token_requests: list[dict[str, str]] = field(default_factory=list)
     tokens: set[str] = field(default_factory=set)
+    redirect_blobs_to: str | None = None
+    authorization_seen: list[tuple[str, str]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def blob_gets(self) -> dict[str, int]:
@@ -182,6 +185,10 @@ def _handler(proxy: Proxy) -> type[BaseHTTPRequestHandler]:
                 return
             with proxy.lock:
                 proxy.counts[f"GET {path}"] += 1
+                proxy.authorization_seen.append((path, self.headers.get("Authorization", "")))
+            if proxy.redirect_blobs_to and "/blobs/" in path:
+                self._send(307, b"", {"Location": f"http://{proxy.redirect_blobs_to}{self.path}"})
+                return
             if proxy.token_required:
                 auth = self.headers.get("Authorization", "")
                 if not (auth.startswith("Bearer ") and auth[7:] in proxy.tokens):
@@ -212,7 +219,7 @@ def _handler(proxy: Proxy) -> type[BaseHTTPRequestHandler]:
             self._send(resp.status, body, out_headers)
 
         def _token(self) -> None:
-            query = dict(p.split("=", 1) for p in self.path.split("?", 1)[1].split("&")) if "?" in self.path else {}
+            query = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(self.path).query))
             auth = self.headers.get("Authorization", "")
             with proxy.lock:
                 proxy.token_requests.append({"scope": query.get("scope", ""), "authorization": auth})
@@ -244,7 +251,9 @@ def serve_proxy(upstream: str) -> Iterator[Proxy]:
     server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(state))
     server.daemon_threads = True
     state.host = f"127.0.0.1:{server.server_address[1]}"
-    thread = threading.Thread(target=server.serve_forever, name="registry-proxy", daemon=True)
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="registry-proxy", daemon=True
+    )
     thread.start()
     try:
         yield state
