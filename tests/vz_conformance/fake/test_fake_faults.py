@@ -1,0 +1,430 @@
+"""Every fault mode of the fake driver has exactly the observable effect it documents.
+
+Each check runs the scenario the mode breaks with the mode on (and, where it is cheap, with it off) and
+asserts the broken behaviour. ``test_every_fault_mode_is_checked`` keeps this table complete.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
+from fake_testlib import alive, feed, identity, request, run_exec, tree_with_marker, unique_id, wait_dead
+from vz_conformance.fake import FAULT_DESCRIPTIONS, FAULT_MODES, FakeDriver
+from vz_conformance.fake._faults import PLUGIN_FAULTS
+
+from vz_core import MAX_CHUNK, ExecExit, ExecOutput, ExecSpec, Mount, MountType, RecreateMode
+from vz_core._convert import capabilities_to_pb
+from vz_core.errors import (
+    AlreadyExistsError,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    NotFoundError,
+    RuntimeFailureError,
+    UnsupportedError,
+)
+
+Check = Callable[[Path], Awaitable[None]]
+CHECKS: dict[str, Check] = {}
+
+
+def check(fault: str) -> Callable[[Check], Check]:
+    def register(fn: Check) -> Check:
+        assert fault not in CHECKS
+        CHECKS[fault] = fn
+        return fn
+
+    return register
+
+
+def faulty(tmp_path: Path, fault: str) -> FakeDriver:
+    return FakeDriver(tmp_path / "faulty", faults=[fault])
+
+
+def clean(tmp_path: Path) -> FakeDriver:
+    return FakeDriver(tmp_path / "clean")
+
+
+def _python(code: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def _plugin(*args: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "vz_conformance.fake.plugin", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+
+
+def _launch_plugin(*args: str) -> subprocess.Popen[bytes]:
+    command = [sys.executable, "-m", "vz_conformance.fake.plugin", *args]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+# Plugin process ----------------------------------------------------------------------------------------------
+
+# Stands in for the plugin SDK: prints a handshake line, then calls on_serving like vz_plugins.serve does.
+STUB_SERVE = """
+import sys, vz_plugins
+def serve(driver, *, extensions=True, on_serving=None):
+    print("1|1|unix|/nonexistent/plugin.sock|grpc|", flush=True)
+    print("serving", type(driver).__name__, str(driver.state_dir), sorted(driver.faults), file=sys.stderr, flush=True)
+    if on_serving is not None:
+        on_serving()
+    sys.exit(0)
+vz_plugins.serve = serve
+from vz_conformance.fake.plugin import main
+main(sys.argv[1:])
+"""
+
+
+@check("crash-before-handshake")
+async def _crash_before_handshake(tmp_path: Path) -> None:
+    out = _plugin("--fault", "crash-before-handshake")
+    assert out.returncode == 3
+    assert out.stdout == ""
+    assert "crash-before-handshake" in out.stderr and out.stderr.count("\n") == 1
+
+
+@check("crash-after-handshake")
+async def _crash_after_handshake(tmp_path: Path) -> None:
+    crashed = _python(STUB_SERVE, "--state-dir", str(tmp_path), "--fault", "crash-after-handshake")
+    assert crashed.returncode == 3, crashed.stderr
+    assert crashed.stdout == "1|1|unix|/nonexistent/plugin.sock|grpc|\n"
+    served = _python(STUB_SERVE, "--state-dir", str(tmp_path), "--fault", "exec-empty-chunk")
+    assert served.returncode == 0, served.stderr
+    assert f"serving FakeDriver {tmp_path} ['exec-empty-chunk']" in served.stderr
+
+
+@check("never-handshake")
+async def _never_handshake(tmp_path: Path) -> None:
+    proc = _launch_plugin("--fault", "never-handshake")
+    try:
+        assert proc.stderr is not None
+        line = await asyncio.to_thread(proc.stderr.readline)  # printed right before it starts waiting
+        assert b"never-handshake" in line
+        assert proc.poll() is None
+    finally:
+        proc.kill()
+        stdout, _ = proc.communicate(timeout=30)
+    assert stdout == b""
+    assert proc.returncode == -signal.SIGKILL
+
+
+# Info / discovery --------------------------------------------------------------------------------------------
+
+
+@check("crash-during-info")
+async def _crash_during_info(tmp_path: Path) -> None:
+    code = (
+        "import asyncio, sys\n"
+        "from vz_conformance.fake import FakeDriver\n"
+        "driver = FakeDriver(sys.argv[1], faults=['crash-during-info'])\n"
+        "print('calling info', flush=True)\n"
+        "asyncio.run(driver.info())\n"
+        "print('survived')\n"
+    )
+    out = _python(code, str(tmp_path))
+    assert out.returncode == 3
+    assert out.stdout == "calling info\n"
+
+
+@check("incompatible-version")
+async def _incompatible_version(tmp_path: Path) -> None:
+    assert (await faulty(tmp_path, "incompatible-version").info()).api_major == 2
+    assert (await clean(tmp_path).info()).api_major == 1
+
+
+@check("malformed-info")
+async def _malformed_info(tmp_path: Path) -> None:
+    info = await faulty(tmp_path, "malformed-info").info()
+    assert info.driver_name == ""
+    assert info.driver_version and info.runtime_name
+
+
+@check("unknown-enum-info")
+async def _unknown_enum_info(tmp_path: Path) -> None:
+    info = await faulty(tmp_path, "unknown-enum-info").info(supports_recreate_on_run=True)
+    assert info.capabilities is not None
+    assert info.capabilities.mount_types == (99,)
+    assert info.capabilities.recreate_mode == RecreateMode.ON_RUN
+    # The raw value reaches the wire unchanged.
+    assert list(capabilities_to_pb(info.capabilities).mount_types) == [99]
+
+
+@check("failing-preflight")
+async def _failing_preflight(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeFailureError, match="failing-preflight"):
+        await faulty(tmp_path, "failing-preflight").preflight()
+    await faulty(tmp_path, "failing-preflight").provisioning_preflight()
+
+
+# Lifecycle ---------------------------------------------------------------------------------------------------
+
+
+@check("failing-run")
+async def _failing_run(tmp_path: Path) -> None:
+    driver, ws = faulty(tmp_path, "failing-run"), unique_id()
+    with pytest.raises(RuntimeFailureError):
+        await driver.run_image(request(ws))
+    assert await driver.find(ws) is None
+    with pytest.raises(InvalidArgumentError):  # validation still comes first
+        await driver.run_image(request(ws, image="invalid/x"))
+
+
+@check("stop-not-idempotent")
+async def _stop_not_idempotent(tmp_path: Path) -> None:
+    driver, ws = faulty(tmp_path, "stop-not-idempotent"), unique_id()
+    await driver.run_image(request(ws))
+    await driver.stop(ws)
+    with pytest.raises(FailedPreconditionError):
+        await driver.stop(ws)
+    await driver.start(ws)
+    await driver.start(ws)
+
+
+@check("delete-not-idempotent")
+async def _delete_not_idempotent(tmp_path: Path) -> None:
+    driver, ws = faulty(tmp_path, "delete-not-idempotent"), unique_id()
+    await driver.run_image(request(ws))
+    await driver.delete(ws)
+    with pytest.raises(NotFoundError):
+        await driver.delete(ws)
+
+
+@check("missing-not-found")
+async def _missing_not_found(tmp_path: Path) -> None:
+    driver, ws = faulty(tmp_path, "missing-not-found"), unique_id()
+    await driver.start(ws)
+    await driver.stop(ws)
+    assert await driver.find(ws) is None
+    with pytest.raises(NotFoundError):
+        await run_exec(driver, ws, ["true"])
+
+
+@check("runimage-overwrites")
+async def _runimage_overwrites(tmp_path: Path) -> None:
+    driver, ws = faulty(tmp_path, "runimage-overwrites"), unique_id()
+    await driver.run_image(request(ws, labels=("gen=1",)))
+    first = await driver.find(ws)
+    await driver.run_image(request(ws, labels=("gen=2",)))
+    second = await driver.find(ws)
+    assert first is not None and second is not None
+    assert second.id != first.id and second.config.labels["gen"] == "2"
+
+
+@check("raw-id-paths")
+async def _raw_id_paths(tmp_path: Path) -> None:
+    driver = faulty(tmp_path, "raw-id-paths")
+    prefix = unique_id()
+    await driver.run_image(request(f"{prefix}/b", labels=("owner=slash",)))
+    with pytest.raises(AlreadyExistsError):
+        await driver.run_image(request(f"{prefix}_b"))
+    collided = await driver.find(f"{prefix}_b")
+    assert collided is not None and collided.config.labels["owner"] == "slash"
+    # ".." stays inside the state directory even so.
+    await driver.run_image(request(".."))
+    assert (tmp_path / "faulty" / "machines" / "raw-..").is_dir()
+    # Without the fault the two ids are distinct Machines.
+    plain = clean(tmp_path)
+    await plain.run_image(request(f"{prefix}/b"))
+    await plain.run_image(request(f"{prefix}_b"))
+
+
+@check("find-stale-status")
+async def _find_stale_status(tmp_path: Path) -> None:
+    driver, ws = faulty(tmp_path, "find-stale-status"), unique_id()
+    await driver.run_image(request(ws))
+    await driver.stop(ws)
+    details = await driver.find(ws)
+    assert details is not None and details.state.status == "running"
+    with pytest.raises(FailedPreconditionError):  # it really is stopped
+        await run_exec(driver, ws, ["true"])
+    await driver.start(ws)
+    assert (await run_exec(driver, ws, ["true"])).exit.success
+
+
+# Reuse / recreate --------------------------------------------------------------------------------------------
+
+
+@check("reuse-ignores-identity")
+async def _reuse_ignores_identity(tmp_path: Path) -> None:
+    driver, ws = faulty(tmp_path, "reuse-ignores-identity"), unique_id()
+    await driver.run_image(request(ws, remote_user="alice"))
+    await driver.reuse_preflight(ws, "mallory")
+    with pytest.raises(NotFoundError):  # only the identity comparison is skipped
+        await driver.reuse_preflight(unique_id(), "alice")
+
+
+@check("recreate-before-validate")
+async def _recreate_before_validate(tmp_path: Path) -> None:
+    driver, ws = faulty(tmp_path, "recreate-before-validate"), unique_id()
+    await driver.run_image(request(ws))
+    with pytest.raises(UnsupportedError):
+        await driver.run_image(request(ws, allow_recreate=True, mounts=(Mount(MountType.BIND, "/a", "/b"),)))
+    assert await driver.find(ws) is None
+    # Without allow_recreate the old Machine is not touched.
+    other = unique_id()
+    await driver.run_image(request(other))
+    with pytest.raises(UnsupportedError):
+        await driver.run_image(request(other, mounts=(Mount(MountType.BIND, "/a", "/b"),)))
+    assert await driver.find(other) is not None
+
+
+# Exec --------------------------------------------------------------------------------------------------------
+
+
+@check("crash-mid-exec")
+async def _crash_mid_exec(tmp_path: Path) -> None:
+    code = (
+        "import asyncio, sys\n"
+        "from vz_conformance.fake import FakeDriver\n"
+        "from vz_core import ExecSpec, RunImageRequest\n"
+        "async def nothing():\n"
+        "    return\n"
+        "    yield\n"
+        "async def main():\n"
+        "    driver = FakeDriver(sys.argv[1], faults=['crash-mid-exec'])\n"
+        "    await driver.run_image(RunImageRequest('ws', 'img'))\n"
+        "    async for event in driver.exec(ExecSpec('ws', ('printf', 'first')), nothing()):\n"
+        "        print(repr(event), flush=True)\n"
+        "    print('survived')\n"
+        "asyncio.run(main())\n"
+    )
+    out = _python(code, str(tmp_path))
+    assert out.returncode == 3, out.stderr
+    assert out.stdout == "ExecOutput(stream='stdout', data=b'first')\n"
+    # The Machine keeps its state: a relaunched driver finds it running and usable.
+    relaunched = FakeDriver(tmp_path)
+    details = await relaunched.find("ws")
+    assert details is not None and details.state.status == "running"
+    assert (await run_exec(relaunched, "ws", ["true"])).exit.success
+
+
+@check("exec-missing-exit")
+async def _exec_missing_exit(tmp_path: Path) -> None:
+    driver, ws = faulty(tmp_path, "exec-missing-exit"), unique_id()
+    await driver.run_image(request(ws))
+    result = await run_exec(driver, ws, ["echo", "hi"], check=False)
+    assert result.events == [ExecOutput("stdout", b"hi\n")]
+
+
+@check("exec-frame-after-exit")
+async def _exec_frame_after_exit(tmp_path: Path) -> None:
+    driver, ws = faulty(tmp_path, "exec-frame-after-exit"), unique_id()
+    await driver.run_image(request(ws))
+    result = await run_exec(driver, ws, ["echo", "hi"], check=False)
+    assert result.events[:2] == [ExecOutput("stdout", b"hi\n"), ExecExit(0)]
+    assert len(result.events) == 3
+    extra = result.events[2]
+    assert isinstance(extra, ExecOutput) and extra.stream == "stdout" and extra.data
+
+
+@check("exec-oversized-chunks")
+async def _exec_oversized_chunks(tmp_path: Path) -> None:
+    driver, ws = faulty(tmp_path, "exec-oversized-chunks"), unique_id()
+    await driver.run_image(request(ws))
+    result = await run_exec(driver, ws, ["head", "-c", "1048576", "/dev/zero"], check=False)
+    sizes = [len(e.data) for e in result.events if isinstance(e, ExecOutput)]
+    assert sum(sizes) == 1 << 20
+    assert max(sizes) == 2 * MAX_CHUNK
+    assert result.exit == ExecExit(0)
+    # Small interactive output is not held back.
+    assert (await run_exec(driver, ws, ["echo", "ready"])).stdout == b"ready\n"
+
+
+@check("exec-empty-chunk")
+async def _exec_empty_chunk(tmp_path: Path) -> None:
+    driver, ws = faulty(tmp_path, "exec-empty-chunk"), unique_id()
+    await driver.run_image(request(ws))
+    result = await run_exec(driver, ws, ["echo", "hi"], check=False)
+    assert result.events == [ExecOutput("stdout", b""), ExecOutput("stdout", b"hi\n"), ExecExit(0)]
+
+
+@check("exec-merge-streams")
+async def _exec_merge_streams(tmp_path: Path) -> None:
+    driver, ws = faulty(tmp_path, "exec-merge-streams"), unique_id()
+    await driver.run_image(request(ws))
+    result = await run_exec(driver, ws, ["sh", "-c", "echo to-stderr >&2"])
+    assert result.stdout == b"to-stderr\n"
+    assert result.stderr == b""
+
+
+@check("exec-shell-reparse")
+async def _exec_shell_reparse(tmp_path: Path) -> None:
+    driver, ws = faulty(tmp_path, "exec-shell-reparse"), unique_id()
+    await driver.run_image(request(ws))
+    result = await run_exec(driver, ws, ["echo", "$(echo unwanted)", "a  b"])
+    assert result.stdout == b"unwanted a b\n"
+
+
+@check("exec-ignore-cancel")
+async def _exec_ignore_cancel(tmp_path: Path) -> None:
+    driver, ws = faulty(tmp_path, "exec-ignore-cancel"), unique_id()
+    await driver.run_image(request(ws))
+    marker = f"vz-ignore-{uuid.uuid4().hex}"
+    events = driver.exec(ExecSpec(ws, ("sh", "-c", "echo ready; sleep 1000 & wait", marker)), feed(()))
+    assert await anext(events) == ExecOutput("stdout", b"ready\n")
+    tree = [identity(p) for p in tree_with_marker(marker)]
+    try:
+        await events.aclose()  # type: ignore[attr-defined]
+        assert tree and all(alive(*ident) for ident in tree), "the command was killed"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(tree[0][0], signal.SIGKILL)
+    assert await wait_dead(tree) == []
+
+
+# Logs --------------------------------------------------------------------------------------------------------
+
+
+@check("logs-wrong-chunks")
+async def _logs_wrong_chunks(tmp_path: Path) -> None:
+    driver, ws = faulty(tmp_path, "logs-wrong-chunks"), unique_id()
+    await driver.run_image(request(ws, entrypoint="head", args=("-c", "100000", "/dev/zero")))
+    sizes = [len(chunk) async for chunk in driver.logs(ws)]
+    assert sizes == [2 * MAX_CHUNK, 100000 - 2 * MAX_CHUNK]
+
+
+# The table ---------------------------------------------------------------------------------------------------
+
+
+def test_every_fault_mode_is_checked() -> None:
+    assert set(CHECKS) == FAULT_MODES
+    assert set(FAULT_DESCRIPTIONS) == FAULT_MODES
+    assert all(description.strip() for description in FAULT_DESCRIPTIONS.values())
+
+
+@pytest.mark.parametrize("fault", sorted(FAULT_MODES))
+async def test_fault_mode(fault: str, tmp_path: Path) -> None:
+    await CHECKS[fault](tmp_path)
+
+
+@pytest.mark.parametrize("fault", sorted(PLUGIN_FAULTS))
+async def test_plugin_faults_do_nothing_in_process(fault: str, tmp_path: Path) -> None:
+    driver = faulty(tmp_path, fault)
+    assert await driver.info() == await clean(tmp_path).info()
+    ws = unique_id()
+    await driver.run_image(request(ws))
+    assert (await run_exec(driver, ws, ["echo", "ok"])).stdout == b"ok\n"
+
+
+def test_plugin_rejects_unknown_faults_listing_valid_ones() -> None:
+    out = _plugin("--fault", "no-such-fault")
+    assert out.returncode == 2
+    assert out.stdout == ""
+    assert "'no-such-fault'" in out.stderr and "exec-empty-chunk" in out.stderr
+
+
+def test_plugin_lists_faults() -> None:
+    out = _plugin("--list-faults")
+    assert out.returncode == 0
+    assert len(out.stdout.splitlines()) == len(FAULT_MODES)
