@@ -1,0 +1,78 @@
+"""Fixtures for the linux_native tests: real runc, real mounts, real namespaces (root required)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from vz_drivers.linux_native import LinuxNativeDriver, cleanup_state
+
+
+def _require_host() -> None:
+    if os.geteuid() != 0:
+        pytest.fail("the linux_native tests need root (namespaces, cgroups, overlay mounts)")
+    for tool in ("runc", "ip", "nft", "nsenter"):
+        if shutil.which(tool) is None:
+            pytest.fail(f"{tool} is missing: apt-get install runc iproute2 nftables util-linux")
+
+
+@pytest.fixture(scope="session")
+def image_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One image store for the whole session (the default image is unpacked once)."""
+    return tmp_path_factory.mktemp("ln-images")
+
+
+@pytest.fixture(scope="session")
+def agent_binary() -> str:
+    from vz_drivers._agent import ensure_agent_binary
+
+    return str(ensure_agent_binary())
+
+
+@pytest.fixture
+def state_dir(tmp_path: Path) -> Path:
+    return tmp_path / "state"
+
+
+@pytest.fixture
+async def driver(state_dir: Path, image_dir: Path, agent_binary: str) -> AsyncIterator[LinuxNativeDriver]:
+    _require_host()
+    drv = LinuxNativeDriver(
+        state_dir=state_dir, image_dir=image_dir, agent_binary=agent_binary, stop_timeout=5, subnet="10.231.0.0/16"
+    )
+    try:
+        yield drv
+    finally:
+        await drv.close()
+        await cleanup_state(str(state_dir), image_dir=str(image_dir), agent_binary=agent_binary)
+
+
+@pytest.fixture
+def netns_destination() -> Iterator[tuple[str, str]]:
+    """A TCP listener in a test-made network namespace reachable from the host through a veth pair.
+
+    Yields (address, netns name); the listener (busybox nc) records what it receives in a file the test reads.
+    """
+    name = f"vzt-dst-{os.getpid()}"
+    host_if, peer_if = f"vzt{os.getpid() % 100000}h", f"vzt{os.getpid() % 100000}p"
+    cmds = [
+        ["ip", "netns", "add", name],
+        ["ip", "link", "add", host_if, "type", "veth", "peer", "name", peer_if, "netns", name],
+        ["ip", "addr", "add", "172.31.251.1/30", "dev", host_if],
+        ["ip", "link", "set", host_if, "up"],
+        ["ip", "-n", name, "addr", "add", "172.31.251.2/30", "dev", peer_if],
+        ["ip", "-n", name, "link", "set", peer_if, "up"],
+        ["ip", "-n", name, "link", "set", "lo", "up"],
+    ]
+    try:
+        for cmd in cmds:
+            subprocess.run(cmd, check=True, capture_output=True)
+        yield "172.31.251.2", name
+    finally:
+        subprocess.run(["ip", "link", "del", host_if], capture_output=True)
+        subprocess.run(["ip", "netns", "del", name], capture_output=True)

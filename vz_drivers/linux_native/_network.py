@@ -1,0 +1,150 @@
+"""Machine networking: an own network namespace per Machine, set up between ``runc create`` and ``runc start``.
+
+* ``allow``: a veth pair, host end ``vz<key[:12]>`` with ``<subnet>.4i+1/30``, Machine end ``eth0`` with
+  ``.4i+2/30`` and a default route via the host end. The host masquerades Machine traffic leaving the
+  subnet (nftables table ``ip vz_<subnet>``) and forwards IPv4. Anything the host can reach, the Machine can.
+* ``deny``: the namespace is never connected to the host. A veth pair with both ends inside it carries a
+  default route so that connects fail fast, and an nftables ``output`` chain inside the namespace rejects
+  everything but loopback (TCP reset / ICMP), so outbound connections are refused and no packet leaves.
+  Loopback and the agent's Unix socket keep working.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+from pathlib import Path
+
+from vz_core.errors import RuntimeFailureError, UnavailableError
+
+__all__ = ["NetworkConfig", "host_table_name", "remove_host_table", "setup_network"]
+
+DENY_RULES = """
+table inet vz_egress {
+  chain output {
+    type filter hook output priority 0; policy accept;
+    oifname "lo" accept
+    meta l4proto tcp reject with tcp reset
+    reject with icmpx admin-prohibited
+  }
+}
+"""
+
+
+class NetworkConfig:
+    """Tools and the address pool used for ``allow`` Machines."""
+
+    def __init__(self, *, ip: str, nsenter: str, nft: str, subnet: str) -> None:
+        self.ip = ip
+        self.nsenter = nsenter
+        self.nft = nft
+        self.subnet = ipaddress.IPv4Network(subnet)
+        if self.subnet.prefixlen > 28:
+            raise ValueError("the Machine subnet must be /28 or larger")
+
+    @property
+    def slots(self) -> int:
+        return self.subnet.num_addresses // 4 - 1
+
+    def addresses(self, index: int) -> tuple[str, str]:
+        """(host end, Machine end) addresses of /30 slot ``index`` (slot 0 is never used)."""
+        base = int(self.subnet.network_address) + 4 * (index + 1)
+        return str(ipaddress.IPv4Address(base + 1)), str(ipaddress.IPv4Address(base + 2))
+
+    def missing_tools(self, egress: str) -> list[str]:
+        missing = []
+        if not self.ip:
+            missing.append("ip (apt-get install iproute2)")
+        if not self.nsenter:
+            missing.append("nsenter (apt-get install util-linux)")
+        if egress == "deny" and not self.nft:
+            missing.append("nft (apt-get install nftables)")
+        if egress == "allow" and not self.nft:
+            missing.append("nft (apt-get install nftables)")
+        return missing
+
+
+def host_table_name(subnet: ipaddress.IPv4Network) -> str:
+    return "vz_" + str(subnet).replace(".", "_").replace("/", "_")
+
+
+async def _run(argv: list[str], stdin: bytes = b"", what: str = "") -> None:
+    proc = await asyncio.create_subprocess_exec(
+        *argv,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await proc.communicate(stdin)
+    if proc.returncode != 0:
+        raise RuntimeFailureError(
+            f"network setup failed: {what or argv[0]}", runtime_message=err.decode(errors="replace").strip()
+        )
+
+
+def _write_sysctl(path: str, value: str) -> None:
+    p = Path(path)
+    if p.read_text().strip() != value:
+        p.write_text(value)
+
+
+async def ensure_host_nat(cfg: NetworkConfig) -> None:
+    """Forwarding on and the masquerade table for the subnet present (idempotent)."""
+    try:
+        _write_sysctl("/proc/sys/net/ipv4/ip_forward", "1")
+    except OSError as exc:
+        raise UnavailableError(f"cannot enable IPv4 forwarding for egress: {exc.strerror}") from None
+    table = host_table_name(cfg.subnet)
+    rules = (
+        f"table ip {table} {{\n"
+        "  chain postrouting {\n"
+        "    type nat hook postrouting priority srcnat; policy accept;\n"
+        f"    ip saddr {cfg.subnet} ip daddr != {cfg.subnet} masquerade\n"
+        "  }\n"
+        "}\n"
+    )
+    # Re-created as one transaction so that repeated starts never stack duplicate rules.
+    script = f"table ip {table}\ndelete table ip {table}\n{rules}"
+    await _run([cfg.nft, "-f", "-"], script.encode(), what="nftables masquerade table")
+
+
+async def remove_host_table(cfg: NetworkConfig) -> None:
+    """Remove the masquerade table (cleanup when no Machine of this subnet remains)."""
+    if not cfg.nft:
+        return
+    table = host_table_name(cfg.subnet)
+    with contextlib.suppress(RuntimeFailureError):
+        await _run([cfg.nft, "-f", "-"], f"table ip {table}\ndelete table ip {table}\n".encode())
+
+
+async def setup_network(cfg: NetworkConfig, *, pid: int, key: str, egress: str, index: int) -> None:
+    """Configure the network namespace of the (created, not yet started) container whose init is ``pid``."""
+    inside = [cfg.nsenter, "-t", str(pid), "-n"]
+    if egress == "deny":
+        batch = (
+            "link add vz0 type veth peer name vz1\n"
+            "addr add 169.254.77.2/30 dev vz0\n"
+            "link set vz0 up\n"
+            "link set vz1 up\n"
+            "route add default via 169.254.77.1 dev vz0 onlink\n"
+        )
+        await _run([*inside, cfg.ip, "-batch", "-"], batch.encode(), what="isolated namespace links")
+        await _run([*inside, cfg.nft, "-f", "-"], DENY_RULES.encode(), what="egress deny rules")
+        return
+    host_if = f"vz{key[:12]}"
+    host_addr, machine_addr = cfg.addresses(index)
+    await ensure_host_nat(cfg)
+    # A stale host end (a crashed start) would make the add fail: remove it first.
+    with contextlib.suppress(RuntimeFailureError):
+        await _run([cfg.ip, "link", "del", host_if])
+    host_batch = (
+        f"link add {host_if} type veth peer name eth0 netns {pid}\n"
+        f"addr add {host_addr}/30 dev {host_if}\n"
+        f"link set {host_if} up\n"
+    )
+    await _run([cfg.ip, "-batch", "-"], host_batch.encode(), what="veth pair")
+    with contextlib.suppress(OSError):
+        _write_sysctl(f"/proc/sys/net/ipv4/conf/{host_if}/forwarding", "1")
+    inner = f"addr add {machine_addr}/30 dev eth0\nlink set eth0 up\nroute add default via {host_addr}\n"
+    await _run([*inside, cfg.ip, "-batch", "-"], inner.encode(), what="Machine interface")
