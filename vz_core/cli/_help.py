@@ -1,0 +1,31 @@
+"""The static top-level help (printed by bare `vz`: no state is read or written, nothing heavy is imported)."""
+
+from __future__ import annotations
+
+__all__ = ["TOP_HELP"]
+
+TOP_HELP = """\
+vz: reproducible, parallel Developer Environments on local hardware.
+
+usage: vz <command> [options]
+
+Environments (made from the nearest vz.json upward from here):
+  up       create or reconcile an Environment and its Machines
+  exec     run a command in a Machine:  vz exec [--environment E] [--machine M] -- CMD...
+  status   show Environments, Machines, drivers, state and drift
+  stop     stop every Machine of an Environment
+  delete   delete an Environment and its Machines
+
+Other:
+  driver   list, add or verify drivers (vz driver list | add MANIFEST | verify [NAME])
+  version  print the vz version
+  help     this text, or `vz help <command>` for a command's options
+
+Selecting an Environment: --environment NAME|ID, else $VZ_ENVIRONMENT_ID, else this directory's binding,
+else the project's only Environment; `vz up` creates "default" when the project has none.
+
+Exit codes: 0 ok, 1 backend failure, 2 user error, 3 not found, 4 conflict (ambiguous, busy, needs
+--recreate), 130 interrupted; `vz exec` exits with the command's code (128+N when killed by signal N).
+
+Start here:  vz up && vz exec -- echo hello
+"""

@@ -1,0 +1,202 @@
+"""The `vz` command line: parse, dispatch, map understood errors to one line and a documented exit code.
+
+Bare `vz` (and `vz --help`) prints static help and touches nothing. Heavy modules (pydantic, rich) are only
+imported by the commands that need them; `vz exec` needs neither.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from vz_core.cli._help import TOP_HELP
+
+__all__ = ["main"]
+
+COMMANDS = ("up", "exec", "status", "stop", "delete", "driver", "version", "help")
+
+
+class _UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # argparse's own exits are replaced by our exit code 2
+        raise _UsageError(f"{message} (see `{self.prog} --help`)")
+
+
+def _parser(command: str) -> argparse.ArgumentParser:
+    summaries = {
+        "up": "Create or reconcile an Environment from vz.json (the nearest one upward from here).",
+        "exec": "Run a command in a Machine; stdin/stdout/stderr are streamed and its exit code is vz's.",
+        "status": "Show Environments, Machines, their drivers, observed state and drift from vz.json.",
+        "stop": "Stop every Machine of an Environment (Machine-local data survives).",
+        "delete": "Delete an Environment: its Machines and its records. Other Environments are untouched.",
+        "driver": "List, add or verify drivers.",
+    }
+    parser = _Parser(prog=f"vz {command}", description=summaries.get(command), allow_abbrev=False)
+    if command in ("up", "exec", "status", "stop", "delete"):
+        parser.add_argument("--environment", metavar="NAME|ID", help="the Environment (name or id)")
+        parser.add_argument(
+            "-f", "--file", type=Path, metavar="PATH", help="use this vz.json instead of searching upward"
+        )
+    if command in ("up", "status", "stop", "delete"):
+        parser.add_argument("--json", action="store_true", help="machine-readable output (see docs/cli.md)")
+    if command == "up":
+        parser.add_argument(
+            "--recreate", action="store_true", help="allow replacing or removing Machines whose definition changed"
+        )
+        parser.add_argument("--dry-run", action="store_true", help="print the plan and change nothing")
+    if command == "exec":
+        parser.add_argument("--machine", metavar="NAME|ID", help="the Machine (name or id)")
+        parser.add_argument("--workdir", metavar="DIR", help="working directory inside the Machine")
+        parser.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- CMD ...", help="the command to run")
+    if command == "status":
+        parser.add_argument("--all", action="store_true", help="every Environment of the project")
+        parser.add_argument("--machine", metavar="NAME|ID", help="only this Machine")
+    if command == "driver":
+        sub = parser.add_subparsers(dest="action", metavar="{list,add,verify}")
+        sub.required = True
+        listing = sub.add_parser("list", help="installed drivers")
+        listing.add_argument("--json", action="store_true")
+        add = sub.add_parser("add", help="record an external driver from its manifest")
+        add.add_argument("manifest", type=Path)
+        verify = sub.add_parser("verify", help="re-hash external driver binaries against their manifests")
+        verify.add_argument("name", nargs="?")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `vz` console script; returns the process exit status."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        sys.stdout.write(TOP_HELP)
+        return 0
+    if args[0] in ("-V", "--version"):
+        args = ["version"]
+    command, rest = args[0], args[1:]
+    if command == "help":
+        if rest and rest[0] in COMMANDS and rest[0] not in ("help", "version"):
+            _parser(rest[0]).print_help()
+        else:
+            sys.stdout.write(TOP_HELP)
+        return 0
+    if command not in COMMANDS:
+        sys.stderr.write(f"vz: unknown command {command!r}; commands: {', '.join(COMMANDS)} (see `vz --help`)\n")
+        return 2
+    if command == "version":
+        return _version()
+    json_mode = "--json" in rest and command != "exec"
+    try:
+        if command == "exec":
+            return _exec(rest)
+        parsed = _parser(command).parse_args(rest)
+        if command == "driver":
+            from vz_core.cli._driver_cmd import run_driver_command
+
+            return run_driver_command(parsed)
+        return _environment_command(command, parsed)
+    except _UsageError as exc:
+        sys.stderr.write(f"vz {command}: error: {exc}\n")
+        return 2
+    except KeyboardInterrupt:
+        sys.stderr.write(
+            f"vz {command}: interrupted" + ("" if command == "exec" else "; run it again to converge") + "\n"
+        )
+        return 130
+    except Exception as exc:
+        from vz_core.errors import VzError
+
+        if not isinstance(exc, VzError):
+            raise  # a bug: let the traceback show
+        return _report(command, exc, json_mode)
+
+
+def _report(command: str, exc: Exception, json_mode: bool) -> int:
+    from vz_core.cli._exit import classify
+    from vz_core.cli._output import Output
+    from vz_core.errors import VzError
+
+    assert isinstance(exc, VzError)
+    code, kind = classify(exc)
+    Output("json" if json_mode else "plain", command).error(code, kind, str(exc))
+    return code
+
+
+def _version() -> int:
+    from importlib.metadata import PackageNotFoundError, version
+
+    from vz_core._types import API_MAJOR, API_MINOR
+
+    try:
+        ours = version("vz")
+    except PackageNotFoundError:
+        ours = "0+unknown"
+    sys.stdout.write(f"vz {ours} (Runtime Protocol {API_MAJOR}.{API_MINOR})\n")
+    return 0
+
+
+def _exec(rest: list[str]) -> int:
+    if "--" in rest:
+        cut = rest.index("--")
+        options, command = rest[:cut], rest[cut + 1 :]
+        parsed = _parser("exec").parse_args(options)
+        if parsed.argv:
+            raise _UsageError(f"unexpected arguments before '--': {' '.join(parsed.argv)}")
+    else:
+        parsed = _parser("exec").parse_args(rest)
+        command = list(parsed.argv)
+    if not command:
+        raise _UsageError("no command given: vz exec [--environment E] [--machine M] -- CMD [ARG...]")
+    from vz_core.cli._exec import run_exec
+
+    return run_exec(
+        cwd=Path.cwd(),
+        environ=os.environ,
+        argv=command,
+        environment=parsed.environment,
+        machine=parsed.machine,
+        workdir=parsed.workdir,
+        definition_file=parsed.file,
+    )
+
+
+def _environment_command(command: str, parsed: argparse.Namespace) -> int:
+    import asyncio
+
+    from vz_core.cli._output import Output, choose_mode
+    from vz_core.cli._render import render_status, render_up
+    from vz_core.env._engine import Context, delete, status, stop, up
+
+    if command == "status":
+        output = Output("json" if parsed.json else "plain", command)
+    else:
+        output = Output(choose_mode(parsed.json), command)
+    ctx = Context(cwd=Path.cwd(), environ=os.environ, progress=output, definition_file=parsed.file)
+    if command == "up":
+        result = asyncio.run(up(ctx, environment=parsed.environment, recreate=parsed.recreate, dry_run=parsed.dry_run))
+        output.result(result, render_up(result))
+    elif command == "status":
+        if parsed.all and parsed.environment:
+            raise _UsageError("--all and --environment exclude each other")
+        report = asyncio.run(
+            status(ctx, environment=parsed.environment, all_environments=parsed.all, machine=parsed.machine)
+        )
+        if parsed.json:
+            import json
+
+            sys.stdout.write(json.dumps(report, indent=2) + "\n")
+        else:
+            sys.stdout.write(render_status(report))
+    else:
+        operation = stop if command == "stop" else delete
+        result = asyncio.run(operation(ctx, environment=parsed.environment))
+        env = result["environment"]
+        verb = "stopped" if command == "stop" else "deleted"
+        lines = [f"Environment {env['name']} ({env['id']}) {verb}: {len(result['machines'])} machine(s)"]
+        output.result(result, lines)
+    return 0

@@ -1,0 +1,73 @@
+"""Human renderings of command results (plain text; the JSON shapes are the contract, these are for people)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["render_status", "render_up"]
+
+
+def render_up(result: dict[str, Any]) -> list[str]:
+    env = result["environment"]
+    if result["dry_run"]:
+        head = f"plan for Environment {env['name']}" + (f" ({env['id']})" if env["id"] else " (would be created)")
+        return [head + ":", *("  " + line for line in result["plan_lines"]), "dry run: nothing was changed"]
+    machines = ", ".join(f"{m['name']} ({m['id']}) {m['state']}" for m in result["machines"]) or "no machines"
+    return [f"Environment {env['name']} ({env['id']}) is {env['state']}: {machines}"]
+
+
+def _table(rows: list[list[str]], indent: str = "  ") -> list[str]:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [indent + "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in rows]
+
+
+def render_status(report: dict[str, Any]) -> str:
+    lines: list[str] = []
+    project = report.get("project")
+    if project:
+        where = f" ({project['definition']})" if project.get("definition") else ""
+        lines.append(f"Project {project['id']}{where}")
+        if project.get("definition_error"):
+            lines.append("  vz.json is invalid: drift unknown (see `vz up` for the details)")
+    if not report["environments"]:
+        lines.append("no Environments (create one with `vz up`)")
+    for env in report["environments"]:
+        lines.append("")
+        bound = ", ".join(env["bound_worktrees"]) or "none"
+        lines.append(f"Environment {env['name']} ({env['id']})  state: {env['state']}  bound: {bound}")
+        for op in env["interrupted_operations"]:
+            lines.append(f"  ! {op['explanation']}; run `vz up --environment {env['name']}` to converge")
+        drift = env["drift"]
+        if drift["status"] == "drifted":
+            extra = []
+            if drift["not_created"]:
+                extra.append("not created: " + ", ".join(drift["not_created"]))
+            if drift["default_machine"]:
+                extra.append(f"default machine → {drift['default_machine']['desired']}")
+            changed = [m["name"] for m in env["machines"] if m["drift"]["status"] != "in-sync"]
+            if changed:
+                extra.append("changed: " + ", ".join(changed))
+            lines.append("  drift from vz.json: " + "; ".join(extra) + " (run `vz up` to reconcile)")
+        rows = [["", "MACHINE", "ID", "STATE", "DRIVER", "TARGET", "PROFILE", "DRIFT"]]
+        for machine in env["machines"]:
+            driver = machine["driver"]
+            driver_text = f"{driver['name']} {driver.get('version', '?')}" if "error" not in driver else "unavailable"
+            target = machine["target"]
+            rows.append(
+                [
+                    "*" if machine["default"] else "",
+                    machine["name"],
+                    machine["id"],
+                    machine["state"],
+                    driver_text,
+                    f"{target.get('os')}/{target.get('arch') or '?'}",
+                    str(machine["profile"]),
+                    machine["drift"]["status"],
+                ]
+            )
+        if len(rows) > 1:
+            lines.extend(_table(rows))
+        for machine in env["machines"]:
+            if machine.get("error"):
+                lines.append(f"  {machine['name']}: {machine['error']}")
+    return "\n".join(lines).lstrip("\n") + "\n"

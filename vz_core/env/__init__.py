@@ -1,0 +1,137 @@
+"""Developer Environments: the project definition, identity and selection, the state store, reconciliation.
+
+Importing this package is cheap: names are loaded on first use, so the hot CLI paths (``vz exec``) never pay
+for pydantic. The public surface:
+
+* definition: ``ProjectDefinition`` (and its parts), ``load_definition``, ``parse_definition``,
+  ``definition_json_schema``, ``find_definition``;
+* identity and selection: ``workspace_id``, ``select_environment``, ``select_machine``;
+* state: ``Store`` with its records, ``MIGRATIONS``;
+* reconciliation: ``compute_plan``, ``Plan``, ``Step``, ``Change``;
+* operations: ``Context``, ``Progress``, ``up``, ``status``, ``stop``, ``delete``, ``prepare_exec``;
+* drivers: ``acquire_driver`` (the one place a Driver is obtained), ``DriverPool``;
+* errors: ``DefinitionError``, ``DefinitionNotFoundError``, ``PlanError``, ``ConflictError``,
+  ``SelectionNotFoundError``, ``AmbiguousSelectionError``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from vz_core.env._definition import (
+        Machine,
+        ProjectDefinition,
+        SecretRef,
+        definition_json_schema,
+        load_definition,
+        parse_definition,
+    )
+    from vz_core.env._discover import find_definition
+    from vz_core.env._drivers import DriverFacts, DriverPool, acquire_driver
+    from vz_core.env._engine import Context, ExecTarget, delete, prepare_exec, status, stop, up
+    from vz_core.env._errors import (
+        AmbiguousSelectionError,
+        ConflictError,
+        DefinitionError,
+        DefinitionNotFoundError,
+        PlanError,
+        SelectionNotFoundError,
+    )
+    from vz_core.env._ids import workspace_id
+    from vz_core.env._plan import Change, Plan, Step, compute_plan
+    from vz_core.env._progress import Progress
+    from vz_core.env._select import select_environment, select_machine
+    from vz_core.env._store import MIGRATIONS, EnvironmentRecord, MachineRecord, OperationRecord, Store
+
+_WHERE = {
+    "Machine": "_definition",
+    "ProjectDefinition": "_definition",
+    "SecretRef": "_definition",
+    "definition_json_schema": "_definition",
+    "load_definition": "_definition",
+    "parse_definition": "_definition",
+    "find_definition": "_discover",
+    "DriverFacts": "_drivers",
+    "DriverPool": "_drivers",
+    "acquire_driver": "_drivers",
+    "Context": "_engine",
+    "ExecTarget": "_engine",
+    "delete": "_engine",
+    "prepare_exec": "_engine",
+    "status": "_engine",
+    "stop": "_engine",
+    "up": "_engine",
+    "AmbiguousSelectionError": "_errors",
+    "ConflictError": "_errors",
+    "DefinitionError": "_errors",
+    "DefinitionNotFoundError": "_errors",
+    "PlanError": "_errors",
+    "SelectionNotFoundError": "_errors",
+    "workspace_id": "_ids",
+    "Change": "_plan",
+    "Plan": "_plan",
+    "Step": "_plan",
+    "compute_plan": "_plan",
+    "Progress": "_progress",
+    "select_environment": "_select",
+    "select_machine": "_select",
+    "MIGRATIONS": "_store",
+    "EnvironmentRecord": "_store",
+    "MachineRecord": "_store",
+    "OperationRecord": "_store",
+    "Store": "_store",
+}
+
+__all__ = [
+    "MIGRATIONS",
+    "AmbiguousSelectionError",
+    "Change",
+    "ConflictError",
+    "Context",
+    "DefinitionError",
+    "DefinitionNotFoundError",
+    "DriverFacts",
+    "DriverPool",
+    "EnvironmentRecord",
+    "ExecTarget",
+    "Machine",
+    "MachineRecord",
+    "OperationRecord",
+    "Plan",
+    "PlanError",
+    "Progress",
+    "ProjectDefinition",
+    "SecretRef",
+    "SelectionNotFoundError",
+    "Step",
+    "Store",
+    "acquire_driver",
+    "compute_plan",
+    "definition_json_schema",
+    "delete",
+    "find_definition",
+    "load_definition",
+    "parse_definition",
+    "prepare_exec",
+    "select_environment",
+    "select_machine",
+    "status",
+    "stop",
+    "up",
+    "workspace_id",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -1,0 +1,172 @@
+"""Getting a Driver for a Machine, and what it said about itself.
+
+``acquire_driver`` is the single place the Environment layer and the CLI obtain a driver. Today it builds
+built-in drivers in-process through ``DriverRegistry``; launching the driver's plugin under supervision (and
+external drivers from manifests) plugs in here and nowhere else.
+
+``DriverPool`` negotiates each driver once per command (Info with the 1.3 recreate opt-in, Extensions,
+Preflight) and closes them all at the end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from vz_core._driver import Driver
+from vz_core._types import API_MAJOR, DriverInfo, Extensions, RecreateMode
+from vz_core.errors import IncompatibleVersionError, NotFoundError, PluginError, UnsupportedError, UserError
+
+__all__ = ["DriverFacts", "DriverPool", "acquire_driver", "installed_driver_names"]
+
+
+def installed_driver_names() -> list[str]:
+    """Names of every driver a Machine may use."""
+    from vz_core.registry import DriverRegistry
+
+    return DriverRegistry().names()
+
+
+def acquire_driver(name: str, options: Mapping[str, Any] | None = None) -> Driver:
+    """A ready-to-use Driver named ``name`` configured with ``options`` (the Machine's ``driver_options``).
+
+    Raises ``NotFoundError`` for an unknown name (listing what is installed) and ``UserError`` for options the
+    driver does not accept. The caller closes the driver (``await driver.close()``).
+    """
+    from vz_core.registry import DriverRegistry
+
+    spec = DriverRegistry().get(name)
+    factory = spec.load()
+    try:
+        return factory(**dict(options or {}))
+    except TypeError as exc:
+        raise UserError(f"driver {name!r} rejected its options {sorted(options or {})}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class DriverFacts:
+    """What a driver said about itself during negotiation."""
+
+    name: str
+    info: DriverInfo
+    extensions: Extensions | None
+
+    @property
+    def target_os(self) -> tuple[str, ...]:
+        # A driver without the extension service is a plain Runtime Protocol driver: Linux Machines.
+        return self.extensions.target_os if self.extensions else ("linux",)
+
+    @property
+    def profiles(self) -> tuple[str, ...]:
+        return self.extensions.profiles if self.extensions else ()
+
+    @property
+    def recreate_mode(self) -> RecreateMode:
+        caps = self.info.capabilities
+        return caps.recreate_mode if caps else RecreateMode.DELETE
+
+    def describe(self) -> dict[str, Any]:
+        """The stable JSON shape used by ``vz status --json`` (see docs/cli.md)."""
+        info = self.info
+        caps = info.capabilities
+        ext = self.extensions
+        return {
+            "name": self.name,
+            "driver_name": info.driver_name,
+            "version": info.driver_version,
+            "api": f"{info.api_major}.{info.api_minor}",
+            "runtime": {"name": info.runtime_name, "version": info.runtime_version},
+            "capabilities": {
+                "mount_types": [m.label if hasattr(m, "label") else str(m) for m in caps.mount_types] if caps else [],
+                "requires_mount_streaming": bool(caps and caps.requires_mount_streaming),
+                "requires_workspace_chown": bool(caps and caps.requires_workspace_chown),
+                "recreate_mode": self.recreate_mode.name.lower(),
+                "provisioning_preflight": bool(caps and caps.provisioning_preflight),
+                "reprovision": bool(caps and caps.reprovision),
+                "logs": bool(caps and caps.logs),
+                "reuse_preflight": bool(caps and caps.reuse_preflight),
+            },
+            "extensions": None
+            if ext is None
+            else {
+                "version": ext.extensions_version,
+                "target_os": list(ext.target_os),
+                "profiles": list(ext.profiles),
+                "tty": ext.tty,
+                "snapshots": ext.snapshots,
+                "egress_policies": [p.name.lower() for p in ext.egress_policies],
+                "resource_limits": ext.resource_limits,
+                "storage_limits": ext.storage_limits,
+                "facts": dict(ext.facts),
+            },
+            "accelerator": {
+                "name": ext.accelerator if ext else "",
+                "reason": ext.accelerator_reason if ext else "",
+            },
+        }
+
+
+def _key(name: str, options: Mapping[str, Any]) -> tuple[str, str]:
+    import json
+
+    return name, json.dumps(dict(options), sort_keys=True, default=str)
+
+
+class DriverPool:
+    """The drivers one command uses, each acquired and negotiated once, all closed by ``aclose``."""
+
+    def __init__(self) -> None:
+        self._drivers: dict[tuple[str, str], tuple[Driver, DriverFacts]] = {}
+        self._preflighted: set[tuple[str, str]] = set()
+
+    async def get(self, name: str, options: Mapping[str, Any] | None = None) -> tuple[Driver, DriverFacts]:
+        """The driver and its negotiated facts (Info, then Extensions)."""
+        options = options or {}
+        key = _key(name, options)
+        if key not in self._drivers:
+            driver = acquire_driver(name, options)
+            try:
+                facts = await _negotiate(name, driver)
+            except BaseException:
+                await driver.close()
+                raise
+            self._drivers[key] = (driver, facts)
+        return self._drivers[key]
+
+    async def preflight(self, name: str, options: Mapping[str, Any] | None = None) -> None:
+        """Preflight once per driver and command."""
+        driver, _ = await self.get(name, options)
+        key = _key(name, options or {})
+        if key not in self._preflighted:
+            await driver.preflight()
+            self._preflighted.add(key)
+
+    async def aclose(self) -> None:
+        drivers, self._drivers = self._drivers, {}
+        for driver, _ in drivers.values():
+            try:
+                await driver.close()
+            except Exception:  # closing is best effort; the command's own outcome matters more
+                pass
+
+
+async def _negotiate(name: str, driver: Driver) -> DriverFacts:
+    info = await driver.info(supports_recreate_on_run=True)
+    if info.api_major != API_MAJOR:
+        raise IncompatibleVersionError(
+            f"driver {name!r} speaks Runtime Protocol {info.api_major}.{info.api_minor}; this vz speaks "
+            f"{API_MAJOR}.x: install a driver built for API {API_MAJOR}"
+        )
+    if not info.driver_name or not info.driver_version or not info.runtime_name or info.capabilities is None:
+        raise PluginError(
+            f"driver {name!r} answered Info without driver_name/driver_version/runtime_name/capabilities; "
+            "it does not follow the Runtime Protocol"
+        )
+    if info.capabilities.recreate_mode == RecreateMode.ON_RUN and info.api_minor < 3:
+        raise PluginError(f"driver {name!r} advertises recreate-on-run with API 1.{info.api_minor} (needs 1.3)")
+    try:
+        extensions = await driver.extensions()
+    except (UnsupportedError, NotFoundError):
+        extensions = None
+    return DriverFacts(name=name, info=info, extensions=extensions)

@@ -1,0 +1,502 @@
+"""The state store: one SQLite database (WAL) under the state directory.
+
+Everything vz knows about projects, Environments, Machines, volumes, worktree bindings, driver manifests and
+operations lives here. Rules:
+
+* Ownership is in the keys: a Machine row is keyed by (env_id, machine_id), a volume by (env_id, machine_id,
+  name), a binding points at one env_id; deleting an Environment deletes exactly the rows reachable from its
+  env_id (foreign keys with ON DELETE CASCADE) and nothing else.
+* Every write runs in one ``BEGIN IMMEDIATE`` transaction, so a killed process leaves either the old or the new
+  row, never half of one.
+* Every mutating command writes an operation record first (kind, pid, plan, current step) and finishes it
+  (succeeded / failed / interrupted); a record still "running" whose Environment lock is free belonged to a
+  process that died, which is how the next command explains and converges.
+* The schema is versioned (table ``schema_version``); ``MIGRATIONS`` are applied in order, once, inside an
+  exclusive transaction. A database newer than this code is refused, never modified.
+* Secret values are never written here: Machine specs keep secret *references* only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vz_core.env._ids import new_operation_id
+from vz_core.errors import UserError
+
+__all__ = [
+    "MIGRATIONS",
+    "EnvironmentRecord",
+    "MachineRecord",
+    "Migration",
+    "OperationRecord",
+    "Store",
+    "StoreError",
+    "VolumeRecord",
+    "default_store_path",
+    "utcnow",
+]
+
+
+class StoreError(UserError):
+    """The state database cannot be used (newer schema, unreadable file)."""
+
+
+@dataclass(frozen=True)
+class Migration:
+    """One schema step: applied once, in order, in one exclusive transaction."""
+
+    version: int
+    description: str
+    statements: tuple[str, ...]
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(
+        1,
+        "projects, environments, machines, volumes, bindings, operations, driver manifests",
+        (
+            """CREATE TABLE projects (
+                project_id TEXT PRIMARY KEY,
+                definition_path TEXT NOT NULL,
+                created_at TEXT NOT NULL,
+                updated_at TEXT NOT NULL)""",
+            """CREATE TABLE environments (
+                env_id TEXT PRIMARY KEY,
+                project_id TEXT NOT NULL REFERENCES projects(project_id),
+                name TEXT NOT NULL,
+                state TEXT NOT NULL,
+                worktree TEXT NOT NULL,
+                default_machine TEXT,
+                created_at TEXT NOT NULL,
+                updated_at TEXT NOT NULL,
+                UNIQUE (project_id, name))""",
+            """CREATE TABLE machines (
+                env_id TEXT NOT NULL REFERENCES environments(env_id) ON DELETE CASCADE,
+                machine_id TEXT NOT NULL UNIQUE,
+                name TEXT NOT NULL,
+                workspace_id TEXT NOT NULL UNIQUE,
+                driver TEXT NOT NULL,
+                spec TEXT NOT NULL,
+                state TEXT NOT NULL,
+                created_at TEXT NOT NULL,
+                updated_at TEXT NOT NULL,
+                PRIMARY KEY (env_id, machine_id),
+                UNIQUE (env_id, name))""",
+            """CREATE TABLE volumes (
+                env_id TEXT NOT NULL,
+                machine_id TEXT NOT NULL,
+                name TEXT NOT NULL,
+                backend_name TEXT NOT NULL UNIQUE,
+                created_at TEXT NOT NULL,
+                PRIMARY KEY (env_id, machine_id, name),
+                FOREIGN KEY (env_id, machine_id) REFERENCES machines(env_id, machine_id) ON DELETE CASCADE)""",
+            """CREATE TABLE bindings (
+                project_id TEXT NOT NULL,
+                worktree TEXT NOT NULL,
+                env_id TEXT NOT NULL REFERENCES environments(env_id) ON DELETE CASCADE,
+                created_at TEXT NOT NULL,
+                PRIMARY KEY (project_id, worktree))""",
+            """CREATE TABLE operations (
+                op_id TEXT PRIMARY KEY,
+                env_id TEXT NOT NULL,
+                project_id TEXT NOT NULL,
+                kind TEXT NOT NULL,
+                status TEXT NOT NULL,
+                pid INTEGER NOT NULL,
+                step TEXT NOT NULL DEFAULT '',
+                plan TEXT,
+                error TEXT NOT NULL DEFAULT '',
+                started_at TEXT NOT NULL,
+                finished_at TEXT)""",
+            "CREATE INDEX operations_env ON operations (env_id, started_at)",
+            """CREATE TABLE driver_manifests (
+                name TEXT PRIMARY KEY,
+                manifest TEXT NOT NULL,
+                source TEXT NOT NULL DEFAULT '',
+                added_at TEXT NOT NULL)""",
+        ),
+    ),
+)
+"""Every schema migration, oldest first. Append new ones; never edit an applied one."""
+
+
+def default_store_path() -> Path:
+    """``<state dir>/state.db`` (``$VZ_HOME/state.db`` when VZ_HOME is set)."""
+    from vz_core.paths import state_dir
+
+    return state_dir() / "state.db"
+
+
+def utcnow() -> str:
+    """The current UTC time, RFC 3339 with milliseconds."""
+    now = time.time()
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
+
+
+@dataclass(frozen=True)
+class EnvironmentRecord:
+    env_id: str
+    project_id: str
+    name: str
+    state: str
+    """creating | running | stopped | deleting | failed"""
+    worktree: str
+    """The project directory the Environment was created from (its workspace source)."""
+    default_machine: str | None
+    created_at: str
+    updated_at: str
+
+    def label(self) -> str:
+        return f"{self.name} ({self.env_id})"
+
+
+@dataclass(frozen=True)
+class MachineRecord:
+    env_id: str
+    machine_id: str
+    name: str
+    workspace_id: str
+    driver: str
+    spec: dict[str, Any]
+    """The Machine's definition as last applied (secret references only)."""
+    state: str
+    """creating | running | stopped | deleting | failed"""
+    created_at: str
+    updated_at: str
+
+    def label(self) -> str:
+        return f"{self.name} ({self.machine_id})"
+
+    @property
+    def driver_options(self) -> dict[str, Any]:
+        options = self.spec.get("driver_options") or {}
+        return dict(options) if isinstance(options, dict) else {}
+
+
+@dataclass(frozen=True)
+class VolumeRecord:
+    env_id: str
+    machine_id: str
+    name: str
+    backend_name: str
+    created_at: str
+
+
+@dataclass(frozen=True)
+class OperationRecord:
+    op_id: str
+    env_id: str
+    project_id: str
+    kind: str
+    status: str
+    """running | succeeded | failed | interrupted"""
+    pid: int
+    step: str
+    plan: Any
+    error: str
+    started_at: str
+    finished_at: str | None
+
+
+def _env(row: sqlite3.Row) -> EnvironmentRecord:
+    return EnvironmentRecord(**{k: row[k] for k in row.keys()})
+
+
+def _machine(row: sqlite3.Row) -> MachineRecord:
+    data = {k: row[k] for k in row.keys()}
+    data["spec"] = json.loads(data["spec"])
+    return MachineRecord(**data)
+
+
+def _operation(row: sqlite3.Row) -> OperationRecord:
+    data = {k: row[k] for k in row.keys()}
+    data["plan"] = json.loads(data["plan"]) if data["plan"] else None
+    return OperationRecord(**data)
+
+
+class Store:
+    """The state database. One instance per command; not shared between threads."""
+
+    def __init__(self, path: Path | None = None, *, migrations: Sequence[Migration] = MIGRATIONS) -> None:
+        self.path = path or default_store_path()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            self._db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
+        except (OSError, sqlite3.Error) as exc:
+            raise StoreError(f"cannot open the state database {self.path}: {exc}") from None
+        self._db.row_factory = sqlite3.Row
+        try:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA foreign_keys=ON")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._migrate(migrations)
+        except sqlite3.DatabaseError as exc:
+            self._db.close()
+            raise StoreError(f"the state database {self.path} is unusable: {exc}") from None
+        except BaseException:
+            self._db.close()
+            raise
+
+    # --- plumbing -------------------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """One atomic write: BEGIN IMMEDIATE … COMMIT, rolled back on any exception."""
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._db
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    def schema_version(self) -> int:
+        row = self._db.execute("SELECT COALESCE(MAX(version), 0) FROM schema_version").fetchone()
+        return int(row[0])
+
+    def _migrate(self, migrations: Sequence[Migration]) -> None:
+        latest = max((m.version for m in migrations), default=0)
+        exists = self._db.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='schema_version'").fetchone()
+        if exists and self.schema_version() == latest:
+            return
+        self._db.execute("BEGIN EXCLUSIVE")
+        try:
+            self._db.execute(
+                "CREATE TABLE IF NOT EXISTS schema_version ("
+                "version INTEGER PRIMARY KEY, description TEXT NOT NULL, applied_at TEXT NOT NULL)"
+            )
+            current = self.schema_version()
+            if current > latest:
+                raise StoreError(
+                    f"the state database {self.path} has schema version {current}, newer than this vz understands "
+                    f"({latest}); upgrade vz (or point VZ_HOME elsewhere)"
+                )
+            for migration in sorted(migrations, key=lambda m: m.version):
+                if migration.version <= current:
+                    continue
+                for statement in migration.statements:
+                    self._db.execute(statement)
+                self._db.execute(
+                    "INSERT INTO schema_version (version, description, applied_at) VALUES (?, ?, ?)",
+                    (migration.version, migration.description, utcnow()),
+                )
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    # --- projects and environments ----------------------------------------------------------------------------
+
+    def touch_project(self, db: sqlite3.Connection, project_id: str, definition_path: str) -> None:
+        now = utcnow()
+        db.execute(
+            "INSERT INTO projects (project_id, definition_path, created_at, updated_at) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT (project_id) DO UPDATE SET definition_path = excluded.definition_path, "
+            "updated_at = excluded.updated_at",
+            (project_id, definition_path, now, now),
+        )
+
+    def environments(self, project_id: str | None = None) -> list[EnvironmentRecord]:
+        """The Environments of a project (or of every project), oldest first."""
+        if project_id is None:
+            rows = self._db.execute("SELECT * FROM environments ORDER BY project_id, created_at, env_id")
+        else:
+            rows = self._db.execute(
+                "SELECT * FROM environments WHERE project_id = ? ORDER BY created_at, env_id", (project_id,)
+            )
+        return [_env(r) for r in rows]
+
+    def environment(self, env_id: str) -> EnvironmentRecord | None:
+        row = self._db.execute("SELECT * FROM environments WHERE env_id = ?", (env_id,)).fetchone()
+        return _env(row) if row else None
+
+    def create_environment(
+        self,
+        db: sqlite3.Connection,
+        *,
+        env_id: str,
+        project_id: str,
+        name: str,
+        worktree: str,
+        default_machine: str | None,
+    ) -> EnvironmentRecord:
+        now = utcnow()
+        db.execute(
+            "INSERT INTO environments (env_id, project_id, name, state, worktree, default_machine, created_at, "
+            "updated_at) VALUES (?, ?, ?, 'creating', ?, ?, ?, ?)",
+            (env_id, project_id, name, worktree, default_machine, now, now),
+        )
+        record = self.environment(env_id)
+        assert record is not None
+        return record
+
+    def set_environment(
+        self, db: sqlite3.Connection, env_id: str, *, state: str | None = None, default_machine: str | None = None
+    ) -> None:
+        if state is not None:
+            db.execute("UPDATE environments SET state = ?, updated_at = ? WHERE env_id = ?", (state, utcnow(), env_id))
+        if default_machine is not None:
+            db.execute(
+                "UPDATE environments SET default_machine = ?, updated_at = ? WHERE env_id = ?",
+                (default_machine or None, utcnow(), env_id),
+            )
+
+    def delete_environment(self, db: sqlite3.Connection, env_id: str) -> None:
+        """Remove the Environment and everything keyed by its id (machines, volumes, bindings)."""
+        db.execute("DELETE FROM environments WHERE env_id = ?", (env_id,))
+
+    # --- bindings ---------------------------------------------------------------------------------------------
+
+    def binding(self, project_id: str, worktree: str) -> str | None:
+        """The env_id this worktree is bound to, if any."""
+        row = self._db.execute(
+            "SELECT env_id FROM bindings WHERE project_id = ? AND worktree = ?", (project_id, worktree)
+        ).fetchone()
+        return str(row[0]) if row else None
+
+    def bind(self, db: sqlite3.Connection, project_id: str, worktree: str, env_id: str) -> None:
+        db.execute(
+            "INSERT OR IGNORE INTO bindings (project_id, worktree, env_id, created_at) VALUES (?, ?, ?, ?)",
+            (project_id, worktree, env_id, utcnow()),
+        )
+
+    def bound_env_ids(self, project_id: str) -> set[str]:
+        rows = self._db.execute("SELECT DISTINCT env_id FROM bindings WHERE project_id = ?", (project_id,))
+        return {str(r[0]) for r in rows}
+
+    def bindings_of(self, env_id: str) -> list[str]:
+        rows = self._db.execute("SELECT worktree FROM bindings WHERE env_id = ? ORDER BY worktree", (env_id,))
+        return [str(r[0]) for r in rows]
+
+    # --- machines and volumes ---------------------------------------------------------------------------------
+
+    def machines(self, env_id: str) -> list[MachineRecord]:
+        rows = self._db.execute("SELECT * FROM machines WHERE env_id = ? ORDER BY created_at, name", (env_id,))
+        return [_machine(r) for r in rows]
+
+    def machine(self, env_id: str, machine_id: str) -> MachineRecord | None:
+        row = self._db.execute(
+            "SELECT * FROM machines WHERE env_id = ? AND machine_id = ?", (env_id, machine_id)
+        ).fetchone()
+        return _machine(row) if row else None
+
+    def put_machine(
+        self,
+        db: sqlite3.Connection,
+        *,
+        env_id: str,
+        machine_id: str,
+        name: str,
+        workspace_id: str,
+        driver: str,
+        spec: dict[str, Any],
+        state: str,
+    ) -> None:
+        """Insert or replace the Machine row (identity columns never change once written)."""
+        now = utcnow()
+        db.execute(
+            "INSERT INTO machines (env_id, machine_id, name, workspace_id, driver, spec, state, created_at, "
+            "updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
+            "ON CONFLICT (env_id, machine_id) DO UPDATE SET driver = excluded.driver, spec = excluded.spec, "
+            "state = excluded.state, updated_at = excluded.updated_at",
+            (env_id, machine_id, name, workspace_id, driver, json.dumps(spec, sort_keys=True), state, now, now),
+        )
+
+    def set_machine_state(self, db: sqlite3.Connection, env_id: str, machine_id: str, state: str) -> None:
+        db.execute(
+            "UPDATE machines SET state = ?, updated_at = ? WHERE env_id = ? AND machine_id = ?",
+            (state, utcnow(), env_id, machine_id),
+        )
+
+    def delete_machine(self, db: sqlite3.Connection, env_id: str, machine_id: str) -> None:
+        db.execute("DELETE FROM machines WHERE env_id = ? AND machine_id = ?", (env_id, machine_id))
+
+    def volumes(self, env_id: str, machine_id: str | None = None) -> list[VolumeRecord]:
+        if machine_id is None:
+            rows = self._db.execute("SELECT * FROM volumes WHERE env_id = ? ORDER BY machine_id, name", (env_id,))
+        else:
+            rows = self._db.execute(
+                "SELECT * FROM volumes WHERE env_id = ? AND machine_id = ? ORDER BY name", (env_id, machine_id)
+            )
+        return [VolumeRecord(**{k: r[k] for k in r.keys()}) for r in rows]
+
+    def put_volume(self, db: sqlite3.Connection, env_id: str, machine_id: str, name: str, backend_name: str) -> None:
+        db.execute(
+            "INSERT OR IGNORE INTO volumes (env_id, machine_id, name, backend_name, created_at) VALUES (?, ?, ?, ?, ?)",
+            (env_id, machine_id, name, backend_name, utcnow()),
+        )
+
+    # --- operations -------------------------------------------------------------------------------------------
+
+    def begin_operation(
+        self, db: sqlite3.Connection, *, env_id: str, project_id: str, kind: str, plan: Any = None
+    ) -> str:
+        op_id = new_operation_id()
+        db.execute(
+            "INSERT INTO operations (op_id, env_id, project_id, kind, status, pid, plan, started_at) "
+            "VALUES (?, ?, ?, ?, 'running', ?, ?, ?)",
+            (op_id, env_id, project_id, kind, os.getpid(), json.dumps(plan) if plan is not None else None, utcnow()),
+        )
+        return op_id
+
+    def set_operation_plan(self, db: sqlite3.Connection, op_id: str, plan: Any) -> None:
+        db.execute("UPDATE operations SET plan = ? WHERE op_id = ?", (json.dumps(plan), op_id))
+
+    def operation_step(self, db: sqlite3.Connection, op_id: str, step: str) -> None:
+        db.execute("UPDATE operations SET step = ? WHERE op_id = ?", (step, op_id))
+
+    def finish_operation(self, db: sqlite3.Connection, op_id: str, status: str, error: str = "") -> None:
+        db.execute(
+            "UPDATE operations SET status = ?, error = ?, finished_at = ? WHERE op_id = ?",
+            (status, error, utcnow(), op_id),
+        )
+
+    def operation(self, op_id: str) -> OperationRecord | None:
+        row = self._db.execute("SELECT * FROM operations WHERE op_id = ?", (op_id,)).fetchone()
+        return _operation(row) if row else None
+
+    def operations(self, env_id: str, *, status: str | None = None) -> list[OperationRecord]:
+        """Operation records of an Environment, oldest first."""
+        if status is None:
+            rows = self._db.execute("SELECT * FROM operations WHERE env_id = ? ORDER BY started_at, rowid", (env_id,))
+        else:
+            rows = self._db.execute(
+                "SELECT * FROM operations WHERE env_id = ? AND status = ? ORDER BY started_at, rowid", (env_id, status)
+            )
+        return [_operation(r) for r in rows]
+
+    # --- driver manifests (external drivers; see vz_core.drivers) ---------------------------------------------
+
+    def driver_manifests(self) -> dict[str, dict[str, Any]]:
+        rows = self._db.execute("SELECT name, manifest FROM driver_manifests ORDER BY name")
+        return {str(r[0]): json.loads(r[1]) for r in rows}
+
+    def put_driver_manifest(self, name: str, manifest: dict[str, Any], source: str = "") -> None:
+        with self.transaction() as db:
+            db.execute(
+                "INSERT INTO driver_manifests (name, manifest, source, added_at) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (name) DO UPDATE SET manifest = excluded.manifest, source = excluded.source",
+                (name, json.dumps(manifest, sort_keys=True), source, utcnow()),
+            )
+
+    def remove_driver_manifest(self, name: str) -> bool:
+        with self.transaction() as db:
+            cursor = db.execute("DELETE FROM driver_manifests WHERE name = ?", (name,))
+        return cursor.rowcount > 0
