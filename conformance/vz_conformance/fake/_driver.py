@@ -17,7 +17,7 @@ import pwd
 import secrets
 import shutil
 import subprocess
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -277,7 +277,7 @@ class FakeDriver(Driver):
 
     # Exec and logs ---------------------------------------------------------------------------------------
 
-    async def exec(self, spec: ExecSpec, stdin: AsyncIterator[bytes]) -> AsyncIterator[ExecEvent]:
+    async def exec(self, spec: ExecSpec, stdin: AsyncIterator[bytes]) -> AsyncGenerator[ExecEvent, None]:
         _require_id(spec.workspace_id, "Exec")
         if not spec.argv:
             raise InvalidArgumentError("Exec needs a non-empty argv", details={"field": "argv"})
@@ -310,7 +310,7 @@ class FakeDriver(Driver):
             async for event in events:
                 yield event
 
-    async def logs(self, workspace_id: str) -> AsyncIterator[bytes]:
+    async def logs(self, workspace_id: str) -> AsyncGenerator[bytes, None]:
         _require_id(workspace_id, "Logs")
         key = self._store.key(workspace_id)
         self._running_record(key, workspace_id, "Logs")

@@ -88,7 +88,7 @@ def alive(pid: int, create_time: float) -> bool:
     """The process with this identity still exists and has not died (a zombie counts as dead)."""
     try:
         proc = psutil.Process(pid)
-        return proc.create_time() == create_time and proc.status() != psutil.STATUS_ZOMBIE
+        return bool(proc.create_time() == create_time and proc.status() != psutil.STATUS_ZOMBIE)
     except psutil.NoSuchProcess:
         return False
 

@@ -7,7 +7,7 @@ import contextlib
 import os
 import signal
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -27,7 +27,7 @@ from fake_testlib import (
 )
 from vz_conformance.fake import FakeDriver
 
-from vz_core import MAX_CHUNK, ExecExit, ExecOutput, ExecSpec
+from vz_core import MAX_CHUNK, ExecEvent, ExecExit, ExecOutput, ExecSpec
 from vz_core.errors import InvalidArgumentError, UnsupportedError
 
 BINARY = bytes([0x00, 0xFF, 0x80, 0x0A, 0x0D, 0x01]) * 1000
@@ -124,7 +124,9 @@ def _blocked_on_pipe(pid: int) -> bool:
     return "pipe_write" in Path(f"/proc/{pid}/wchan").read_text()
 
 
-async def _start_tree(driver: FakeDriver, machine: str) -> tuple[AsyncIterator[object], list[tuple[int, float]]]:
+async def _start_tree(
+    driver: FakeDriver, machine: str
+) -> tuple[AsyncGenerator[ExecEvent, None], list[tuple[int, float]]]:
     marker = f"vz-tree-{uuid.uuid4().hex}"
     script = 'sleep 1000 & sh -c "sleep 1000 & wait" & echo ready; wait'
     events = driver.exec(ExecSpec(machine, ("sh", "-c", script, marker)), feed(()))
@@ -136,7 +138,7 @@ async def _start_tree(driver: FakeDriver, machine: str) -> tuple[AsyncIterator[o
 
 async def test_closing_the_stream_kills_children_and_grandchildren(driver: FakeDriver, machine: str) -> None:
     events, tree = await _start_tree(driver, machine)
-    await events.aclose()  # type: ignore[attr-defined]
+    await events.aclose()
     assert await wait_dead(tree) == []
     details = await driver.find(machine)
     assert details is not None and details.state.status == "running"

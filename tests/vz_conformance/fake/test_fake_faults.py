@@ -375,7 +375,7 @@ async def _exec_ignore_cancel(tmp_path: Path) -> None:
     assert await anext(events) == ExecOutput("stdout", b"ready\n")
     tree = [identity(p) for p in tree_with_marker(marker)]
     try:
-        await events.aclose()  # type: ignore[attr-defined]
+        await events.aclose()
         assert tree and all(alive(*ident) for ident in tree), "the command was killed"
     finally:
         with contextlib.suppress(ProcessLookupError):

@@ -141,10 +141,12 @@ async def test_stop_start_delete_are_idempotent(driver: FakeDriver, machine: str
         await driver.stop(machine)
         stopped = await driver.find(machine)
         assert stopped is not None and stopped.state.status == "stopped"
+    running = None
     for _ in range(2):
         await driver.start(machine)
         running = await driver.find(machine)
         assert running is not None and running.state.status == "running"
+    assert running is not None
     assert running.id == first.id
     assert _rfc3339(running.state.started_at) > _rfc3339(first.state.started_at)
     for _ in range(2):
@@ -231,6 +233,7 @@ async def test_any_mount_is_unsupported_and_creates_nothing(
 ) -> None:
     ws = unique_id()
     mount = req_kwargs.get("workspace_mount") or req_kwargs["mounts"][0]  # type: ignore[index]
+    assert isinstance(mount, Mount)
     with pytest.raises(UnsupportedError) as caught:
         await driver.run_image(request(ws, **req_kwargs))
     assert repr(mount.target) in caught.value.message
