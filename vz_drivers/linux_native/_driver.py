@@ -368,7 +368,7 @@ class LinuxNativeDriver(Driver):
             argv = [*image.config.entrypoint, *(request.args or image.config.cmd)]
         working_dir = image.config.working_dir or "/"
         await self._agent()
-        await asyncio.to_thread(self._store.ensure)
+        await asyncio.to_thread(self._verify_runc)
 
         async with self._locked(key):
             existing = self._load(request.workspace_id)
@@ -442,6 +442,10 @@ class LinuxNativeDriver(Driver):
         for d in (paths.root, paths.upper, paths.work, paths.rootfs, paths.bundle, paths.run, paths.etc):
             d.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(paths.run, 0o755)
+        # The merged root directory takes the upper directory's owner and mode: copy the image's.
+        lower = os.stat(record.lower_dir)
+        os.chown(paths.upper, lower.st_uid, lower.st_gid)
+        os.chmod(paths.upper, lower.st_mode & 0o7777)
         if record.egress == "allow":
             self._allocate_subnet(record)
         mounts = []
