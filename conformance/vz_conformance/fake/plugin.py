@@ -11,7 +11,7 @@ import argparse
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import NoReturn
 
 from vz_core.errors import UserError
@@ -74,10 +74,11 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
 
     from ._driver import FakeDriver
 
-    on_serving: Callable[[], None] | None = None
+    driver = FakeDriver(args.state_dir, faults)
     if "crash-after-handshake" in faults:
-        on_serving = _crash_after_handshake
-    serve(FakeDriver(args.state_dir, faults), on_serving=on_serving)
+        serve(driver, on_serving=_crash_after_handshake)
+    else:
+        serve(driver)
 
 
 def _crash_after_handshake() -> None:
