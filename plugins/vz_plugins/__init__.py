@@ -1,1 +1,19 @@
-"""The vz plugin SDK: serve any Driver as a Runtime Protocol plugin."""
+"""The vz plugin SDK: serve any Driver as a Runtime Protocol plugin.
+
+A driver package ships a console script whose ``main`` calls ``serve``::
+
+    from vz_plugins import serve
+
+    def main() -> None:
+        serve(MyDriver)          # a Driver, or a callable that builds one (deferred until the host is checked)
+
+The process then behaves exactly like a go-plugin gRPC plugin (handshake, AutoMTLS, health, controller), so
+both vz and any Runtime Protocol host built on go-plugin can drive it. ``python -m vz_plugins MODULE:FACTORY``
+serves any importable driver factory the same way.
+"""
+
+from __future__ import annotations
+
+from vz_plugins._serve import NOT_A_COMMAND, serve
+
+__all__ = ["NOT_A_COMMAND", "serve"]
