@@ -21,9 +21,11 @@ def _children() -> dict[int, float]:
     return out
 
 
-def _mounts() -> set[str]:
+def _mounts(root: str) -> set[str]:
+    # Only mounts under this session's temporary root: other processes on the machine share the mount table.
+    # scripts/leak-check.sh checks the whole machine after the suite.
     lines = Path("/proc/self/mountinfo").read_text().splitlines()
-    return {line.split()[4] for line in lines}
+    return {p for p in (line.split()[4] for line in lines) if p.startswith(root)}
 
 
 def _env() -> dict[str, str]:
@@ -31,9 +33,10 @@ def _env() -> dict[str, str]:
 
 
 @pytest.fixture(autouse=True)
-def _no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
+def _no_leaks(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    root = str(tmp_path_factory.getbasetemp())
     before_children = _children()
-    before_mounts = _mounts()
+    before_mounts = _mounts(root)
     before_env = _env()
     yield
     # Processes get a short grace period to finish exiting (killed trees are reaped asynchronously).
@@ -57,7 +60,7 @@ def _no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
             except psutil.Error:
                 pass
         problems.append("child processes left behind: " + "; ".join(names))
-    new_mounts = _mounts() - before_mounts
+    new_mounts = _mounts(root) - before_mounts
     if new_mounts:
         problems.append(f"mounts left behind: {sorted(new_mounts)}")
     env_now = _env()
