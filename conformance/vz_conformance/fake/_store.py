@@ -25,6 +25,7 @@ import secrets
 import shutil
 import sys
 import time
+import weakref
 from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -88,7 +89,11 @@ class MachineStore:
         self._machines = root / "machines"
         self._lock_dir = root / "locks"
         self._raw_id_paths = raw_id_paths
-        self._locks: dict[str, asyncio.Lock] = {}
+        # Per event loop: an asyncio.Lock belongs to the loop it first waited on, and one driver object may
+        # outlive a loop (a test session running each test in a fresh loop).
+        self._locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Lock]] = (
+            weakref.WeakKeyDictionary()
+        )
 
     def key(self, workspace_id: str) -> str:
         if self._raw_id_paths:
@@ -174,7 +179,8 @@ class MachineStore:
     @contextlib.asynccontextmanager
     async def locked(self, key: str, *, cross_process: bool = True) -> AsyncIterator[None]:
         """Hold the key's lock: an asyncio lock in this process and, by default, an fcntl lock across processes."""
-        lock = self._locks.setdefault(key, asyncio.Lock())
+        locks = self._locks.setdefault(asyncio.get_running_loop(), {})
+        lock = locks.setdefault(key, asyncio.Lock())
         async with lock:
             if not cross_process:
                 yield

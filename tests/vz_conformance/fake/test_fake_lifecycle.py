@@ -385,3 +385,14 @@ async def test_record_holds_no_image_secret_in_find(driver: FakeDriver) -> None:
     ws = unique_id()
     await driver.run_image(request(ws, environment={"TOKEN": "s3cr3t-value"}))
     assert "s3cr3t-value" not in repr(await driver.find(ws))
+
+
+def test_one_driver_serves_successive_event_loops(tmp_path: Path) -> None:
+    driver = FakeDriver(tmp_path)
+
+    async def contend() -> None:
+        await asyncio.gather(driver.run_image(request("ws")), driver.run_image(request("ws")), return_exceptions=True)
+        await asyncio.gather(driver.stop("ws"), driver.start("ws"), driver.stop("ws"))
+
+    asyncio.run(contend())
+    asyncio.run(contend())  # the same locks, contended again from a new loop
