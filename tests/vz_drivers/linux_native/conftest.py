@@ -56,7 +56,7 @@ async def driver(state_dir: Path, image_dir: Path, agent_binary: str) -> AsyncIt
 def netns_destination() -> Iterator[tuple[str, str]]:
     """A TCP listener in a test-made network namespace reachable from the host through a veth pair.
 
-    Yields (address, netns name); the listener (busybox nc) records what it receives in a file the test reads.
+    Yields (address, netns name); an nftables counter in the namespace counts TCP packets to port 8080.
     """
     name = f"vzt-dst-{os.getpid()}"
     host_if, peer_if = f"vzt{os.getpid() % 100000}h", f"vzt{os.getpid() % 100000}p"
@@ -69,9 +69,13 @@ def netns_destination() -> Iterator[tuple[str, str]]:
         ["ip", "-n", name, "link", "set", peer_if, "up"],
         ["ip", "-n", name, "link", "set", "lo", "up"],
     ]
+    counter = (
+        b"table inet vztest {\n chain input {\n type filter hook input priority 0;\n tcp dport 8080 counter\n }\n}\n"
+    )
     try:
         for cmd in cmds:
             subprocess.run(cmd, check=True, capture_output=True)
+        subprocess.run(["ip", "netns", "exec", name, "nft", "-f", "-"], input=counter, check=True, capture_output=True)
         yield "172.31.251.2", name
     finally:
         subprocess.run(["ip", "link", "del", host_if], capture_output=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 
@@ -53,3 +55,29 @@ def request(workspace_id: str, **kw: object) -> RunImageRequest:
     base: dict[str, object] = {"workspace_id": workspace_id, "image": "vz:default", "args": ("sleep", "1000000")}
     base.update(kw)
     return RunImageRequest(**base)  # type: ignore[arg-type]
+
+
+async def wait_pid_exit(pid: int) -> None:
+    """Wait (on a pidfd, no polling) until process ``pid`` has exited."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    loop = asyncio.get_running_loop()
+    exited = asyncio.Event()
+    loop.add_reader(fd, exited.set)
+    try:
+        await asyncio.wait_for(exited.wait(), 10)
+    finally:
+        loop.remove_reader(fd)
+        os.close(fd)
+
+
+def process_gone(pid: int) -> bool:
+    """True when ``pid`` no longer runs (absent or a zombie)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            data = fh.read()
+    except OSError:
+        return True
+    return data[data.rfind(b")") + 2 : data.rfind(b")") + 3] in (b"Z", b"X")

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 from pathlib import Path
 
 import pytest
-from ln_testlib import request, run, sh
+from ln_testlib import request, run, sh, wait_pid_exit
 
 from vz_core import HostRequirements, Mount, MountType, RecreateMode
 from vz_core.errors import (
@@ -98,11 +97,7 @@ async def test_a_new_driver_instance_finds_machines_and_dead_processes_mean_stop
         record = other._store.load(machine_key("persist"))
         assert record is not None
         os.kill(record.init_pid, signal.SIGKILL)
-        while (
-            os.path.exists(f"/proc/{record.init_pid}/stat")
-            and b") Z" not in Path(f"/proc/{record.init_pid}/stat").read_bytes()
-        ):
-            await asyncio.sleep(0.01)
+        await wait_pid_exit(record.init_pid)
         assert (await other.find("persist")).state.status == "stopped"  # type: ignore[union-attr]
         assert (await driver.find("persist")).state.status == "stopped"  # type: ignore[union-attr]
         with pytest.raises(FailedPreconditionError):
