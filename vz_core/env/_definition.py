@@ -466,3 +466,13 @@ def load_definition(path: Path) -> ProjectDefinition:
 def environment_literals(machine: Machine) -> Mapping[str, str]:
     """The literal (non-secret) environment values of a Machine."""
     return {k: v for k, v in machine.environment.items() if isinstance(v, str)}
+
+
+def _main() -> None:  # python -m vz_core.env._definition > schemas/vz.schema.json
+    import sys
+
+    sys.stdout.write(json.dumps(definition_json_schema(), indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    _main()

@@ -50,9 +50,10 @@ if TYPE_CHECKING:
 __all__ = ["Context", "ExecTarget", "delete", "prepare_exec", "status", "stop", "up"]
 
 STATUS_SCHEMA = "vz.status/1"
-LABEL_PROJECT = "vz.project"
-LABEL_ENVIRONMENT = "vz.environment"
-LABEL_MACHINE = "vz.machine"
+# Ownership labels. Not under "vz.": that prefix carries settings a driver must understand (vz.profile, ...).
+LABEL_PROJECT = "dev.vz.project"
+LABEL_ENVIRONMENT = "dev.vz.environment"
+LABEL_MACHINE = "dev.vz.machine"
 DEVELOPER_IDENTITY = "root"
 """The resolved developer identity of vz Machines (remote_user and user are not set)."""
 

@@ -183,15 +183,18 @@ def compute_plan(
             continue
         state = observed.get(record.machine_id, "missing")
         changes = diff_specs(record.spec, spec)
-        if changes:
+        if state == "missing":
+            # Nothing exists to lose: (re)create it as defined now, keeping the Machine's id.
+            reason = "missing from its driver (deleted outside vz, or an interrupted vz up)"
+            if changes:
+                reason += "; definition changed: " + "; ".join(c.describe() for c in changes)
+            steps.append(Step("create", name, record.machine_id, reason, changes))
+        elif changes:
             reason = "; ".join(c.describe() for c in changes)
             step = Step("recreate", name, record.machine_id, reason, changes)
             steps.append(step)
             if not recreate:
                 blocked.append(step)
-        elif state == "missing":
-            reason = "missing from its driver (deleted outside vz, or an interrupted vz up)"
-            steps.append(Step("create", name, record.machine_id, reason))
         elif state == "stopped":
             steps.append(Step("start", name, record.machine_id, "stopped"))
         elif record.state != "running":
