@@ -20,8 +20,9 @@ import os
 import shutil
 import signal
 import uuid
+import weakref
 from collections.abc import AsyncIterator
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +100,12 @@ def _as_bool(value: object) -> bool:
     return bool(value)
 
 
+@dataclass
+class _LoopState:
+    clients: dict[str, tuple[int, Any]] = field(default_factory=dict)
+    locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+
+
 class LinuxNativeDriver(Driver):
     """Machines as runc containers with their own namespaces, cgroup limits and overlay root layer.
 
@@ -159,10 +166,17 @@ class LinuxNativeDriver(Driver):
         self._stop_timeout = float(stop_timeout)
         self._agent_binary_opt = agent_binary
         self._agent_binary: str = ""
-        self._clients: dict[str, Any] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
+        # Agent connections and locks belong to one event loop; a driver object may outlive a loop.
+        self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = weakref.WeakKeyDictionary()
 
     # ------------------------------------------------------------------ helpers
+
+    def _ls(self) -> _LoopState:
+        loop = asyncio.get_running_loop()
+        state = self._loops.get(loop)
+        if state is None:
+            state = self._loops[loop] = _LoopState()
+        return state
 
     @property
     def state_root(self) -> Path:
@@ -187,7 +201,7 @@ class LinuxNativeDriver(Driver):
 
     @contextlib.asynccontextmanager
     async def _locked(self, key: str) -> AsyncIterator[None]:
-        lock = self._locks.setdefault(key, asyncio.Lock())
+        lock = self._ls().locks.setdefault(key, asyncio.Lock())
         async with lock:
             cm = self._store.locked(key)
             await asyncio.to_thread(cm.__enter__)
@@ -412,7 +426,6 @@ class LinuxNativeDriver(Driver):
                 cap_add=list(valid.cap_add),
                 privileged=valid.privileged,
                 no_new_privileges=valid.no_new_privileges,
-                subnet_index=0,
                 extra={"workspace_target": valid.mounts[0].target} if request.workspace_mount else {},
             )
             try:
@@ -424,15 +437,6 @@ class LinuxNativeDriver(Driver):
                 with contextlib.suppress(Exception):
                     await asyncio.to_thread(self._remove_machine_dir, record)
                 raise
-
-    def _allocate_subnet(self, record: MachineRecord) -> None:
-        with self._store.global_lock():
-            used = {r.subnet_index for r in self._store.records() if r.egress == "allow" and r.key != record.key}
-            for index in range(self._net.slots):
-                if index not in used:
-                    record.subnet_index = index
-                    return
-        raise UnavailableError(f"no free address left in {self._net.subnet} for another Machine with egress allowed")
 
     def _create_dirs(self, record: MachineRecord) -> None:
         paths = self._store.paths(record.key)
@@ -446,8 +450,6 @@ class LinuxNativeDriver(Driver):
         lower = os.stat(record.lower_dir)
         os.chown(paths.upper, lower.st_uid, lower.st_gid)
         os.chmod(paths.upper, lower.st_mode & 0o7777)
-        if record.egress == "allow":
-            self._allocate_subnet(record)
         mounts = []
         for m in record.mounts:
             if m.type == "volume":
@@ -508,7 +510,7 @@ class LinuxNativeDriver(Driver):
             start_time = _proc_start_time(pid)
             if start_time is None:
                 raise RuntimeFailureError(f"Machine {record.workspace_id!r}: its init process vanished while starting")
-            await setup_network(self._net, pid=pid, key=record.key, egress=record.egress, index=record.subnet_index)
+            await setup_network(self._net, pid=pid, key=record.key, egress=record.egress)
             await self._runc.check(
                 "start", record.container_id, what=f"starting Machine {record.workspace_id!r}", log=paths.runc_log
             )
@@ -581,10 +583,10 @@ class LinuxNativeDriver(Driver):
                 except UnavailableError:
                     pass
                 else:
-                    old = self._clients.pop(record.key, None)
+                    old = self._ls().clients.pop(record.key, None)
                     if old is not None:
-                        await old.close()
-                    self._clients[record.key] = (record.init_pid, client)
+                        await old[1].close()
+                    self._ls().clients[record.key] = (record.init_pid, client)
                     return
             if asyncio.get_running_loop().time() > deadline:
                 raise RuntimeFailureError(
@@ -597,20 +599,20 @@ class LinuxNativeDriver(Driver):
     async def _client(self, record: MachineRecord) -> Any:
         from vz_drivers._agent import AgentClient
 
-        entry = self._clients.get(record.key)
+        entry = self._ls().clients.get(record.key)
         if entry is not None:
             pid, client = entry
             if pid == record.init_pid and not client.closed:
                 return client
             await client.close()
-            self._clients.pop(record.key, None)
-        lock = self._locks.setdefault("client:" + record.key, asyncio.Lock())
+            self._ls().clients.pop(record.key, None)
+        lock = self._ls().locks.setdefault("client:" + record.key, asyncio.Lock())
         async with lock:
-            entry = self._clients.get(record.key)
+            entry = self._ls().clients.get(record.key)
             if entry is not None and entry[0] == record.init_pid and not entry[1].closed:
                 return entry[1]
             client = await AgentClient.connect_unix(self._store.paths(record.key).socket, timeout=10)
-            self._clients[record.key] = (record.init_pid, client)
+            self._ls().clients[record.key] = (record.init_pid, client)
             return client
 
     async def stop(self, workspace_id: str) -> None:
@@ -633,7 +635,7 @@ class LinuxNativeDriver(Driver):
 
     async def _graceful_stop(self, record: MachineRecord) -> None:
         pid, start = record.init_pid, record.init_start_time
-        entry = self._clients.pop(record.key, None)
+        entry = self._ls().clients.pop(record.key, None)
         if entry is not None:
             await entry[1].close()
         client: Any = None
@@ -648,7 +650,7 @@ class LinuxNativeDriver(Driver):
         except (DriverError, TimeoutError):
             pass
         finally:
-            self._clients.pop(record.key, None)
+            self._ls().clients.pop(record.key, None)
             if client is not None:
                 await client.close()
         # The agent is PID 1 of the Machine's PID namespace: killing it ends whatever is left in the Machine.
@@ -659,7 +661,7 @@ class LinuxNativeDriver(Driver):
 
     async def _cleanup_runtime(self, record: MachineRecord) -> None:
         """Remove runc's container (and its cgroup) and unmount the root filesystem; idempotent."""
-        entry = self._clients.pop(record.key, None)
+        entry = self._ls().clients.pop(record.key, None)
         if entry is not None:
             await entry[1].close()
         if (self._store.runc_root / record.container_id).exists():
@@ -734,8 +736,8 @@ class LinuxNativeDriver(Driver):
             yield chunk
 
     async def close(self) -> None:
-        clients = list(self._clients.values())
-        self._clients.clear()
+        clients = list(self._ls().clients.values())
+        self._ls().clients.clear()
         for _, client in clients:
             await client.close()
 

@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import ipaddress
+import os
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from vz_core.errors import RuntimeFailureError, UnavailableError
@@ -40,6 +43,7 @@ class NetworkConfig:
         self.nsenter = nsenter
         self.nft = nft
         self.subnet = ipaddress.IPv4Network(subnet)
+        self.nat_ready = False
         if self.subnet.prefixlen > 28:
             raise ValueError("the Machine subnet must be /28 or larger")
 
@@ -110,16 +114,52 @@ async def ensure_host_nat(cfg: NetworkConfig) -> None:
 
 
 async def remove_host_table(cfg: NetworkConfig) -> None:
-    """Remove the masquerade table (cleanup when no Machine of this subnet remains)."""
-    if not cfg.nft:
+    """Remove the masquerade table when no running Machine of any driver process uses the subnet."""
+    if not cfg.nft or not cfg.ip or await _used_slots(cfg):
         return
     table = host_table_name(cfg.subnet)
     with contextlib.suppress(RuntimeFailureError):
         await _run([cfg.nft, "-f", "-"], f"table ip {table}\ndelete table ip {table}\n".encode())
 
 
-async def setup_network(cfg: NetworkConfig, *, pid: int, key: str, egress: str, index: int) -> None:
-    """Configure the network namespace of the (created, not yet started) container whose init is ``pid``."""
+HOST_LOCK = Path("/run/lock/vz-linux-native-net.lock")
+
+
+@contextlib.asynccontextmanager
+async def _host_lock() -> AsyncIterator[None]:
+    """Serialize address allocation between every driver process on this host (any state directory)."""
+    HOST_LOCK.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(HOST_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        await asyncio.to_thread(fcntl.flock, fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+async def _used_slots(cfg: NetworkConfig) -> set[int]:
+    proc = await asyncio.create_subprocess_exec(
+        cfg.ip, "-o", "-4", "addr", "show", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL
+    )
+    out, _ = await proc.communicate()
+    used: set[int] = set()
+    base = int(cfg.subnet.network_address)
+    for line in out.decode(errors="replace").splitlines():
+        parts = line.split()
+        if "inet" in parts:
+            addr = ipaddress.IPv4Interface(parts[parts.index("inet") + 1]).ip
+            if addr in cfg.subnet:
+                used.add((int(addr) - base) // 4 - 1)
+    return used
+
+
+async def setup_network(cfg: NetworkConfig, *, pid: int, key: str, egress: str) -> None:
+    """Configure the network namespace of the (created, not yet started) container whose init is ``pid``.
+
+    An ``allow`` Machine gets a free /30 of the subnet at each start: a slot is free when no interface of the
+    host holds an address in it, so every driver process on the host (whatever its state directory) agrees,
+    and a stopped Machine holds nothing.
+    """
     inside = [cfg.nsenter, "-t", str(pid), "-n"]
     if egress == "deny":
         batch = (
@@ -133,17 +173,25 @@ async def setup_network(cfg: NetworkConfig, *, pid: int, key: str, egress: str, 
         await _run([*inside, cfg.nft, "-f", "-"], DENY_RULES.encode(), what="egress deny rules")
         return
     host_if = f"vz{key[:12]}"
-    host_addr, machine_addr = cfg.addresses(index)
-    await ensure_host_nat(cfg)
+    if not cfg.nat_ready:
+        await ensure_host_nat(cfg)
+        cfg.nat_ready = True
     # A stale host end (a crashed start) would make the add fail: remove it first.
-    with contextlib.suppress(RuntimeFailureError):
-        await _run([cfg.ip, "link", "del", host_if])
-    host_batch = (
-        f"link add {host_if} type veth peer name eth0 netns {pid}\n"
-        f"addr add {host_addr}/30 dev {host_if}\n"
-        f"link set {host_if} up\n"
-    )
-    await _run([cfg.ip, "-batch", "-"], host_batch.encode(), what="veth pair")
+    if await asyncio.to_thread(os.path.lexists, f"/sys/class/net/{host_if}"):
+        with contextlib.suppress(RuntimeFailureError):
+            await _run([cfg.ip, "link", "del", host_if])
+    async with _host_lock():
+        used = await _used_slots(cfg)
+        index = next((i for i in range(cfg.slots) if i not in used), None)
+        if index is None:
+            raise UnavailableError(f"no free address left in {cfg.subnet} for another Machine with egress allowed")
+        host_addr, machine_addr = cfg.addresses(index)
+        host_batch = (
+            f"link add {host_if} type veth peer name eth0 netns {pid}\n"
+            f"addr add {host_addr}/30 dev {host_if}\n"
+            f"link set {host_if} up\n"
+        )
+        await _run([cfg.ip, "-batch", "-"], host_batch.encode(), what="veth pair")
     with contextlib.suppress(OSError):
         _write_sysctl(f"/proc/sys/net/ipv4/conf/{host_if}/forwarding", "1")
     inner = f"addr add {machine_addr}/30 dev eth0\nlink set eth0 up\nroute add default via {host_addr}\n"

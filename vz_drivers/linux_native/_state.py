@@ -93,7 +93,6 @@ class MachineRecord:
     cap_add: list[str]
     privileged: bool
     no_new_privileges: bool
-    subnet_index: int
     status: str = "stopped"
     started_at: str = ""
     init_pid: int = 0
