@@ -103,9 +103,6 @@ def validate_request(request: RunImageRequest, facts: HostFacts, key: str) -> Va
     egress = labels.get("vz.egress", "allow")
     if egress not in EGRESS:
         raise _bad(f"label vz.egress={egress!r} is unknown; use one of {', '.join(EGRESS)}", "labels")
-    for name in labels:
-        if name.startswith("vz.") and name not in ("vz.profile", "vz.egress"):
-            raise _bad(f"label {name!r} is not a setting linux_native knows (vz.profile, vz.egress)", "labels")
     for name in request.environment:
         if not _ENV_KEY_RE.match(name):
             raise _bad(f"environment variable name {name!r} must be non-empty without '=' or NUL", "environment")
