@@ -64,19 +64,19 @@ from ._exec import (
     exit_event,
     kill_group,
     resolve_user,
-    run_main_process,
     spawn,
     stream_exec,
 )
 from ._faults import check_faults
-from ._store import MachineRecord, MachineStore, atomic_write
+from ._main import append_log, read_log_tail, start_main_process, stop_main_process
+from ._store import MachineRecord, MachineStore
 
 __all__ = ["FakeDriver"]
 
 INVALID_IMAGE_PREFIX = "invalid/"
 """Images starting with this are rejected as InvalidArgument (so tests can exercise a bad image)."""
-MAIN_PROCESS_TIMEOUT = 10.0
 LOG_LIMIT = 1 << 20
+"""Logs returns at most the last this many bytes of the main process's output."""
 _LOGS_WRONG_CHUNK = 2 * MAX_CHUNK
 _UNKNOWN_MOUNT_TYPE = 99
 _ARCHITECTURES = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
@@ -191,7 +191,7 @@ class FakeDriver(Driver):
         key = self._store.key(request.workspace_id)
         if "recreate-before-validate" in self.faults and request.allow_recreate:
             async with self._store.locked(key):
-                self._kill_active(key)
+                self._halt(key, self._store.read(key))
                 await self._store.discard(self._store.remove(key))
         record = self._validate_run(request, key)
         if "failing-run" in self.faults:
@@ -206,9 +206,9 @@ class FakeDriver(Driver):
                 )
             now = _now()
             record = replace(record, id=secrets.token_hex(32), created_at=now, started_at=now)
-            self._kill_active(key)
+            self._halt(key, existing)
             await self._store.discard(self._store.install(key, record))
-            await self._run_main_process(key, record)
+            self._start_main_process(key, record)
 
     async def start(self, workspace_id: str) -> None:
         _require_id(workspace_id, "Start")
@@ -225,7 +225,7 @@ class FakeDriver(Driver):
             record.started_at = _now()
             record.reported_status = ""
             self._store.write(key, record)
-            await self._run_main_process(key, record)
+            self._start_main_process(key, record)
 
     async def stop(self, workspace_id: str) -> None:
         _require_id(workspace_id, "Stop")
@@ -243,8 +243,9 @@ class FakeDriver(Driver):
                         "(fault mode 'stop-not-idempotent')"
                     )
                 return
-            self._kill_active(key)
+            self._halt(key, record)
             record.status = "stopped"
+            record.main_pid, record.main_started = 0, 0.0
             if "find-stale-status" in self.faults:
                 record.reported_status = "running"
             self._store.write(key, record)
@@ -253,7 +254,7 @@ class FakeDriver(Driver):
         _require_id(workspace_id, "Delete")
         key = self._store.key(workspace_id)
         async with self._store.locked(key):
-            self._kill_active(key)
+            self._halt(key, self._store.read(key))
             old = self._store.remove(key)
             if old is None and "delete-not-idempotent" in self.faults:
                 raise _not_found(workspace_id, "Delete")
@@ -314,10 +315,7 @@ class FakeDriver(Driver):
         _require_id(workspace_id, "Logs")
         key = self._store.key(workspace_id)
         self._running_record(key, workspace_id, "Logs")
-        try:
-            data = self._store.log_path(key).read_bytes()
-        except FileNotFoundError:
-            data = b""
+        data = read_log_tail(self._store.machine_dir(key), LOG_LIMIT)
         size = _LOGS_WRONG_CHUNK if "logs-wrong-chunks" in self.faults else MAX_CHUNK
         for offset in range(0, len(data), size):
             yield data[offset : offset + size]
@@ -335,7 +333,10 @@ class FakeDriver(Driver):
             )
         return record
 
-    def _kill_active(self, key: str) -> None:
+    def _halt(self, key: str, record: MachineRecord | None) -> None:
+        """Kill everything running in the Machine: its main process and the execs this instance started."""
+        if record is not None:
+            stop_main_process(record.main_pid, record.main_started)
         for pgid in self._active.get(key, ()):
             kill_group(pgid)
 
@@ -421,26 +422,23 @@ class FakeDriver(Driver):
             environment=dict(request.environment),
         )
 
-    async def _run_main_process(self, key: str, record: MachineRecord) -> None:
-        """Run the Machine's entrypoint/args to completion and append its output to the bounded log."""
+    def _start_main_process(self, key: str, record: MachineRecord) -> None:
+        """Start the Machine's entrypoint/args (if any) in the background and record its identity."""
         argv = _main_argv(record.entrypoint, tuple(record.args))
         if not argv:
             return
-        root = self._store.root_dir(key)
+        machine_dir = self._store.machine_dir(key)
         try:
             user = resolve_user(record.user) if record.user else None
         except InvalidArgumentError as exc:
-            output = f"vz-fake: cannot start the main process: {exc.message}\n".encode()
-        else:
-            env = _environment(user, root, record.environment)
-            launch = Launch(argv=argv, cwd=str(root), env=env, user=user)
-            output = await run_main_process(launch, time_limit=MAIN_PROCESS_TIMEOUT, limit=LOG_LIMIT)
-        log = self._store.log_path(key)
-        try:
-            previous = log.read_bytes()
-        except FileNotFoundError:
-            previous = b""
-        atomic_write(log, (previous + output)[-LOG_LIMIT:])
+            append_log(machine_dir, f"vz-fake: cannot start the main process: {exc.message}\n")
+            return
+        root = self._store.root_dir(key)
+        launch = Launch(argv=argv, cwd=str(root), env=_environment(user, root, record.environment), user=user)
+        main = start_main_process(launch, machine_dir, keep=LOG_LIMIT)
+        if main is not None:
+            record.main_pid, record.main_started = main.pid, main.create_time
+            self._store.write(key, record)
 
     def _exec_launch(self, key: str, record: MachineRecord, spec: ExecSpec) -> Launch:
         user_name = spec.user or record.user

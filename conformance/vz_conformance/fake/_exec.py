@@ -30,7 +30,6 @@ __all__ = [
     "exit_event",
     "kill_group",
     "resolve_user",
-    "run_main_process",
     "spawn",
     "stream_exec",
 ]
@@ -362,37 +361,3 @@ async def stream_exec(
         yield exit_event(returncode)
     if "exec-frame-after-exit" in faults:
         yield ExecOutput("stdout", b"frame after exit\n")
-
-
-async def run_main_process(launch: Launch, *, time_limit: float, limit: int) -> bytes:
-    """Run a Machine's main process to completion (at most ``time_limit`` s); return the last ``limit`` bytes of
-    its merged stdout and stderr.
-
-    A command that cannot start or runs too long is reported by a ``vz-fake:`` line in the output.
-    """
-    try:
-        proc = spawn(launch, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    except OSError as exc:
-        return f"vz-fake: cannot start the main process {launch.argv[0]!r}: {exc.strerror}\n".encode()
-    assert proc.stdout is not None
-    loop = asyncio.get_running_loop()
-    transports: list[asyncio.BaseTransport] = []
-    output = bytearray()
-    finished = False
-    try:
-        reader = await _connect_reader(loop, proc.stdout, transports)
-        try:
-            async with asyncio.timeout(time_limit):
-                while data := await reader.read(_OVERSIZED_CHUNK):
-                    output += data
-                    del output[:-limit]
-                await _wait_exit(proc)
-                finished = True
-        except TimeoutError:
-            output += f"vz-fake: main process killed after {time_limit:g} s\n".encode()
-    finally:
-        for transport in transports:
-            transport.close()
-        proc.stdout.close()
-        await _finish_process(proc, kill=not finished)
-    return bytes(output)

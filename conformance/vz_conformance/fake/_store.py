@@ -58,6 +58,9 @@ class MachineRecord:
     entrypoint: str = ""
     args: list[str] = field(default_factory=list)
     environment: dict[str, str] = field(default_factory=dict)
+    # The running main process (pid = its process group) and its start time; 0 when none runs.
+    main_pid: int = 0
+    main_started: float = 0.0
     # Set only under the "find-stale-status" fault: the status Find reports instead of ``status``.
     reported_status: Literal["running", "stopped", ""] = ""
 
@@ -105,9 +108,6 @@ class MachineStore:
 
     def root_dir(self, key: str) -> Path:
         return self.machine_dir(key) / "root"
-
-    def log_path(self, key: str) -> Path:
-        return self.machine_dir(key) / "log"
 
     def _record_path(self, key: str) -> Path:
         return self.machine_dir(key) / "machine.json"

@@ -129,3 +129,20 @@ def tree_with_marker(marker: str) -> list[psutil.Process]:
         except psutil.Error:
             continue
     return found
+
+
+async def logs_of(driver: FakeDriver, workspace_id: str) -> bytes:
+    return b"".join([chunk async for chunk in driver.logs(workspace_id)])
+
+
+async def wait_logs(driver: FakeDriver, workspace_id: str, expected: bytes, within: float = 10.0) -> bytes:
+    """Poll Logs until they end with ``expected`` (the main process runs in the background); returns them."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while True:
+        data = await logs_of(driver, workspace_id)
+        if data.endswith(expected) or loop.time() > deadline:
+            break
+        await asyncio.sleep(0.01)
+    assert data.endswith(expected), f"logs never ended with {expected[-80:]!r}; they hold {data[-200:]!r}"
+    return data

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
-from fake_testlib import alive, feed, identity, request, run_exec, tree_with_marker, unique_id, wait_dead
+from fake_testlib import alive, feed, identity, request, run_exec, tree_with_marker, unique_id, wait_dead, wait_logs
 from vz_conformance.fake import FAULT_DESCRIPTIONS, FAULT_MODES, FakeDriver
 from vz_conformance.fake._faults import PLUGIN_FAULTS
 
@@ -389,7 +389,8 @@ async def _exec_ignore_cancel(tmp_path: Path) -> None:
 @check("logs-wrong-chunks")
 async def _logs_wrong_chunks(tmp_path: Path) -> None:
     driver, ws = faulty(tmp_path, "logs-wrong-chunks"), unique_id()
-    await driver.run_image(request(ws, entrypoint="head", args=("-c", "100000", "/dev/zero")))
+    await driver.run_image(request(ws, entrypoint="sh", args=("-c", "head -c 99999 /dev/zero; echo")))
+    await wait_logs(driver, ws, b"\0\n")
     sizes = [len(chunk) async for chunk in driver.logs(ws)]
     assert sizes == [2 * MAX_CHUNK, 100000 - 2 * MAX_CHUNK]
 

@@ -2,9 +2,25 @@
 
 from __future__ import annotations
 
+import signal
+import subprocess
+from pathlib import Path
+
+import psutil
 import pytest
-from fake_testlib import feed, identity, request, run_exec, tree_with_marker, unique_id, wait_dead
+from fake_testlib import (
+    feed,
+    identity,
+    request,
+    run_exec,
+    tree_with_marker,
+    unique_id,
+    wait_dead,
+    wait_logs,
+    wait_tree,
+)
 from vz_conformance.fake import FakeDriver, _driver
+from vz_conformance.fake._main import stop_main_process
 
 from vz_core import MAX_CHUNK, ExecExit, ExecOutput, ExecSpec, HostRequirements, Mount, MountType
 from vz_core.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError, UnsupportedError
@@ -19,13 +35,15 @@ async def _logs(driver: FakeDriver, workspace_id: str) -> list[bytes]:
 
 async def test_logs_are_the_merged_main_process_output(driver: FakeDriver) -> None:
     ws = unique_id()
-    await driver.run_image(request(ws, entrypoint="sh", args=("-c", "printf out; printf err >&2; printf '\\0\\377'")))
-    assert b"".join(await _logs(driver, ws)) == b"outerr\x00\xff"
+    script = "printf out; printf err >&2; printf '\\0\\377'"
+    await driver.run_image(request(ws, entrypoint="sh", args=("-c", script)))
+    assert await wait_logs(driver, ws, b"\x00\xff") == b"outerr\x00\xff"
 
 
 async def test_args_alone_are_the_main_process(driver: FakeDriver) -> None:
     ws = unique_id()
     await driver.run_image(request(ws, args=("echo", "from args")))
+    await wait_logs(driver, ws, b"from args\n")
     assert await _logs(driver, ws) == [b"from args\n"]
 
 
@@ -36,43 +54,102 @@ async def test_no_main_process_means_empty_logs(driver: FakeDriver, machine: str
 async def test_main_process_runs_again_on_start_and_appends(driver: FakeDriver) -> None:
     ws = unique_id()
     await driver.run_image(request(ws, entrypoint="echo", args=("boot",), environment={"X": "1"}))
+    await wait_logs(driver, ws, b"boot\n")
     await driver.stop(ws)
     await driver.start(ws)
     await driver.start(ws)  # already running: no new run
-    assert b"".join(await _logs(driver, ws)) == b"boot\nboot\n"
+    assert await wait_logs(driver, ws, b"boot\n") in (b"boot\n", b"boot\nboot\n")
+    assert await wait_logs(driver, ws, b"boot\nboot\n") == b"boot\nboot\n"
 
 
 async def test_main_process_sees_the_machine_environment_and_root(driver: FakeDriver) -> None:
     ws = unique_id()
-    await driver.run_image(
-        request(ws, entrypoint="sh", args=("-c", 'echo "$GREETING"; pwd'), environment={"GREETING": "hi"})
-    )
+    args = ("-c", 'echo "$GREETING"; pwd')
+    await driver.run_image(request(ws, entrypoint="sh", args=args, environment={"GREETING": "hi"}))
     details = await driver.find(ws)
     assert details is not None
-    assert b"".join(await _logs(driver, ws)) == f"hi\n{details.config.working_dir}\n".encode()
+    assert await wait_logs(driver, ws, b"/root\n") == f"hi\n{details.config.working_dir}\n".encode()
 
 
-async def test_logs_are_bounded_and_chunked(driver: FakeDriver) -> None:
+async def test_logs_keep_a_bounded_tail(driver: FakeDriver) -> None:
     ws = unique_id()
-    script = "head -c 2000000 /dev/zero; printf tail-marker"
+    script = "head -c 3000000 /dev/zero; printf tail-marker"
     await driver.run_image(request(ws, entrypoint="sh", args=("-c", script)))
+    data = await wait_logs(driver, ws, b"tail-marker")
+    assert len(data) == _driver.LOG_LIMIT
     chunks = await _logs(driver, ws)
     assert all(1 <= len(chunk) <= MAX_CHUNK for chunk in chunks)
-    data = b"".join(chunks)
-    assert len(data) == _driver.LOG_LIMIT
-    assert data.endswith(b"tail-marker")
+    log_file = driver._store.machine_dir(driver._store.key(ws)) / "log"
+    assert log_file.stat().st_size <= 2 * _driver.LOG_LIMIT
 
 
-async def test_main_process_is_killed_at_its_time_limit(driver: FakeDriver, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_driver, "MAIN_PROCESS_TIMEOUT", 0.3)
+async def test_main_process_runs_until_stop_and_restarts_on_start(driver: FakeDriver) -> None:
     ws = unique_id()
     marker = f"vz-main-{ws}"
-    await driver.run_image(request(ws, entrypoint="sh", args=("-c", "echo started; sleep 1000 & wait", marker)))
-    data = b"".join(await _logs(driver, ws))
-    assert data.startswith(b"started\n")
-    assert b"main process killed after 0.3 s" in data
+    await driver.run_image(request(ws, entrypoint="sh", args=("-c", "echo up; sleep 1000 & wait", marker)))
+    await wait_logs(driver, ws, b"up\n")
+    first = [identity(p) for p in await wait_tree(marker, 2)]
+    await driver.stop(ws)
+    assert await wait_dead(first) == []
+    await driver.start(ws)
+    await wait_logs(driver, ws, b"up\nup\n")
+    second = [identity(p) for p in await wait_tree(marker, 2)]
+    assert set(second).isdisjoint(first)
+    await driver.delete(ws)
+    assert await wait_dead(second) == []
+
+
+async def test_a_relaunched_driver_stops_the_main_process(state_dir: Path) -> None:
+    ws = unique_id()
+    marker = f"vz-main-{ws}"
+    args = ("-c", "echo up; sleep 1000 & wait", marker)
+    await FakeDriver(state_dir).run_image(request(ws, entrypoint="sh", args=args))
+    relaunched = FakeDriver(state_dir)
+    await wait_logs(relaunched, ws, b"up\n")
+    tree = [identity(p) for p in await wait_tree(marker, 2)]
+    await relaunched.stop(ws)
+    assert await wait_dead(tree) == []
+
+
+async def test_recreation_replaces_the_main_process_and_its_log(driver: FakeDriver) -> None:
+    ws = unique_id()
+    marker = f"vz-main-{ws}"
+    chatty = "while :; do echo old; sleep 0.005; done"
+    await driver.run_image(request(ws, entrypoint="sh", args=("-c", chatty, marker)))
+    await wait_logs(driver, ws, b"old\n")
+    old = [identity(p) for p in await wait_tree(marker, 1)]
+    await driver.run_image(request(ws, allow_recreate=True, entrypoint="echo", args=("new",)))
+    assert await wait_dead(old) == []
+    assert await wait_logs(driver, ws, b"new\n") == b"new\n"
+
+
+async def test_main_process_that_cannot_start_is_reported_in_the_log(driver: FakeDriver, tmp_path: Path) -> None:
+    script = tmp_path / "entry.sh"
+    script.write_text("#!/bin/sh\necho ran\n")
+    script.chmod(0o755)
+    ws = unique_id()
+    await driver.run_image(request(ws, entrypoint=str(script)))
+    await wait_logs(driver, ws, b"ran\n")
+    await driver.stop(ws)
+    script.unlink()
+    await driver.start(ws)
+    data = await wait_logs(driver, ws, b"No such file or directory\n")
+    assert data.startswith(b"ran\nvz-fake: cannot start the main process")
     details = await driver.find(ws)
     assert details is not None and details.state.status == "running"
+
+
+def test_stopping_a_main_process_checks_its_identity() -> None:
+    proc = subprocess.Popen(["sleep", "1000"], start_new_session=True)
+    try:
+        started = psutil.Process(proc.pid).create_time()
+        stop_main_process(proc.pid, started + 1)  # a recycled pid: left alone
+        assert proc.poll() is None
+        stop_main_process(proc.pid, started)
+        assert proc.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 async def test_logs_on_missing_and_stopped(driver: FakeDriver, machine: str) -> None:
@@ -133,6 +210,7 @@ async def test_reuse_preflight_missing(driver: FakeDriver) -> None:
 async def _marked_machine(driver: FakeDriver, *, stopped: bool = False) -> str:
     ws = unique_id()
     await driver.run_image(request(ws, entrypoint="echo", args=("old log",)))
+    await wait_logs(driver, ws, b"old log\n")
     await run_exec(driver, ws, ["sh", "-c", "echo old > marker"])
     if stopped:
         await driver.stop(ws)
@@ -193,7 +271,7 @@ async def test_invalid_replacement_leaves_the_old_machine_exactly_as_it_was(
     if stopped:
         await driver.start(ws)
     assert (await run_exec(driver, ws, ["cat", "marker"])).stdout == b"old\n"
-    assert b"".join(await _logs(driver, ws)).startswith(b"old log\n")
+    assert await wait_logs(driver, ws, b"old log\n" * (2 if stopped else 1)) == b"old log\n" * (2 if stopped else 1)
 
 
 async def test_recreation_kills_commands_of_the_old_machine(driver: FakeDriver, machine: str) -> None:
