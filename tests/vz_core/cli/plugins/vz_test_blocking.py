@@ -1,0 +1,45 @@
+"""A test-only driver, "blocking": the fake driver, except that its first RunImage never returns.
+
+It is installed for a subprocess by putting this directory on PYTHONPATH (the dist-info next to it declares
+the ``vz.drivers`` entry point), exactly like a third-party driver package. RunImage creates the Machine, then
+writes ``vz-test-blocking: holding RunImage`` to stderr and waits forever, so a test can SIGKILL `vz up` at a
+known point. The marker file named by the ``once`` option makes every later RunImage behave normally.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+from typing import Any
+
+from vz_conformance.fake import FakeDriver
+
+from vz_core import RunImageRequest
+from vz_core.registry import BuiltinDriver, hookimpl
+
+
+class BlockingDriver(FakeDriver):
+    def __init__(self, once: str, **options: Any) -> None:
+        super().__init__(**options)
+        self._once = Path(once)
+
+    async def run_image(self, request: RunImageRequest) -> None:
+        await super().run_image(request)
+        if self._once.exists():
+            return
+        self._once.write_text("blocked once\n")
+        sys.stderr.write("vz-test-blocking: holding RunImage\n")
+        sys.stderr.flush()
+        await asyncio.Event().wait()
+
+
+@hookimpl
+def vz_builtin_drivers() -> list[BuiltinDriver]:
+    return [
+        BuiltinDriver(
+            name="blocking",
+            summary="test only: the fake driver whose first RunImage never returns",
+            factory="vz_test_blocking:BlockingDriver",
+        )
+    ]

@@ -1,0 +1,115 @@
+"""`vz exec`: streams, exit codes, signals, Machine selection, through the real console script."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from vzcli import Vz
+
+
+def test_stdin_and_stdout_are_binary_exact(vz: Vz, running: Path) -> None:
+    payload = bytes(range(256)) * 4096 + b"\x00\xff\r\n"
+    proc = vz.run("exec", "--", "cat", cwd=running, input=payload)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == payload
+
+
+def test_stdout_and_stderr_stay_separate(vz: Vz, running: Path) -> None:
+    proc = vz.run("exec", "--", "sh", "-c", "echo out; echo err >&2; echo out2", cwd=running)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, b"out\nout2\n", b"err\n")
+
+
+def test_arguments_arrive_verbatim(vz: Vz, running: Path) -> None:
+    args = ["a b", "'q'", "$HOME;$(echo no)", "", "ünï"]
+    proc = vz.run("exec", "--", "printf", "[%s]", *args, cwd=running)
+    assert proc.stdout.decode() == "".join(f"[{a}]" for a in args)
+
+
+@pytest.mark.parametrize(("script", "code"), [("exit 0", 0), ("exit 7", 7), ("exit 255", 255), ("kill -TERM $$", 143)])
+def test_exit_code_is_propagated(vz: Vz, running: Path, script: str, code: int) -> None:
+    assert vz.run("exec", "--", "sh", "-c", script, cwd=running).returncode == code
+
+
+def test_command_not_found_is_127(vz: Vz, running: Path) -> None:
+    proc = vz.run("exec", "--", "no-such-command-here", cwd=running)
+    assert proc.returncode == 127 and b"not found" in proc.stderr
+
+
+def test_options_may_precede_the_command_without_double_dash(vz: Vz, running: Path) -> None:
+    proc = vz.run("exec", "--machine", "db", "sh", "-c", "echo $VZ_MACHINE_ID", cwd=running)
+    status = vz.status(running)
+    db = next(m for m in status["environments"][0]["machines"] if m["name"] == "db")
+    assert proc.stdout.decode().strip() == db["id"]
+
+
+def test_machine_selection_default_flag_env_var(vz: Vz, running: Path) -> None:
+    machines = {m["name"]: m["id"] for m in vz.status(running)["environments"][0]["machines"]}
+    probe = ("sh", "-c", "echo $VZ_MACHINE_ID")
+    assert vz.ok("exec", "--", *probe, cwd=running).strip() == machines["web"]  # default_machine
+    assert vz.ok("exec", "--machine", "db", "--", *probe, cwd=running).strip() == machines["db"]
+    assert vz.ok("exec", "--machine", machines["db"], "--", *probe, cwd=running).strip() == machines["db"]
+    by_env = vz.ok("exec", "--", *probe, cwd=running, env={"VZ_MACHINE_ID": machines["db"]})
+    assert by_env.strip() == machines["db"]
+    err = vz.fails(3, "exec", "--", "true", cwd=running, env={"VZ_MACHINE_ID": "mch_000000000000"})
+    assert "VZ_MACHINE_ID=mch_000000000000 names no Machine of Environment default" in err
+    assert "--machine cache: Environment default" in vz.fails(
+        3, "exec", "--machine", "cache", "--", "true", cwd=running
+    )
+
+
+def test_workdir_defaults_to_the_machine_and_can_be_set(vz: Vz, running: Path) -> None:
+    out = vz.ok("exec", "--", "sh", "-c", 'test "$(pwd)" = "$VZ_MACHINE_ROOT" && echo same', cwd=running)
+    assert out == "same\n"
+    vz.ok("exec", "--", "mkdir", "sub", cwd=running)
+    assert vz.ok("exec", "--workdir", "sub", "--", "sh", "-c", "basename $(pwd)", cwd=running) == "sub\n"
+
+
+def _start_blocking(vz: Vz, cwd: Path) -> tuple[subprocess.Popen[bytes], int]:
+    """A `vz exec` running `sleep` in the Machine; returns it and the command's pid once it runs."""
+    proc = vz.popen(
+        "exec", "--", "sh", "-c", "echo $$; exec sleep 600", cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert proc.stdout is not None
+    pid = int(proc.stdout.readline())
+    return proc, pid
+
+
+def _gone(pid: int, timeout: float = 10) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)])
+def test_signals_cancel_the_command_and_exit_128_plus_n(vz: Vz, running: Path, sig: int, code: int) -> None:
+    proc, pid = _start_blocking(vz, running)
+    try:
+        os.kill(proc.pid, sig)  # only vz: the driver must kill the command
+        assert proc.wait(20) == code
+        assert _gone(pid), f"the command (pid {pid}) outlived the cancelled exec"
+    finally:
+        proc.kill()
+        proc.wait()
+        for stream in (proc.stdout, proc.stderr):
+            assert stream is not None
+            stream.close()
+
+
+def test_exec_on_a_stopped_machine_says_how_to_fix_it(vz: Vz, running: Path) -> None:
+    vz.ok("stop", cwd=running)
+    err = vz.fails(2, "exec", "--", "true", cwd=running)
+    assert "machine web of Environment default" in err and "is not running; run `vz up --environment default`" in err
+    vz.ok("up", cwd=running)
+    vz.ok("exec", "--", "true", cwd=running)

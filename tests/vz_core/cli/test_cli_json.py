@@ -1,0 +1,128 @@
+"""`--json` output: the documented, stable shapes of docs/cli.md."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from vzcli import Vz
+
+
+def lines(text: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def test_up_emits_json_lines_ending_with_the_result(vz: Vz, project: Path) -> None:
+    events = lines(vz.ok("up", "--json", cwd=project))
+    assert all(e["command"] == "up" for e in events)
+    kinds = [e["event"] for e in events]
+    assert kinds[-1] == "result" and "plan" in kinds
+    steps = [e for e in events if e["event"] == "step"]
+    assert {(e["action"], e["status"]) for e in steps} >= {("create", "started"), ("create", "succeeded")}
+    created = [e["machine"] for e in steps if e["action"] == "create" and e["status"] == "succeeded"]
+    assert created == ["web", "db"]
+    result = events[-1]
+    assert set(result) >= {"project_id", "environment", "dry_run", "plan", "machines"}
+    assert result["environment"]["name"] == "default" and result["environment"]["state"] == "running"
+    assert [(m["name"], m["state"], m["default"]) for m in result["machines"]] == [
+        ("web", "running", True),
+        ("db", "running", False),
+    ]
+    plan = next(e for e in events if e["event"] == "plan")["plan"]
+    assert [(s["action"], s["machine"]) for s in plan["steps"]] == [("create", "web"), ("create", "db")]
+
+
+def test_status_json_shape(vz: Vz, running: Path) -> None:
+    report = vz.status(running)
+    assert report["schema"] == "vz.status/1"
+    assert report["project"] == {"id": "demo", "definition": str(running / "vz.json"), "definition_error": None}
+    (env,) = report["environments"]
+    assert set(env) == {
+        "id",
+        "name",
+        "project_id",
+        "state",
+        "worktree",
+        "bound_worktrees",
+        "default_machine",
+        "created_at",
+        "updated_at",
+        "last_operation",
+        "interrupted_operations",
+        "machines",
+        "drift",
+    }
+    assert env["bound_worktrees"] == [str(running)] and env["default_machine"] == "web"
+    assert env["drift"] == {"status": "in-sync", "not_created": [], "default_machine": None}
+    web = env["machines"][0]
+    assert set(web) == {
+        "id",
+        "name",
+        "workspace_id",
+        "default",
+        "target",
+        "profile",
+        "image",
+        "workspace",
+        "driver",
+        "state",
+        "recorded_state",
+        "find",
+        "error",
+        "drift",
+    }
+    assert web["workspace_id"] == f"vz-demo-{env['id']}-{web['id']}"
+    assert set(web["driver"]) == {
+        "name",
+        "driver_name",
+        "version",
+        "api",
+        "runtime",
+        "capabilities",
+        "extensions",
+        "accelerator",
+    }
+    assert web["driver"]["extensions"]["profiles"] == ["developer"]
+    assert web["find"]["status"] == "running" and web["state"] == "running"
+
+
+def test_status_reports_drift_from_the_definition(vz: Vz, running: Path) -> None:
+    data = json.loads((running / "vz.json").read_text())
+    data["machines"][1]["image"] = "vz:newer"
+    data["machines"].append({**data["machines"][0], "name": "cache"})
+    (running / "vz.json").write_text(json.dumps(data))
+    env = vz.status(running)["environments"][0]
+    assert env["drift"]["status"] == "drifted" and env["drift"]["not_created"] == ["cache"]
+    db = next(m for m in env["machines"] if m["name"] == "db")
+    assert db["drift"] == {
+        "status": "drifted",
+        "changes": [{"field": "image", "kind": "creation", "recorded": "vz:default", "desired": "vz:newer"}],
+    }
+    human = vz.ok("status", cwd=running)
+    assert "drift from vz.json: not created: cache; changed: db" in human
+
+
+def test_errors_in_json_mode_are_json_too(vz: Vz, running: Path) -> None:
+    proc = vz.run("status", "--json", "--environment", "nope", cwd=running)
+    assert proc.returncode == 3
+    (event,) = lines(proc.stdout.decode())
+    assert event["event"] == "error" and event["command"] == "status"
+    assert event["error"]["kind"] == "not_found" and event["error"]["exit_code"] == 3
+    assert "--environment nope" in event["error"]["message"]
+
+
+def test_plan_blocked_needs_recreate_and_exits_4(vz: Vz, running: Path) -> None:
+    data = json.loads((running / "vz.json").read_text())
+    data["machines"][0]["image"] = "vz:other"
+    (running / "vz.json").write_text(json.dumps(data))
+    before = vz.status(running)["environments"][0]["machines"][0]["find"]
+    err = vz.fails(4, "up", cwd=running)
+    assert "machine web: creation-time settings changed: image" in err and "vz up --recreate" in err
+    assert vz.status(running)["environments"][0]["machines"][0]["find"] == before
+    dry = lines(vz.ok("up", "--recreate", "--dry-run", "--json", cwd=running))[-1]
+    assert dry["dry_run"] and [s["action"] for s in dry["plan"]["steps"]] == ["recreate", "keep"]
+    assert vz.status(running)["environments"][0]["machines"][0]["find"] == before
+    vz.ok("up", "--recreate", cwd=running)
+    after = vz.status(running)["environments"][0]["machines"][0]
+    assert after["find"]["id"] != before["id"] and after["drift"]["status"] == "in-sync"
