@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
+
+if TYPE_CHECKING:
+    from vz_core import Driver
 
 __all__ = ["build_parser", "main"]
 
@@ -53,15 +56,13 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
 
     from vz_plugins import serve
 
-    from vz_core.errors import VzError
-    from vz_drivers.linux_native._driver import LinuxNativeDriver
+    def build() -> Driver:
+        # Imported only after the plugin cookie and versions were checked (fast handshake, clean refusal).
+        from vz_drivers.linux_native._driver import LinuxNativeDriver
 
-    try:
-        driver = LinuxNativeDriver(**options)
-    except VzError as exc:
-        parser.error(str(exc))
-    serve(driver)
-    raise SystemExit(0)
+        return LinuxNativeDriver(**options)
+
+    serve(build)
 
 
 if __name__ == "__main__":
