@@ -57,8 +57,10 @@ def agent_source_digest(goarch: str | None = None) -> str:
     return digest.hexdigest()
 
 
-def ensure_agent_binary(goarch: str | None = None) -> Path:
+def ensure_agent_binary(goarch: str | None = None, *, cache_dir: Path | None = None) -> Path:
     """The path of a ``vz-agent`` binary for ``linux/<goarch>`` (default: this machine), building it if needed.
+
+    Binaries (and Go's build cache) live under ``cache_dir`` (default ``vz_core.paths.cache_dir() / "agent"``).
 
     ``VZ_AGENT_BINARY`` (an executable file) wins when set. Otherwise the binary is built with ``go`` from
     PATH (Go >= 1.19, standard library only) at most once per source digest; concurrent callers wait for the
@@ -76,7 +78,7 @@ def ensure_agent_binary(goarch: str | None = None) -> Path:
     arch = goarch or _host_goarch()
     if arch not in ("amd64", "arm64"):
         raise UnavailableError(f"the guest agent is built for amd64 or arm64, not {arch!r}")
-    base = paths.cache_dir() / "agent"
+    base = cache_dir if cache_dir is not None else paths.cache_dir() / "agent"
     target = base / agent_source_digest(arch) / "vz-agent"
     if target.is_file():
         return target

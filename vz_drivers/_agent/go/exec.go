@@ -246,7 +246,10 @@ func (s *session) launch(id uint32, p *prepared, window int64) *setupError {
 		switch {
 		case errors.Is(err, syscall.ENOENT):
 			return &setupError{exitCode: 127, msg: fmt.Sprintf("vz-agent: %s: %v\n", p.argv[0], err)}
-		case errors.Is(err, syscall.EACCES), errors.Is(err, syscall.ENOEXEC):
+		case errors.Is(err, syscall.EACCES):
+			// chdir and execve both fail with EACCES in the child; name both candidates.
+			return &setupError{exitCode: 126, msg: fmt.Sprintf("vz-agent: %s: permission denied (executing it, or entering the workdir %s)\n", p.argv[0], p.dir)}
+		case errors.Is(err, syscall.ENOEXEC):
 			return &setupError{exitCode: 126, msg: fmt.Sprintf("vz-agent: %s: %v\n", p.argv[0], err)}
 		case errors.Is(err, syscall.EPERM):
 			return &setupError{code: codePermissionDenied, msg: "the guest agent may not switch to the requested user: " + err.Error()}

@@ -45,6 +45,7 @@ type options struct {
 	mainWorkdir string
 	stopTimeout time.Duration
 	exitMain    bool
+	readyFd     int
 }
 
 func usage(fs *flag.FlagSet) {
@@ -90,6 +91,7 @@ func main() {
 	fs.StringVar(&o.mainWorkdir, "main-workdir", "", "working directory `DIR` of the main process")
 	fs.DurationVar(&o.stopTimeout, "stop-timeout", 10*time.Second, "grace between SIGTERM and SIGKILL of the main process")
 	fs.BoolVar(&o.exitMain, "exit-with-main", false, "stop the agent (and the Machine) when the main process exits")
+	fs.IntVar(&o.readyFd, "ready-fd", -1, "write \"ready\\n\" to the inherited file descriptor `N` and close it once serving")
 	if err := fs.Parse(os.Args[2:]); err != nil {
 		os.Exit(2)
 	}
@@ -182,6 +184,7 @@ func newAgent(o options) (*agent, error) {
 }
 
 func (ag *agent) serve() int {
+	closeOnExecInherited()
 	if os.Getpid() == 1 {
 		mountEssentials()
 	}
@@ -231,6 +234,12 @@ func (ag *agent) serve() int {
 			return 1
 		}
 		go ag.serveStream(f, false)
+	}
+	if ag.o.readyFd >= 0 {
+		if f := os.NewFile(uintptr(ag.o.readyFd), "ready"); f != nil {
+			f.Write([]byte("ready\n"))
+			f.Close()
+		}
 	}
 	var code int
 	select {

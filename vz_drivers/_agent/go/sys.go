@@ -187,3 +187,17 @@ func (ag *agent) facts() map[string]any {
 		"features":      []string{"exec", "logs", "status", "shutdown", "chroot"},
 	}
 }
+
+// closeOnExecInherited marks every inherited descriptor above stderr close-on-exec, so that
+// neither the transport (--fd) nor anything else the agent was given leaks into commands.
+func closeOnExecInherited() {
+	entries, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		if fd, err := strconv.Atoi(e.Name()); err == nil && fd > 2 {
+			syscall.CloseOnExec(fd)
+		}
+	}
+}
