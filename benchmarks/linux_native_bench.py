@@ -100,16 +100,26 @@ async def b3_exec(smoke: bool, workdir: Path) -> dict[str, Any]:
     n = 5 if smoke else 300
 
     async def measure(driver: Driver, name: str) -> dict[str, Any]:
+        from vz_core.errors import RuntimeFailureError
+
         wid = f"b3-{name}"
         await driver.run_image(_request(wid))
         for _ in range(3):
             await _exec(driver, wid, ("true",))
         samples = []
-        for _ in range(n):
+        failures = 0
+        while len(samples) < n:
             t0 = time.perf_counter()
-            await _exec(driver, wid, ("true",))
+            try:
+                await _exec(driver, wid, ("true",))
+            except RuntimeFailureError:
+                # Counted and reported: a transport race, not a sample.
+                failures += 1
+                if failures > n // 10:
+                    raise
+                continue
             samples.append(time.perf_counter() - t0)
-        result: dict[str, Any] = summary(samples)
+        result: dict[str, Any] = {**summary(samples), "failed_calls": failures}
         if name == "in-process":
             result["peer_runc_exec"] = await _runc_exec_peer(driver, wid, 3 if smoke else 50)
         return result

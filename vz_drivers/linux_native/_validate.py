@@ -142,16 +142,25 @@ def validate_request(request: RunImageRequest, facts: HostFacts, key: str) -> Va
         )
 
     privileged = bool(request.privileged)
-    if privileged and profile == "hardened":
-        raise _bad("privileged Machines cannot use the hardened profile", "privileged")
+    if privileged:
+        # The guest agent, as PID 1, unmounts and remounts filesystems when it stops; with CAP_SYS_ADMIN that
+        # would reach the host's filesystems through the Machine's bind mounts. Refused until it can't.
+        raise UnsupportedError(
+            "privileged Machines are not supported by linux_native; add the specific capabilities you need with "
+            "cap_add (CAP_SYS_ADMIN excluded)",
+            details={"field": "privileged"},
+        )
     caps: list[str] = []
     for cap in request.cap_add:
-        if cap.strip().upper() == "ALL":
-            caps.append("ALL")
-            continue
-        norm = normalize_capability(cap)
+        norm = "ALL" if cap.strip().upper() == "ALL" else normalize_capability(cap)
         if norm is None:
             raise _bad(f"cap_add {cap!r} is not a Linux capability name (e.g. NET_ADMIN)", "cap_add")
+        if norm in ("ALL", "CAP_SYS_ADMIN"):
+            raise UnsupportedError(
+                f"cap_add {cap!r} is not supported by linux_native (CAP_SYS_ADMIN would let the Machine's init "
+                "remount host filesystems); add narrower capabilities",
+                details={"field": "cap_add"},
+            )
         caps.append(norm)
     no_new_privs = profile == "hardened"
     for opt in request.security_opt:

@@ -168,6 +168,8 @@ async def test_invalid_recreation_leaves_the_old_machine_untouched(driver: Linux
         ({"remote_user": "ghost"}, InvalidArgumentError),
         ({"uid_map": ("0 1000 1",)}, UnsupportedError),
         ({"cap_add": ("NOT_A_CAP",)}, InvalidArgumentError),
+        ({"cap_add": ("SYS_ADMIN",)}, UnsupportedError),
+        ({"privileged": True}, UnsupportedError),
     ],
     ids=lambda v: str(v)[:40] if not isinstance(v, type) else v.__name__,
 )
