@@ -203,37 +203,43 @@ func (ag *agent) serve() int {
 	sig := make(chan os.Signal, 4)
 	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	signal.Ignore(syscall.SIGPIPE)
-	if ag.o.initMode && len(ag.o.command) > 0 {
-		if err := ag.startMain(); err != nil {
-			logf("starting the main process: %v", err)
-			ag.unmountRoot()
-			return 1
-		}
-	}
+	// The transport first (so that a main process exiting at once finds it), then the main process.
+	var stream *os.File
 	switch {
 	case ag.o.listen != "":
 		if err := ag.listenUnix(strings.TrimPrefix(ag.o.listen, "unix:")); err != nil {
 			logf("%v", err)
-			ag.stop(0)
+			ag.unmountRoot()
 			return 1
 		}
-		go ag.acceptLoop()
 	case ag.o.device != "":
 		f, err := os.OpenFile(ag.o.device, os.O_RDWR, 0)
 		if err != nil {
 			logf("opening %s: %v", ag.o.device, err)
+			ag.unmountRoot()
+			return 1
+		}
+		stream = f
+	default:
+		if err := syscall.SetNonblock(ag.o.fd, true); err != nil {
+			logf("--fd %d is not an open file descriptor: %v", ag.o.fd, err)
+			ag.unmountRoot()
+			return 1
+		}
+		stream = os.NewFile(uintptr(ag.o.fd), "fd"+strconv.Itoa(ag.o.fd))
+	}
+	if ag.o.initMode && len(ag.o.command) > 0 {
+		if err := ag.startMain(); err != nil {
+			logf("starting the main process: %v", err)
 			ag.stop(0)
 			return 1
 		}
-		go ag.serveStream(f, true)
+	}
+	switch {
+	case ag.listener != nil:
+		go ag.acceptLoop()
 	default:
-		syscall.SetNonblock(ag.o.fd, true)
-		f := os.NewFile(uintptr(ag.o.fd), "fd"+strconv.Itoa(ag.o.fd))
-		if f == nil {
-			logf("--fd %d is not an open file descriptor", ag.o.fd)
-			return 1
-		}
-		go ag.serveStream(f, false)
+		go ag.serveStream(stream, ag.o.device != "")
 	}
 	if ag.o.readyFd >= 0 {
 		if f := os.NewFile(uintptr(ag.o.readyFd), "ready"); f != nil {
