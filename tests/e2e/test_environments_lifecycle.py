@@ -82,99 +82,117 @@ def on_disk_sentinels(home: Path) -> dict[str, str]:
     return {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in home.rglob("sentinel") if p.is_file()}
 
 
+def _delete_everything(vz: Vz, cwd: Path) -> None:
+    """Best effort, so a failing run leaves no Machine (process, mount) behind."""
+    proc = vz.run("status", "--all", "--json", cwd=cwd)
+    if proc.returncode == 0:
+        for env in json.loads(proc.stdout)["environments"]:
+            vz.run("delete", "--environment", env["id"], cwd=cwd)
+
+
 def test_two_environments_of_two_machines(tmp_path: Path) -> None:
     vz = Vz(tmp_path / "home")
     main = worktree(tmp_path / "main")
     feature = worktree(tmp_path / "feature")
     stranger = worktree(tmp_path / "stranger")
 
-    # --- up: the first worktree gets "default", the second its own named Environment -----------------------
-    vz.ok("up", cwd=main)
-    vz.ok("up", "--environment", "feature", cwd=feature)
-    report = vz.status(main, "--all")
-    envs = {e["name"]: e for e in report["environments"]}
-    assert sorted(envs) == ["default", "feature"]
-    assert envs["default"]["bound_worktrees"] == [str(main)]
-    assert envs["feature"]["bound_worktrees"] == [str(feature)]
-    ids = {(e, m["name"]): m["id"] for e in envs for m in envs[e]["machines"]}
-    workspaces = {m["workspace_id"] for e in envs.values() for m in e["machines"]}
-    assert len(set(ids.values())) == 4 and len(workspaces) == 4
-    for env in envs.values():
-        assert [(m["name"], m["state"]) for m in env["machines"]] == [("web", "running"), ("db", "running")]
-        for machine in env["machines"]:
-            assert machine["driver"]["name"] == DRIVER and machine["profile"] == "developer"
-            assert machine["drift"]["status"] == "in-sync"
+    try:
+        # --- up: the first worktree gets "default", the second its own named Environment -----------------------
+        vz.ok("up", cwd=main)
+        vz.ok("up", "--environment", "feature", cwd=feature)
+        report = vz.status(main, "--all")
+        envs = {e["name"]: e for e in report["environments"]}
+        assert sorted(envs) == ["default", "feature"]
+        assert envs["default"]["bound_worktrees"] == [str(main)]
+        assert envs["feature"]["bound_worktrees"] == [str(feature)]
+        ids = {(e, m["name"]): m["id"] for e in envs for m in envs[e]["machines"]}
+        workspaces = {m["workspace_id"] for e in envs.values() for m in e["machines"]}
+        assert len(set(ids.values())) == 4 and len(workspaces) == 4
+        for env in envs.values():
+            assert [(m["name"], m["state"]) for m in env["machines"]] == [("web", "running"), ("db", "running")]
+            for machine in env["machines"]:
+                assert machine["driver"]["name"] == DRIVER and machine["profile"] == "developer"
+                assert machine["drift"]["status"] == "in-sync"
 
-    # --- each worktree reaches its own Environment without flags; ids are visible inside the Machine ---------
-    probe = ("sh", "-c", "echo $VZ_ENVIRONMENT_ID $VZ_MACHINE_ID")
-    assert vz.ok("exec", "--", *probe, cwd=main).decode().split() == [envs["default"]["id"], ids["default", "web"]]
-    assert vz.ok("exec", "--", *probe, cwd=feature).decode().split() == [envs["feature"]["id"], ids["feature", "web"]]
+        # --- each worktree reaches its own Environment without flags; ids are visible inside the Machine ---------
+        probe = ("sh", "-c", "echo $VZ_ENVIRONMENT_ID $VZ_MACHINE_ID")
+        assert vz.ok("exec", "--", *probe, cwd=main).decode().split() == [envs["default"]["id"], ids["default", "web"]]
+        assert vz.ok("exec", "--", *probe, cwd=feature).decode().split() == [
+            envs["feature"]["id"],
+            ids["feature", "web"],
+        ]
 
-    # --- isolation: a sentinel per Machine, each sees only its own ----------------------------------------------
-    sentinels: dict[tuple[str, str], bytes] = {}
-    for env in ("default", "feature"):
-        for machine in MACHINES:
-            data = secrets.token_bytes(4096) + f"{env}/{machine}".encode()
-            sentinels[env, machine] = data
-            vz.ok(
-                "exec",
-                "--environment",
-                env,
-                "--machine",
-                machine,
-                "--",
-                "sh",
-                "-c",
-                "cat > sentinel",
-                cwd=main,
-                input=data,
+        # --- isolation: a sentinel per Machine, each sees only its own ----------------------------------------------
+        sentinels: dict[tuple[str, str], bytes] = {}
+        for env in ("default", "feature"):
+            for machine in MACHINES:
+                data = secrets.token_bytes(4096) + f"{env}/{machine}".encode()
+                sentinels[env, machine] = data
+                vz.ok(
+                    "exec",
+                    "--environment",
+                    env,
+                    "--machine",
+                    machine,
+                    "--",
+                    "sh",
+                    "-c",
+                    "cat > sentinel",
+                    cwd=main,
+                    input=data,
+                )
+        for (env, machine), data in sentinels.items():
+            assert (
+                vz.ok("exec", "--environment", env, "--machine", machine, "--", "cat", "sentinel", cwd=stranger) == data
             )
-    for (env, machine), data in sentinels.items():
-        assert vz.ok("exec", "--environment", env, "--machine", machine, "--", "cat", "sentinel", cwd=stranger) == data
 
-    # --- selection errors fail at their own level ---------------------------------------------------------------
-    err = vz.fails(4, "exec", "--", "true", cwd=stranger)  # unbound worktree, two bound Environments
-    assert f"default ({envs['default']['id']})" in err and f"feature ({envs['feature']['id']})" in err
-    assert "--environment nope" in vz.fails(3, "exec", "--environment", "nope", "--", "true", cwd=main)
-    assert "--machine cache" in vz.fails(3, "exec", "--machine", "cache", "--", "true", cwd=main)
-    bogus = {"VZ_ENVIRONMENT_ID": "env_000000000000"}
-    assert "VZ_ENVIRONMENT_ID=env_000000000000" in vz.fails(3, "exec", "--", "true", cwd=main, env=bogus)
-    by_id = {"VZ_ENVIRONMENT_ID": envs["feature"]["id"]}
-    assert vz.ok("exec", "--", *probe, cwd=main, env=by_id).decode().split()[0] == envs["feature"]["id"]
-    assert vz.fails(4, "status", cwd=stranger)  # the same ambiguity for status
+        # --- selection errors fail at their own level ---------------------------------------------------------------
+        err = vz.fails(4, "exec", "--", "true", cwd=stranger)  # unbound worktree, two bound Environments
+        assert f"default ({envs['default']['id']})" in err and f"feature ({envs['feature']['id']})" in err
+        assert "--environment nope" in vz.fails(3, "exec", "--environment", "nope", "--", "true", cwd=main)
+        assert "--machine cache" in vz.fails(3, "exec", "--machine", "cache", "--", "true", cwd=main)
+        bogus = {"VZ_ENVIRONMENT_ID": "env_000000000000"}
+        assert "VZ_ENVIRONMENT_ID=env_000000000000" in vz.fails(3, "exec", "--", "true", cwd=main, env=bogus)
+        by_id = {"VZ_ENVIRONMENT_ID": envs["feature"]["id"]}
+        assert vz.ok("exec", "--", *probe, cwd=main, env=by_id).decode().split()[0] == envs["feature"]["id"]
+        assert vz.fails(4, "status", cwd=stranger)  # the same ambiguity for status
 
-    # --- stop one Environment; the other keeps running; up brings it back with its data -------------------------
-    vz.ok("stop", "--environment", "feature", cwd=main)
-    states = {e["name"]: [m["state"] for m in e["machines"]] for e in vz.status(main, "--all")["environments"]}
-    assert states == {"default": ["running", "running"], "feature": ["stopped", "stopped"]}
-    assert "is not running" in vz.fails(2, "exec", "--", "true", cwd=feature)
-    vz.ok("up", cwd=feature)
-    assert vz.ok("exec", "--machine", "db", "--", "cat", "sentinel", cwd=feature) == sentinels["feature", "db"]
-    after_restart = vz.status(feature)["environments"][0]
-    assert {m["name"]: m["id"] for m in after_restart["machines"]} == {m: ids["feature", m] for m in MACHINES}
+        # --- stop one Environment; the other keeps running; up brings it back with its data -------------------------
+        vz.ok("stop", "--environment", "feature", cwd=main)
+        states = {e["name"]: [m["state"] for m in e["machines"]] for e in vz.status(main, "--all")["environments"]}
+        assert states == {"default": ["running", "running"], "feature": ["stopped", "stopped"]}
+        assert "is not running" in vz.fails(2, "exec", "--", "true", cwd=feature)
+        vz.ok("up", cwd=feature)
+        assert vz.ok("exec", "--machine", "db", "--", "cat", "sentinel", cwd=feature) == sentinels["feature", "db"]
+        after_restart = vz.status(feature)["environments"][0]
+        assert {m["name"]: m["id"] for m in after_restart["machines"]} == {m: ids["feature", m] for m in MACHINES}
 
-    # --- deletion safety: deleting "feature" leaves every byte of "default" alone -------------------------------
-    disk_before = on_disk_sentinels(vz.home)
-    vz.ok("delete", "--environment", "feature", cwd=main)
-    remaining = vz.status(main, "--all")["environments"]
-    assert [e["name"] for e in remaining] == ["default"]
-    assert [(m["id"], m["state"]) for m in remaining[0]["machines"]] == [
-        (ids["default", m], "running") for m in MACHINES
-    ]
-    for machine in MACHINES:
-        out = vz.ok("exec", "--environment", "default", "--machine", machine, "--", "cat", "sentinel", cwd=main)
-        assert out == sentinels["default", machine]
-    disk_after = on_disk_sentinels(vz.home)
-    assert set(disk_after) <= set(disk_before)
-    assert {p: disk_before[p] for p in disk_after} == disk_after
-    if disk_before:  # a driver that keeps Machines under VZ_HOME: exactly feature's two files are gone
-        assert len(disk_before) - len(disk_after) == 2
-    assert "--environment feature" in vz.fails(3, "exec", "--environment", "feature", "--", "true", cwd=main)
-    # The deleted Environment's worktree binding went with it: that worktree now sees the sole bound one.
-    assert vz.ok("exec", "--", *probe, cwd=feature).decode().split()[0] == envs["default"]["id"]
+        # --- deletion safety: deleting "feature" leaves every byte of "default" alone -------------------------------
+        disk_before = on_disk_sentinels(vz.home)
+        vz.ok("delete", "--environment", "feature", cwd=main)
+        remaining = vz.status(main, "--all")["environments"]
+        assert [e["name"] for e in remaining] == ["default"]
+        assert [(m["id"], m["state"]) for m in remaining[0]["machines"]] == [
+            (ids["default", m], "running") for m in MACHINES
+        ]
+        for machine in MACHINES:
+            out = vz.ok("exec", "--environment", "default", "--machine", machine, "--", "cat", "sentinel", cwd=main)
+            assert out == sentinels["default", machine]
+        disk_after = on_disk_sentinels(vz.home)
+        assert set(disk_after) <= set(disk_before)
+        assert {p: disk_before[p] for p in disk_after} == disk_after
+        if disk_before:  # a driver that keeps Machines under VZ_HOME: feature's sentinels are gone, default's stay
+            digest = {key: hashlib.sha256(data).hexdigest() for key, data in sentinels.items()}
+            assert {digest["default", m] for m in MACHINES} <= set(disk_after.values())
+            assert not {digest["feature", m] for m in MACHINES} & set(disk_after.values())
+        assert "--environment feature" in vz.fails(3, "exec", "--environment", "feature", "--", "true", cwd=main)
+        # The deleted Environment's worktree binding went with it: that worktree now sees the sole bound one.
+        assert vz.ok("exec", "--", *probe, cwd=feature).decode().split()[0] == envs["default"]["id"]
 
-    # --- delete the last one ------------------------------------------------------------------------------------
-    vz.ok("delete", cwd=main)
-    assert vz.status(main, "--all")["environments"] == []
-    assert on_disk_sentinels(vz.home) == {}
-    assert "has no Environment yet" in vz.fails(3, "exec", "--", "true", cwd=main)
+        # --- delete the last one ------------------------------------------------------------------------------------
+        vz.ok("delete", cwd=main)
+        assert vz.status(main, "--all")["environments"] == []
+        assert on_disk_sentinels(vz.home) == {}
+        assert "has no Environment yet" in vz.fails(3, "exec", "--", "true", cwd=main)
+    finally:
+        _delete_everything(vz, main)

@@ -97,3 +97,26 @@ def test_killed_up_is_explained_then_converged(tmp_path: Path, blocking_project:
     ]
     vz.ok("exec", "--", "true", cwd=blocking_project)
     vz.ok("delete", cwd=blocking_project)
+
+
+def test_ctrl_c_interrupts_up_cleanly(tmp_path: Path, blocking_project: Path) -> None:
+    vz = Vz(tmp_path / "home", {"PYTHONPATH": str(PLUGINS)})
+    proc = vz.popen("up", "--json", cwd=blocking_project, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert proc.stderr is not None
+        _readline_until(proc.stderr, b"vz-test-blocking: holding RunImage")
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert proc.returncode == 130
+    assert b"vz up: interrupted; run it again to converge" in err and b"Traceback" not in err
+    failed = [json.loads(line) for line in out.splitlines() if b'"failed"' in line]
+    assert [(e["event"], e["action"], e["machine"]) for e in failed] == [("step", "create", "web")]
+    env = vz.status(blocking_project)["environments"][0]
+    assert env["interrupted_operations"] == []  # recorded as interrupted by the process itself
+    assert env["last_operation"]["status"] == "interrupted"
+    vz.ok("up", cwd=blocking_project)
+    assert [m["state"] for m in vz.status(blocking_project)["environments"][0]["machines"]] == ["running", "running"]
+    vz.ok("delete", cwd=blocking_project)
