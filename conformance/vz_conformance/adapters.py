@@ -1,0 +1,48 @@
+"""Adapters known to the suite by driver name, and loading a driver author's own adapter.
+
+A driver without an entry here gets the POSIX defaults of ``Adapter``. Authors pass their own with
+``--adapter module:attribute`` (CLI) or the ``pytest_vz_adapter`` hook (pytest plugin).
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+from vz_conformance._adapter import Adapter
+
+__all__ = ["Adapter", "FakeAdapter", "adapter_for", "load_adapter"]
+
+
+class FakeAdapter(Adapter):
+    """The reference fake driver: Machines are directories and commands run as host processes whose working
+    directory and ``$VZ_MACHINE_ROOT`` are the Machine's root directory."""
+
+    local_dir = '"$VZ_MACHINE_ROOT"'
+    processes_visible_on_host = True
+
+    def driver_options(self, state_dir: Path) -> dict[str, object]:
+        return {"state_dir": state_dir}
+
+    def plugin_args(self, state_dir: Path) -> list[str]:
+        return ["--state-dir", str(state_dir)]
+
+
+_BY_NAME: dict[str, type[Adapter]] = {"fake": FakeAdapter}
+
+
+def adapter_for(driver_name: str) -> Adapter:
+    """The adapter the suite knows for ``driver_name``, else the POSIX defaults."""
+    return _BY_NAME.get(driver_name, Adapter)()
+
+
+def load_adapter(spec: str) -> Adapter:
+    """Load ``module:attribute``: an Adapter instance, an Adapter subclass, or a callable returning one."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"adapter {spec!r} must look like 'module:attribute'")
+    target = getattr(importlib.import_module(module_name), attr)
+    adapter = target() if callable(target) and not isinstance(target, Adapter) else target
+    if not isinstance(adapter, Adapter):
+        raise TypeError(f"adapter {spec!r} is a {type(adapter).__name__}, not a vz_conformance.Adapter")
+    return adapter
