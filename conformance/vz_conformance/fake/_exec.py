@@ -183,7 +183,6 @@ class _WritePipe(asyncio.BaseProtocol):
         self._transport: asyncio.WriteTransport | None = None
         self._paused = False
         self._lost = False
-        self._closed = False
         self._waiter: asyncio.Future[None] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -221,7 +220,6 @@ class _WritePipe(asyncio.BaseProtocol):
     def finish(self) -> None:
         """End of input: close the pipe once buffered data is written."""
         if self._transport is not None and not self._transport.is_closing():
-            self._closed = True
             self._transport.close()
 
     def abort(self) -> None:
@@ -229,8 +227,11 @@ class _WritePipe(asyncio.BaseProtocol):
         transport = self._transport
         if transport is None or self._lost:
             return
-        if self._closed and not transport.get_write_buffer_size():
-            return  # close() already scheduled connection_lost; a second one would run on a torn-down transport
+        if transport.is_closing() and not transport.get_write_buffer_size():
+            # Closing with nothing left to write means connection_lost is already scheduled (by close(), or
+            # because the command closed its end); aborting would schedule it a second time on a torn-down
+            # transport. Closing with data pending only waits for a flush, which abort() may cut short.
+            return
         transport.abort()
 
 

@@ -1,7 +1,9 @@
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fake_testlib import request, unique_id
@@ -26,3 +28,17 @@ async def machine(driver: FakeDriver) -> str:
     workspace_id = unique_id()
     await driver.run_image(request(workspace_id))
     return workspace_id
+
+
+@pytest.fixture(autouse=True)
+async def _loop_errors() -> AsyncIterator[None]:
+    """Fail a test whose event loop reported an error (an exception in a callback, an unretrieved task error):
+    asyncio only logs those, so they would otherwise pass unnoticed."""
+    loop = asyncio.get_running_loop()
+    errors: list[dict[str, Any]] = []
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _loop, context: errors.append(context))
+    yield
+    await asyncio.sleep(0)  # let callbacks scheduled by the test's last step run
+    loop.set_exception_handler(previous)
+    assert not errors, f"the event loop reported errors: {[c.get('message') for c in errors]} {errors}"

@@ -26,6 +26,7 @@ from fake_testlib import (
     wait_tree,
 )
 from vz_conformance.fake import FakeDriver
+from vz_conformance.fake._exec import _WritePipe
 
 from vz_core import MAX_CHUNK, ExecEvent, ExecExit, ExecOutput, ExecSpec
 from vz_core.errors import InvalidArgumentError, UnsupportedError
@@ -282,3 +283,24 @@ async def test_framing_helper_rejects_bad_streams() -> None:
             check_framing(events)  # type: ignore[arg-type]
     assert ExecResult([ExecExit(3)]).exit.exit_code == 3
     assert not alive(os.getpid(), 0.0)
+
+
+async def test_stdin_pipe_abort_after_the_command_closed_its_end() -> None:
+    # Regression: the command closing stdin makes the transport schedule connection_lost; aborting before that
+    # callback ran used to schedule it twice (an exception in a loop callback, caught by _loop_errors).
+    loop = asyncio.get_running_loop()
+    read_fd, write_fd = os.pipe()
+    pipe = _WritePipe()
+    transport, _ = await loop.connect_write_pipe(lambda: pipe, os.fdopen(write_fd, "wb"))
+    os.close(read_fd)
+    for _ in range(1000):  # one loop iteration each: stop right after the transport noticed the closed end
+        if transport.is_closing():
+            break
+        await asyncio.sleep(0)
+    assert transport.is_closing()
+    pipe.abort()
+    pipe.abort()
+    for _ in range(3):
+        await asyncio.sleep(0)
+    with pytest.raises(BrokenPipeError):
+        await pipe.write(b"late")
