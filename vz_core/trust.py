@@ -143,6 +143,14 @@ class Manifest(BaseModel):
             have = ", ".join(sorted(self.binaries))
             raise TrustError(f"driver {self.name!r} ships no binary for {plat} (it has: {have})") from None
 
+    def binary_home(self, driver_dir: Path, plat: str | None = None) -> Path:
+        """The directory the binary must stay in (symlinks may not leave it): ``driver_dir``, or for an
+        absolute ``path`` the binary's own directory."""
+        entry = self.entry_for(plat)
+        if entry.path is not None and Path(entry.path).is_absolute():
+            return Path(entry.path).parent
+        return driver_dir
+
     def binary_path(self, driver_dir: Path, plat: str | None = None) -> Path:
         """Where this host's binary is: ``path`` (joined to ``driver_dir`` when relative) or ``driver_dir/file``."""
         entry = self.entry_for(plat)

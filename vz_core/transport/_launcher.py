@@ -255,6 +255,8 @@ class PluginLauncher:
     ``handshake_timeout``: seconds to wait for the handshake line (go-plugin hosts use 15 s by default).
     ``supervised``: run under the supervisor (False only to measure its cost). ``client_curve``: the curve of
     our AutoMTLS client certificate (P-256; P-521 makes plugins take their relay path, for testing).
+    ``run_root``: where the private per-launch directories (sockets) are made (default: the temp directory;
+    keep it short, Unix socket paths are limited to about 100 bytes).
     """
 
     def __init__(
@@ -267,8 +269,10 @@ class PluginLauncher:
         redactor: Redactor | None = None,
         client_curve: Curve = "P-256",
         shutdown_grace: float = 2.0,
+        run_root: str | None = None,
     ) -> None:
         self._prepare = prepare
+        self.run_root = run_root
         self.name = name
         self.handshake_timeout = handshake_timeout
         self.supervised = supervised
@@ -288,7 +292,7 @@ class PluginLauncher:
         spec = await asyncio.to_thread(self._prepare)
         name = spec.name or self.name
         binary = spec.binary
-        run_dir = tempfile.mkdtemp(prefix="vz-plugin-")
+        run_dir = tempfile.mkdtemp(prefix="vz-plugin-", dir=self.run_root)
         cleanup = [run_dir]
         process: PluginProcess | None = None
         stderr: StderrTail | None = None
@@ -359,9 +363,10 @@ class PluginLauncher:
                     raise TimeoutError
                 raw = await asyncio.wait_for(process.stdout.readline(), left)
             except TimeoutError:
+                said = f"; stdout said: {' / '.join(skipped)[:400]!r}" if skipped else ""
                 raise PluginError(
                     f"driver {name!r}: no handshake line within {self.handshake_timeout:g}s "
-                    "(a plugin must print 'CORE|APP|NETWORK|ADDRESS|grpc|CERT' on stdout); it was stopped"
+                    f"(a plugin must print 'CORE|APP|NETWORK|ADDRESS|grpc|CERT' on stdout){said}; it was stopped"
                 ) from None
             except ValueError:
                 raise PluginError(
@@ -408,7 +413,7 @@ class PluginLauncher:
             options = [*CHANNEL_OPTIONS, ("grpc.ssl_target_name_override", "localhost")]
             return grpc.aio.secure_channel(handshake.target, creds, options=options), "native", None
         # grpcio cannot verify this peer (P-521): carry TLS ourselves and give grpcio a private plaintext socket.
-        relay_dir = tempfile.mkdtemp(prefix="vz-relay-")
+        relay_dir = tempfile.mkdtemp(prefix="vz-relay-", dir=self.run_root)
         cleanup.append(relay_dir)
         os.chmod(relay_dir, 0o700)
         relay = ClientRelay(handshake.network, handshake.address, der, client_context(client, der, workdir=None))

@@ -90,11 +90,10 @@ class _Pipe(asyncio.Protocol):
         transport.set_write_buffer_limits(high=_HIGH_WATER)
         self._registry.add(self)
 
-    def attach(self, peer: _Pipe) -> None:
-        self.peer = peer
-        if self.pending and peer.transport is not None:
-            peer.transport.write(b"".join(self.pending))
-        self.pending.clear()
+    def _flush_to_peer(self) -> None:
+        if self.pending and self.peer is not None and self.peer.transport is not None:
+            self.peer.transport.write(b"".join(self.pending))
+            self.pending.clear()
 
     def data_received(self, data: bytes) -> None:
         if self.peer is not None and self.peer.transport is not None:
@@ -126,6 +125,13 @@ class _Pipe(asyncio.Protocol):
             self.transport.close()
         if self.peer is not None and self.peer.transport is not None and not self.peer.transport.is_closing():
             self.peer.transport.close()
+
+
+def _link(a: _Pipe, b: _Pipe) -> None:
+    """Join two sides; whatever either received before it had a peer is forwarded now."""
+    a.peer, b.peer = b, a
+    a._flush_to_peer()
+    b._flush_to_peer()
 
 
 class _RelayBase:
@@ -186,8 +192,7 @@ class ServerRelay(_RelayBase):
         except OSError:
             outer.close()
             return
-        inner.peer = outer
-        outer.attach(inner)
+        _link(outer, inner)
         assert outer.transport is not None
         outer.transport.resume_reading()
 
@@ -270,8 +275,7 @@ class ClientRelay(_RelayBase):
         except (OSError, ssl.SSLError, PluginError, TimeoutError):
             inner.close()
             return
-        outer.peer = inner
-        inner.attach(outer)
+        _link(inner, outer)
         assert inner.transport is not None
         inner.transport.resume_reading()
 

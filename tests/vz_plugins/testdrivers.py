@@ -1,0 +1,133 @@
+"""Small drivers served as real plugin processes by the transport tests.
+
+Run as ``python testdrivers.py KIND``; the directory of this file is on ``sys.path`` then. KIND:
+
+* ``mini``: a synthetic driver (no real Machines) with exec behaviours chosen by argv[0]:
+  ``echo-stdin`` returns stdin as stdout, ``crash`` prints the exec environment values to the plugin's
+  stderr and then the plugin dies after one output frame, ``boom`` raises an unexpected exception mentioning
+  the environment, ``bigframe`` sends one 70000-byte frame (a rule break the SDK must forward as is), and
+  ``wait`` yields one frame and then waits forever;
+* ``mini-p521``: the same, with a P-521 AutoMTLS certificate (what Go plugins use);
+* ``mini-tcp``: the same, listening on loopback TCP;
+* ``mini-ext``: the same, with vz.machine.v1 extensions (tty not supported).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from vz_core import (
+    Capabilities,
+    Driver,
+    DriverInfo,
+    ExecEvent,
+    ExecExit,
+    ExecOutput,
+    ExecSpec,
+    Extensions,
+    MachineDetails,
+    MountType,
+    RecreateMode,
+    RunImageRequest,
+)
+from vz_core.errors import NotFoundError
+
+HERE = Path(__file__).resolve().parent
+PATH = HERE / "testdrivers.py"
+log = logging.getLogger("mini")
+
+
+class MiniDriver(Driver):
+    def __init__(self, extensions: Extensions | None = None) -> None:
+        self._extensions = extensions
+
+    async def info(self, *, supports_recreate_on_run: bool = False) -> DriverInfo:
+        return DriverInfo(
+            driver_name="mini",
+            driver_version="0.1",
+            runtime_name="mini-runtime",
+            capabilities=Capabilities(
+                mount_types=(MountType.BIND,),
+                recreate_mode=RecreateMode.ON_RUN if supports_recreate_on_run else RecreateMode.DELETE,
+            ),
+        )
+
+    async def preflight(self, *, disable_auto_start: bool = False) -> None:
+        return None
+
+    async def find(self, workspace_id: str) -> MachineDetails | None:
+        return None
+
+    async def target_architecture(self, workspace_id: str) -> str:
+        return "amd64"
+
+    async def run_image(self, request: RunImageRequest) -> None:
+        # Deliberately careless: a backend echoing its configuration to stderr. The host must redact it.
+        for key, value in request.environment.items():
+            log.info("configuring %s=%s", key, value)
+        if request.workspace_id == "missing":
+            raise NotFoundError(f"no Machine {request.workspace_id!r} (secret {dict(request.environment)})")
+
+    async def start(self, workspace_id: str) -> None:
+        return None
+
+    async def stop(self, workspace_id: str) -> None:
+        return None
+
+    async def delete(self, workspace_id: str) -> None:
+        return None
+
+    async def extensions(self) -> Extensions | None:
+        return self._extensions
+
+    def exec(self, spec: ExecSpec, stdin: AsyncIterator[bytes]) -> AsyncIterator[ExecEvent]:
+        return self._exec(spec, stdin)
+
+    async def _exec(self, spec: ExecSpec, stdin: AsyncIterator[bytes]) -> AsyncIterator[ExecEvent]:
+        kind = spec.argv[0]
+        if kind == "echo-stdin":
+            async for chunk in stdin:
+                yield ExecOutput("stdout", chunk)
+            yield ExecExit(0)
+        elif kind == "crash":
+            for value in spec.environment.values():
+                sys.stderr.write(f"about to crash; the environment holds {value}\n")
+            sys.stderr.flush()
+            yield ExecOutput("stdout", b"crashing")
+            os._exit(3)
+        elif kind == "boom":
+            raise ValueError(f"unexpected failure with {dict(spec.environment)}")
+        elif kind == "bigframe":
+            yield ExecOutput("stdout", b"x" * 70000)
+            yield ExecExit(0)
+        elif kind == "wait":
+            yield ExecOutput("stdout", b"waiting")
+            await asyncio.Event().wait()
+        else:
+            yield ExecOutput("stderr", f"unknown command {kind}".encode())
+            yield ExecExit(127)
+
+
+def main() -> None:
+    from vz_plugins import serve
+
+    kind = sys.argv[1]
+    if kind == "mini":
+        serve(MiniDriver())
+    elif kind == "mini-p521":
+        serve(MiniDriver(), cert_curve="P-521")
+    elif kind == "mini-tcp":
+        serve(MiniDriver(), network="tcp")
+    elif kind == "mini-ext":
+        serve(MiniDriver(Extensions(target_os=("linux",), profiles=("developer",), accelerator="none")))
+    else:
+        sys.exit(f"unknown test driver {kind!r}")
+
+
+if __name__ == "__main__":
+    main()
