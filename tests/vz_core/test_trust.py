@@ -61,7 +61,7 @@ def _entry(**entry: Any) -> dict[str, Any]:
         pytest.param(_entry(sha256="a" * 64), "exactly one of 'path' or 'url'", id="no-source"),
         pytest.param(_entry(url="https://x.invalid/a", sha256="a" * 64), "needs 'file'", id="url-no-file"),
         pytest.param(_entry(url="https://x", file="../a", sha256="a" * 64), "plain file name", id="file-escape"),
-        pytest.param(_manifest(binaries={"plan9/mips": {"path": "b", "sha256": "a" * 64}}), "unknown platform", id="os"),
+        pytest.param(_manifest(binaries={"plan9/mips": {"path": "b", "sha256": "a" * 64}}), "unknown platform", id="p"),
         pytest.param(_manifest(binaries={}), "binaries", id="no-binaries"),
         pytest.param(_manifest(api_version="2.0"), "api_version", id="api-2"),
         pytest.param(_manifest(name="Bad Name"), "name", id="bad-name"),

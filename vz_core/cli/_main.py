@@ -63,10 +63,12 @@ def _parser(command: str) -> argparse.ArgumentParser:
         sub.required = True
         listing = sub.add_parser("list", help="installed drivers")
         listing.add_argument("--json", action="store_true")
-        add = sub.add_parser("add", help="record an external driver from its manifest")
+        add = sub.add_parser("add", help="record an external driver from its manifest (verifies its checksum)")
         add.add_argument("manifest", type=Path)
-        verify = sub.add_parser("verify", help="re-hash external driver binaries against their manifests")
+        add.add_argument("--json", action="store_true")
+        verify = sub.add_parser("verify", help="re-hash driver binaries against their manifests")
         verify.add_argument("name", nargs="?")
+        verify.add_argument("--json", action="store_true")
     return parser
 
 

@@ -31,17 +31,35 @@ def installed_driver_names() -> list[str]:
 def acquire_driver(name: str, options: Mapping[str, Any] | None = None) -> Driver:
     """A ready-to-use Driver named ``name`` configured with ``options`` (the Machine's ``driver_options``).
 
-    Raises ``NotFoundError`` for an unknown name (listing what is installed) and ``UserError`` for options the
-    driver does not accept. The caller closes the driver (``await driver.close()``).
+    Built-in drivers run in-process. A name that is not built-in is looked up among external drivers
+    (``vz driver add``) and served out-of-process, its binary verified at each launch. Raises ``NotFoundError``
+    for an unknown name (listing what is installed) and ``UserError`` for options the driver does not accept.
+    The caller closes the driver (``await driver.close()``).
     """
     from vz_core.registry import DriverRegistry
 
-    spec = DriverRegistry().get(name)
-    factory = spec.load()
+    registry = DriverRegistry()
+    if name not in registry.names():
+        external = _external_drivers()
+        if external is not None:
+            resolved = external.resolve(name, registry=registry)  # NotFoundError lists built-in and external
+            driver: Driver = external.remote_driver(resolved.name, options=dict(options or {}) or None)
+            return driver
+    factory = registry.get(name).load()
     try:
         return factory(**dict(options or {}))
     except TypeError as exc:
         raise UserError(f"driver {name!r} rejected its options {sorted(options or {})}: {exc}") from None
+
+
+def _external_drivers() -> Any:
+    """``vz_core.drivers`` (external drivers: manifests, verified launch), if this installation has it."""
+    import importlib
+
+    try:
+        return importlib.import_module("vz_core.drivers")
+    except ImportError:
+        return None
 
 
 @dataclass(frozen=True)
@@ -153,6 +171,25 @@ class DriverPool:
 
 async def _negotiate(name: str, driver: Driver) -> DriverFacts:
     info = await driver.info(supports_recreate_on_run=True)
+    _validate_info(name, info)
+    try:
+        extensions = await driver.extensions()
+    except (UnsupportedError, NotFoundError):
+        extensions = None
+    return DriverFacts(name=name, info=info, extensions=extensions)
+
+
+def _validate_info(name: str, info: DriverInfo) -> None:
+    """The host's Info checks (PROTOCOL.md §2): ``vz_core.negotiate`` when present, else the essentials."""
+    import importlib
+
+    try:
+        negotiate = importlib.import_module("vz_core.negotiate")
+    except ImportError:
+        negotiate = None
+    if negotiate is not None:
+        negotiate.validate_info(info, offered_recreate_on_run=True)
+        return
     if info.api_major != API_MAJOR:
         raise IncompatibleVersionError(
             f"driver {name!r} speaks Runtime Protocol {info.api_major}.{info.api_minor}; this vz speaks "
@@ -163,10 +200,3 @@ async def _negotiate(name: str, driver: Driver) -> DriverFacts:
             f"driver {name!r} answered Info without driver_name/driver_version/runtime_name/capabilities; "
             "it does not follow the Runtime Protocol"
         )
-    if info.capabilities.recreate_mode == RecreateMode.ON_RUN and info.api_minor < 3:
-        raise PluginError(f"driver {name!r} advertises recreate-on-run with API 1.{info.api_minor} (needs 1.3)")
-    try:
-        extensions = await driver.extensions()
-    except (UnsupportedError, NotFoundError):
-        extensions = None
-    return DriverFacts(name=name, info=info, extensions=extensions)

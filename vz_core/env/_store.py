@@ -1,7 +1,7 @@
 """The state store: one SQLite database (WAL) under the state directory.
 
-Everything vz knows about projects, Environments, Machines, volumes, worktree bindings, driver manifests and
-operations lives here. Rules:
+Everything vz knows about projects, Environments, Machines, volumes, worktree bindings and operations lives
+here (external driver manifests are kept by ``vz_core.drivers``). Rules:
 
 * Ownership is in the keys: a Machine row is keyed by (env_id, machine_id), a volume by (env_id, machine_id,
   name), a binding points at one env_id; deleting an Environment deletes exactly the rows reachable from its
@@ -61,7 +61,7 @@ class Migration:
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(
         1,
-        "projects, environments, machines, volumes, bindings, operations, driver manifests",
+        "projects, environments, machines, volumes, bindings, operations",
         (
             """CREATE TABLE projects (
                 project_id TEXT PRIMARY KEY,
@@ -117,11 +117,6 @@ MIGRATIONS: tuple[Migration, ...] = (
                 started_at TEXT NOT NULL,
                 finished_at TEXT)""",
             "CREATE INDEX operations_env ON operations (env_id, started_at)",
-            """CREATE TABLE driver_manifests (
-                name TEXT PRIMARY KEY,
-                manifest TEXT NOT NULL,
-                source TEXT NOT NULL DEFAULT '',
-                added_at TEXT NOT NULL)""",
         ),
     ),
 )
@@ -481,22 +476,3 @@ class Store:
                 "SELECT * FROM operations WHERE env_id = ? AND status = ? ORDER BY started_at, rowid", (env_id, status)
             )
         return [_operation(r) for r in rows]
-
-    # --- driver manifests (external drivers; see vz_core.drivers) ---------------------------------------------
-
-    def driver_manifests(self) -> dict[str, dict[str, Any]]:
-        rows = self._db.execute("SELECT name, manifest FROM driver_manifests ORDER BY name")
-        return {str(r[0]): json.loads(r[1]) for r in rows}
-
-    def put_driver_manifest(self, name: str, manifest: dict[str, Any], source: str = "") -> None:
-        with self.transaction() as db:
-            db.execute(
-                "INSERT INTO driver_manifests (name, manifest, source, added_at) VALUES (?, ?, ?, ?) "
-                "ON CONFLICT (name) DO UPDATE SET manifest = excluded.manifest, source = excluded.source",
-                (name, json.dumps(manifest, sort_keys=True), source, utcnow()),
-            )
-
-    def remove_driver_manifest(self, name: str) -> bool:
-        with self.transaction() as db:
-            cursor = db.execute("DELETE FROM driver_manifests WHERE name = ?", (name,))
-        return cursor.rowcount > 0

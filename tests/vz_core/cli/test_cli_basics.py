@@ -104,8 +104,9 @@ def test_schema_errors_list_json_paths(vz: Vz, tmp_path: Path) -> None:
 def test_unknown_driver(vz: Vz, tmp_path: Path) -> None:
     write_project(tmp_path, fake_machine("web", driver="warp-drive"))
     err = vz.fails(2, "up", cwd=tmp_path)
-    assert "$.machines[0].driver: unknown driver 'warp-drive'; installed built-in drivers: " in err
-    assert "fake" in err
+    assert "$.machines[0].driver: unknown driver 'warp-drive'; " in err
+    assert "fake" in err and "vz driver add" in err
+    assert not vz.home.exists() or json.loads(vz.ok("status", "--all", "--json", cwd=tmp_path))["environments"] == []
 
 
 def test_unsupported_target_for_this_host(vz: Vz, tmp_path: Path) -> None:
@@ -128,3 +129,9 @@ def test_driver_list(vz: Vz, tmp_path: Path) -> None:
     assert any(line.startswith("fake ") for line in out.splitlines())
     listed = json.loads(vz.ok("driver", "list", "--json", cwd=tmp_path))
     assert "fake" in [d["name"] for d in listed["drivers"]]
+
+
+def test_driver_verify(vz: Vz, tmp_path: Path) -> None:
+    out = vz.ok("driver", "verify", "fake", cwd=tmp_path)
+    assert out.startswith("fake") and " ok " in out
+    assert "unknown driver 'nope'" in vz.fails(3, "driver", "verify", "nope", cwd=tmp_path)

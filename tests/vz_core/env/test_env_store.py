@@ -39,7 +39,7 @@ def test_fresh_database_is_migrated_to_the_latest_version(tmp_path: Path) -> Non
     rows = db.execute("SELECT version, description FROM schema_version").fetchall()
     assert [r[0] for r in rows] == [m.version for m in MIGRATIONS]
     tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-    assert {"projects", "environments", "machines", "volumes", "bindings", "operations", "driver_manifests"} <= tables
+    assert {"projects", "environments", "machines", "volumes", "bindings", "operations"} <= tables
     db.close()
 
 
@@ -143,10 +143,3 @@ def test_operation_records(tmp_path: Path) -> None:
             store.finish_operation(db, op, "interrupted", "process ended")
         record = store.operation(op)
         assert record is not None and record.status == "interrupted" and record.finished_at
-
-
-def test_driver_manifests_round_trip(tmp_path: Path) -> None:
-    with Store(tmp_path / "state.db") as store:
-        store.put_driver_manifest("ext", {"name": "ext", "version": "1"}, source="/m.json")
-        assert store.driver_manifests() == {"ext": {"name": "ext", "version": "1"}}
-        assert store.remove_driver_manifest("ext") and not store.remove_driver_manifest("ext")

@@ -1,0 +1,188 @@
+"""Supervision: nothing of a plugin outlives it — host killed with SIGKILL, plugin crash, cancel, shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from vz_core import ExecOutput, ExecSpec
+from vz_core.errors import PluginError, UnavailableError
+from vz_core.remote import RemoteDriver
+from vz_core.transport import LaunchSpec, PluginLauncher
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux supervision (subreaper)")
+
+TESTDRIVERS = Path(__file__).resolve().parents[2] / "vz_plugins" / "testdrivers.py"
+
+
+def _identity(pid: int) -> tuple[int, float]:
+    return pid, psutil.Process(pid).create_time()
+
+
+def _alive(ident: tuple[int, float]) -> bool:
+    try:
+        proc = psutil.Process(ident[0])
+        return proc.create_time() == ident[1] and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _wait_gone(idents: list[tuple[int, float]], seconds: float = 10.0) -> list[tuple[int, float]]:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        left = [i for i in idents if _alive(i)]
+        if not left:
+            return []
+        time.sleep(0.05)
+    return [i for i in idents if _alive(i)]
+
+
+async def _no_stdin() -> AsyncIterator[bytes]:
+    return
+    yield b""  # pragma: no cover
+
+
+def _mini() -> PluginLauncher:
+    return PluginLauncher(lambda: LaunchSpec("mini", [sys.executable, str(TESTDRIVERS), "mini"]), name="mini")
+
+
+HOST = textwrap.dedent(
+    """
+    import asyncio, os, sys
+    from vz_core import ExecSpec
+    from vz_core.remote import RemoteDriver
+    from vz_core.transport import LaunchSpec, PluginLauncher
+
+    async def nothing():
+        return
+        yield b""
+
+    async def main():
+        argv = [sys.executable, {testdrivers!r}, "mini"]
+        driver = RemoteDriver(PluginLauncher(lambda: LaunchSpec("mini", argv), name="mini"))
+        spec = ExecSpec("w", ("spawn", "sh", "-c", "sleep 300 & sleep 301 & echo started; wait"))
+        events = driver.exec(spec, nothing())
+        first = await events.__anext__()
+        conn = driver.connection
+        print("READY", conn.pid, conn.process.supervisor_pid, os.path.dirname(conn.handshake.address), flush=True)
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
+    """
+)
+
+
+@pytest.mark.slow
+def test_host_killed_with_sigkill_mid_exec_leaves_nothing(tmp_path: Path) -> None:
+    script = tmp_path / "host.py"
+    script.write_text(HOST.format(testdrivers=str(TESTDRIVERS)))
+    host = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert host.stdout is not None
+        line = host.stdout.readline().split()
+        assert line and line[0] == "READY", line
+        plugin_pid, supervisor_pid, socket_dir = int(line[1]), int(line[2]), line[3]
+        tree = [_identity(p.pid) for p in psutil.Process(host.pid).children(recursive=True)]
+        pids = {pid for pid, _ in tree}
+        assert {plugin_pid, supervisor_pid} <= pids
+        sleeps = [p for p in psutil.Process(plugin_pid).children(recursive=True) if p.name() == "sleep"]
+        assert len(sleeps) == 2, "the exec's grandchildren are running"
+        assert os.path.isdir(socket_dir)
+        host.send_signal(signal.SIGKILL)
+        host.wait()
+        left = _wait_gone(tree)
+        assert not left, f"left behind after the host was killed: {left}"
+        assert not os.path.exists(socket_dir), "the supervisor removes the socket directory"
+    finally:
+        if host.poll() is None:
+            host.kill()
+            host.wait()
+
+
+async def test_plugin_crash_mid_exec_kills_its_orphans_and_reports_stderr() -> None:
+    driver = RemoteDriver(_mini())
+    try:
+        spec = ExecSpec("w", ("spawn-crash", "sh", "-c", "sleep 300 & echo $!; wait"), environment={"K": "topsecret"})
+        events = driver.exec(spec, _no_stdin())
+        first = await events.__anext__()
+        assert isinstance(first, ExecOutput)
+        sleep = _identity(int(first.data.split()[0]))
+        with pytest.raises(UnavailableError) as caught:
+            await events.__anext__()
+        assert "died during Exec (exit code 3)" in str(caught.value)
+        assert not await asyncio.to_thread(_wait_gone, [sleep]), "the orphaned grandchild was killed"
+        # The next call launches a fresh plugin.
+        assert (await driver.info()).driver_name == "mini"
+    finally:
+        await driver.close()
+
+
+async def test_cancelled_exec_kills_the_command_in_the_plugin() -> None:
+    driver = RemoteDriver(_mini())
+    try:
+        spec = ExecSpec("w", ("spawn", "sh", "-c", "sleep 300 & echo $!; wait"))
+        events = driver.exec(spec, _no_stdin())
+        first = await events.__anext__()
+        assert isinstance(first, ExecOutput)
+        sleep = _identity(int(first.data.split()[0]))
+        await events.aclose()  # type: ignore[attr-defined]
+        assert not await asyncio.to_thread(_wait_gone, [sleep]), "cancel reached the plugin, which killed the command"
+        assert (await driver.info()).driver_name == "mini"  # the plugin keeps serving
+    finally:
+        await driver.close()
+
+
+async def test_shutdown_during_an_exec_leaves_nothing() -> None:
+    conn_driver = RemoteDriver(_mini())
+    spec = ExecSpec("w", ("spawn", "sh", "-c", "sleep 300 & echo $!; wait"))
+    events = conn_driver.exec(spec, _no_stdin())
+    first = await events.__anext__()
+    assert isinstance(first, ExecOutput)
+    sleep = _identity(int(first.data.split()[0]))
+    conn = conn_driver.connection
+    assert conn is not None
+    plugin = _identity(conn.pid)
+    status = await conn.shutdown()
+    assert status.code == 0
+    with pytest.raises(UnavailableError):
+        await events.__anext__()
+    await events.aclose()  # type: ignore[attr-defined]
+    await conn_driver.close()
+    assert not await asyncio.to_thread(_wait_gone, [sleep, plugin])
+
+
+async def test_leftovers_of_a_plugin_that_exits_are_killed_but_new_sessions_are_left_alone(tmp_path: Path) -> None:
+    """A plugin's orphans die with it; a process that started its own session detached on purpose."""
+    code = textwrap.dedent(
+        """
+        import subprocess, sys
+        stay = subprocess.Popen(["sleep", "301"], start_new_session=True)
+        orphan = subprocess.Popen(["sleep", "300"])
+        sys.stderr.write(f"{orphan.pid} {stay.pid}\\n")
+        sys.stderr.flush()
+        sys.exit(5)
+        """
+    )
+    launcher = PluginLauncher(lambda: LaunchSpec("leaky", [sys.executable, "-c", code]), name="leaky")
+    with pytest.raises(PluginError) as caught:
+        await launcher.launch()
+    orphan_pid, stay_pid = (int(x) for x in str(caught.value).strip().splitlines()[-1].split())
+    try:
+        assert "exit code 5" in str(caught.value)
+        # The supervisor killed and reaped the orphan before it exited itself.
+        assert not psutil.pid_exists(orphan_pid)
+        assert psutil.Process(stay_pid).status() != psutil.STATUS_ZOMBIE, "a new session is a deliberate detach"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(stay_pid, signal.SIGKILL)
