@@ -563,6 +563,7 @@ class LinuxNativeDriver(Driver):
             env=_merge_env(record.image_env, record.environment),
             cgroups_path=self._cgroup_path(record),
             hostname=hostname,
+            swap_limit=self._facts.swap_limit,
         )
         atomic_write(paths.bundle / "config.json", json.dumps(spec, indent=1).encode(), 0o600)
 

@@ -59,6 +59,8 @@ class HostFacts:
     """Path of ``ip`` (iproute2) or empty."""
     nsenter: str
     is_root: bool
+    swap_limit: bool = True
+    """The memory controller can limit swap (cgroup v2, or v1 with swap accounting)."""
 
 
 def host_facts() -> HostFacts:
@@ -74,4 +76,11 @@ def host_facts() -> HostFacts:
         ip=shutil.which("ip") or "",
         nsenter=shutil.which("nsenter") or "",
         is_root=os.geteuid() == 0,
+        swap_limit=_swap_limit(),
     )
+
+
+def _swap_limit() -> bool:
+    if _cgroup_mode() == "v2":
+        return True
+    return Path("/sys/fs/cgroup/memory/memory.memsw.limit_in_bytes").exists()

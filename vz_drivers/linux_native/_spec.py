@@ -124,6 +124,7 @@ def build_spec(
     env: dict[str, str],
     cgroups_path: str,
     hostname: str,
+    swap_limit: bool = True,
 ) -> dict[str, Any]:
     """The complete OCI runtime spec for one start of ``record``.
 
@@ -236,7 +237,10 @@ def build_spec(
     if record.cpuset:
         resources["cpu"] = {"cpus": record.cpuset}
     if record.memory_bytes:
-        resources["memory"] = {"limit": record.memory_bytes, "swap": record.memory_bytes}
+        # Swap included in the limit (no swapping beyond it) where the controller can say so.
+        resources["memory"] = {"limit": record.memory_bytes}
+        if swap_limit:
+            resources["memory"]["swap"] = record.memory_bytes
     resources["pids"] = {"limit": 32768}
     linux: dict[str, Any] = {
         "namespaces": [{"type": t} for t in ("pid", "network", "ipc", "uts", "mount")],
