@@ -11,7 +11,10 @@ import (
 	"sync"
 	"syscall"
 	"time"
+	"unsafe"
 )
+
+const fionread = 0x541B
 
 const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -169,6 +172,7 @@ type execState struct {
 	credCond *sync.Cond
 	credit   [3]int64
 	killed   bool
+	exited   bool
 	detached bool // the session abandoned this stream: nothing more may be sent for it
 	inCond   *sync.Cond
 	inQ      [][]byte
@@ -278,6 +282,10 @@ func (e *execState) run() {
 	go e.stdinLoop(inDone)
 
 	ws := <-e.exitCh
+	e.mu.Lock()
+	e.exited = true
+	e.credCond.Broadcast()
+	e.mu.Unlock()
 	// The command is gone: read what its pipes still hold without waiting for background
 	// processes that may keep them open. A past deadline wakes readers blocked in the poller.
 	past := time.Unix(1, 0)
@@ -299,10 +307,15 @@ func (e *execState) run() {
 	e.sendAttached(outFrame{typ: tExit, stream: e.id, payload: exitPayload(code, sig)})
 }
 
+// waitCredit returns how much may be read from the pipe of ch now; 0 ends the pump (killed, or
+// the command exited and nothing is left in the pipe while the host has granted no credit).
 func (e *execState) waitCredit(ch byte) int {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for e.credit[ch] <= 0 && !e.killed {
+		if e.exited && pipeEmpty(e.outR[ch]) {
+			return 0
+		}
 		e.credCond.Wait()
 	}
 	if e.killed {
@@ -488,4 +501,18 @@ func (e *execState) kill() {
 	e.credCond.Broadcast()
 	e.mu.Unlock()
 	go killTree([]int{e.pid}, e.pid)
+}
+
+// pipeEmpty reports whether nothing is buffered in a pipe (FIONREAD).
+func pipeEmpty(f *os.File) bool {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return true
+	}
+	n := int32(0)
+	var errno syscall.Errno
+	rc.Control(func(fd uintptr) {
+		_, _, errno = syscall.Syscall(syscall.SYS_IOCTL, fd, fionread, uintptr(unsafe.Pointer(&n)))
+	})
+	return errno != 0 || n == 0
 }

@@ -138,7 +138,7 @@ func (ls *logsState) run(readers []*io.SectionReader, files []*os.File) {
 		}
 	}()
 	for _, r := range readers {
-		for {
+		for remaining := r.Size(); remaining > 0; {
 			ls.mu.Lock()
 			for ls.credit <= 0 && !ls.killed {
 				ls.cond.Wait()
@@ -154,6 +154,7 @@ func (ls *logsState) run(readers []*io.SectionReader, files []*os.File) {
 			}
 			bp := getBuf()
 			k, err := r.Read((*bp)[:n])
+			remaining -= int64(k)
 			if k > 0 {
 				ls.mu.Lock()
 				ls.credit -= int64(k)
