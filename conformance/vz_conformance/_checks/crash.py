@@ -25,7 +25,7 @@ from vz_conformance._context import CheckContext
 from vz_conformance._exec import chunks, close_iterator
 from vz_conformance._expect import category_of, describe, ensure, expect_error, expect_ok, fail
 from vz_conformance._outcome import Outcome, Passed
-from vz_conformance._processes import Identity, host_snapshot, kill_host, wait_host_gone
+from vz_conformance._processes import Identity, Tree, kill_host
 from vz_conformance._providers import ExternalProvider, sha256_of
 from vz_core import Driver, ExecSpec
 from vz_core.errors import IncompatibleVersionError, PluginError, TrustError, VzError
@@ -238,37 +238,35 @@ async def check_mid_exec(ctx: CheckContext) -> Outcome:
         await expect_ok("RunImage", lambda: victim.run_image(req), note=req.workspace_id)
         before = await ctx.find(req.workspace_id, driver=victim)
         marker = f"vzc-marker-{secrets.token_hex(8)}"
-        argv, _ = ctx.adapter.blocking_tree(marker)
+        argv, pid_lines = ctx.adapter.blocking_tree(marker)
         stream = victim.exec(ExecSpec(workspace_id=req.workspace_id, argv=argv), chunks(b""))
         seen = b""
+        tree: Tree | None = None
         try:
             async with asyncio.timeout(15):
                 async for event in stream:
                     seen += getattr(event, "data", b"")
-                    if b"ready" in seen:
+                    lines = seen.decode(errors="replace").splitlines()
+                    pids = [int(x.split()[1]) for x in lines if x.startswith("pid ") and x.split()[1].isdigit()]
+                    if "ready" in lines and len(pids) >= pid_lines:
+                        tree = Tree(ctx, req.workspace_id, pids, marker)
                         break
+            if tree is None:
+                fail("Exec", f"'ready' and {pid_lines} 'pid' lines from the blocking command", repr(seen[:300]))
+            await tree.observe()
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            exc = await expect_error(
+            await expect_error(
                 "Exec",
                 lambda: _drain(stream),
                 "UNAVAILABLE",
                 note="the plugin process was killed (SIGKILL) during the Exec",
             )
-            del exc
         finally:
             await close_iterator(stream)
         await _close(victim)
         await guard.check()
-        if ctx.adapter.processes_visible_on_host:
-            _, left = await wait_host_gone(set(), marker, within=10)
-            if left:
-                kill_host(host_snapshot(left))
-                fail(
-                    "supervisor",
-                    "the killed plugin's command tree gone within 10 s (no host process left behind)",
-                    f"processes carrying the marker: {sorted(left)}",
-                )
+        await tree.require_gone(10.0, after="the plugin serving the Exec was killed")
         again = await ctx.relaunch()
         after = await ctx.find(req.workspace_id, driver=again)
         ensure(
