@@ -52,6 +52,8 @@ def render_status(report: dict[str, Any]) -> str:
         for machine in env["machines"]:
             driver = machine["driver"]
             driver_text = f"{driver['name']} {driver.get('version', '?')}" if "error" not in driver else "unavailable"
+            if driver.get("matrix"):
+                driver_text += f" ({driver['matrix']['status']})"
             target = machine["target"]
             rows.append(
                 [

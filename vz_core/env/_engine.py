@@ -229,6 +229,14 @@ def _check_machine(machine: Machine, facts: DriverFacts, native_arch: str, workt
             f"{where}.target.os: {driver} cannot run {machine.target.os} Machines on this host (it runs: "
             f"{', '.join(facts.target_os) or 'nothing'}); choose another driver (`vz driver list`)"
         )
+    from vz_core.capability_matrix import current_host_os, lookup
+
+    entry = lookup(facts.name, current_host_os(), machine.target.os)
+    if entry is not None and entry.status == "PLANNED":
+        raise UserError(
+            f"{where}: {driver} running {machine.target.os} Machines on a {entry.host_os} host is planned, not "
+            "implemented yet (see docs/capability-matrix.md)"
+        )
     if machine.target.arch is not None and machine.target.arch != native_arch:
         raise UserError(
             f"{where}.target.arch: {driver} runs {native_arch} Machines on this host, not {machine.target.arch}; "
@@ -945,6 +953,7 @@ async def _machine_status(
     except VzError as exc:
         driver_json = {"name": record.driver, "error": str(exc)}
         error = str(exc)
+    driver_json["matrix"] = _matrix_json(record.driver, str(target.get("os") or "linux"))
     drift: dict[str, Any]
     if definition is None:
         drift = {"status": "unknown", "changes": []}
@@ -972,6 +981,14 @@ async def _machine_status(
         "error": error or None,
         "drift": drift,
     }
+
+
+def _matrix_json(driver: str, target_os: str) -> dict[str, str] | None:
+    """This host/target pair's row of the capability matrix (None when the matrix does not list it)."""
+    from vz_core.capability_matrix import current_host_os, lookup
+
+    entry = lookup(driver, current_host_os(), target_os)
+    return None if entry is None else {"status": entry.status, "host_os": entry.host_os, "note": entry.note}
 
 
 # --- exec ---------------------------------------------------------------------------------------------------

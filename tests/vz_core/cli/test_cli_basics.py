@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import platform
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -135,3 +136,32 @@ def test_driver_verify(vz: Vz, tmp_path: Path) -> None:
     out = vz.ok("driver", "verify", "fake", cwd=tmp_path)
     assert out.startswith("fake") and " ok " in out
     assert "unknown driver 'nope'" in vz.fails(3, "driver", "verify", "nope", cwd=tmp_path)
+
+
+def test_terminal_gets_rich_progress_and_pipes_get_plain_lines(vz: Vz, project: Path) -> None:
+    import os
+    import pty
+
+    master, slave = pty.openpty()
+    try:
+        proc = vz.popen("up", cwd=project, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=slave)
+        os.close(slave)
+        chunks: list[bytes] = []
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: every writer of the terminal has exited
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        os.close(master)
+    assert proc.returncode == 0
+    screen = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", b"".join(chunks).decode(errors="replace"))
+    assert "✓ creating machine web" in screen and "✓ creating machine db" in screen
+    assert "Environment default (env_" in out.decode()
+    plain = vz.run("stop", cwd=project).stderr.decode()
+    assert "stopping machine web ...\n" in plain and "✓" not in plain and "\x1b[" not in plain
+    vz.ok("delete", cwd=project)

@@ -82,8 +82,10 @@ def test_status_json_shape(vz: Vz, running: Path) -> None:
         "capabilities",
         "extensions",
         "accelerator",
+        "matrix",
     }
     assert web["driver"]["extensions"]["profiles"] == ["developer"]
+    assert web["driver"]["matrix"]["status"] == "ACTIVE"
     assert web["find"]["status"] == "running" and web["state"] == "running"
 
 
