@@ -201,3 +201,14 @@ def test_definition_is_immutable() -> None:
     with pytest.raises(Exception, match="frozen"):
         definition.project_id = "other"  # type: ignore[misc]
     assert isinstance(definition, ProjectDefinition)
+
+
+def test_user_guide_definition_examples_are_valid() -> None:
+    import re
+
+    text = (ROOT / "docs" / "user-guide.md").read_text()
+    blocks = [json.loads(b) for b in re.findall(r"```json\n(.*?)```", text, re.S)]
+    definitions = [b for b in blocks if isinstance(b, dict) and "project_id" in b]
+    assert definitions, "docs/user-guide.md should show a complete vz.json"
+    for data in definitions:
+        parse(data)
