@@ -4,7 +4,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 VENV="${VZ_VENV:-.venv}"
-if [ -x "$VENV/bin/python" ]; then export PATH="$PWD/$VENV/bin:$PATH"; fi
+if [ ! -x "$VENV/bin/python" ]; then bash scripts/install-deps.sh || exit 1; fi
+export PATH="$PWD/$VENV/bin:$PATH"
 
 status=0
 echo "== ruff check"; ruff check . || status=1
