@@ -294,8 +294,13 @@ class AgentClient:
         }
         if root_override is not None:
             request["root"] = root_override
+        payload = json.dumps(request).encode()
         st = self._open_stream()
-        self._write(p.frame(p.T_EXEC_START, st.id, json.dumps(request).encode()))
+        try:
+            self._write(p.frame(p.T_EXEC_START, st.id, payload))
+        except BaseException:
+            self._streams.pop(st.id, None)
+            raise
         pump = asyncio.get_running_loop().create_task(self._pump_stdin(st, stdin), name=f"vz-agent-stdin-{st.id}")
         try:
             while True:
@@ -323,8 +328,8 @@ class AgentClient:
         Raises ``UnsupportedError`` when the agent keeps no log.
         """
         st = self._open_stream()
-        self._write(p.frame(p.T_LOGS, st.id, json.dumps({"window": self._window}).encode()))
         try:
+            self._write(p.frame(p.T_LOGS, st.id, json.dumps({"window": self._window}).encode()))
             while True:
                 item = await st.queue.get()
                 if item[0] == "out":

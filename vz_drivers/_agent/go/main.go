@@ -46,6 +46,7 @@ type options struct {
 	stopTimeout time.Duration
 	exitMain    bool
 	readyFd     int
+	poweroff    bool
 }
 
 func usage(fs *flag.FlagSet) {
@@ -91,6 +92,7 @@ func main() {
 	fs.StringVar(&o.mainWorkdir, "main-workdir", "", "working directory `DIR` of the main process")
 	fs.DurationVar(&o.stopTimeout, "stop-timeout", 10*time.Second, "grace between SIGTERM and SIGKILL of the main process")
 	fs.BoolVar(&o.exitMain, "exit-with-main", false, "stop the agent (and the Machine) when the main process exits")
+	fs.BoolVar(&o.poweroff, "poweroff", false, "run as a VM's init: mount /proc, /sys, /dev if missing; on exit unmount everything and power off")
 	fs.IntVar(&o.readyFd, "ready-fd", -1, "write \"ready\\n\" to the inherited file descriptor `N` and close it once serving")
 	if err := fs.Parse(os.Args[2:]); err != nil {
 		os.Exit(2)
@@ -185,7 +187,7 @@ func newAgent(o options) (*agent, error) {
 
 func (ag *agent) serve() int {
 	closeOnExecInherited()
-	if os.Getpid() == 1 {
+	if ag.o.poweroff {
 		mountEssentials()
 	}
 	// Orphans of commands are reparented to the agent, so it can kill whole trees and reap them.
@@ -255,7 +257,7 @@ func (ag *agent) serve() int {
 		code = <-ag.exitCode
 	case code = <-ag.exitCode:
 	}
-	if os.Getpid() == 1 {
+	if ag.o.poweroff {
 		unmountAll()
 		powerOff()
 	}
@@ -473,7 +475,8 @@ func (ag *agent) mainExitCode() int {
 	}
 }
 
-// shutdown serves SHUTDOWN: stop everything, sync, acknowledge, and exit (PID 1: power off).
+// shutdown serves SHUTDOWN: stop everything, sync, acknowledge, and exit (--poweroff: unmount and
+// power off).
 func (ag *agent) shutdown(s *session, id uint32, graceMs int64) {
 	grace := ag.o.stopTimeout
 	if graceMs > 0 {
@@ -481,7 +484,7 @@ func (ag *agent) shutdown(s *session, id uint32, graceMs int64) {
 	}
 	ag.stopProcesses(grace, s)
 	ag.unmountRoot()
-	if os.Getpid() == 1 {
+	if ag.o.poweroff {
 		unmountAll()
 	}
 	syscall.Sync()

@@ -20,7 +20,7 @@ func setSubreaper() error {
 	return nil
 }
 
-// mountEssentials gives an agent running as PID 1 (a VM's init) /proc, /sys and /dev if the
+// mountEssentials gives an agent running as a VM's init (--poweroff) /proc, /sys and /dev if the
 // initramfs did not mount them.
 func mountEssentials() {
 	for _, m := range []struct{ target, fstype string }{{"/proc", "proc"}, {"/sys", "sysfs"}, {"/dev", "devtmpfs"}} {
@@ -133,7 +133,9 @@ func powerOff() {
 	if err := syscall.Reboot(syscall.LINUX_REBOOT_CMD_POWER_OFF); err != nil {
 		logf("power off: %v", err)
 	}
-	select {} // PID 1 must not exit
+	if os.Getpid() == 1 {
+		select {} // the kernel panics when init exits
+	}
 }
 
 func memTotal() uint64 {
