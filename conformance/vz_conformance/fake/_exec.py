@@ -1,6 +1,6 @@
 """Host processes of the fake driver: exec streams and the Machine's main process.
 
-Every command runs as a real host process in its own session (so its process group holds the command and
+Every command runs as a real host process leading its own process group (which holds the command and
 everything it starts), with pipes plumbed into the event loop by hand rather than through asyncio's subprocess
 transport: that transport kills the direct child whenever it is closed, which would make the
 "exec-ignore-cancel" fault impossible to express. Exits are awaited through a pidfd where the kernel has them.
@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import grp
 import os
 import pwd
+import shutil
 import signal
 import subprocess
 import threading
@@ -93,22 +95,42 @@ class Launch:
 
 
 def spawn(launch: Launch, *, stdin: int, stdout: int, stderr: int) -> subprocess.Popen[bytes]:
-    """Start ``launch`` in a new session (its own process group). Raises OSError as Popen does."""
-    switch = launch.user is not None and (launch.user.uid, launch.user.gid) != (os.geteuid(), os.getegid())
-    user = launch.user if switch else None
+    """Start ``launch`` as the leader of a new process group. Raises OSError as Popen does.
+
+    The command stays in the driver's session, so a plugin supervisor that cleans up the plugin's session
+    takes it along; only its process group is its own, for killing it with everything it started.
+
+    Switching users goes through ``setpriv`` when the host has it: Popen can only change credentials in a
+    forked child, and a fork of a process running gRPC threads may abort in gRPC's fork handlers before it
+    reaches exec. Without ``setpriv`` Popen changes them itself.
+    """
+    argv = list(launch.argv)
+    user = launch.user
+    if user is not None and (user.uid, user.gid) == (os.geteuid(), os.getegid()):
+        user = None
+    helper = _setpriv() if user is not None else None
+    if user is not None and helper is not None:
+        groups = f"--groups={','.join(map(str, user.groups))}" if user.groups else "--clear-groups"
+        argv = [helper, f"--reuid={user.uid}", f"--regid={user.gid}", groups, "--", *argv]
+        user = None
     return subprocess.Popen(
-        list(launch.argv),
+        argv,
         stdin=stdin,
         stdout=stdout,
         stderr=stderr,
         cwd=launch.cwd,
         env=dict(launch.env),
-        start_new_session=True,
+        process_group=0,
         close_fds=True,
         user=user.uid if user else None,
         group=user.gid if user else None,
         extra_groups=list(user.groups) if user else None,
     )
+
+
+@functools.cache
+def _setpriv() -> str | None:
+    return shutil.which("setpriv", path=MINIMAL_PATH)
 
 
 def kill_group(pgid: int) -> None:

@@ -33,7 +33,7 @@ _READ_SIZE = 65536
 
 @dataclass(frozen=True)
 class MainProcess:
-    """Identity of a running main process (also its process group: it leads its own session)."""
+    """Identity of a running main process (its pid is also its process group id)."""
 
     pid: int
     create_time: float
