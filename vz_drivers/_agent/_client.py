@@ -38,6 +38,7 @@ _HELLO_RESEND: Final = 1.0  # seconds between HELLO retries on a single-stream t
 _KILL_CONFIRM: Final = 5.0  # how long a cancelled exec waits for the agent to confirm the kill
 _ERROR_BY_CODE: Final = {cls.category.name: cls for cls in CATEGORY_TABLE}
 _SUN_PATH_MAX: Final = 107
+_READ_SIZE: Final = 1 << 18
 
 
 @dataclass(frozen=True)
@@ -436,7 +437,8 @@ class AgentClient:
                         return
                     n = min(len(view) - offset, p.MAX_DATA, st.stdin_credit)
                     st.stdin_credit -= n
-                    self._write(p.frame(p.T_STDIN, st.id, bytes(view[offset : offset + n])))
+                    header = p.HEADER.pack(p.MAGIC, p.T_STDIN, 0, st.id, n)
+                    self._write(b"".join((header, view[offset : offset + n])))
                     offset += n
                     await writer.drain()
                 if st.finished:
@@ -526,16 +528,32 @@ class AgentClient:
     async def _read_loop(self) -> None:
         reader = self._reader
         reason = "the guest agent connection was lost"
+        unpack = p.HEADER.unpack_from
+        size = p.HEADER_SIZE
+        buf = b""
         try:
+            # Read whatever arrived and cut all complete frames out of it: far fewer awaits than one
+            # readexactly per header and payload.
             while True:
-                header = await reader.readexactly(p.HEADER_SIZE)
-                magic, type_, _flags, stream, length = p.HEADER.unpack(header)
-                if magic != p.MAGIC or length > p.MAX_CONTROL:
-                    raise _ProtocolError(f"bad frame header {header.hex()}")
-                payload = await reader.readexactly(length) if length else b""
-                self._dispatch(type_, stream, payload)
-        except asyncio.IncompleteReadError:
-            reason = "the guest agent closed the connection"
+                chunk = await reader.read(_READ_SIZE)
+                if not chunk:
+                    reason = "the guest agent closed the connection"
+                    return
+                buf = buf + chunk if buf else chunk
+                view = memoryview(buf)
+                offset = 0
+                end = len(buf)
+                while end - offset >= size:
+                    magic, type_, _flags, stream, length = unpack(view, offset)
+                    if magic != p.MAGIC or length > p.MAX_CONTROL:
+                        raise _ProtocolError(f"bad frame header {bytes(view[offset : offset + size]).hex()}")
+                    if end - offset - size < length:
+                        break
+                    start = offset + size
+                    offset = start + length
+                    self._dispatch(type_, stream, bytes(view[start:offset]) if length else b"")
+                view.release()
+                buf = buf[offset:] if offset < end else b""
         except (ConnectionError, OSError) as exc:
             reason = f"the guest agent connection failed: {exc}"
         except _ProtocolError as exc:
