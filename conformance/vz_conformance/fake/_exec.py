@@ -362,19 +362,25 @@ async def stream_exec(
                 os._exit(3)
         returncode = await _wait_exit(proc)
     finally:
+        # Everything that must happen comes first and synchronously, so a second cancellation arriving during
+        # the awaits below cannot leave a live command or an open pipe behind.
         try:
             if returncode is None and not ignore_cancel:
                 kill_group(proc.pid)
             for task in tasks:
                 task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
             writer.abort()
             for transport in transports:
                 transport.close()
             for pipe_file in (proc.stdin, proc.stdout, proc.stderr):
                 if pipe_file is not None:
                     pipe_file.close()
-            await _finish_process(proc, kill=not ignore_cancel)
+            try:
+                await asyncio.gather(*tasks, return_exceptions=True)
+                await _finish_process(proc, kill=not ignore_cancel)
+            except BaseException:
+                _reap_in_background(proc)
+                raise
         finally:
             on_finish()
     if input_failure:

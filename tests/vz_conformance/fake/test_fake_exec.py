@@ -304,3 +304,24 @@ async def test_stdin_pipe_abort_after_the_command_closed_its_end() -> None:
         await asyncio.sleep(0)
     with pytest.raises(BrokenPipeError):
         await pipe.write(b"late")
+
+
+async def test_a_second_cancellation_during_cleanup_leaves_nothing_behind(driver: FakeDriver, machine: str) -> None:
+    marker = f"vz-cancel2-{uuid.uuid4().hex}"
+    ready = asyncio.Event()
+
+    async def consume() -> None:
+        spec = ExecSpec(machine, ("sh", "-c", "sleep 1000 & echo ready; wait", marker))
+        async for event in driver.exec(spec, feed(())):
+            if event == ExecOutput("stdout", b"ready\n"):
+                ready.set()
+
+    task = asyncio.create_task(consume())
+    await ready.wait()
+    tree = [identity(p) for p in await wait_tree(marker, 2)]
+    task.cancel()
+    await asyncio.sleep(0)  # the generator is now in its cleanup, awaiting
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert await wait_dead(tree) == []
