@@ -11,9 +11,13 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vz_core.cli._help import TOP_HELP
+
+if TYPE_CHECKING:
+    from vz_core.cli._output import Output
+    from vz_core.env._engine import Context
 
 __all__ = ["main"]
 
@@ -168,17 +172,31 @@ def _exec(rest: list[str]) -> int:
 
 
 def _environment_command(command: str, parsed: argparse.Namespace) -> int:
-    import asyncio
-
+    from vz_core.cli._exit import classify
     from vz_core.cli._output import Output, choose_mode
-    from vz_core.cli._render import render_status, render_up
-    from vz_core.env._engine import Context, delete, status, stop, up
+    from vz_core.env._engine import Context
+    from vz_core.errors import VzError
 
     if command == "status":
         output = Output("json" if parsed.json else "plain", command)
     else:
         output = Output(choose_mode(parsed.json), command)
     ctx = Context(cwd=Path.cwd(), environ=os.environ, progress=output, definition_file=parsed.file)
+    try:
+        return _run_environment_command(command, parsed, ctx, output)
+    except VzError as exc:
+        # Secrets resolved by this command never reach the terminal, even inside a driver's message.
+        code, kind = classify(exc)
+        output.error(code, kind, ctx.redactor.redact(str(exc)))
+        return code
+
+
+def _run_environment_command(command: str, parsed: argparse.Namespace, ctx: Context, output: Output) -> int:
+    import asyncio
+
+    from vz_core.cli._render import render_status, render_up
+    from vz_core.env._engine import delete, status, stop, up
+
     if command == "up":
         result = asyncio.run(up(ctx, environment=parsed.environment, recreate=parsed.recreate, dry_run=parsed.dry_run))
         output.result(result, render_up(result))

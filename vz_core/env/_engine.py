@@ -67,6 +67,8 @@ class Context:
     progress: Progress = field(default_factory=Progress)
     definition_file: Path | None = None
     store_path: Path | None = None
+    redactor: Redactor = field(default_factory=Redactor)
+    """Collects every secret resolved by the command; callers clean any message they show with it."""
 
 
 # --- shared helpers ---------------------------------------------------------------------------------------
@@ -375,7 +377,7 @@ async def _prepare(ctx: Context, pool: DriverPool) -> _Prepared:
 
     path = find_definition(ctx.cwd, ctx.definition_file)
     definition = load_definition(path)
-    redactor = Redactor()
+    redactor = ctx.redactor
     environments: dict[str, dict[str, str]] = {}
     native: dict[str, str] = {}
     for index, machine in enumerate(definition.machines):
@@ -801,7 +803,7 @@ async def _mutate(ctx: Context, environment: str | None, kind: str) -> dict[str,
                     store.set_environment(db, env.env_id, state="stopped")
                 store.finish_operation(db, op_id, "succeeded")
         except BaseException as exc:
-            _fail_operation(store, env, op_id, exc, Redactor())
+            _fail_operation(store, env, op_id, exc, ctx.redactor)
             raise
         if kind == "delete":
             try:

@@ -165,3 +165,18 @@ def test_terminal_gets_rich_progress_and_pipes_get_plain_lines(vz: Vz, project: 
     plain = vz.run("stop", cwd=project).stderr.decode()
     assert "stopping machine web ...\n" in plain and "✓" not in plain and "\x1b[" not in plain
     vz.ok("delete", cwd=project)
+
+
+def test_secrets_are_masked_in_errors_and_never_stored(tmp_path: Path) -> None:
+    from vzcli import PLUGINS
+
+    vz = Vz(tmp_path / "home", {"PYTHONPATH": str(PLUGINS)})
+    secret = "hunter2-very-secret-value"
+    write_project(tmp_path / "p", fake_machine("web", driver="leaky", environment={"TOKEN": {"from_env": "APP_TOKEN"}}))
+    err = vz.fails(1, "up", cwd=tmp_path / "p", env={"APP_TOKEN": secret})
+    assert "backend rejected environment" in err and "'TOKEN': '***'" in err
+    assert secret not in err
+    status = vz.ok("status", "--json", cwd=tmp_path / "p")
+    assert json.loads(status)["environments"][0]["last_operation"]["status"] == "failed"
+    assert secret not in status
+    assert all(secret.encode() not in p.read_bytes() for p in vz.home.rglob("state.db*"))

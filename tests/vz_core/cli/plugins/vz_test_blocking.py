@@ -1,4 +1,6 @@
-"""A test-only driver, "blocking": the fake driver, except that its first RunImage never returns.
+"""Test-only drivers. "blocking": the fake driver, except that its first RunImage never returns. "leaky": the
+fake driver whose RunImage fails with a message quoting the Machine's environment values (as a careless
+backend might), to prove vz masks secrets in what it shows and records.
 
 It is installed for a subprocess by putting this directory on PYTHONPATH (the dist-info next to it declares
 the ``vz.drivers`` entry point), exactly like a third-party driver package. RunImage creates the Machine, then
@@ -16,6 +18,7 @@ from typing import Any
 from vz_conformance.fake import FakeDriver
 
 from vz_core import RunImageRequest
+from vz_core.errors import RuntimeFailureError
 from vz_core.registry import BuiltinDriver, hookimpl
 
 
@@ -34,6 +37,11 @@ class BlockingDriver(FakeDriver):
         await asyncio.Event().wait()
 
 
+class LeakyDriver(FakeDriver):
+    async def run_image(self, request: RunImageRequest) -> None:
+        raise RuntimeFailureError(f"backend rejected environment {dict(request.environment)}")
+
+
 @hookimpl
 def vz_builtin_drivers() -> list[BuiltinDriver]:
     return [
@@ -41,5 +49,10 @@ def vz_builtin_drivers() -> list[BuiltinDriver]:
             name="blocking",
             summary="test only: the fake driver whose first RunImage never returns",
             factory="vz_test_blocking:BlockingDriver",
-        )
+        ),
+        BuiltinDriver(
+            name="leaky",
+            summary="test only: RunImage fails quoting the environment values",
+            factory="vz_test_blocking:LeakyDriver",
+        ),
     ]
