@@ -122,6 +122,14 @@ async def _open_unix(path: str) -> tuple[asyncio.StreamReader, asyncio.StreamWri
         os.close(dirfd)
 
 
+def _close_streams(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    writer.close()
+    # Separate read and write pipes (a character device opened twice) have a transport each.
+    read_transport = getattr(reader, "_transport", None)
+    if isinstance(read_transport, asyncio.BaseTransport) and read_transport is not writer.transport:
+        read_transport.close()
+
+
 class AgentClient:
     """A connection to one guest agent. Create it with ``connect_unix`` or ``from_streams``.
 
@@ -202,7 +210,7 @@ class AgentClient:
         try:
             await client._handshake(timeout)
         except BaseException:
-            writer.close()
+            _close_streams(reader, writer)
             raise
         client._reader_task = asyncio.get_running_loop().create_task(client._read_loop(), name="vz-agent-reader")
         return client
@@ -354,7 +362,7 @@ class AgentClient:
         if task is not None and not task.done():
             task.cancel()
             await asyncio.wait([task])
-        self._writer.close()
+        _close_streams(self._reader, self._writer)
         with contextlib.suppress(Exception):
             await self._writer.wait_closed()
 

@@ -7,6 +7,7 @@ import os
 import shutil
 import socket
 import subprocess
+import tty
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -287,3 +288,66 @@ async def test_fd_mode_client_waits_for_a_booting_agent(agent_binary: Path, tmp_
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+# ---------------------------------------------------------------- character device (--device), on a raw pty
+
+
+async def _open_device_host(master: int) -> AgentClient:
+    """A client over duplicates of the pty master, like a host attached to a virtio-serial port."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    read_file = os.fdopen(os.dup(master), "rb", buffering=0)
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), read_file)
+    write_file = os.fdopen(os.dup(master), "wb", buffering=0)
+    transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, write_file)
+    writer = asyncio.StreamWriter(transport, protocol, reader, loop)
+    return await AgentClient.from_streams(reader, writer, wait_ready=True, timeout=10)
+
+
+@pytest.fixture
+def device_agent(agent_binary: Path, tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+    master, slave = os.openpty()
+    tty.setraw(slave)  # a byte stream, like a virtio-serial port
+    with open(tmp_path / "agent.stderr", "wb") as err:
+        proc = subprocess.Popen(
+            [str(agent_binary), "serve", "--device", os.ttyname(slave)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
+    try:
+        yield proc, master
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        os.close(master)
+        os.close(slave)
+
+
+async def test_device_mode_and_a_host_that_starts_over(device_agent: tuple[subprocess.Popen[bytes], int]) -> None:
+    proc, master = device_agent
+    first = await _open_device_host(master)
+    assert first.info.mode == "stream"
+    data = bytes(range(256)) * 64
+    assert (await run(first, "cat", stdin=chunks(data))).stdout == data
+    events = first.exec(spec("sh", "-c", "echo ready; exec sleep 300"), no_input())
+    assert await anext(events) == ExecOutput("stdout", b"ready\n")
+    tree = descendants(proc.pid)
+    assert tree
+    # The host goes away without the port noticing (its end stays open) and a new one attaches.
+    await first.close()
+    with pytest.raises(UnavailableError):
+        await anext(events)
+    second = await _open_device_host(master)
+    try:
+        await eventually(lambda: not alive(tree), 10, "the first host's exec to be killed")
+        assert (await run(second, "echo", "second host")).stdout == b"second host\n"
+    finally:
+        await second.close()
+    proc.terminate()
+    assert await asyncio.to_thread(proc.wait, 10) == 0
