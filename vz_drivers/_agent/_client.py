@@ -15,7 +15,7 @@ import json
 import os
 import secrets
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType, TracebackType
 from typing import Any, Final
@@ -277,7 +277,7 @@ class AgentClient:
 
     async def exec(
         self, spec: ExecSpec, stdin: AsyncIterator[bytes], *, root_override: str | None = None
-    ) -> AsyncIterator[ExecEvent]:
+    ) -> AsyncGenerator[ExecEvent, None]:
         """Run ``spec.argv`` through the agent; ``vz_core.Driver.exec`` semantics exactly.
 
         Yields ``ExecOutput`` chunks of 1..32768 bytes (stdout and stderr separate) and then exactly one
@@ -331,7 +331,7 @@ class AgentClient:
             await self._stop_task(pump)
             await self._end_stream(st)
 
-    async def logs(self) -> AsyncIterator[bytes]:
+    async def logs(self) -> AsyncGenerator[bytes, None]:
         """The main process's log (``--log``) as it is now: chunks of 1..32768 bytes, then the end.
 
         Raises ``UnsupportedError`` when the agent keeps no log.

@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 import pytest
 from agent_helpers import no_input, spec
@@ -16,7 +17,7 @@ from vz_core.errors import IncompatibleVersionError, PermissionDeniedError, Unav
 from vz_drivers._agent import AgentClient
 from vz_drivers._agent import _protocol as p
 
-Peer = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+Peer = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Coroutine[Any, Any, None]]
 
 
 async def read_frame(reader: asyncio.StreamReader) -> tuple[int, int, bytes]:

@@ -125,7 +125,7 @@ async def test_duplicate_stream_id_is_refused(raw: Raw) -> None:
     assert json.loads(payload)["code"] == "INVALID_ARGUMENT"
     raw.send(p.T_STDIN, 1, b"first\n")
     raw.send(p.T_STDIN_CLOSE, 1)
-    frames = []
+    frames: list[tuple[int, int, bytes]] = []
     while not frames or frames[-1][0] != p.T_EXIT:
         frame = await raw.recv()
         if frame[0] != p.T_WINDOW:  # stdin credit coming back

@@ -315,6 +315,7 @@ func (ag *agent) serveStream(f *os.File, reconnect bool) {
 			break
 		}
 		buf := make([]byte, 4096)
+		var lastErr string
 		for {
 			n, err := f.Read(buf)
 			if n > 0 {
@@ -324,8 +325,9 @@ func (ag *agent) serveStream(f *os.File, reconnect bool) {
 			if ag.isStopping() {
 				return
 			}
-			if err != nil && err != io.EOF {
-				logf("reading %s: %v", ag.o.device, err)
+			if err != nil && err != io.EOF && err.Error() != lastErr {
+				lastErr = err.Error()
+				logf("reading %s: %v (retrying until a host attaches)", ag.o.device, err)
 			}
 			// The port reads EOF until a host connects; there is no event to wait for.
 			time.Sleep(50 * time.Millisecond)
