@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from vz_core._driver import Driver
-from vz_core._types import API_MAJOR, DriverInfo, Extensions, RecreateMode
-from vz_core.errors import IncompatibleVersionError, NotFoundError, PluginError, UnsupportedError, UserError
+from vz_core._types import DriverInfo, Extensions, RecreateMode
+from vz_core.errors import NotFoundError, UnsupportedError, UserError
 
 __all__ = ["DriverFacts", "DriverPool", "acquire_driver", "installed_driver_names"]
 
@@ -40,26 +40,15 @@ def acquire_driver(name: str, options: Mapping[str, Any] | None = None) -> Drive
 
     registry = DriverRegistry()
     if name not in registry.names():
-        external = _external_drivers()
-        if external is not None:
-            resolved = external.resolve(name, registry=registry)  # NotFoundError lists built-in and external
-            driver: Driver = external.remote_driver(resolved.name, options=dict(options or {}) or None)
-            return driver
+        from vz_core import drivers
+
+        resolved = drivers.resolve(name, registry=registry)  # NotFoundError lists built-in and external drivers
+        return drivers.remote_driver(resolved.name, options=dict(options or {}) or None)
     factory = registry.get(name).load()
     try:
         return factory(**dict(options or {}))
     except TypeError as exc:
         raise UserError(f"driver {name!r} rejected its options {sorted(options or {})}: {exc}") from None
-
-
-def _external_drivers() -> Any:
-    """``vz_core.drivers`` (external drivers: manifests, verified launch), if this installation has it."""
-    import importlib
-
-    try:
-        return importlib.import_module("vz_core.drivers")
-    except ImportError:
-        return None
 
 
 @dataclass(frozen=True)
@@ -180,23 +169,7 @@ async def _negotiate(name: str, driver: Driver) -> DriverFacts:
 
 
 def _validate_info(name: str, info: DriverInfo) -> None:
-    """The host's Info checks (PROTOCOL.md §2): ``vz_core.negotiate`` when present, else the essentials."""
-    import importlib
+    """The host's Info checks (PROTOCOL.md §2), before any other call."""
+    from vz_core.negotiate import validate_info
 
-    try:
-        negotiate = importlib.import_module("vz_core.negotiate")
-    except ImportError:
-        negotiate = None
-    if negotiate is not None:
-        negotiate.validate_info(info, offered_recreate_on_run=True)
-        return
-    if info.api_major != API_MAJOR:
-        raise IncompatibleVersionError(
-            f"driver {name!r} speaks Runtime Protocol {info.api_major}.{info.api_minor}; this vz speaks "
-            f"{API_MAJOR}.x: install a driver built for API {API_MAJOR}"
-        )
-    if not info.driver_name or not info.driver_version or not info.runtime_name or info.capabilities is None:
-        raise PluginError(
-            f"driver {name!r} answered Info without driver_name/driver_version/runtime_name/capabilities; "
-            "it does not follow the Runtime Protocol"
-        )
+    validate_info(info, offered_recreate_on_run=True)

@@ -125,19 +125,6 @@ def test_understood_backend_failure_exits_1_without_traceback(vz: Vz, tmp_path: 
     assert "preflight failed on purpose" in vz.fails(1, "up", cwd=tmp_path)
 
 
-def test_driver_list(vz: Vz, tmp_path: Path) -> None:
-    out = vz.ok("driver", "list", cwd=tmp_path)
-    assert any(line.startswith("fake ") for line in out.splitlines())
-    listed = json.loads(vz.ok("driver", "list", "--json", cwd=tmp_path))
-    assert "fake" in [d["name"] for d in listed["drivers"]]
-
-
-def test_driver_verify(vz: Vz, tmp_path: Path) -> None:
-    out = vz.ok("driver", "verify", "fake", cwd=tmp_path)
-    assert out.startswith("fake") and " ok " in out
-    assert "unknown driver 'nope'" in vz.fails(3, "driver", "verify", "nope", cwd=tmp_path)
-
-
 def test_terminal_gets_rich_progress_and_pipes_get_plain_lines(vz: Vz, project: Path) -> None:
     import os
     import pty

@@ -113,3 +113,13 @@ def test_exec_on_a_stopped_machine_says_how_to_fix_it(vz: Vz, running: Path) -> 
     assert "machine web of Environment default" in err and "is not running; run `vz up --environment default`" in err
     vz.ok("up", cwd=running)
     vz.ok("exec", "--", "true", cwd=running)
+
+
+def test_an_environment_id_works_without_a_definition(vz: Vz, running: Path, tmp_path: Path) -> None:
+    env_id = vz.status(running)["environments"][0]["id"]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    probe = ("sh", "-c", "echo $VZ_ENVIRONMENT_ID")
+    assert vz.ok("exec", "--environment", env_id, "--", *probe, cwd=elsewhere).strip() == env_id
+    assert vz.ok("exec", "--", *probe, cwd=elsewhere, env={"VZ_ENVIRONMENT_ID": env_id}).strip() == env_id
+    assert "no vz.json found" in vz.fails(3, "exec", "--environment", "default", "--", "true", cwd=elsewhere)
