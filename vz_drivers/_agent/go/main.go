@@ -129,9 +129,19 @@ func main() {
 	ag, err := newAgent(o)
 	if err != nil {
 		logf("%v", err)
+		if o.poweroff {
+			powerOff()
+		}
 		os.Exit(1)
 	}
-	os.Exit(ag.serve())
+	code := ag.serve()
+	if o.poweroff {
+		// A VM's init must not exit (the kernel would panic): leave the disks clean and power off,
+		// on success and on failure alike.
+		unmountAll()
+		powerOff()
+	}
+	os.Exit(code)
 }
 
 type mainState struct {
@@ -256,10 +266,6 @@ func (ag *agent) serve() int {
 		ag.stop(ag.o.stopTimeout)
 		code = <-ag.exitCode
 	case code = <-ag.exitCode:
-	}
-	if ag.o.poweroff {
-		unmountAll()
-		powerOff()
 	}
 	return code
 }
