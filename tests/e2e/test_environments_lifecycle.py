@@ -2,8 +2,8 @@
 
 The whole lifecycle a user goes through: up in two worktrees, exec everywhere, selection rules and their
 errors, stop/start, status, and deletion safety (the sibling Environment's Machines keep their sentinel files
-byte-identical). The driver is a parameter: ``VZ_E2E_DRIVER`` (default "fake"; "linux_native" once it is
-installed) and ``VZ_E2E_IMAGE`` (default "vz:default").
+byte-identical). It runs on the fake driver and on linux_native (root, runc); ``VZ_E2E_DRIVER`` narrows it to
+one driver (any installed one) and ``VZ_E2E_IMAGE`` changes the image (default "vz:default", embedded).
 """
 
 from __future__ import annotations
@@ -20,8 +20,13 @@ from typing import Any
 
 import pytest
 
-DRIVER = os.environ.get("VZ_E2E_DRIVER", "fake")
 IMAGE = os.environ.get("VZ_E2E_IMAGE", "vz:default")
+DRIVERS = [
+    pytest.param("fake", id="fake"),
+    pytest.param("linux_native", id="linux_native", marks=pytest.mark.root),
+]
+if os.environ.get("VZ_E2E_DRIVER"):
+    DRIVERS = [pytest.param(os.environ["VZ_E2E_DRIVER"], id=os.environ["VZ_E2E_DRIVER"])]
 MACHINES = ("web", "db")
 
 pytestmark = pytest.mark.slow
@@ -61,8 +66,8 @@ class Vz:
         return result
 
 
-def definition() -> dict[str, Any]:
-    machine = {"profile": "developer", "driver": DRIVER, "image": IMAGE, "workspace": {"projection": "none"}}
+def definition(driver: str) -> dict[str, Any]:
+    machine = {"profile": "developer", "driver": driver, "image": IMAGE, "workspace": {"projection": "none"}}
     return {
         "version": 1,
         "project_id": "e2e-demo",
@@ -71,9 +76,9 @@ def definition() -> dict[str, Any]:
     }
 
 
-def worktree(path: Path) -> Path:
+def worktree(path: Path, driver: str) -> Path:
     path.mkdir(parents=True)
-    (path / "vz.json").write_text(json.dumps(definition(), indent=2))
+    (path / "vz.json").write_text(json.dumps(definition(driver), indent=2))
     return path
 
 
@@ -90,11 +95,14 @@ def _delete_everything(vz: Vz, cwd: Path) -> None:
             vz.run("delete", "--environment", env["id"], cwd=cwd)
 
 
-def test_two_environments_of_two_machines(tmp_path: Path) -> None:
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_two_environments_of_two_machines(tmp_path: Path, driver: str) -> None:
+    if driver == "linux_native" and os.geteuid() != 0:
+        pytest.fail("the linux_native end-to-end run needs root (namespaces, cgroups, overlay mounts)")
     vz = Vz(tmp_path / "home")
-    main = worktree(tmp_path / "main")
-    feature = worktree(tmp_path / "feature")
-    stranger = worktree(tmp_path / "stranger")
+    main = worktree(tmp_path / "main", driver)
+    feature = worktree(tmp_path / "feature", driver)
+    stranger = worktree(tmp_path / "stranger", driver)
 
     try:
         # --- up: the first worktree gets "default", the second its own named Environment -----------------------
@@ -111,7 +119,7 @@ def test_two_environments_of_two_machines(tmp_path: Path) -> None:
         for env in envs.values():
             assert [(m["name"], m["state"]) for m in env["machines"]] == [("web", "running"), ("db", "running")]
             for machine in env["machines"]:
-                assert machine["driver"]["name"] == DRIVER and machine["profile"] == "developer"
+                assert machine["driver"]["name"] == driver and machine["profile"] == "developer"
                 assert machine["drift"]["status"] == "in-sync"
 
         # --- each worktree reaches its own Environment without flags; ids are visible inside the Machine ---------
