@@ -34,7 +34,8 @@ def render_status(report: dict[str, Any]) -> str:
     for env in report["environments"]:
         lines.append("")
         bound = ", ".join(env["bound_worktrees"]) or "none"
-        lines.append(f"Environment {env['name']} ({env['id']})  state: {env['state']}  bound: {bound}")
+        of = "" if project else f" of project {env['project_id']}"
+        lines.append(f"Environment {env['name']} ({env['id']}){of}  state: {env['state']}  bound: {bound}")
         for op in env["interrupted_operations"]:
             lines.append(f"  ! {op['explanation']}; run `vz up --environment {env['name']}` to converge")
         drift = env["drift"]
