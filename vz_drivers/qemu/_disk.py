@@ -1,0 +1,118 @@
+"""The root disk of a Machine: the image's root filesystem copied into a sparse ext4 image by ``mke2fs -d``.
+
+No loop device, no mount and no privilege is involved: e2fsprogs writes the filesystem straight into a file.
+The disk is the Machine's own storage (Machine-local files live there and survive Stop/Start); recreation
+builds a new one from the image.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+from pathlib import Path
+
+from vz_core.errors import InvalidArgumentError, UnavailableError
+
+__all__ = [
+    "DEFAULT_MIN_DISK",
+    "MKE2FS_HINT",
+    "create_root_disk",
+    "default_disk_size",
+    "minimum_disk_size",
+    "tree_usage",
+]
+
+DEFAULT_MIN_DISK = 2 * 1024**3
+MKE2FS_HINT = "install e2fsprogs (Debian/Ubuntu: `apt-get install e2fsprogs`), which provides mke2fs"
+_INODE_BYTES = 256
+_MIB = 1024 * 1024
+
+
+def tree_usage(root: Path) -> tuple[int, int]:
+    """(bytes, inodes) a directory tree occupies, without following symlinks or leaving its filesystem."""
+    total = 0
+    inodes = 0
+    dev = os.lstat(root).st_dev
+    for dirpath, dirnames, filenames in os.walk(root):
+        inodes += 1
+        for name in filenames:
+            with contextlib.suppress(OSError):
+                st = os.lstat(os.path.join(dirpath, name))
+                total += max(st.st_size, st.st_blocks * 512)
+                inodes += 1
+        kept = []
+        for name in dirnames:
+            with contextlib.suppress(OSError):
+                if os.lstat(os.path.join(dirpath, name)).st_dev == dev:
+                    kept.append(name)
+        dirnames[:] = kept
+        total += 4096
+    return total, inodes
+
+
+def minimum_disk_size(usage: tuple[int, int]) -> int:
+    """The smallest disk that holds a tree of ``usage`` with ext4's metadata and a 16 MiB journal."""
+    used, inodes = usage
+    return int(used * 1.15) + inodes * (_INODE_BYTES + 64) + 64 * _MIB
+
+
+def default_disk_size(usage: tuple[int, int]) -> int:
+    """Room for the image and then some: at least 2 GiB, at least twice the image plus 1 GiB (sparse file)."""
+    size = max(DEFAULT_MIN_DISK, 2 * minimum_disk_size(usage) + 1024 * _MIB)
+    return (size + _MIB - 1) // _MIB * _MIB
+
+
+def find_mke2fs() -> str:
+    found = shutil.which("mke2fs") or next(
+        (p for p in ("/sbin/mke2fs", "/usr/sbin/mke2fs") if os.access(p, os.X_OK)), ""
+    )
+    if not found:
+        raise UnavailableError(f"mke2fs is missing; {MKE2FS_HINT}")
+    return found
+
+
+async def create_root_disk(rootfs: Path, target: Path, size: int, *, image: str) -> None:
+    """Write an ext4 image of ``size`` bytes holding ``rootfs`` to ``target`` (replaced if present).
+
+    Raises ``InvalidArgumentError`` when the image's files cannot become an ext4 root filesystem of that size.
+    """
+    mke2fs = find_mke2fs()
+    await asyncio.to_thread(_remove, target)
+    size_k = size // 1024
+    proc = await asyncio.create_subprocess_exec(
+        mke2fs,
+        "-q",
+        "-F",
+        "-t",
+        "ext4",
+        "-L",
+        "vz-root",
+        "-J",
+        "size=16",
+        "-E",
+        "lazy_itable_init=1,lazy_journal_init=1",
+        "-d",
+        str(rootfs),
+        str(target),
+        f"{size_k}k",
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await proc.communicate()
+    if proc.returncode != 0:
+        await asyncio.to_thread(_remove, target)
+        message = (err or out).decode(errors="replace").strip()
+        lines = [line for line in message.splitlines() if line and not line.startswith("Creating regular file")]
+        raise InvalidArgumentError(
+            f"image {image!r} cannot become a root disk of {size} bytes: {lines[-1] if lines else 'mke2fs failed'}",
+            runtime_message=message[-2000:],
+            details={"field": "image"},
+        )
+
+
+def _remove(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()

@@ -1,0 +1,105 @@
+"""The per-Machine configuration script the guest init runs (``config.sh`` on the ``vzcfg`` share).
+
+It is a list of calls to the functions of the init script (``vz_drivers.qemu._initramfs.INIT_SCRIPT``), in
+order, with every argument quoted for the shell: any byte but NUL survives. The script holds the Machine's
+environment (secrets), so the host writes it mode 0600 into the Machine's private state directory; nothing of
+it appears on the QEMU command line.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from vz_drivers.qemu._initramfs import AGENT_PORT_PREFIX
+
+__all__ = ["GuestConfig", "GuestMount", "env_list", "hosts_file", "render", "resolv_file"]
+
+ROOT_DEVICE = "/dev/vda"
+LOG_PATH = "/run/vz/main.log"
+HOSTS_PATH = "/run/vz/cfg/hosts"
+RESOLV_PATH = "/run/vz/cfg/resolv.conf"
+
+
+@dataclass(frozen=True)
+class GuestMount:
+    """A mount inside the guest root: a 9p share (``tag``) or a tmpfs (``tag`` empty)."""
+
+    target: str
+    tag: str = ""
+    read_only: bool = False
+    options: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class GuestConfig:
+    """Everything the guest init needs to know about one Machine."""
+
+    hostname: str
+    mounts: tuple[GuestMount, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    argv: tuple[str, ...] = ()
+    user: str = ""
+    workdir: str = "/"
+    stop_timeout: float = 10.0
+    sessions: int = 1
+    """virtio-serial ports with an agent each: port 0 is PID 1, the others serve more host connections."""
+    network: bool = True
+    resolv_conf: bool = False
+
+
+def _call(*words: str) -> str:
+    return " ".join(shlex.quote(w) if i else w for i, w in enumerate(words))
+
+
+def render(config: GuestConfig) -> str:
+    """The configuration script for ``config``."""
+    lines = ["# vz Machine configuration (generated; read by /init)", _call("vz_root", ROOT_DEVICE, "ext4")]
+    lines.append(_call("vz_hostname", config.hostname))
+    for mount in config.mounts:
+        if mount.tag:
+            opts = ",".join(("ro" if mount.read_only else "rw", *mount.options))
+            lines.append(_call("vz_share", mount.tag, mount.target, opts))
+        else:
+            opts = ",".join(("ro" if mount.read_only else "rw", *mount.options))
+            lines.append(_call("vz_tmpfs", mount.target, opts))
+    if config.network:
+        lines.append("vz_network")
+    lines.append(_call("vz_file", HOSTS_PATH, "/etc/hosts"))
+    if config.resolv_conf:
+        lines.append(_call("vz_file", RESOLV_PATH, "/etc/resolv.conf"))
+    for port in range(1, config.sessions):
+        lines.append(_call("vz_session_agent", f"{AGENT_PORT_PREFIX}{port}"))
+    args: list[str] = [f"{AGENT_PORT_PREFIX}0"]
+    for name, value in config.env.items():
+        args += ["--env", f"{name}={value}"]
+    args += ["--poweroff", "--init", "--log", LOG_PATH, "--stop-timeout", f"{max(config.stop_timeout, 0.0):.3f}s"]
+    if config.user:
+        args += ["--main-user", config.user]
+    args += ["--main-workdir", config.workdir or "/"]
+    if config.argv:
+        args += ["--", *config.argv]
+    lines.append(_call("vz_agent", *args))
+    return "\n".join(lines) + "\n"
+
+
+def hosts_file(hostname: str) -> str:
+    return f"127.0.0.1\tlocalhost\n::1\tlocalhost\n127.0.1.1\t{hostname}\n"
+
+
+def resolv_file() -> str:
+    return "nameserver 10.0.2.3\n"
+
+
+def env_list(image_env: Sequence[str], *layers: Mapping[str, str]) -> dict[str, str]:
+    """The base environment of every command: the image's ``NAME=value`` list, then each layer on top."""
+    env: dict[str, str] = {}
+    for item in image_env:
+        name, sep, value = item.partition("=")
+        if sep and name:
+            env[name] = value
+    for layer in layers:
+        env.update(layer)
+    env.setdefault("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+    return env

@@ -1,0 +1,257 @@
+"""The initramfs vz boots every Machine with: busybox, the kernel modules the guest needs, the guest agent, /init.
+
+It depends on nothing in the image. ``/init`` (a busybox shell script, ``INIT_SCRIPT``) loads the modules,
+mounts the read-only 9p share ``vzcfg`` that carries the Machine's configuration (a shell script the host
+writes with every value quoted, see ``vz_drivers.qemu._guestconfig``), and runs it. The configuration mounts
+the root disk (the image's root filesystem as ext4 on virtio-blk) at ``/mnt/root``, mounts shares and tmpfs
+inside it, sets the hostname and the network, and finally replaces the shell with the guest agent as PID 1,
+serving the host on a virtio-serial port and running every command chrooted into ``/mnt/root``.
+
+Archives are deterministic (fixed order, owners and times) and cached by the SHA-256 of their bytes under
+``<cache>/qemu/initramfs/<sha256>/initramfs.cpio``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import os
+import shutil
+import struct
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from vz_core.errors import UnavailableError
+from vz_drivers.qemu._cpio import CpioEntry, write_cpio
+from vz_drivers.qemu._kernel import GUEST_MODULES, Kernel, resolve_modules, strip_module_signature
+
+__all__ = ["AGENT_PORT_PREFIX", "CONFIG_TAG", "INIT_SCRIPT", "Initramfs", "build_initramfs", "find_busybox"]
+
+CONFIG_TAG = "vzcfg"
+"""Mount tag of the read-only 9p share holding the Machine's configuration script."""
+AGENT_PORT_PREFIX = "vz.agent."
+"""virtio-serial port names of the guest agent: ``vz.agent.0`` (PID 1), ``vz.agent.1`` ... (more sessions)."""
+FORMAT_VERSION = "1"
+
+INIT_SCRIPT = r"""#!/bin/busybox sh
+# vz guest init. Runs from the initramfs as PID 1; prepares the Machine and becomes the guest agent.
+# The Machine's configuration is a shell script on the read-only 9p share "vzcfg", written by the host with
+# every value quoted. It calls the vz_* functions below in order and ends with vz_agent (which never returns).
+export PATH=/bin:/sbin
+umask 022
+bb=/bin/busybox
+
+die() {
+	echo "VZ-INIT-FAILED: $*"
+	$bb sync
+	$bb poweroff -f
+	exit 1
+}
+
+$bb mount -t proc proc /proc
+$bb mount -t sysfs sysfs /sys
+$bb mount -t devtmpfs devtmpfs /dev
+$bb mkdir -p /run/vz/cfg /mnt/root
+$bb ln -s /proc/self/fd /dev/fd 2>/dev/null
+if [ -s /etc/vz/modules ]; then
+	$bb modprobe -a $($bb cat /etc/vz/modules) || die "loading the kernel modules failed"
+fi
+$bb mount -t 9p -o trans=virtio,version=9p2000.L,ro vzcfg /run/vz/cfg || die "cannot mount the configuration share"
+
+# vz_wait_block DEVICE: the disk appears when its driver probed it (synchronously in modprobe, normally).
+vz_wait_block() {
+	n=0
+	while [ ! -b "$1" ]; do
+		n=$((n + 1))
+		[ $n -gt 200 ] && die "disk $1 did not appear"
+		$bb usleep 10000
+	done
+}
+
+# vz_root DEVICE FSTYPE: the Machine's root disk.
+vz_root() {
+	vz_wait_block "$1"
+	$bb mount -t "$2" -o rw,noatime "$1" /mnt/root || die "cannot mount the root disk $1 ($2)"
+}
+
+# vz_share TAG TARGET ro|rw: a 9p share (workspace, bind mount, volume) at TARGET inside the root.
+vz_share() {
+	$bb mkdir -p "/mnt/root$2" || die "cannot create the mount point $2"
+	$bb mount -t 9p -o "trans=virtio,version=9p2000.L,msize=262144,$3" "$1" "/mnt/root$2" \
+		|| die "cannot mount share $1 at $2"
+}
+
+# vz_tmpfs TARGET OPTIONS: an empty tmpfs at TARGET inside the root (empty again after every boot).
+vz_tmpfs() {
+	$bb mkdir -p "/mnt/root$1" || die "cannot create the mount point $1"
+	$bb mount -t tmpfs -o "$2" tmpfs "/mnt/root$1" || die "cannot mount a tmpfs at $1"
+}
+
+# vz_hostname NAME
+vz_hostname() {
+	$bb hostname "$1"
+}
+
+# vz_network: loopback, and eth0 on QEMU user networking (10.0.2.0/24, gateway 10.0.2.2, DNS 10.0.2.3).
+vz_network() {
+	$bb ip link set lo up
+	if [ -e /sys/class/net/eth0 ]; then
+		$bb ip link set eth0 up
+		$bb ip addr add 10.0.2.15/24 dev eth0
+		$bb ip route add default via 10.0.2.2
+	fi
+}
+
+# vz_file SOURCE TARGET: bind a configuration file over a regular file of the image (hosts, resolv.conf).
+vz_file() {
+	if [ -f "/mnt/root$2" ] && [ ! -L "/mnt/root$2" ]; then
+		$bb mount --bind "$1" "/mnt/root$2" || die "cannot bind $2"
+	fi
+}
+
+# vz_port NAME: the character device of the virtio-serial port NAME (its name arrives asynchronously).
+vz_port() {
+	n=0
+	while :; do
+		for p in /sys/class/virtio-ports/*; do
+			if [ "$($bb cat "$p/name" 2>/dev/null)" = "$1" ]; then
+				echo "/dev/${p##*/}"
+				return 0
+			fi
+		done
+		n=$((n + 1))
+		[ $n -gt 500 ] && return 1
+		$bb usleep 10000
+	done
+}
+
+# vz_session_agent PORT: one more agent serving its own session on PORT (concurrent host connections).
+vz_session_agent() {
+	dev=$(vz_port "$1") || die "no virtio-serial port named $1"
+	/sbin/vz-agent serve --device "$dev" --root /mnt/root &
+}
+
+# vz_agent PORT ARGS...: become the guest agent (PID 1) serving PORT; ARGS are passed on verbatim.
+vz_agent() {
+	dev=$(vz_port "$1") || die "no virtio-serial port named $1"
+	shift
+	cd /
+	exec /sbin/vz-agent serve --device "$dev" --root /mnt/root --prepare-root "$@"
+}
+
+. /run/vz/cfg/config.sh
+die "the configuration did not start the guest agent"
+"""
+
+
+@dataclass(frozen=True)
+class Initramfs:
+    """A built initramfs: its path and the SHA-256 of its bytes."""
+
+    path: Path
+    digest: str
+
+
+def _is_static_elf(data: bytes) -> bool:
+    if not data.startswith(b"\x7fELF\x02\x01"):
+        return False
+    (phoff,) = struct.unpack_from("<Q", data, 0x20)
+    phentsize, phnum = struct.unpack_from("<HH", data, 0x36)
+    for i in range(phnum):
+        base = phoff + i * phentsize
+        if base + 4 > len(data):
+            return False
+        if struct.unpack_from("<I", data, base)[0] == 3:  # PT_INTERP: needs a dynamic loader
+            return False
+    return True
+
+
+def find_busybox(path: str | None = None) -> Path:
+    """A statically linked busybox (Debian: ``busybox-static``); ``UnavailableError`` naming what to install."""
+    candidates = [path] if path else ["/bin/busybox", "/usr/bin/busybox", shutil.which("busybox") or ""]
+    for candidate in candidates:
+        if candidate and Path(candidate).is_file():
+            with open(candidate, "rb") as f:
+                if _is_static_elf(f.read(1 << 16)):
+                    return Path(candidate)
+    raise UnavailableError(
+        "the qemu driver needs a statically linked busybox for the guest init; install it "
+        "(Debian/Ubuntu: `apt-get install busybox-static`) or pass the driver option busybox=<path>"
+    )
+
+
+def _archive(kernel: Kernel, busybox: Path, agent: Path, modules: tuple[str, ...]) -> bytes:
+    release = kernel.release or "vz"
+    mod_dir = f"lib/modules/{release}"
+    entries = [
+        CpioEntry.directory(d)
+        for d in (
+            "bin",
+            "dev",
+            "etc",
+            "etc/vz",
+            "lib",
+            "lib/modules",
+            mod_dir,
+            "mnt",
+            "mnt/root",
+            "proc",
+            "run",
+            "sbin",
+            "sys",
+            "tmp",
+        )
+    ]
+    entries.append(CpioEntry.char_device("dev/console", 5, 1))
+    entries.append(CpioEntry.file("bin/busybox", busybox.read_bytes(), 0o755))
+    entries.append(CpioEntry.symlink("bin/sh", "busybox"))
+    entries.append(CpioEntry.file("sbin/vz-agent", agent.read_bytes(), 0o755))
+    resolved = resolve_modules(kernel, modules)
+    dep_lines = []
+    for module in resolved:
+        entries.append(CpioEntry.file(f"{mod_dir}/{module.name}.ko", strip_module_signature(module.read())))
+        # busybox modprobe reads modules.dep ("module.ko: dependency.ko ..."), like the kernel's own file.
+        dep_lines.append(f"{module.name}.ko:" + "".join(f" {dep}.ko" for dep in module.deps))
+    entries.append(CpioEntry.file(f"{mod_dir}/modules.dep", ("\n".join(dep_lines) + "\n").encode()))
+    canonical = {w.replace("-", "_") for w in modules}
+    wanted = [m.name for m in resolved if m.name in canonical]
+    entries.append(CpioEntry.file("etc/vz/modules", (" ".join(wanted) + "\n").encode()))
+    entries.append(CpioEntry.file("etc/vz/format", f"{FORMAT_VERSION}\n".encode()))
+    entries.append(CpioEntry.file("init", INIT_SCRIPT.encode(), 0o755))
+    out = io.BytesIO()
+    write_cpio(out, entries)
+    return out.getvalue()
+
+
+def build_initramfs(
+    kernel: Kernel,
+    agent: Path,
+    cache: Path,
+    *,
+    busybox: Path | None = None,
+    modules: tuple[str, ...] = GUEST_MODULES,
+) -> Initramfs:
+    """Build (or find in ``cache``) the initramfs for ``kernel`` with the guest ``agent`` binary.
+
+    Raises ``UnavailableError`` when busybox-static or a needed kernel module is missing.
+    """
+    bb = busybox or find_busybox()
+    data = _archive(kernel, bb, agent, modules)
+    digest = hashlib.sha256(data).hexdigest()
+    target = cache / digest / "initramfs.cpio"
+    if target.is_file():
+        return Initramfs(target, digest)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".initramfs.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    return Initramfs(target, digest)

@@ -1,0 +1,244 @@
+"""The QEMU command line of a Machine, launching it detached, and finding the process again later.
+
+A Machine's QEMU runs with ``-daemonize`` in a session of its own: it outlives the driver process (and the
+plugin supervisor's clean-up of the plugin's session), and ``-daemonize`` makes the launching process exit only
+once every device and socket is set up, so "launched" is a signal rather than a guess. The working directory
+is the Machine's ``run/`` directory and every socket path is relative to it, so deep state directories never
+hit the 108-byte limit of Unix socket paths.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from vz_core.errors import RuntimeFailureError, UnavailableError
+
+__all__ = [
+    "QemuBinary",
+    "Share",
+    "VmSpec",
+    "build_command",
+    "find_qemu",
+    "launch",
+    "proc_start_time",
+]
+
+INSTALL_HINT = "install QEMU (Debian/Ubuntu: `apt-get install qemu-system-x86`) or pass the driver option qemu=<path>"
+_VERSION_RE = re.compile(r"version (\d+\.\d+(?:\.\d+)?)")
+
+
+@dataclass(frozen=True)
+class QemuBinary:
+    """A QEMU system emulator and its version ("7.2.22")."""
+
+    path: str
+    version: str
+
+
+def find_qemu(path: str = "") -> QemuBinary:
+    """``qemu-system-x86_64`` from ``path`` or PATH; ``UnavailableError`` saying what to install."""
+    candidate = path or shutil.which("qemu-system-x86_64") or ""
+    if not candidate or not os.path.isfile(candidate) or not os.access(candidate, os.X_OK):
+        where = f"{path} is not an executable file" if path else "qemu-system-x86_64 is not on PATH"
+        raise UnavailableError(f"QEMU is missing: {where}; {INSTALL_HINT}")
+    try:
+        done = subprocess.run([candidate, "--version"], capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise UnavailableError(f"{candidate} --version failed ({exc}); {INSTALL_HINT}") from None
+    match = _VERSION_RE.search(done.stdout)
+    if done.returncode != 0 or match is None:
+        raise UnavailableError(f"{candidate} does not look like QEMU (--version said {done.stdout[:100]!r})")
+    return QemuBinary(path=os.path.abspath(candidate), version=match.group(1))
+
+
+@dataclass(frozen=True)
+class Share:
+    """A host directory shared over virtio-9p under ``tag``."""
+
+    tag: str
+    path: str
+    read_only: bool = False
+
+
+@dataclass(frozen=True)
+class VmSpec:
+    """Everything a Machine's QEMU command line depends on."""
+
+    name: str
+    accelerator: str
+    cpus: int
+    memory_mib: int
+    kernel: Path
+    initrd: Path
+    disk: Path
+    config_dir: Path
+    shares: tuple[Share, ...] = ()
+    egress: str = "allow"
+    sessions: int = 1
+    kernel_args: tuple[str, ...] = ()
+    extra: tuple[str, ...] = field(default_factory=tuple)
+
+
+CONSOLE_LOG = "console.log"
+QMP_SOCKET = "qmp.sock"
+PIDFILE = "qemu.pid"
+
+
+def agent_socket_name(port: int) -> str:
+    return f"agent-{port}.sock"
+
+
+def _security_model() -> str:
+    # passthrough keeps real owners and modes on the host files (the workspace stays the developer's), which
+    # needs root; an unprivileged QEMU stores guest ownership in extended attributes instead.
+    return "passthrough" if os.geteuid() == 0 else "mapped-xattr"
+
+
+def build_command(qemu: str, spec: VmSpec) -> list[str]:
+    """The full argv of the Machine's QEMU (relative socket paths: run it in the Machine's run/ directory)."""
+    kvm = spec.accelerator == "kvm"
+    cmdline = ["console=ttyS0", "quiet", "panic=-1", "tsc=reliable", "8250.nr_uarts=1", *spec.kernel_args]
+    args = [
+        qemu,
+        "-name",
+        f"{spec.name},process={spec.name}",
+        "-machine",
+        "q35",
+        "-accel",
+        "kvm" if kvm else "tcg,thread=multi,tb-size=256",
+        "-cpu",
+        "host" if kvm else "max",
+        "-smp",
+        str(spec.cpus),
+        "-m",
+        f"{spec.memory_mib}M",
+        "-nodefaults",
+        "-no-user-config",
+        "-display",
+        "none",
+        "-no-reboot",
+        "-kernel",
+        str(spec.kernel),
+        "-initrd",
+        str(spec.initrd),
+        "-append",
+        " ".join(cmdline),
+        "-chardev",
+        f"file,id=console,path={CONSOLE_LOG}",
+        "-serial",
+        "chardev:console",
+        "-qmp",
+        f"unix:{QMP_SOCKET},server=on,wait=off",
+        "-pidfile",
+        PIDFILE,
+        "-device",
+        "virtio-serial-pci,id=vser,max_ports=8",
+    ]
+    for port in range(spec.sessions):
+        args += [
+            "-chardev",
+            f"socket,id=agent{port},path={agent_socket_name(port)},server=on,wait=off",
+            "-device",
+            f"virtserialport,bus=vser.0,nr={port + 1},chardev=agent{port},name=vz.agent.{port}",
+        ]
+    args += [
+        "-drive",
+        f"file={_escape(str(spec.disk))},if=none,id=root,format=raw,cache=writeback,discard=unmap",
+        "-device",
+        "virtio-blk-pci,drive=root",
+        "-fsdev",
+        f"local,id=fscfg,path={_escape(str(spec.config_dir))},security_model=none,readonly=on",
+        "-device",
+        "virtio-9p-pci,fsdev=fscfg,mount_tag=vzcfg",
+    ]
+    model = _security_model()
+    for index, share in enumerate(spec.shares):
+        ro = ",readonly=on" if share.read_only else ""
+        args += [
+            "-fsdev",
+            f"local,id=fs{index},path={_escape(share.path)},security_model={model}{ro}",
+            "-device",
+            f"virtio-9p-pci,fsdev=fs{index},mount_tag={share.tag}",
+        ]
+    # User networking: "restrict=on" isolates the guest (no connection leaves it; exec is unaffected: it uses
+    # virtio-serial). Allowed egress is NAT through the host's own sockets.
+    restrict = "on" if spec.egress == "deny" else "off"
+    args += [
+        "-netdev",
+        f"user,id=net0,restrict={restrict},hostname={spec.name}",
+        "-device",
+        "virtio-net-pci,netdev=net0,romfile=",
+        *spec.extra,
+        "-daemonize",
+    ]
+    return args
+
+
+def _escape(value: str) -> str:
+    """Escape a value for QEMU's comma-separated option syntax (a literal comma is written twice)."""
+    return value.replace(",", ",,")
+
+
+def proc_start_time(pid: int) -> int | None:
+    """Start time (clock ticks since boot) of a live, non-zombie process; None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            data = fh.read()
+    except OSError:
+        return None
+    fields = data[data.rfind(b")") + 2 :].split()
+    if not fields or fields[0] in (b"Z", b"X"):
+        return None
+    return int(fields[19])
+
+
+async def launch(qemu: str, spec: VmSpec, run_dir: Path) -> tuple[int, int]:
+    """Start the Machine's QEMU detached; return (pid, start time) once it has set up every device.
+
+    Raises ``RuntimeFailureError`` with QEMU's own message when it refuses to start.
+    """
+    argv = build_command(qemu, spec)
+    for name in (CONSOLE_LOG, PIDFILE, QMP_SOCKET, *(agent_socket_name(p) for p in range(spec.sessions))):
+        with contextlib.suppress(FileNotFoundError):
+            (run_dir / name).unlink()
+    proc = await asyncio.create_subprocess_exec(
+        *argv,
+        cwd=run_dir,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        start_new_session=True,
+    )
+    # The launching process exits when the daemon is initialised; the daemon then drops its copies of our
+    # pipes, so reading to the end does not wait for the VM.
+    out, err = await proc.communicate()
+    if proc.returncode != 0:
+        message = (err or out).decode(errors="replace").strip()
+        raise RuntimeFailureError(
+            f"QEMU refused to start the Machine: {message.splitlines()[-1] if message else 'no message'}",
+            runtime_message=message[-4000:],
+        )
+    try:
+        pid = int((run_dir / PIDFILE).read_text().strip())
+    except (OSError, ValueError):
+        raise RuntimeFailureError("QEMU started but wrote no pid file") from None
+    start = proc_start_time(pid)
+    if start is None:
+        raise RuntimeFailureError(
+            "QEMU exited right after starting the Machine", runtime_message=_tail(run_dir / CONSOLE_LOG)
+        )
+    return pid, start
+
+
+def _tail(path: Path, limit: int = 4000) -> str:
+    try:
+        return path.read_bytes()[-limit:].decode(errors="replace")
+    except OSError:
+        return ""
