@@ -24,9 +24,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import grpc
+if TYPE_CHECKING:  # grpc is imported lazily: `vz --help` and plain errors must not pay for it
+    import grpc
 
 __all__ = [
     "CATEGORY_TABLE",
@@ -75,12 +76,20 @@ class PluginError(VzError):
 
 @dataclass(frozen=True)
 class Category:
-    """One row of the error table: wire code name and number, gRPC status code, retryability."""
+    """One row of the error table: wire code name and number, gRPC status code name, retryability."""
 
     name: str
     number: int
-    grpc_code: grpc.StatusCode
+    grpc_code_name: str
     retryable: bool = False
+
+    @property
+    def grpc_code(self) -> grpc.StatusCode:
+        """The gRPC status code of this category."""
+        import grpc
+
+        code: grpc.StatusCode = getattr(grpc.StatusCode, self.grpc_code_name)
+        return code
 
 
 class DriverError(VzError):
@@ -126,80 +135,80 @@ def _rebuild(
     return cls(message, runtime_message=runtime_message, details=details, retryable=retryable)
 
 
-def _category(name: str, number: int, code: grpc.StatusCode, retryable: bool = False) -> Category:
+def _category(name: str, number: int, code: str, retryable: bool = False) -> Category:
     return Category(name, number, code, retryable)
 
 
 class UnknownRuntimeError(DriverError):
     """The backend failed in a way it could not classify."""
 
-    category = _category("UNKNOWN", 0, grpc.StatusCode.UNKNOWN)
+    category = _category("UNKNOWN", 0, "UNKNOWN")
 
 
 class NotFoundError(DriverError):
     """The Machine (or a named resource) does not exist."""
 
-    category = _category("NOT_FOUND", 1, grpc.StatusCode.NOT_FOUND)
+    category = _category("NOT_FOUND", 1, "NOT_FOUND")
 
 
 class AlreadyExistsError(DriverError):
     """The Machine already exists and the request did not allow recreation."""
 
-    category = _category("ALREADY_EXISTS", 2, grpc.StatusCode.ALREADY_EXISTS)
+    category = _category("ALREADY_EXISTS", 2, "ALREADY_EXISTS")
 
 
 class InvalidArgumentError(DriverError):
     """The request is malformed (empty ids, bad frames, impossible values)."""
 
-    category = _category("INVALID_ARGUMENT", 3, grpc.StatusCode.INVALID_ARGUMENT)
+    category = _category("INVALID_ARGUMENT", 3, "INVALID_ARGUMENT")
 
 
 class UnsupportedError(DriverError):
     """The driver or this host cannot do what was asked (capability absent)."""
 
-    category = _category("UNSUPPORTED", 4, grpc.StatusCode.UNIMPLEMENTED)
+    category = _category("UNSUPPORTED", 4, "UNIMPLEMENTED")
 
 
 class UnavailableError(DriverError):
     """The backend or plugin is unreachable right now; retrying may help."""
 
-    category = _category("UNAVAILABLE", 5, grpc.StatusCode.UNAVAILABLE, retryable=True)
+    category = _category("UNAVAILABLE", 5, "UNAVAILABLE", retryable=True)
 
 
 class FailedPreconditionError(DriverError):
     """The Machine is not in a state that allows the call (stopped, identity changed)."""
 
-    category = _category("FAILED_PRECONDITION", 6, grpc.StatusCode.FAILED_PRECONDITION)
+    category = _category("FAILED_PRECONDITION", 6, "FAILED_PRECONDITION")
 
 
 class PermissionDeniedError(DriverError):
     """The backend refused for lack of permission."""
 
-    category = _category("PERMISSION_DENIED", 7, grpc.StatusCode.PERMISSION_DENIED)
+    category = _category("PERMISSION_DENIED", 7, "PERMISSION_DENIED")
 
 
 class RuntimeTimeoutError(DriverError):
     """The operation ran out of time."""
 
-    category = _category("TIMEOUT", 8, grpc.StatusCode.DEADLINE_EXCEEDED)
+    category = _category("TIMEOUT", 8, "DEADLINE_EXCEEDED")
 
 
 class OperationCancelledError(DriverError):
     """The caller cancelled the operation."""
 
-    category = _category("CANCELLED", 9, grpc.StatusCode.CANCELLED)
+    category = _category("CANCELLED", 9, "CANCELLED")
 
 
 class RuntimeFailureError(DriverError):
     """The backend broke while doing what was asked."""
 
-    category = _category("RUNTIME_FAILURE", 10, grpc.StatusCode.INTERNAL)
+    category = _category("RUNTIME_FAILURE", 10, "INTERNAL")
 
 
 class IncompatibleVersionError(DriverError):
     """The peer speaks an API version this side cannot use."""
 
-    category = _category("INCOMPATIBLE_VERSION", 11, grpc.StatusCode.FAILED_PRECONDITION)
+    category = _category("INCOMPATIBLE_VERSION", 11, "FAILED_PRECONDITION")
 
 
 CATEGORY_TABLE: tuple[type[DriverError], ...] = (
@@ -222,23 +231,23 @@ _BY_NUMBER = {cls.category.number: cls for cls in CATEGORY_TABLE}
 
 # A status that carries no RuntimeError detail (transport failures, peers that do not follow the convention)
 # is classified by its gRPC code alone. INCOMPATIBLE_VERSION is only recognised through the detail.
-_BY_GRPC_CODE: dict[grpc.StatusCode, type[DriverError]] = {
-    grpc.StatusCode.UNKNOWN: UnknownRuntimeError,
-    grpc.StatusCode.NOT_FOUND: NotFoundError,
-    grpc.StatusCode.ALREADY_EXISTS: AlreadyExistsError,
-    grpc.StatusCode.INVALID_ARGUMENT: InvalidArgumentError,
-    grpc.StatusCode.UNIMPLEMENTED: UnsupportedError,
-    grpc.StatusCode.UNAVAILABLE: UnavailableError,
-    grpc.StatusCode.FAILED_PRECONDITION: FailedPreconditionError,
-    grpc.StatusCode.PERMISSION_DENIED: PermissionDeniedError,
-    grpc.StatusCode.UNAUTHENTICATED: PermissionDeniedError,
-    grpc.StatusCode.DEADLINE_EXCEEDED: RuntimeTimeoutError,
-    grpc.StatusCode.CANCELLED: OperationCancelledError,
-    grpc.StatusCode.INTERNAL: RuntimeFailureError,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: RuntimeFailureError,
-    grpc.StatusCode.DATA_LOSS: RuntimeFailureError,
-    grpc.StatusCode.ABORTED: UnavailableError,
-    grpc.StatusCode.OUT_OF_RANGE: InvalidArgumentError,
+_BY_GRPC_CODE: dict[str, type[DriverError]] = {
+    "UNKNOWN": UnknownRuntimeError,
+    "NOT_FOUND": NotFoundError,
+    "ALREADY_EXISTS": AlreadyExistsError,
+    "INVALID_ARGUMENT": InvalidArgumentError,
+    "UNIMPLEMENTED": UnsupportedError,
+    "UNAVAILABLE": UnavailableError,
+    "FAILED_PRECONDITION": FailedPreconditionError,
+    "PERMISSION_DENIED": PermissionDeniedError,
+    "UNAUTHENTICATED": PermissionDeniedError,
+    "DEADLINE_EXCEEDED": RuntimeTimeoutError,
+    "CANCELLED": OperationCancelledError,
+    "INTERNAL": RuntimeFailureError,
+    "RESOURCE_EXHAUSTED": RuntimeFailureError,
+    "DATA_LOSS": RuntimeFailureError,
+    "ABORTED": UnavailableError,
+    "OUT_OF_RANGE": InvalidArgumentError,
 }
 
 
@@ -249,4 +258,4 @@ def error_class_for_code(number: int) -> type[DriverError]:
 
 def error_class_for_grpc(code: grpc.StatusCode) -> type[DriverError]:
     """The DriverError class for a status that carried no RuntimeError detail."""
-    return _BY_GRPC_CODE.get(code, UnknownRuntimeError)
+    return _BY_GRPC_CODE.get(code.name, UnknownRuntimeError)
