@@ -116,9 +116,9 @@ class Adapter:
         """Exit 0 at once without reading stdin."""
         return ("true",)
 
-    def sleep(self, seconds: int) -> Argv:
-        """Wait ``seconds`` without reading stdin."""
-        return ("sleep", str(seconds))
+    def idle(self, seconds: int, marker: str) -> Argv:
+        """Wait ``seconds`` without reading stdin; ``marker`` is in the command line of its shell."""
+        return ("sh", "-c", f"sleep {int(seconds)} & wait", marker)
 
     def print_args(self, args: Sequence[str]) -> Argv:
         """Print every argument followed by a NUL byte, verbatim."""
@@ -154,8 +154,9 @@ class Adapter:
         return ("sh", "-c", script, marker), 4
 
     def blocking_on_stdin(self, marker: str) -> Argv:
-        """Print ``pid <n>`` and ``ready``, then read stdin (which never ends) in that same process."""
-        return ("sh", "-c", 'echo "pid $$"; echo ready; while read -r line; do :; done; echo eof', marker)
+        """Print ``pid <n>`` and ``ready``, then read stdin (which never ends) in that same process; should stdin
+        end anyway, keep running (as the same process) so only a real kill ends it."""
+        return ("sh", "-c", 'echo "pid $$"; echo ready; while read -r line; do :; done; exec sleep 1000', marker)
 
     def find_processes(self, pids: Sequence[int], marker: str) -> Argv:
         """Inside the Machine: print ``<pid> <starttime>`` for each of ``pids`` still alive and ``marker <pid>`` for

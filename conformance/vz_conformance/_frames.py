@@ -74,10 +74,15 @@ async def raw_exec(
     channel: grpc.aio.Channel,
     messages: Sequence[pb.ExecClientMessage],
     *,
-    half_close: bool = True,
+    half_close: bool = False,
     within: float = 15.0,
 ) -> RawOutcome:
-    """Send ``messages`` on a new Exec stream, optionally half-close, and read until the status arrives."""
+    """Send ``messages`` on a new Exec stream, optionally half-close, and read until the status arrives.
+
+    Send nothing after the frame the server must refuse: grpcio's asyncio client replaces the server's status
+    with ``INTERNAL: Internal error from Core`` when a write fails because the server already ended the call
+    (grpc/grpc#36066), so a probe that kept writing would sometimes report a status the server never sent.
+    """
     method = channel.stream_stream(
         f"{SERVICE}/Exec",
         request_serializer=pb.ExecClientMessage.SerializeToString,

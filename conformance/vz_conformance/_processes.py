@@ -18,7 +18,15 @@ import psutil
 from vz_conformance._context import CheckContext
 from vz_conformance._expect import fail
 
-__all__ = ["Identity", "Tree", "host_marker_pids", "host_snapshot", "kill_host", "wait_host_gone"]
+__all__ = [
+    "Identity",
+    "Tree",
+    "host_marker_pids",
+    "host_snapshot",
+    "kill_host",
+    "kill_host_marked",
+    "wait_host_gone",
+]
 
 
 @dataclass(frozen=True)
@@ -52,6 +60,18 @@ def host_marker_pids(marker: str) -> set[int]:
             if any(marker in part for part in proc.info["cmdline"] or ()):
                 found.add(proc.pid)
     return found
+
+
+def kill_host_marked(marker: str) -> None:
+    """Kill every host process carrying ``marker`` and all of its descendants (cleanup after a driver that left
+    a command running)."""
+    for pid in host_marker_pids(marker):
+        with contextlib.suppress(psutil.Error):
+            proc = psutil.Process(pid)
+            for child in proc.children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    child.kill()
+            proc.kill()
 
 
 def host_snapshot(pids: Iterable[int]) -> set[Identity]:

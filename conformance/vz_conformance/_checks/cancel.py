@@ -68,7 +68,7 @@ class _Blocking:
             await close_iterator(stream)
         return self.result
 
-    async def wait_ready(self, within: float = 15.0) -> None:
+    async def wait_ready(self, within: float = 10.0) -> None:
         waiter = asyncio.create_task(self.ready.wait())
         done, _ = await asyncio.wait({waiter, self.task}, timeout=within, return_when=asyncio.FIRST_COMPLETED)
         waiter.cancel()

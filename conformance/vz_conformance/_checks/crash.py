@@ -16,6 +16,7 @@ import secrets
 import shutil
 import signal
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import psutil
@@ -27,8 +28,8 @@ from vz_conformance._expect import category_of, describe, ensure, expect_error, 
 from vz_conformance._outcome import Outcome, Passed
 from vz_conformance._processes import Identity, Tree, kill_host
 from vz_conformance._providers import ExternalProvider, sha256_of
-from vz_core import Driver, ExecSpec
-from vz_core.errors import IncompatibleVersionError, PluginError, TrustError, VzError
+from vz_core import Driver, ExecEvent, ExecSpec
+from vz_core.errors import DriverError, IncompatibleVersionError, PluginError, TrustError, VzError
 
 __all__ = [
     "CASES",
@@ -244,7 +245,7 @@ async def check_mid_exec(ctx: CheckContext) -> Outcome:
         tree: Tree | None = None
         try:
             async with asyncio.timeout(15):
-                async for event in stream:
+                async for event in _events(stream, "the blocking command before the plugin is killed"):
                     seen += getattr(event, "data", b"")
                     lines = seen.decode(errors="replace").splitlines()
                     pids = [int(x.split()[1]) for x in lines if x.startswith("pid ") and x.split()[1].isdigit()]
@@ -280,6 +281,15 @@ async def check_mid_exec(ctx: CheckContext) -> Outcome:
             f"{before} -> {after}",
         )
     return Passed()
+
+
+async def _events(stream: AsyncIterator[ExecEvent], what: str) -> AsyncIterator[ExecEvent]:
+    """``stream``'s events; an error before ``what`` completed is a failure naming it."""
+    try:
+        async for event in stream:
+            yield event
+    except DriverError as exc:
+        fail("Exec", f"output from {what}", describe(exc))
 
 
 async def _drain(stream: object) -> None:

@@ -13,6 +13,7 @@ from vz_conformance._exec import ExecResult, chunks, close_iterator
 from vz_conformance._expect import category_of, describe, ensure, expect_ok, fail
 from vz_conformance._outcome import Outcome, Passed
 from vz_core import MAX_CHUNK, ExecSpec
+from vz_core.errors import DriverError
 
 __all__ = [
     "CASES",
@@ -137,6 +138,8 @@ async def check_duplex_backpressure(ctx: CheckContext) -> Outcome:
                 result.record(event)
     except TimeoutError:
         fail("Exec", "the 12 MiB duplex to finish within 60 s", "still streaming", note=result.where())
+    except DriverError as exc:
+        fail("Exec", "the 12 MiB duplex to complete", describe(exc), note=result.where())
     finally:
         await close_iterator(stream)
     result.require_success()

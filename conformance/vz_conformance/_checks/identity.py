@@ -140,10 +140,11 @@ async def check_reuse_cancelled(ctx: CheckContext) -> Outcome:
     """A cancelled ReusePreflight reports CANCELLED to its caller and changes nothing."""
     if not ctx.caps.reuse_preflight:
         return await _refusal(ctx)
-    req = await ctx.create("cancel", remote_user=ctx.adapter.identity_users[1])
+    identity = ctx.adapter.identity_users[1]
+    req = await ctx.create(request=ctx.request("cancel", remote_user=identity))
     before = await ctx.find(req.workspace_id)
     for yields in (0, 1):
-        task = asyncio.create_task(ctx.driver.reuse_preflight(req.workspace_id, "root"))
+        task = asyncio.create_task(ctx.driver.reuse_preflight(req.workspace_id, identity))
         for _ in range(yields):
             await asyncio.sleep(0)
         task.cancel()
@@ -152,15 +153,9 @@ async def check_reuse_cancelled(ctx: CheckContext) -> Outcome:
             fail("ReusePreflight", "the cancelled call to end within 10 s", "still running")
         if not task.cancelled():
             exc = task.exception()
-            if exc is None:
-                fail(
-                    "ReusePreflight",
-                    "CANCELLED (or the mismatch refusal when it finished first)",
-                    "success",
-                    note="the identity differs, so success is wrong in any case",
-                )
-            if category_of(exc) not in {"CANCELLED", "FAILED_PRECONDITION"}:
-                fail("ReusePreflight", "CANCELLED for a cancelled call", describe(exc))
+            # Success is acceptable only because the call may have finished before the cancellation landed.
+            if exc is not None and category_of(exc) != "CANCELLED":
+                fail("ReusePreflight", "CANCELLED for a cancelled call (same identity)", describe(exc))
         after = await ctx.find(req.workspace_id)
         ensure(
             after == before, "Find", "byte-identical details after a cancelled ReusePreflight", f"{before} -> {after}"

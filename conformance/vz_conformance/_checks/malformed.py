@@ -7,6 +7,7 @@ Each refusal must be a status carrying exactly one RuntimeError, and the Machine
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable, Sequence
 
 import grpc
@@ -17,6 +18,7 @@ from vz_conformance._context import CheckContext
 from vz_conformance._exec import chunks, collect
 from vz_conformance._expect import expect_error, expect_ok
 from vz_conformance._outcome import Outcome, Passed
+from vz_conformance._processes import kill_host_marked
 from vz_core import ExecSpec
 from vz_core._proto.devsy.runtime.v1 import runtime_pb2 as pb
 
@@ -35,11 +37,17 @@ __all__ = [
 Frames = Callable[[str, tuple[str, ...]], Sequence[pb.ExecClientMessage]]
 
 
-async def _refused(ctx: CheckContext, what: str, frames: Frames, *, half_close: bool = True) -> Outcome:
+async def _refused(ctx: CheckContext, what: str, frames: Frames, *, half_close: bool = False) -> Outcome:
+    """The server must refuse the last frame of ``frames`` (or the half-close after them); nothing follows it."""
     req = await ctx.create("malformed")
-    messages = frames(req.workspace_id, ctx.adapter.sleep(30))
-    async with ctx.wire() as channel:
-        outcome = await f.raw_exec(channel, messages, half_close=half_close)
+    marker = f"vzc-marker-{secrets.token_hex(8)}"
+    messages = frames(req.workspace_id, ctx.adapter.idle(30, marker))
+    try:
+        async with ctx.wire() as channel:
+            outcome = await f.raw_exec(channel, messages, half_close=half_close)
+    finally:
+        if ctx.adapter.processes_visible_on_host:
+            kill_host_marked(marker)  # a driver that did not stop the refused command must not leak it
     f.require_one_runtime_error(f"Exec ({what})", outcome, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT")
     await ctx.require_status(req.workspace_id, "running", after=f"a refused Exec ({what})")
     return Passed()
@@ -47,27 +55,29 @@ async def _refused(ctx: CheckContext, what: str, frames: Frames, *, half_close: 
 
 async def check_missing_start(ctx: CheckContext) -> Outcome:
     """A stream whose first frame is stdin, not start → INVALID_ARGUMENT."""
-    return await _refused(ctx, "first frame is stdin", lambda ws, argv: [f.stdin(b"data"), f.close_stdin()])
+    return await _refused(ctx, "first frame is stdin", lambda ws, argv: [f.stdin(b"data")])
 
 
 async def check_second_start(ctx: CheckContext) -> Outcome:
     """A second start frame → INVALID_ARGUMENT."""
-    return await _refused(ctx, "second start", lambda ws, argv: [f.start(ws, argv), f.start(ws, argv), f.close_stdin()])
+    return await _refused(ctx, "second start", lambda ws, argv: [f.start(ws, argv), f.start(ws, argv)])
 
 
 async def check_empty_data_frame(ctx: CheckContext) -> Outcome:
     """A stdin frame with zero bytes → INVALID_ARGUMENT (empty input is close_stdin without data)."""
-    return await _refused(ctx, "empty stdin frame", lambda ws, argv: [f.start(ws, argv), f.stdin(b""), f.close_stdin()])
+    return await _refused(ctx, "empty stdin frame", lambda ws, argv: [f.start(ws, argv), f.stdin(b"")])
 
 
 async def check_unset_payload(ctx: CheckContext) -> Outcome:
     """A frame with no payload set → INVALID_ARGUMENT."""
-    return await _refused(ctx, "unset payload", lambda ws, argv: [f.start(ws, argv), f.unset(), f.close_stdin()])
+    return await _refused(ctx, "unset payload", lambda ws, argv: [f.start(ws, argv), f.unset()])
 
 
 async def check_eof_before_close(ctx: CheckContext) -> Outcome:
     """The client half-closes without sending close_stdin → INVALID_ARGUMENT."""
-    return await _refused(ctx, "EOF before close_stdin", lambda ws, argv: [f.start(ws, argv), f.stdin(b"data")])
+    return await _refused(
+        ctx, "EOF before close_stdin", lambda ws, argv: [f.start(ws, argv), f.stdin(b"data")], half_close=True
+    )
 
 
 async def check_data_after_close(ctx: CheckContext) -> Outcome:
@@ -83,7 +93,7 @@ async def check_empty_argv(ctx: CheckContext) -> Outcome:
     spec = ExecSpec(workspace_id=req.workspace_id, argv=())
     await expect_error("Exec", lambda: collect(ctx.driver, spec, chunks(b"")), "INVALID_ARGUMENT", note="argv=[]")
     async with ctx.wire() as channel:
-        outcome = await f.raw_exec(channel, [f.start(req.workspace_id, ()), f.close_stdin()])
+        outcome = await f.raw_exec(channel, [f.start(req.workspace_id, ())])
     f.require_one_runtime_error("Exec (empty argv)", outcome, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT")
     return Passed()
 

@@ -44,6 +44,10 @@ async def refuse_mount(ctx: CheckContext, kind: MountType, capability: str) -> O
     )
 
 
+def _name(kind: MountType | int) -> str:
+    return kind.name if isinstance(kind, MountType) else f"unknown value {int(kind)}"
+
+
 def _has(ctx: CheckContext, kind: MountType) -> bool:
     return kind in ctx.caps.mount_types
 
@@ -145,7 +149,7 @@ async def check_unsupported_type(ctx: CheckContext) -> Outcome:
         "RunImage",
         lambda: ctx.driver.run_image(req),
         allowed,
-        note=f"mount type {kind.name} (declared: {[k.name for k in ctx.caps.mount_types]})",
+        note=f"mount type {kind.name} (declared: {[_name(k) for k in ctx.caps.mount_types]})",
     )
     await ctx.require_absent(req.workspace_id, after="RunImage with an unsupported mount type was refused")
     return Passed()

@@ -1,0 +1,242 @@
+"""Each fault mode of the reference fake driver makes exactly its intended cases fail, and no others.
+
+Every row runs the *whole* catalogue of its mode with one fault and compares the set of failed cases with the
+table: a fault that makes an extra case fail, or misses one, fails the row. Driver-level faults run in-process
+(about 5 s a row; the exec-ignore-cancel and exec-shell-reparse rows take longer because those cases wait
+out their 10 s windows). Plugin-level faults run through the real supervisor; a plugin that cannot be
+connected (it dies, hangs, or answers an Info the host refuses) fails every case, because nothing of the
+driver under test can be checked. The plugin-level faults also run in-process, where they must change nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from suite_testlib import fake_providers
+from vz_conformance import _catalogue
+from vz_conformance._runner import run_suite
+from vz_conformance.adapters import FakeAdapter
+from vz_conformance.fake import FAULT_MODES
+
+ALL_EXTERNAL = frozenset(c.id for c in _catalogue.select("external"))
+
+# Every case that works on a Machine it created: a RunImage that always fails breaks all of them.
+NEEDS_A_MACHINE = frozenset(
+    {
+        "cancel.blocked_stdin",
+        "cancel.cancelled",
+        "cancel.deadline",
+        "exec.argv_verbatim",
+        "exec.binary_roundtrip",
+        "exec.duplex_backpressure",
+        "exec.early_exit",
+        "exec.empty_stdin",
+        "exec.environment",
+        "exec.nonzero_exit",
+        "exec.output_frames",
+        "exec.shell_command",
+        "exec.signal_exit",
+        "exec.stdin_to_stderr",
+        "exec.user",
+        "exec.workdir",
+        "identity.reuse_cancelled",
+        "identity.reuse_changed",
+        "identity.reuse_same",
+        "lifecycle.already_exists",
+        "lifecycle.delete_idempotent",
+        "lifecycle.odd_ids",
+        "lifecycle.run_find_running",
+        "lifecycle.start_idempotent",
+        "lifecycle.stop_idempotent",
+        "lifecycle.stopped_refuses",
+        "logs.chunk_sizes",
+        "logs.merged_exact",
+        "malformed.data_after_close",
+        "malformed.empty_argv",
+        "malformed.empty_data_frame",
+        "malformed.eof_before_close",
+        "malformed.missing_start",
+        "malformed.second_start",
+        "malformed.tty",
+        "malformed.unset_payload",
+        "recreate.invalid_keeps_running",
+        "recreate.invalid_keeps_stopped",
+        "recreate.valid_replaces",
+        "storage.local_gone_after_recreate",
+        "storage.local_survives_restart",
+    }
+)
+
+# Every case that needs a command's exit frame (the malformed cases judge refusals, not exits).
+NEEDS_AN_EXIT = frozenset(
+    {
+        "cancel.blocked_stdin",  # the follow-up command proving the Machine still runs
+        "cancel.cancelled",
+        "cancel.deadline",
+        "exec.argv_verbatim",
+        "exec.binary_roundtrip",
+        "exec.duplex_backpressure",
+        "exec.early_exit",
+        "exec.empty_stdin",
+        "exec.environment",
+        "exec.nonzero_exit",
+        "exec.output_frames",
+        "exec.shell_command",
+        "exec.signal_exit",
+        "exec.stdin_to_stderr",
+        "exec.user",
+        "exec.workdir",
+        "lifecycle.odd_ids",  # Machine-local marker files
+        "recreate.invalid_keeps_running",
+        "recreate.invalid_keeps_stopped",
+        "recreate.valid_replaces",
+        "storage.local_gone_after_recreate",
+        "storage.local_survives_restart",
+    }
+)
+
+# Every case whose argv breaks when joined with spaces and re-read by a shell: scripts with positional
+# arguments (sh -c SCRIPT sh ARG...), printf's NUL format, quoted scripts.
+BROKEN_BY_SHELL_REPARSING = frozenset(
+    {
+        "cancel.blocked_stdin",
+        "cancel.cancelled",
+        "cancel.deadline",
+        "exec.argv_verbatim",
+        "exec.duplex_backpressure",  # 'sh -c "tee /dev/stderr"' becomes 'sh -c tee' with $0=/dev/stderr
+        "exec.nonzero_exit",
+        "exec.output_frames",
+        "exec.shell_command",
+        "exec.signal_exit",
+        "lifecycle.odd_ids",
+        "recreate.invalid_keeps_running",
+        "recreate.invalid_keeps_stopped",
+        "recreate.valid_replaces",
+        "storage.local_gone_after_recreate",
+        "storage.local_survives_restart",
+    }
+)
+
+# Every case whose commands print something before they end: the plugin dies after an exec's first output
+# frame. (crash.mid_exec's own victim dies before its command says 'ready'.)
+PRINTS_BEFORE_ITS_END = frozenset(
+    {
+        "cancel.cancelled",
+        "cancel.deadline",
+        "crash.mid_exec",
+        "exec.argv_verbatim",
+        "exec.binary_roundtrip",
+        "exec.duplex_backpressure",
+        "exec.environment",
+        "exec.nonzero_exit",
+        "exec.output_frames",
+        "exec.shell_command",
+        "exec.stdin_to_stderr",
+        "exec.user",
+        "exec.workdir",
+        "lifecycle.odd_ids",
+        "recreate.invalid_keeps_running",
+        "recreate.invalid_keeps_stopped",
+        "storage.local_survives_restart",
+    }
+)
+
+
+@dataclass(frozen=True)
+class Row:
+    fault: str
+    mode: str
+    fails: frozenset[str]
+    either: frozenset[str] = field(default_factory=frozenset)
+    """Cases whose result depends on a race the fault itself creates (stated per row, with the reason)."""
+
+
+TABLE = (
+    Row("failing-preflight", "in-process", frozenset({"discovery.preflight"})),
+    Row("incompatible-version", "in-process", frozenset({"discovery.info_valid"})),
+    Row("malformed-info", "in-process", frozenset({"discovery.info_valid"})),
+    Row("unknown-enum-info", "in-process", frozenset({"discovery.info_valid"})),
+    Row("failing-run", "in-process", NEEDS_A_MACHINE),
+    Row("stop-not-idempotent", "in-process", frozenset({"lifecycle.stop_idempotent"})),
+    Row("delete-not-idempotent", "in-process", frozenset({"lifecycle.delete_idempotent"})),
+    Row("missing-not-found", "in-process", frozenset({"lifecycle.missing_not_found"})),
+    Row("runimage-overwrites", "in-process", frozenset({"lifecycle.already_exists"})),
+    Row("raw-id-paths", "in-process", frozenset({"lifecycle.odd_ids"})),
+    Row(
+        "find-stale-status",
+        "in-process",
+        frozenset(
+            {
+                "lifecycle.stop_idempotent",
+                "lifecycle.stopped_refuses",
+                "lifecycle.odd_ids",
+                "recreate.invalid_keeps_stopped",
+            }
+        ),
+    ),
+    Row("reuse-ignores-identity", "in-process", frozenset({"identity.reuse_changed"})),
+    Row(
+        "recreate-before-validate",
+        "in-process",
+        frozenset({"recreate.invalid_keeps_running", "recreate.invalid_keeps_stopped"}),
+    ),
+    Row("exec-missing-exit", "in-process", NEEDS_AN_EXIT),
+    Row("exec-frame-after-exit", "in-process", frozenset({"exec.output_frames"})),
+    Row("exec-oversized-chunks", "in-process", frozenset({"exec.output_frames", "exec.duplex_backpressure"})),
+    Row("exec-empty-chunk", "in-process", frozenset({"exec.output_frames", "exec.duplex_backpressure"})),
+    Row(
+        "exec-merge-streams",
+        "in-process",
+        frozenset({"exec.stdin_to_stderr", "exec.nonzero_exit", "exec.output_frames", "exec.duplex_backpressure"}),
+    ),
+    Row("exec-shell-reparse", "in-process", BROKEN_BY_SHELL_REPARSING),
+    Row("exec-ignore-cancel", "in-process", frozenset({"cancel.cancelled", "cancel.deadline", "cancel.blocked_stdin"})),
+    Row("logs-wrong-chunks", "in-process", frozenset({"logs.chunk_sizes"})),
+    # Plugin-process faults: nothing in-process ...
+    Row("crash-before-handshake", "in-process", frozenset()),
+    Row("crash-after-handshake", "in-process", frozenset()),
+    Row("never-handshake", "in-process", frozenset()),
+    # ... and, through the supervisor, a driver that cannot be connected fails every case.
+    Row("crash-before-handshake", "external", ALL_EXTERNAL),
+    Row("crash-after-handshake", "external", ALL_EXTERNAL),
+    Row("never-handshake", "external", ALL_EXTERNAL),
+    Row("crash-during-info", "external", ALL_EXTERNAL),
+    Row("incompatible-version", "external", ALL_EXTERNAL),
+    Row("malformed-info", "external", ALL_EXTERNAL),
+    Row("unknown-enum-info", "external", ALL_EXTERNAL),
+    # The plugin dies after the first output frame of any exec. cancel.blocked_stdin prints 'pid' and 'ready'
+    # as its first output: whether the crash or the suite's cancellation reaches the call first decides it.
+    Row("crash-mid-exec", "external", PRINTS_BEFORE_ITS_END, either=frozenset({"cancel.blocked_stdin"})),
+)
+
+
+def test_every_fault_mode_has_a_row_and_every_row_names_real_cases() -> None:
+    assert {row.fault for row in TABLE} == set(FAULT_MODES)
+    for row in TABLE:
+        known = {c.id for c in _catalogue.select(row.mode)}  # type: ignore[arg-type]
+        assert row.fails <= known, sorted(row.fails - known)
+        assert row.either <= known and not row.either & row.fails
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("row", TABLE, ids=[f"{row.fault}-{row.mode}" for row in TABLE])
+def test_fault_fails_exactly_its_cases(row: Row, tmp_path: Path) -> None:
+    in_process, external = fake_providers(tmp_path / "state", faults=(row.fault,), handshake_timeout=3.0)
+    provider = in_process if row.mode == "in-process" else external
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    report = asyncio.run(run_suite([provider], FakeAdapter(), scratch=scratch))
+    run = report.runs[0]
+    failed = {c.id for c in run.cases if c.outcome == "failed"} - row.either
+    texts = {c.id: (c.failure or "").splitlines()[0] for c in run.cases if c.outcome == "failed"}
+    unexpected = {case_id: texts[case_id] for case_id in sorted(failed - row.fails)}
+    missed = sorted(row.fails - failed)
+    assert not unexpected and not missed, (
+        f"{row.fault}: failed but not in the table: {unexpected}; in the table but passed: {missed}"
+    )
+    assert len(run.cases) == len(_catalogue.select(row.mode))  # type: ignore[arg-type]
+    assert {c.outcome for c in run.cases if c.id not in failed | row.either} <= {"passed", "not-applicable"}
+    assert run.cleanup_problems == []
