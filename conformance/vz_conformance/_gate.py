@@ -151,14 +151,16 @@ def verify(
     for where, run in runs:
         by_mode.setdefault(run.provider_mode, []).append((where, run))
     needed = ["in-process", "external"] if mode == "parity" else [mode]
+    structure: list[str] = []
     for m in needed:
         found = by_mode.get(m, [])
         if len(found) != 1:
-            p.append(f"{mode} verification needs exactly one {m} run; the report(s) hold {len(found)}")
+            structure.append(f"{mode} verification needs exactly one {m} run; the report(s) hold {len(found)}")
     for m in by_mode:
         if m not in needed:
-            p.append(f"{mode} verification got an unexpected {m} run")
-    if p:
+            structure.append(f"{mode} verification got an unexpected {m} run")
+    if structure:
+        p.extend(structure)
         return result
     for where, run in runs:
         _check_run(run, wanted, where, result)

@@ -42,7 +42,15 @@ def load_adapter(spec: str) -> Adapter:
     if not module_name or not attr:
         raise ValueError(f"adapter {spec!r} must look like 'module:attribute'")
     target = getattr(importlib.import_module(module_name), attr)
-    adapter = target() if callable(target) and not isinstance(target, Adapter) else target
+    adapter = target
+    if callable(target) and not isinstance(target, Adapter):
+        try:
+            adapter = target()
+        except TypeError as exc:
+            raise TypeError(
+                f"adapter {spec!r} could not be called without arguments ({exc}); give an Adapter instance, "
+                "an Adapter subclass or a callable without arguments"
+            ) from None
     if not isinstance(adapter, Adapter):
         raise TypeError(f"adapter {spec!r} is a {type(adapter).__name__}, not a vz_conformance.Adapter")
     return adapter
