@@ -6,7 +6,9 @@ Run as ``python testdrivers.py KIND``; the directory of this file is on ``sys.pa
   ``echo-stdin`` returns stdin as stdout, ``crash`` prints the exec environment values to the plugin's
   stderr and then the plugin dies after one output frame, ``boom`` raises an unexpected exception mentioning
   the environment, ``bigframe`` sends one 70000-byte frame (a rule break the SDK must forward as is), and
-  ``wait`` yields one frame and then waits forever;
+  ``wait`` yields one frame and then waits forever, ``spawn ARGV...`` runs ARGV as a real process in its own
+  process group inside the plugin's session (stdout streamed; killed when the exec is closed), and
+  ``spawn-crash ARGV...`` does the same but the plugin dies after the first output frame;
 * ``mini-p521``: the same, with a P-521 AutoMTLS certificate (what Go plugins use);
 * ``mini-tcp``: the same, listening on loopback TCP;
 * ``mini-ext``: the same, with vz.machine.v1 extensions (tty not supported).
@@ -17,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -108,6 +111,24 @@ class MiniDriver(Driver):
         elif kind == "wait":
             yield ExecOutput("stdout", b"waiting")
             await asyncio.Event().wait()
+        elif kind in ("spawn", "spawn-crash"):
+            proc = await asyncio.create_subprocess_exec(
+                *spec.argv[1:],
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                process_group=0,
+            )
+            assert proc.stdout is not None
+            try:
+                while chunk := await proc.stdout.read(32768):
+                    yield ExecOutput("stdout", chunk)
+                    if kind == "spawn-crash":
+                        os._exit(3)
+                yield ExecExit(await proc.wait())
+            finally:
+                if proc.returncode is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    await proc.wait()
         else:
             yield ExecOutput("stderr", f"unknown command {kind}".encode())
             yield ExecExit(127)

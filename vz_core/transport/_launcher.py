@@ -32,7 +32,7 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import grpc
 
@@ -222,6 +222,7 @@ class PluginConnection:
         with contextlib.suppress(asyncio.CancelledError):
             await self._stdout_task
         await self.stderr.finish()
+        self.process.close_pipes()
         _remove(self._cleanup_paths, self.handshake)
 
 
@@ -344,6 +345,8 @@ class PluginLauncher:
                 await process.kill()
             if stderr is not None:
                 await stderr.finish()
+            if process is not None:
+                process.close_pipes()
             _remove(cleanup, handshake)
             if isinstance(exc, PluginError) and stderr is not None and stderr.text() and "stderr:" not in str(exc):
                 raise PluginError(f"{exc}\nplugin stderr (last lines, redacted):\n{stderr.text()}") from None
@@ -356,37 +359,56 @@ class PluginLauncher:
 
     async def _read_handshake(self, name: str, process: PluginProcess, stderr: StderrTail, started: float) -> Handshake:
         skipped: list[str] = []
-        while True:
-            left = self.handshake_timeout - (time.monotonic() - started)
-            try:
-                if left <= 0:
-                    raise TimeoutError
-                raw = await asyncio.wait_for(process.stdout.readline(), left)
-            except TimeoutError:
-                said = f"; stdout said: {' / '.join(skipped)[:400]!r}" if skipped else ""
-                raise PluginError(
-                    f"driver {name!r}: no handshake line within {self.handshake_timeout:g}s "
-                    f"(a plugin must print 'CORE|APP|NETWORK|ADDRESS|grpc|CERT' on stdout){said}; it was stopped"
-                ) from None
-            except ValueError:
-                raise PluginError(
-                    f"driver {name!r}: the plugin wrote an over-long line on stdout instead of its handshake"
-                ) from None
-            if not raw:
+        exited: asyncio.Future[Any] = asyncio.ensure_future(process.exited.wait())
+        try:
+            while True:
+                raw = await self._next_line(name, process, exited, started, skipped)
+                text = self.redactor.redact(raw.decode(errors="replace")).strip()
+                if looks_like_handshake(text):
+                    try:
+                        return parse_handshake(text)
+                    except PluginError as exc:
+                        raise PluginError(f"driver {name!r}: {exc}") from None
+                if len(skipped) < 10:
+                    skipped.append(text[:200])
+        finally:
+            exited.cancel()
+
+    async def _next_line(
+        self, name: str, process: PluginProcess, exited: asyncio.Future[Any], started: float, skipped: list[str]
+    ) -> bytes:
+        said = f"; stdout said: {' / '.join(skipped)[:400]!r}" if skipped else ""
+        left = self.handshake_timeout - (time.monotonic() - started)
+        line: asyncio.Future[Any] = asyncio.ensure_future(process.stdout.readline())
+        try:
+            done, _ = await asyncio.wait({line, exited}, timeout=max(left, 0), return_when=asyncio.FIRST_COMPLETED)
+            if line not in done and exited in done:
+                # It ended; what it printed before is still in the pipe.
+                done, _ = await asyncio.wait({line}, timeout=0.2)
+            if line in done:
+                raw: bytes = line.result()
+                if raw:
+                    return raw
                 status = await _status_soon(process)
-                said = f"; stdout said: {' / '.join(skipped)[:400]!r}" if skipped else ""
+                ended = f"ended ({status})" if status else "closed stdout"
+                raise PluginError(f"driver {name!r}: the plugin {ended} before printing its handshake line{said}")
+            if exited.done():
                 raise PluginError(
-                    f"driver {name!r}: the plugin {f'ended ({status})' if status else 'closed stdout'} "
-                    f"before printing its handshake line{said}"
+                    f"driver {name!r}: the plugin ended ({process.status}) before printing its handshake line{said}"
                 )
-            text = self.redactor.redact(raw.decode(errors="replace")).strip()
-            if looks_like_handshake(text):
-                try:
-                    return parse_handshake(text)
-                except PluginError as exc:
-                    raise PluginError(f"driver {name!r}: {exc}") from None
-            if len(skipped) < 10:
-                skipped.append(text[:200])
+            raise PluginError(
+                f"driver {name!r}: no handshake line within {self.handshake_timeout:g}s "
+                f"(a plugin must print 'CORE|APP|NETWORK|ADDRESS|grpc|CERT' on stdout){said}; it was stopped"
+            )
+        except ValueError:
+            raise PluginError(
+                f"driver {name!r}: the plugin wrote an over-long line on stdout instead of its handshake"
+            ) from None
+        finally:
+            if not line.done():
+                line.cancel()
+                with contextlib.suppress(asyncio.CancelledError, ValueError):
+                    await line
 
     async def _connect(
         self, name: str, handshake: Handshake, client: CertKey | None, plaintext: bool, cleanup: list[str]

@@ -94,11 +94,43 @@ class PluginProcess:
                     reported = ExitStatus(int(code_text), sig)
         except (ConnectionError, ValueError):
             pass
-        rc = await self._proc.wait()
+        # End of the control socket: the supervisor has finished (it reports the plugin's status first).
+        # Process.wait() is not used: it also waits for our stdout/stderr pipes to close, which a deliberately
+        # detached descendant may keep open indefinitely. asyncio's child watcher reaps the supervisor.
+        rc = await self._exit_code()
         self._finish(reported or ExitStatus(rc, _signame(-rc) if rc < 0 else ""))
 
+    async def _exit_code(self) -> int:
+        """The exit code of our direct child, known as soon as it exits (not when its pipes close)."""
+        pid = self._proc.pid
+        pidfd = -1
+        if hasattr(os, "pidfd_open"):
+            with contextlib.suppress(OSError):
+                pidfd = os.pidfd_open(pid)
+        if pidfd < 0:
+            return await self._proc.wait()
+        loop = asyncio.get_running_loop()
+        readable: asyncio.Future[None] = loop.create_future()
+
+        def ready() -> None:
+            if not readable.done():
+                readable.set_result(None)
+
+        loop.add_reader(pidfd, ready)
+        try:
+            await readable
+        finally:
+            loop.remove_reader(pidfd)
+            os.close(pidfd)
+        # The child watcher reaps it and records the code right after; poll for that briefly.
+        for _ in range(200):
+            if self._proc.returncode is not None:
+                return self._proc.returncode
+            await asyncio.sleep(0.005)
+        return -1
+
     async def _watch_direct(self) -> None:
-        rc = await self._proc.wait()
+        rc = await self._exit_code()
         # Whatever the plugin left behind goes with it: its process group, or its Job Object on Windows.
         if self._job is not None:
             from vz_core.transport import _windows
@@ -121,6 +153,13 @@ class PluginProcess:
             _windows.close_job(self._job)
             self._job = None
         self._exited.set()
+
+    def close_pipes(self) -> None:
+        """Close our ends of stdout/stderr (after the exit: a detached descendant may still hold them)."""
+        # asyncio.subprocess.Process has no public close(); its transport owns the pipe transports.
+        transport = getattr(self._proc, "_transport", None)
+        if transport is not None:
+            transport.close()
 
     async def wait(self) -> ExitStatus:
         await self._exited.wait()

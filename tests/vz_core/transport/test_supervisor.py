@@ -108,6 +108,8 @@ def test_host_killed_with_sigkill_mid_exec_leaves_nothing(tmp_path: Path) -> Non
         if host.poll() is None:
             host.kill()
             host.wait()
+        if host.stdout is not None:
+            host.stdout.close()
 
 
 async def test_plugin_crash_mid_exec_kills_its_orphans_and_reports_stderr() -> None:
