@@ -1,15 +1,19 @@
 """Adapters known to the suite by driver name, and loading a driver author's own adapter.
 
-A driver without an entry here gets the POSIX defaults of ``Adapter``. Authors pass their own with
-``--adapter module:attribute`` (CLI) or the ``pytest_vz_adapter`` hook (pytest plugin).
+For a registered driver the suite looks, in order, at its own table (the reference fake driver), then at an
+``adapter`` module beside the driver's factory exporting ``ADAPTER`` (``vz_drivers.qemu:QemuDriver`` →
+``vz_drivers.qemu.adapter:ADAPTER``), and falls back to the POSIX defaults of ``Adapter``. Authors can always
+pass their own with ``--adapter module:attribute`` (CLI) or the ``pytest_vz_adapter`` hook (pytest plugin).
 """
 
 from __future__ import annotations
 
+import copy
 import importlib
 from pathlib import Path
 
 from vz_conformance._adapter import Adapter
+from vz_core.registry import DriverRegistry
 
 __all__ = ["Adapter", "FakeAdapter", "adapter_for", "load_adapter"]
 
@@ -31,9 +35,27 @@ class FakeAdapter(Adapter):
 _BY_NAME: dict[str, type[Adapter]] = {"fake": FakeAdapter}
 
 
-def adapter_for(driver_name: str) -> Adapter:
-    """The adapter the suite knows for ``driver_name``, else the POSIX defaults."""
-    return _BY_NAME.get(driver_name, Adapter)()
+def adapter_for(driver_name: str, *, registry: DriverRegistry | None = None) -> Adapter:
+    """The adapter the suite knows for ``driver_name`` (a fresh copy: callers may change it), else the POSIX
+    defaults."""
+    known = _BY_NAME.get(driver_name)
+    if known is not None:
+        return known()
+    registry = registry if registry is not None else DriverRegistry()
+    if driver_name not in registry.names():
+        return Adapter()
+    package = registry.get(driver_name).factory.partition(":")[0]
+    target = f"{package}.adapter"
+    try:
+        module = importlib.import_module(target)
+    except ModuleNotFoundError as exc:
+        if exc.name in (target, package):
+            return Adapter()
+        raise
+    adapter = getattr(module, "ADAPTER", None)
+    if not isinstance(adapter, Adapter):
+        raise TypeError(f"{target}.ADAPTER must be a vz_conformance.Adapter, not {type(adapter).__name__}")
+    return copy.copy(adapter)
 
 
 def load_adapter(spec: str) -> Adapter:

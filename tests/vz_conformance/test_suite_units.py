@@ -18,6 +18,7 @@ from vz_conformance.adapters import FakeAdapter, adapter_for, load_adapter
 
 from vz_core import Capabilities, DriverInfo, ExecExit, ExecOutput, Extensions, MountType, RecreateMode
 from vz_core.errors import NotFoundError, RuntimeTimeoutError, UnsupportedError
+from vz_core.registry import BuiltinDriver, DriverRegistry, hookimpl
 
 
 @pytest.mark.parametrize(
@@ -150,6 +151,39 @@ def test_fake_adapter_local_files_live_under_the_machine_root(tmp_path: Path) ->
     assert gone.returncode == 3
 
 
+class _Registered:
+    """A registration whose driver package ships ``adapter.ADAPTER`` (this test module plays the package)."""
+
+    @staticmethod
+    @hookimpl
+    def vz_builtin_drivers() -> list[BuiltinDriver]:
+        return [
+            BuiltinDriver(name="with-adapter", summary="t", factory=f"{__name__}_pkg:Driver"),
+            BuiltinDriver(name="without-adapter", summary="t", factory="vz_conformance:Nothing"),
+        ]
+
+
+def test_adapter_found_beside_a_registered_driver(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+    import types
+
+    package = types.ModuleType(f"{__name__}_pkg")
+    package.__path__ = []
+    module = types.ModuleType(f"{__name__}_pkg.adapter")
+
+    class Custom(Adapter):
+        image = "custom"
+
+    module.ADAPTER = Custom()  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, package.__name__, package)
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    registry = DriverRegistry(load_entry_points=False)
+    registry.register(_Registered())
+    found = adapter_for("with-adapter", registry=registry)
+    assert isinstance(found, Custom) and found is not module.ADAPTER  # type: ignore[attr-defined]
+    assert type(adapter_for("without-adapter", registry=registry)) is Adapter
+
+
 def test_find_processes_reports_identity_and_marker_but_not_itself() -> None:
     adapter = Adapter()
     marker = "vzc-marker-unit-test-0001"
@@ -179,6 +213,7 @@ def test_find_processes_reports_identity_and_marker_but_not_itself() -> None:
 def test_adapters_by_name_and_by_spec() -> None:
     assert isinstance(adapter_for("fake"), FakeAdapter)
     assert type(adapter_for("anything-else")) is Adapter
+    assert adapter_for("fake") is not adapter_for("fake")
     assert isinstance(load_adapter("vz_conformance.adapters:FakeAdapter"), FakeAdapter)
     with pytest.raises(ValueError, match="module:attribute"):
         load_adapter("vz_conformance.adapters")
