@@ -105,6 +105,9 @@ class MiniDriver(Driver):
             os._exit(3)
         elif kind == "boom":
             raise ValueError(f"unexpected failure with {dict(spec.environment)}")
+        elif kind == "print":
+            print("hello from print()")  # must land on stderr: stdout belongs to the handshake
+            yield ExecExit(0)
         elif kind == "bigframe":
             yield ExecOutput("stdout", b"x" * 70000)
             yield ExecExit(0)

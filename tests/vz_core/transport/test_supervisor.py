@@ -169,7 +169,7 @@ async def test_leftovers_of_a_plugin_that_exits_are_killed_but_new_sessions_are_
     code = textwrap.dedent(
         """
         import subprocess, sys
-        stay = subprocess.Popen(["sleep", "301"], start_new_session=True)
+        stay = subprocess.Popen(["sleep", "60"], start_new_session=True)
         orphan = subprocess.Popen(["sleep", "300"])
         sys.stderr.write(f"{orphan.pid} {stay.pid}\\n")
         sys.stderr.flush()

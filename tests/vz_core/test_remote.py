@@ -1,0 +1,290 @@
+"""RemoteDriver: the same Driver contract over a real plugin process."""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import psutil
+import pytest
+from vz_conformance.fake import FakeDriver
+
+from vz_core import Driver, ExecExit, ExecOutput, ExecSpec, RecreateMode, RunImageRequest
+from vz_core.drivers import launcher_for
+from vz_core.errors import (
+    AlreadyExistsError,
+    IncompatibleVersionError,
+    NotFoundError,
+    UnavailableError,
+    UnsupportedError,
+)
+from vz_core.remote import Mode, RemoteDriver
+from vz_core.transport import LaunchSpec, PluginLauncher
+
+TESTDRIVERS = Path(__file__).resolve().parents[1] / "vz_plugins" / "testdrivers.py"
+
+
+class Counting:
+    """A prepare callable that counts launches."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.launches = 0
+
+    def __call__(self) -> LaunchSpec:
+        self.launches += 1
+        return LaunchSpec(self.kind, [sys.executable, str(TESTDRIVERS), self.kind])
+
+
+def mini(kind: str = "mini", mode: Mode = "warm", **kwargs: object) -> tuple[RemoteDriver, Counting]:
+    prepare = Counting(kind)
+    return RemoteDriver(PluginLauncher(prepare, name=kind), mode=mode, **kwargs), prepare  # type: ignore[arg-type]
+
+
+async def _stdin(*chunks: bytes) -> AsyncIterator[bytes]:
+    for chunk in chunks:
+        yield chunk
+
+
+async def _run(driver: Driver, spec: ExecSpec, *chunks: bytes) -> tuple[bytes, bytes, ExecExit, list[int]]:
+    out, err, sizes = b"", b"", []
+    exit_event: ExecExit | None = None
+    async for event in driver.exec(spec, _stdin(*chunks)):
+        if isinstance(event, ExecOutput):
+            sizes.append(len(event.data))
+            if event.stream == "stdout":
+                out += event.data
+            else:
+                err += event.data
+        else:
+            exit_event = event
+    assert exit_event is not None
+    return out, err, exit_event, sizes
+
+
+# The same behaviour in-process and out of process -------------------------------------------------------
+
+
+@pytest.fixture(params=["in-process", "plugin"])
+async def fake(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Driver]:
+    driver: Driver
+    if request.param == "in-process":
+        driver = FakeDriver(tmp_path / "state")
+    else:
+        driver = RemoteDriver(launcher_for("fake", options={"state_dir": str(tmp_path / "state")}), name="fake")
+    try:
+        yield driver
+    finally:
+        await driver.close()
+
+
+async def test_lifecycle_and_exec_are_the_same_either_way(fake: Driver) -> None:
+    request = RunImageRequest("ws/1 ü", "img", environment={"SECRET": "opensesame"})
+    assert await fake.find("ws/1 ü") is None
+    await fake.run_image(request)
+    found = await fake.find("ws/1 ü")
+    assert found is not None and found.state.status == "running"
+    with pytest.raises(AlreadyExistsError):
+        await fake.run_image(request)
+    data = bytes(range(256)) * 4096  # 1 MiB through `cat`, fed as one chunk
+    out, err, exit_event, sizes = await _run(fake, ExecSpec("ws/1 ü", ("cat",)), data)
+    assert hashlib.sha256(out).digest() == hashlib.sha256(data).digest() and not err
+    assert exit_event.success and max(sizes) <= 32768
+    _, _, failed, _ = await _run(fake, ExecSpec("ws/1 ü", ("sh", "-c", "exit 7")))
+    assert failed == ExecExit(7)
+    await fake.stop("ws/1 ü")
+    await fake.stop("ws/1 ü")
+    stopped = await fake.find("ws/1 ü")
+    assert stopped is not None and stopped.state.status == "stopped"
+    await fake.delete("ws/1 ü")
+    await fake.delete("ws/1 ü")
+    assert await fake.find("ws/1 ü") is None
+    with pytest.raises(NotFoundError):
+        await fake.start("ws/1 ü")
+    assert await fake.target_architecture("ws/1 ü") in ("amd64", "arm64")
+
+
+# Negotiation -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fault", "field"),
+    [
+        ("incompatible-version", "api_major"),
+        ("malformed-info", "driver_name"),
+        ("unknown-enum-info", "capabilities.mount_types"),
+    ],
+)
+async def test_unusable_info_is_refused_before_any_other_call(tmp_path: Path, fault: str, field: str) -> None:
+    options = {"state_dir": str(tmp_path), "faults": [fault]}
+    driver = RemoteDriver(launcher_for("fake", options=options), name="fake")
+    try:
+        with pytest.raises(IncompatibleVersionError) as caught:
+            await driver.find("w")
+        assert caught.value.details["field"] == field
+        assert driver.connection is None, "an unusable plugin is shut down"
+    finally:
+        await driver.close()
+
+
+async def test_recreate_on_run_is_negotiated_and_never_granted_implicitly() -> None:
+    driver, _ = mini()
+    try:
+        negotiated = await driver.info(supports_recreate_on_run=True)
+        assert negotiated.capabilities is not None and negotiated.capabilities.recreate_mode == RecreateMode.ON_RUN
+        plain = await driver.info()
+        assert plain.capabilities is not None and plain.capabilities.recreate_mode == RecreateMode.DELETE
+    finally:
+        await driver.close()
+
+
+async def test_calls_not_advertised_are_refused_locally_without_a_launch() -> None:
+    driver, prepare = mini(mode="per_operation")
+    try:
+        await driver.info()
+        assert prepare.launches == 1
+        with pytest.raises(UnsupportedError, match="does not advertise Logs"):
+            async for _ in driver.logs("w"):
+                pass
+        with pytest.raises(UnsupportedError, match="ProvisioningPreflight"):
+            await driver.provisioning_preflight()
+        with pytest.raises(UnsupportedError, match="ReusePreflight"):
+            await driver.reuse_preflight("w", "dev")
+        assert prepare.launches == 1, "no launch, no RPC for a capability that is not advertised"
+    finally:
+        await driver.close()
+
+
+async def test_extensions_none_when_unimplemented_and_values_when_served() -> None:
+    plain, _ = mini()
+    ext, _ = mini("mini-ext")
+    try:
+        assert await plain.extensions() is None
+        got = await ext.extensions()
+        assert got is not None and got.profiles == ("developer",) and got.accelerator == "none"
+    finally:
+        await plain.close()
+        await ext.close()
+
+
+# Exec ------------------------------------------------------------------------------------------------
+
+
+async def test_stdin_is_cut_into_frames_of_at_most_32_kib() -> None:
+    driver, _ = mini()
+    try:
+        out, _, exit_event, sizes = await _run(driver, ExecSpec("w", ("echo-stdin",)), b"a" * 100000, b"b")
+        assert sizes == [32768, 32768, 32768, 1696, 1] and out == b"a" * 100000 + b"b"
+        assert exit_event.success
+    finally:
+        await driver.close()
+
+
+async def test_frames_reach_the_caller_as_sent() -> None:
+    driver, _ = mini()
+    try:
+        _, _, _, sizes = await _run(driver, ExecSpec("w", ("bigframe",)))
+        assert sizes == [70000], "the client does not repair frames: the conformance suite must see them"
+    finally:
+        await driver.close()
+
+
+async def test_a_plugin_crash_mid_exec_is_unavailable_with_its_redacted_stderr() -> None:
+    driver, prepare = mini()
+    try:
+        first_pid = await _first_pid(driver)
+        spec = ExecSpec("w", ("crash",), environment={"API_TOKEN": "tok-123456789"})
+        with pytest.raises(UnavailableError) as caught:
+            await _run(driver, spec)
+        err = caught.value
+        assert err.retryable and err.code == "UNAVAILABLE"
+        assert "the plugin process died during Exec (exit code 3)" in err.message
+        assert "about to crash; the environment holds ***" in err.runtime_message
+        assert "tok-123456789" not in err.runtime_message + err.message
+        # The next call relaunches.
+        assert await _first_pid(driver) != first_pid
+        assert prepare.launches == 2
+    finally:
+        await driver.close()
+
+
+async def _first_pid(driver: RemoteDriver) -> int:
+    await driver.info()
+    assert driver.connection is not None
+    return driver.connection.pid
+
+
+async def test_plugin_crash_during_negotiation_is_unavailable(tmp_path: Path) -> None:
+    options = {"state_dir": str(tmp_path), "faults": ["crash-during-info"]}
+    driver = RemoteDriver(launcher_for("fake", options=options), name="fake")
+    try:
+        with pytest.raises(UnavailableError, match="died during Info"):
+            await driver.preflight()
+    finally:
+        await driver.close()
+
+
+async def test_driver_errors_keep_their_category_and_lose_secrets() -> None:
+    driver, _ = mini()
+    try:
+        with pytest.raises(NotFoundError) as caught:
+            await driver.run_image(RunImageRequest("missing", "img", environment={"PW": "pa55word-xyz"}))
+        assert "pa55word-xyz" not in str(caught.value)
+    finally:
+        await driver.close()
+
+
+# Connection lifecycle ----------------------------------------------------------------------------------
+
+
+async def test_warm_mode_reuses_one_plugin_until_idle() -> None:
+    driver, prepare = mini(idle_timeout=0.3)
+    try:
+        await driver.find("a")
+        conn = driver.connection
+        assert conn is not None
+        await driver.find("b")
+        await driver.target_architecture("c")
+        assert driver.connection is conn and prepare.launches == 1
+        status = await conn.wait_exited(10.0)  # the idle timer shuts it down
+        assert status is not None and status.code == 0
+        await driver.find("d")
+        assert prepare.launches == 2 and driver.connection is not conn
+    finally:
+        await driver.close()
+
+
+async def test_per_operation_mode_launches_and_stops_a_plugin_per_call() -> None:
+    driver, prepare = mini(mode="per_operation")
+    pids: list[int] = []
+    original: Callable[[], object] = driver._launcher.launch  # type: ignore[union-attr]
+
+    async def tracking() -> object:
+        conn = await original()  # type: ignore[misc]
+        pids.append(conn.pid)  # type: ignore[attr-defined]
+        return conn
+
+    driver._launcher.launch = tracking  # type: ignore[method-assign,union-attr]
+    try:
+        await driver.find("a")
+        await driver.preflight()
+        _, _, exit_event, _ = await _run(driver, ExecSpec("w", ("echo-stdin",)), b"x")
+        assert exit_event.success
+    finally:
+        await driver.close()
+    assert prepare.launches == 3 and len(set(pids)) == 3
+    assert not any(psutil.pid_exists(pid) for pid in pids)
+
+
+async def test_a_ready_channel_can_be_driven_directly() -> None:
+    conn = await PluginLauncher(Counting("mini"), name="mini").launch()
+    try:
+        driver = RemoteDriver(channel=conn.channel, name="mini")
+        assert (await driver.info()).driver_name == "mini"
+        assert await driver.find("w") is None
+        await driver.close()
+        assert conn.alive, "the caller owns a channel it passed in"
+    finally:
+        await conn.shutdown()

@@ -1,0 +1,318 @@
+"""The plugin SDK as a go-plugin host sees it: a real plugin process, raw gRPC against it."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import grpc
+import psutil
+import pytest
+from vz_plugins import NOT_A_COMMAND
+
+from vz_core._proto.devsy.runtime.v1 import runtime_pb2 as pb
+from vz_core._proto.devsy.runtime.v1 import runtime_pb2_grpc as pb_grpc
+from vz_core._proto.vz.machine.v1 import extensions_pb2 as ext_pb
+from vz_core._proto.vz.machine.v1 import extensions_pb2_grpc as ext_grpc
+from vz_core._wire import runtime_errors_in
+from vz_core.transport import COOKIE_KEY, COOKIE_VALUE, LaunchSpec, PluginConnection, PluginLauncher
+
+TESTDRIVERS = Path(__file__).resolve().parent / "testdrivers.py"
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PLUGIN_") and k != COOKIE_KEY}
+    env.update(extra)
+    return env
+
+
+@pytest.fixture
+def plugin_process(tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """The mini plugin started by hand, the way a go-plugin host starts it (no TLS)."""
+    env = _env(**{COOKIE_KEY: COOKIE_VALUE, "PLUGIN_PROTOCOL_VERSIONS": "1,2", "PLUGIN_UNIX_SOCKET_DIR": str(tmp_path)})
+    proc = subprocess.Popen(
+        [sys.executable, str(TESTDRIVERS), "mini"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+
+
+async def _launch(kind: str = "mini") -> PluginConnection:
+    spec = LaunchSpec(kind, [sys.executable, str(TESTDRIVERS), kind])
+    return await PluginLauncher(lambda: spec, name=kind).launch()
+
+
+@pytest.fixture
+async def conn() -> AsyncIterator[PluginConnection]:
+    c = await _launch()
+    try:
+        yield c
+    finally:
+        await c.shutdown()
+
+
+def _stub(conn: PluginConnection) -> pb_grpc.RuntimeDriverStub:
+    return pb_grpc.RuntimeDriverStub(conn.channel)  # type: ignore[no-untyped-call]
+
+
+def _runtime_error(err: grpc.RpcError) -> pb.RuntimeError:
+    details = runtime_errors_in(err)
+    assert len(details) == 1, "every error status carries exactly one RuntimeError"
+    return details[0]
+
+
+# Process behaviour ------------------------------------------------------------------------------------
+
+
+def test_without_the_cookie_the_plugin_explains_and_exits_1() -> None:
+    out = subprocess.run([sys.executable, str(TESTDRIVERS), "mini"], env=_env(), capture_output=True, timeout=60)
+    assert out.returncode == 1
+    assert out.stdout == b""
+    assert out.stderr.decode() == NOT_A_COMMAND
+    assert "This binary is a plugin. These are not meant to be executed directly." in NOT_A_COMMAND
+
+
+@pytest.mark.parametrize("offered", ["2", "0,2,3"])
+def test_without_protocol_1_on_offer_the_plugin_exits_1(offered: str) -> None:
+    env = _env(**{COOKIE_KEY: COOKIE_VALUE, "PLUGIN_PROTOCOL_VERSIONS": offered})
+    out = subprocess.run([sys.executable, str(TESTDRIVERS), "mini"], env=env, capture_output=True, timeout=60)
+    assert out.returncode == 1
+    assert out.stdout == b""
+    assert f"the host offered PLUGIN_PROTOCOL_VERSIONS={offered!r}" in out.stderr.decode()
+
+
+def test_exactly_one_handshake_line_then_nothing_on_stdout(plugin_process: subprocess.Popen[bytes]) -> None:
+    assert plugin_process.stdout is not None
+    line = plugin_process.stdout.readline().decode()
+    assert re.fullmatch(r"1\|1\|unix\|/[^|]+/plugin-[0-9a-f]{8}\.sock\|grpc\|\n", line), line
+    socket_path = line.split("|")[3]
+    assert os.path.exists(socket_path)
+    plugin_process.send_signal(signal.SIGINT)  # ignored, like go-plugin plugins do
+    plugin_process.send_signal(signal.SIGTERM)
+    assert plugin_process.wait(timeout=10) == 0
+    assert plugin_process.stdout.read() == b"", "nothing but the handshake line ever reaches stdout"
+    assert not os.path.exists(socket_path)
+
+
+@pytest.mark.parametrize("offered", ["1", "1,2", "x,1", ""])
+def test_protocol_1_is_chosen_when_offered(offered: str, tmp_path: Path) -> None:
+    env = _env(**{COOKIE_KEY: COOKIE_VALUE, "PLUGIN_UNIX_SOCKET_DIR": str(tmp_path)})
+    if offered:
+        env["PLUGIN_PROTOCOL_VERSIONS"] = offered
+    with subprocess.Popen([sys.executable, str(TESTDRIVERS), "mini"], env=env, stdout=subprocess.PIPE) as proc:
+        assert proc.stdout is not None
+        line = proc.stdout.readline().decode()
+        proc.terminate()
+        proc.wait(timeout=10)
+    assert line.startswith("1|1|unix|"), line
+
+
+async def test_prints_after_the_handshake_go_to_stderr(
+    conn: PluginConnection, caplog: pytest.LogCaptureFixture
+) -> None:
+    call = _stub(conn).Exec()
+    await call.write(pb.ExecClientMessage(start=pb.ExecStart(workspace_id="w", argv=["print"])))
+    frames = [msg async for msg in call]  # the command exits without reading stdin: that is allowed
+    assert frames[-1].WhichOneof("payload") == "exit"
+    await conn.shutdown()
+    assert "hello from print()" in conn.stderr_tail()
+    assert "stdout after handshake" not in caplog.text
+
+
+async def test_shutdown_rpc_exits_the_process_promptly(conn: PluginConnection) -> None:
+    from vz_core._proto.plugin import grpc_controller_pb2, grpc_controller_pb2_grpc
+
+    stub = grpc_controller_pb2_grpc.GRPCControllerStub(conn.channel)  # type: ignore[no-untyped-call]
+    started = time.monotonic()
+    await stub.Shutdown(grpc_controller_pb2.Empty())
+    status = await conn.process.wait()
+    elapsed = time.monotonic() - started
+    assert status.code == 0
+    assert elapsed < 1.0, f"{elapsed:.2f}s from Shutdown to exit"
+
+
+# Unary calls ------------------------------------------------------------------------------------------
+
+
+async def test_info_and_simple_calls_translate(conn: PluginConnection) -> None:
+    stub = _stub(conn)
+    info = await stub.Info(pb.InfoRequest(supports_recreate_on_run=True))
+    assert (info.api_major, info.api_minor, info.driver_name) == (1, 3, "mini")
+    assert info.capabilities.recreate_mode == pb.RECREATE_MODE_ON_RUN
+    assert (await stub.Info(pb.InfoRequest())).capabilities.recreate_mode == pb.RECREATE_MODE_DELETE
+    assert not (await stub.Find(pb.FindRequest(workspace_id="w"))).found
+    assert (await stub.TargetArchitecture(pb.TargetArchitectureRequest(workspace_id="w"))).architecture == "amd64"
+    await stub.Preflight(pb.PreflightRequest())
+
+
+@pytest.mark.parametrize(
+    ("rpc", "request_"),
+    [
+        ("ProvisioningPreflight", pb.ProvisioningPreflightRequest()),
+        ("ReusePreflight", pb.ReusePreflightRequest(workspace_id="w", remote_user="dev")),
+        ("Logs", pb.LogsRequest(workspace_id="w")),
+    ],
+)
+async def test_calls_the_driver_does_not_advertise_are_unsupported(
+    conn: PluginConnection, rpc: str, request_: object
+) -> None:
+    method = getattr(_stub(conn), rpc)
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        if rpc == "Logs":
+            async for _ in method(request_):
+                pass
+        else:
+            await method(request_)
+    assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert _runtime_error(caught.value).code == pb.RUNTIME_ERROR_CODE_UNSUPPORTED
+
+
+async def test_driver_errors_carry_one_runtime_error_with_secrets_redacted(conn: PluginConnection) -> None:
+    request = pb.RunImageRequest(workspace_id="missing", image="i", environment={"TOKEN": "hunter2hunter2"})
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await _stub(conn).RunImage(request)
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+    detail = _runtime_error(caught.value)
+    assert detail.code == pb.RUNTIME_ERROR_CODE_NOT_FOUND
+    assert "no Machine 'missing'" in detail.message and "hunter2hunter2" not in detail.message
+
+
+async def test_unexpected_exceptions_are_runtime_failures_with_a_generic_message(conn: PluginConnection) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        call = _stub(conn).Exec()
+        await call.write(
+            pb.ExecClientMessage(start=pb.ExecStart(workspace_id="w", argv=["boom"], environment={"K": "s3cr3t-xyz"}))
+        )
+        async for _ in call:
+            pass
+    assert caught.value.code() == grpc.StatusCode.INTERNAL
+    detail = _runtime_error(caught.value)
+    assert detail.code == pb.RUNTIME_ERROR_CODE_RUNTIME_FAILURE
+    assert detail.message == "the driver failed unexpectedly during Exec; see the plugin's log for details"
+    assert detail.runtime_message.startswith("ValueError: unexpected failure with")
+    assert "s3cr3t-xyz" not in detail.runtime_message and "***" in detail.runtime_message
+    assert "Traceback" in conn.stderr_tail()
+
+
+async def test_extensions_unimplemented_without_and_served_with(conn: PluginConnection) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await ext_grpc.MachineExtensionsStub(conn.channel).Extensions(ext_pb.ExtensionsRequest())  # type: ignore[no-untyped-call]
+    assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    other = await _launch("mini-ext")
+    try:
+        reply = await ext_grpc.MachineExtensionsStub(other.channel).Extensions(ext_pb.ExtensionsRequest())  # type: ignore[no-untyped-call]
+        assert (list(reply.profiles), reply.accelerator, reply.tty) == (["developer"], "none", False)
+    finally:
+        await other.shutdown()
+
+
+# Exec -------------------------------------------------------------------------------------------------
+
+
+async def _exec(conn: PluginConnection, frames: list[pb.ExecClientMessage], half_close: bool = True) -> list[object]:
+    call = _stub(conn).Exec()
+    for frame in frames:
+        await call.write(frame)
+    if half_close:
+        await call.done_writing()
+    return [msg async for msg in call]
+
+
+START = pb.ExecClientMessage(start=pb.ExecStart(workspace_id="w", argv=["echo-stdin"]))
+START_WAIT = pb.ExecClientMessage(start=pb.ExecStart(workspace_id="w", argv=["wait"]))  # runs past close_stdin
+CLOSE = pb.ExecClientMessage(close_stdin=pb.CloseStdin())
+
+
+def _stdin(data: bytes) -> pb.ExecClientMessage:
+    return pb.ExecClientMessage(stdin=data)
+
+
+async def test_exec_streams_stdin_back_frame_by_frame(conn: PluginConnection) -> None:
+    frames = await _exec(conn, [START, _stdin(b"a" * 32768), _stdin(b"bc"), CLOSE])
+    kinds = [(m.WhichOneof("payload"), len(m.stdout.data)) for m in frames]  # type: ignore[attr-defined]
+    assert kinds == [("stdout", 32768), ("stdout", 2), ("exit", 0)]
+
+
+async def test_exec_forwards_frames_faithfully_even_when_they_break_the_rules(conn: PluginConnection) -> None:
+    start = pb.ExecClientMessage(start=pb.ExecStart(workspace_id="w", argv=["bigframe"]))
+    frames = await _exec(conn, [start, CLOSE])
+    assert len(frames[0].stdout.data) == 70000  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("frames", "fragment"),
+    [
+        pytest.param([CLOSE], "first exec frame must be 'start'", id="first-not-start"),
+        pytest.param([pb.ExecClientMessage()], "first exec frame must be 'start'", id="first-unset"),
+        pytest.param([], "ended before its start frame", id="no-frames"),
+        pytest.param([START, START], "a second start frame", id="second-start"),
+        pytest.param([START, pb.ExecClientMessage()], "a frame with no payload", id="unset-payload"),
+        pytest.param([START, _stdin(b"")], "an empty stdin frame", id="empty-stdin"),
+        pytest.param([START, _stdin(b"x" * 32769)], "a stdin frame of 32769 bytes", id="oversized-stdin"),
+        pytest.param([START_WAIT, CLOSE, _stdin(b"late")], "a stdin frame after close_stdin", id="data-after-close"),
+        pytest.param([START_WAIT, CLOSE, CLOSE], "a close_stdin frame after close_stdin", id="second-close"),
+        pytest.param([START, _stdin(b"x")], "ended before close_stdin", id="eof-before-close"),
+        pytest.param([pb.ExecClientMessage(start=pb.ExecStart(workspace_id="w"))], "empty argv", id="empty-argv"),
+    ],
+)
+async def test_exec_protocol_violations_are_invalid_argument(
+    conn: PluginConnection, frames: list[pb.ExecClientMessage], fragment: str
+) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await _exec(conn, frames)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    detail = _runtime_error(caught.value)
+    assert detail.code == pb.RUNTIME_ERROR_CODE_INVALID_ARGUMENT
+    assert fragment in detail.message
+
+
+async def test_tty_exec_is_unsupported_without_the_extension(conn: PluginConnection) -> None:
+    start = pb.ExecClientMessage(start=pb.ExecStart(workspace_id="w", argv=["echo-stdin"], tty=True))
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await _exec(conn, [start, CLOSE])
+    assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert _runtime_error(caught.value).code == pb.RUNTIME_ERROR_CODE_UNSUPPORTED
+
+
+async def test_exec_deadline_kills_the_command(conn: PluginConnection) -> None:
+    start = pb.ExecClientMessage(
+        start=pb.ExecStart(workspace_id="w", argv=["spawn", "sh", "-c", "sleep 300 & echo $!; wait"])
+    )
+    call = _stub(conn).Exec(timeout=2.0)
+    await call.write(start)
+    first = await call.read()
+    sleep = psutil.Process(int(first.stdout.data.split()[0]))
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        while await call.read() is not grpc.aio.EOF:  # type: ignore[attr-defined]
+            pass
+    assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    _, alive = await asyncio.to_thread(psutil.wait_procs, [sleep], 10)
+    assert not alive, "the command was killed when the deadline passed"
+
+
+async def test_a_slow_reader_throttles_the_driver_while_other_calls_are_served(conn: PluginConnection) -> None:
+    start = pb.ExecClientMessage(start=pb.ExecStart(workspace_id="w", argv=["spawn", "yes"]))
+    call = _stub(conn).Exec()
+    await call.write(start)
+    first = await call.read()
+    assert first.stdout.data
+    # We stop reading: flow control must stop `yes` rather than buffer without bound in the plugin.
+    plugin = psutil.Process(conn.pid)
+    rss = plugin.memory_info().rss
+    for _ in range(20):
+        assert (await _stub(conn).Info(pb.InfoRequest())).driver_name == "mini"
+    await asyncio.sleep(1.0)  # `yes` would write gigabytes per second if nothing held it back
+    growth = plugin.memory_info().rss - rss
+    assert growth < 32 * 1024 * 1024, f"plugin grew by {growth} bytes under a paused consumer"
+    call.cancel()
