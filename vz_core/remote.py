@@ -311,8 +311,12 @@ class RemoteDriver(Driver):
                 while True:
                     try:
                         msg = await call.read()
-                    except grpc.RpcError as exc:
+                    except (grpc.RpcError, asyncio.CancelledError) as exc:
                         finished = True
+                        if pump.done() and not pump.cancelled() and (failure := pump.exception()) is not None:
+                            raise failure from None  # our stdin iterator failed: that is the error to report
+                        if not isinstance(exc, grpc.RpcError):
+                            raise
                         raise await self._translate(exc, "Exec", s.conn) from None
                     if msg is _EOF:
                         break
@@ -406,3 +410,8 @@ async def _send_exec(call: Any, spec: ExecSpec, stdin: AsyncIterator[bytes]) -> 
     except (grpc.RpcError, asyncio.InvalidStateError):
         # The call ended (the command exited early, or it failed): the receive loop reports the outcome.
         return
+    except BaseException:
+        # The caller's stdin failed: cancel the call (the plugin kills the command) and let the receive loop
+        # report this exception.
+        call.cancel()
+        raise

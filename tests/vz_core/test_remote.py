@@ -182,6 +182,23 @@ async def test_stdin_is_cut_into_frames_of_at_most_32_kib() -> None:
         await driver.close()
 
 
+async def test_a_failing_stdin_iterator_cancels_the_exec_and_is_reported() -> None:
+    driver, _ = mini()
+
+    async def broken() -> AsyncIterator[bytes]:
+        yield b"first"
+        raise OSError("the input file went away")
+
+    try:
+        events = driver.exec(ExecSpec("w", ("echo-stdin",)), broken())
+        with pytest.raises(OSError, match="the input file went away"):
+            async for _ in events:
+                pass
+        assert (await driver.info()).driver_name == "mini"  # the plugin keeps serving
+    finally:
+        await driver.close()
+
+
 async def test_frames_reach_the_caller_as_sent() -> None:
     driver, _ = mini()
     try:

@@ -1,14 +1,14 @@
 """The plugin supervisor: a tiny process that owns a plugin's whole process tree (PROTOCOL.md §7).
 
-Run as ``python -I -S _supervise.py CTL_FD EXEC_FD CLEANUP_DIR -- ARGV...`` by the host (stdlib only, so it
-starts in a few milliseconds and never imports vz). It
+Run by the host as ``python -I -S`` with arguments ``CTL_FD EXEC_FD CLEANUP_DIR -- ARGV...`` (imported as a
+top-level module so its bytecode is cached; it never imports vz). It
 
 * marks itself child subreaper (Linux) so orphaned descendants of the plugin are reparented to it, and asks
   for SIGHUP when its parent dies;
 * forks the plugin into a new session (its own process group) and executes it: through ``EXEC_FD`` when it is
   not -1 (the verified, sealed copy the host hashed: ``fexecve``), else by path ``ARGV[0]``;
 * reports on the control socket ``CTL_FD`` (a socketpair with the host): ``pid N`` once the plugin runs
-  (or ``execfail ERRNO MESSAGE``), then ``exit CODE SIGNAL`` at the end;
+  (or ``execfail ERRNO MESSAGE``), then ``exit CODE SIGNUM`` at the end (SIGNUM 0: it exited by itself);
 * obeys the host on the same socket: ``term GRACE`` (SIGTERM to the plugin's group, SIGKILL after GRACE
   seconds) and ``kill``; end of file on the socket means the host died: everything is killed at once;
 * when the plugin exits, for whatever reason, kills every process left in the plugin's session (Linux: every
@@ -16,16 +16,20 @@ starts in a few milliseconds and never imports vz). It
   removes ``CLEANUP_DIR`` (the socket directory; "-" for none) and exits with the plugin's status.
 
 A backend process that must outlive the plugin (a VM monitor tracked by the driver's own state) detaches
-explicitly by starting a new session (``setsid``/``start_new_session=True``); nothing else survives.
+explicitly by starting a new session (``setsid``/``start_new_session=True``); nothing else survives. So a
+driver runs its commands in their own process *group* (``process_group=0``), never in a new session.
+
+Startup cost is the point of its shape: only builtin/C modules are imported (``_signal`` rather than
+``signal``, whose enums pull in ``re``; ``_ctypes`` rather than ``ctypes``; no ``shutil``), so the supervisor
+is running in about the time of a bare ``python -I -S``.
 """
 
 from __future__ import annotations
 
+import _signal as signal  # type: ignore[import-not-found]
 import errno
 import os
 import select
-import shutil
-import signal
 import sys
 
 PR_SET_PDEATHSIG = 1
@@ -42,11 +46,38 @@ def _log(message: str) -> None:
 def _prctl(option: int, value: int) -> None:
     if not sys.platform.startswith("linux"):
         return
-    import ctypes
+    import _ctypes
 
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(option, value, 0, 0, 0) != 0:
-        _log(f"prctl({option}) failed: {os.strerror(ctypes.get_errno())}")
+    class _Int(_ctypes._SimpleCData):  # type: ignore[type-arg]
+        _type_ = "i"
+
+    class _Func(_ctypes.CFuncPtr):
+        _flags_ = _ctypes.FUNCFLAG_CDECL | _ctypes.FUNCFLAG_USE_ERRNO
+        _restype_ = _Int
+
+    prctl = _Func(_ctypes.dlsym(_ctypes.dlopen(None), "prctl"))  # type: ignore[arg-type]
+    if prctl(option, value, 0, 0, 0) != 0:
+        _log(f"prctl({option}, {value}) failed")
+
+
+def _rmtree(path: str) -> None:
+    """Remove a directory tree without following symlinks (``shutil`` costs milliseconds to import)."""
+    try:
+        entries = list(os.scandir(path))
+    except OSError:
+        return
+    for entry in entries:
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                _rmtree(entry.path)
+            else:
+                os.unlink(entry.path)
+        except OSError:
+            pass
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass
 
 
 def _session_members(sid: int) -> list[int]:
@@ -78,7 +109,7 @@ class Supervisor:
         self.cleanup = cleanup
         self.argv = argv
         self.pid = 0
-        self.status: tuple[int, str] | None = None
+        self.status: tuple[int, int] | None = None
         self.parent = os.getppid()
         self.ctl_buf = b""
         self.ctl_open = True
@@ -144,9 +175,9 @@ class Supervisor:
                 return
             if pid == self.pid and self.status is None:
                 if os.WIFSIGNALED(status):
-                    self.status = (-os.WTERMSIG(status), signal.Signals(os.WTERMSIG(status)).name)
+                    self.status = (-os.WTERMSIG(status), os.WTERMSIG(status))
                 else:
-                    self.status = (os.waitstatus_to_exitcode(status), "")
+                    self.status = (os.waitstatus_to_exitcode(status), 0)
 
     def kill_tree(self) -> None:
         """SIGKILL the plugin's group and session until nothing of it is left; reap what is ours."""
@@ -218,7 +249,7 @@ class Supervisor:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is for the host to handle
         signal.signal(signal.SIGPIPE, signal.SIG_IGN)
         _prctl(PR_SET_CHILD_SUBREAPER, 1)
-        _prctl(PR_SET_PDEATHSIG, int(signal.SIGHUP))
+        _prctl(PR_SET_PDEATHSIG, signal.SIGHUP)
         if os.getppid() != self.parent:
             return 1  # the host died before we could watch it
         devnull = os.open(os.devnull, os.O_WRONLY)
@@ -252,9 +283,9 @@ class Supervisor:
             self.terminate(grace)
         self.kill_tree()
         if self.cleanup != "-":
-            shutil.rmtree(self.cleanup, ignore_errors=True)
-        code, sig_name = self.status or (-9, "SIGKILL")
-        self.send(f"exit {code} {sig_name}".rstrip())
+            _rmtree(self.cleanup)
+        code, signum = self.status or (-signal.SIGKILL, signal.SIGKILL)
+        self.send(f"exit {code} {signum}")
         return code if code >= 0 else 128 - code
 
 
