@@ -297,9 +297,10 @@ def serve(
         sys.stderr.flush()
         sys.exit(1)
     handshake_fd = _claim_stdout()
+    level = os.environ.get("VZ_PLUGIN_LOG_LEVEL", "INFO").upper()
     logging.basicConfig(
         stream=sys.stderr,
-        level=os.environ.get("VZ_PLUGIN_LOG_LEVEL", "INFO").upper(),
+        level=level if level in logging.getLevelNamesMapping() else logging.INFO,
         format="%(levelname)s %(name)s: %(message)s",
     )
     chosen: Network = network or ("tcp" if sys.platform == "win32" else "unix")

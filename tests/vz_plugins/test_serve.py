@@ -75,8 +75,10 @@ def _runtime_error(err: grpc.RpcError) -> pb.RuntimeError:
 # Process behaviour ------------------------------------------------------------------------------------
 
 
-def test_without_the_cookie_the_plugin_explains_and_exits_1() -> None:
-    out = subprocess.run([sys.executable, str(TESTDRIVERS), "mini"], env=_env(), capture_output=True, timeout=60)
+@pytest.mark.parametrize("cookie", [None, "", "devsy-runtime-v2"], ids=["missing", "empty", "wrong"])
+def test_without_the_cookie_the_plugin_explains_and_exits_1(cookie: str | None) -> None:
+    env = _env() if cookie is None else _env(**{COOKIE_KEY: cookie})
+    out = subprocess.run([sys.executable, str(TESTDRIVERS), "mini"], env=env, capture_output=True, timeout=60)
     assert out.returncode == 1
     assert out.stdout == b""
     assert out.stderr.decode() == NOT_A_COMMAND
