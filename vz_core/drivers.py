@@ -79,15 +79,17 @@ class ManifestStore:
         path = self._path(name)
         try:
             raw = json.loads(path.read_text())
+            manifest, driver_dir = raw["manifest"], Path(raw["driver_dir"])
+            manifest_path, added_at = str(raw["manifest_path"]), str(raw["added_at"])
         except FileNotFoundError:
             return None
-        except (OSError, ValueError) as exc:
-            raise TrustError(f"the record of driver {name!r} ({path}) is unreadable: {exc}; add it again") from None
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise TrustError(f"the record of driver {name!r} ({path}) is unreadable ({exc!r}); add it again") from None
         return ExternalRecord(
-            manifest=parse_manifest(raw["manifest"], source=f"recorded manifest of {name!r}"),
-            driver_dir=Path(raw["driver_dir"]),
-            manifest_path=raw["manifest_path"],
-            added_at=raw["added_at"],
+            manifest=parse_manifest(manifest, source=f"recorded manifest of {name!r}"),
+            driver_dir=driver_dir,
+            manifest_path=manifest_path,
+            added_at=added_at,
         )
 
     def put(self, record: ExternalRecord) -> None:

@@ -157,3 +157,10 @@ async def test_a_builtin_console_script_runs_through_the_checksummed_path(tmp_pa
         assert (await driver.info()).driver_name == "fake"
     finally:
         await driver.close()
+
+
+def test_a_damaged_record_is_reported_not_trusted(store: ManifestStore) -> None:
+    store.root.mkdir(parents=True)
+    (store.root / "broken.json").write_text('{"manifest": {}}')
+    with pytest.raises(TrustError, match="record of driver 'broken' .* is unreadable"):
+        resolve("broken", store=store)
