@@ -162,5 +162,5 @@ async def test_a_builtin_console_script_runs_through_the_checksummed_path(tmp_pa
 def test_a_damaged_record_is_reported_not_trusted(store: ManifestStore) -> None:
     store.root.mkdir(parents=True)
     (store.root / "broken.json").write_text('{"manifest": {}}')
-    with pytest.raises(TrustError, match="record of driver 'broken' .* is unreadable"):
+    with pytest.raises(TrustError, match=r"record of driver 'broken' .* is unreadable"):
         resolve("broken", store=store)
