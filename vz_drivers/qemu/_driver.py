@@ -656,33 +656,36 @@ class QemuDriver(Driver):
         connect = asyncio.ensure_future(self._connect(record, timeout=self._boot_timeout))
         died = asyncio.ensure_future(_wait_gone(record.qemu_pid, record.qemu_start_time))
         try:
-            done, _ = await asyncio.wait({connect, died}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            died.cancel()
+            await asyncio.wait({connect, died}, return_when=asyncio.FIRST_COMPLETED)
+            if connect.done() and not connect.cancelled() and connect.exception() is None:
+                self._ls().conns[record.key] = connect.result()
+                return
             if not connect.done():
                 connect.cancel()
                 with contextlib.suppress(BaseException):
                     await connect
-        if connect not in done:
-            console = await asyncio.to_thread(_tail, paths.console)
+            elif not died.done():
+                # The connection broke: when the VM is going down, its console says why.
+                await asyncio.wait({died}, timeout=5)
+        finally:
+            died.cancel()
+        console = await asyncio.to_thread(_tail, paths.console)
+        if died.done() and not died.cancelled():
             failed = [line for line in console.splitlines() if "VZ-INIT-FAILED:" in line]
             detail = failed[-1].split("VZ-INIT-FAILED:", 1)[1].strip() if failed else "see the console log"
             raise RuntimeFailureError(
                 f"Machine {record.workspace_id!r} stopped while booting: {detail} ({paths.console})",
                 runtime_message=console,
             )
-        try:
-            conn = connect.result()
-        except UnavailableError as exc:
-            console = await asyncio.to_thread(_tail, paths.console)
-            if "did not answer the handshake" in exc.message:
-                raise RuntimeTimeoutError(
-                    f"Machine {record.workspace_id!r} did not become ready within {self._boot_timeout:g} s "
-                    f"(console log: {paths.console})",
-                    runtime_message=console,
-                ) from None
-            raise
-        self._ls().conns[record.key] = conn
+        exc = connect.exception()
+        assert exc is not None
+        if isinstance(exc, UnavailableError) and "did not answer the handshake" in exc.message:
+            raise RuntimeTimeoutError(
+                f"Machine {record.workspace_id!r} did not become ready within {self._boot_timeout:g} s "
+                f"(console log: {paths.console})",
+                runtime_message=console,
+            ) from None
+        raise exc
 
     async def _connect(self, record: MachineRecord, *, timeout: float) -> _Conn:  # noqa: ASYNC109
         """Take the first free agent port of the Machine (a cross-process flock) and complete the handshake."""

@@ -53,8 +53,13 @@ die() {
 $bb mount -t proc proc /proc
 $bb mount -t sysfs sysfs /sys
 $bb mount -t devtmpfs devtmpfs /dev
-$bb mkdir -p /run/vz/cfg /mnt/root
-$bb ln -s /proc/self/fd /dev/fd 2>/dev/null
+$bb mkdir -p /run/vz/cfg /mnt/root /dev/pts /dev/shm
+$bb mount -t devpts -o gid=5,mode=620,ptmxmode=666 devpts /dev/pts
+$bb mount -t tmpfs -o mode=1777,nosuid,nodev shm /dev/shm
+$bb ln -sf /proc/self/fd /dev/fd
+$bb ln -sf /proc/self/fd/0 /dev/stdin
+$bb ln -sf /proc/self/fd/1 /dev/stdout
+$bb ln -sf /proc/self/fd/2 /dev/stderr
 if [ -s /etc/vz/modules ]; then
 	$bb modprobe -a $($bb cat /etc/vz/modules) || die "loading the kernel modules failed"
 fi

@@ -1,0 +1,107 @@
+"""Lifecycle of real Machines: Stop shuts the guest down cleanly, Start boots the same root disk, recreation
+resets it and keeps volumes and the workspace, Delete removes everything, and boot failures are reported."""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from qemu_testlib import qemu_processes, run
+
+from vz_core import Mount, MountType, RunImageRequest
+from vz_core.errors import FailedPreconditionError, RuntimeFailureError, UnsupportedError
+from vz_drivers.qemu import QemuDriver
+from vz_drivers.qemu._state import machine_key
+
+pytestmark = pytest.mark.slow
+
+
+def _fs_state(disk: Path) -> str:
+    out = subprocess.run(["dumpe2fs", "-h", str(disk)], capture_output=True, text=True, check=True).stdout
+    return next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Filesystem state:"))
+
+
+async def test_stop_start_recreate_delete(driver: QemuDriver, state_dir: Path, tmp_path: Path) -> None:
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    request = RunImageRequest(
+        workspace_id="life",
+        image="vz:default",
+        workspace_mount=Mount(MountType.BIND, str(workspace), "/workspace"),
+        mounts=(Mount(MountType.VOLUME, "life-volume", "/data"), Mount(MountType.TMPFS, "", "/scratch")),
+    )
+    await driver.run_image(request)
+    first = await driver.find("life")
+    assert first is not None and first.state.status == "running"
+    write = "echo local > /var/tmp/local; echo vol > /data/v; echo ws > /workspace/w; echo tmp > /scratch/t"
+    assert (await run(driver, "life", "sh", "-c", write)).exit.success  # type: ignore[union-attr]
+
+    await driver.stop("life")
+    await driver.stop("life")  # idempotent
+    stopped = await driver.find("life")
+    assert stopped is not None and stopped.state.status == "stopped" and stopped.id == first.id
+    assert qemu_processes(state_dir) == []
+    disk = state_dir / "machines" / machine_key("life") / "disk.img"
+    assert _fs_state(disk) == "clean", "Stop must unmount the root disk before the VM powers off"
+    with pytest.raises(FailedPreconditionError):
+        await run(driver, "life", "true")
+
+    await driver.start("life")
+    await driver.start("life")  # idempotent
+    check = "cat /var/tmp/local /data/v /workspace/w; ls -A /scratch"
+    assert (await run(driver, "life", "sh", "-c", check)).stdout == b"local\nvol\nws\n"
+
+    await driver.run_image(replace(request, allow_recreate=True))
+    replaced = await driver.find("life")
+    assert replaced is not None and replaced.id != first.id and replaced.state.status == "running"
+    check = "[ -e /var/tmp/local ] && echo still-there; cat /data/v /workspace/w"
+    assert (await run(driver, "life", "sh", "-c", check)).stdout == b"vol\nws\n"
+
+    # An invalid replacement is refused before the running Machine is touched.
+    bad = replace(request, allow_recreate=True, mounts=(Mount(MountType.UNSPECIFIED, "x", "/x"),))
+    with pytest.raises(UnsupportedError):
+        await driver.run_image(bad)
+    assert await driver.find("life") == replaced
+
+    await driver.delete("life")
+    await driver.delete("life")  # idempotent
+    assert await driver.find("life") is None
+    assert not (state_dir / "machines" / machine_key("life")).exists()
+    assert qemu_processes(state_dir) == []
+    assert (workspace / "w").read_text() == "ws\n"
+
+
+async def test_a_guest_that_cannot_boot_is_reported_with_the_console_reason(
+    driver: QemuDriver, state_dir: Path
+) -> None:
+    await driver.run_image(RunImageRequest(workspace_id="broken", image="vz:default"))
+    await driver.stop("broken")
+    disk = state_dir / "machines" / machine_key("broken") / "disk.img"
+    with disk.open("r+b") as f:  # wipe the superblock: the init cannot mount the root disk any more
+        f.write(b"\0" * 8192)
+    with pytest.raises(RuntimeFailureError, match="cannot mount the root disk"):
+        await driver.start("broken")
+    details = await driver.find("broken")
+    assert details is not None and details.state.status == "stopped"
+    assert "cannot mount the root disk" in details.state.error
+    assert qemu_processes(state_dir) == []
+
+
+async def test_qemu_refusing_to_start_leaves_nothing_behind(
+    state_dir: Path, image_dir: Path, agent_binary: str, tmp_path: Path
+) -> None:
+    not_a_kernel = tmp_path / "vmlinuz-bogus"
+    not_a_kernel.write_bytes(b"this is not a kernel\n" * 100)
+    driver = QemuDriver(
+        state_dir=state_dir, image_dir=image_dir, agent_binary=agent_binary, kernel=str(not_a_kernel), accelerator="tcg"
+    )
+    try:
+        with pytest.raises(RuntimeFailureError, match="QEMU refused to start"):
+            await driver.run_image(RunImageRequest(workspace_id="no-kernel", image="vz:default"))
+        assert await driver.find("no-kernel") is None
+        assert qemu_processes(state_dir) == []
+        assert not any((state_dir / "machines").iterdir())
+    finally:
+        await driver.close()
