@@ -8,7 +8,8 @@ Run as ``python testdrivers.py KIND``; the directory of this file is on ``sys.pa
   the environment, ``bigframe`` sends one 70000-byte frame (a rule break the SDK must forward as is), and
   ``wait`` yields one frame and then waits forever, ``spawn ARGV...`` runs ARGV as a real process in its own
   process group inside the plugin's session (stdout streamed; killed when the exec is closed), and
-  ``spawn-crash ARGV...`` does the same but the plugin dies after the first output frame;
+  ``spawn-crash ARGV...`` does the same but the plugin dies after the first output frame, as soon as the
+  client sends a stdin chunk;
 * ``mini-p521``: the same, with a P-521 AutoMTLS certificate (what Go plugins use);
 * ``mini-tcp``: the same, listening on loopback TCP;
 * ``mini-ext``: the same, with vz.machine.v1 extensions (tty not supported).
@@ -126,6 +127,9 @@ class MiniDriver(Driver):
                 while chunk := await proc.stdout.read(32768):
                     yield ExecOutput("stdout", chunk)
                     if kind == "spawn-crash":
+                        # Die once the client has seen the frame (it answers with one stdin chunk), so the
+                        # frame is not lost in our send buffer.
+                        await stdin.__anext__()
                         os._exit(3)
                 yield ExecExit(await proc.wait())
             finally:
