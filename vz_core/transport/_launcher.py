@@ -467,8 +467,9 @@ class PluginLauncher:
 
 
 async def _status_soon(process: PluginProcess) -> ExitStatus | None:
+    # Stdout reached its end: the plugin is normally exiting; give it a moment to say how.
     with contextlib.suppress(TimeoutError):
-        return await asyncio.wait_for(process.wait(), 2.0)
+        return await asyncio.wait_for(process.wait(), 0.5)
     return None
 
 

@@ -83,7 +83,6 @@ HOST = textwrap.dedent(
 )
 
 
-@pytest.mark.slow
 def test_host_killed_with_sigkill_mid_exec_leaves_nothing(tmp_path: Path) -> None:
     script = tmp_path / "host.py"
     script.write_text(HOST.format(testdrivers=str(TESTDRIVERS)))
