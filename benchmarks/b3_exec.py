@@ -1,0 +1,24 @@
+"""B3: exec round trip of `true` in a running Machine (linux_native, in-process and via plugin).
+
+The measurement is ``benchmarks.linux_native_bench.b3_exec`` (see its docstring). Where linux_native cannot run
+Machines (its Preflight fails: not root, no overlayfs, no cgroups, no runc) it is skipped with a note.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from benchmarks._common import linux_native_problem
+from benchmarks.linux_native_bench import b3_exec
+
+ID = "B3"
+TITLE = "exec round trip of `true` in a running Machine (linux_native, in-process and via plugin)"
+
+
+async def run(ctx: Any) -> dict[str, Any]:
+    problem = await linux_native_problem(ctx.workdir / "preflight")
+    if problem:
+        ctx.notes.append(f"not measured: linux_native cannot run Machines here: {problem}")
+        return {"headline": "not measured: linux_native unavailable (see notes)", "measured": False}
+    data = await b3_exec(ctx.smoke, ctx.workdir)
+    return {"measured": True, **data}
