@@ -802,8 +802,9 @@ class QemuDriver(Driver):
                 else:
                     # Only the agent on port 0 is PID 1; SIGTERM makes it stop everything and power off.
                     spec = ExecSpec(workspace_id=record.workspace_id, argv=("/bin/busybox", "kill", "-TERM", "1"))
-                    async for _ in conn.client.exec(spec, _no_input(), root_override="/"):
-                        pass
+                    async with contextlib.aclosing(conn.client.exec(spec, _no_input(), root_override="/")) as ev:
+                        async for _ in ev:
+                            pass
                 await _wait_gone(pid, start)
         except (DriverError, TimeoutError):
             pass
@@ -844,8 +845,10 @@ class QemuDriver(Driver):
             )
         conn = await self._conn(record)
         full = replace(spec, user=spec.user or record.user, workdir=spec.workdir or record.working_dir)
-        async for event in conn.client.exec(full, stdin):
-            yield event
+        # aclosing: a caller that stops early (cancellation) kills the command now, not at garbage collection.
+        async with contextlib.aclosing(conn.client.exec(full, stdin)) as events:
+            async for event in events:
+                yield event
 
     async def logs(self, workspace_id: str) -> AsyncIterator[bytes]:
         record = self._require(workspace_id)
@@ -855,8 +858,9 @@ class QemuDriver(Driver):
                 details={"workspace_id": workspace_id},
             )
         conn = await self._conn(record)
-        async for chunk in conn.client.logs():
-            yield chunk
+        async with contextlib.aclosing(conn.client.logs()) as chunks:
+            async for chunk in chunks:
+                yield chunk
 
     async def close(self) -> None:
         state = self._ls()

@@ -10,11 +10,10 @@ from __future__ import annotations
 import asyncio
 import shutil
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from qemu_testlib import qemu_processes
+from qemu_testlib import Booted, make_driver, qemu_processes
 
 from vz_core import HostRequirements, Mount, MountType, RunImageRequest
 from vz_drivers.qemu import QemuDriver, cleanup_state
@@ -46,10 +45,6 @@ def state_dir(tmp_path: Path) -> Path:
     return tmp_path / "state"
 
 
-def make_driver(state_dir: Path, image_dir: Path, agent_binary: str) -> QemuDriver:
-    return QemuDriver(state_dir=state_dir, image_dir=image_dir, agent_binary=agent_binary, stop_timeout=5)
-
-
 @pytest.fixture
 async def driver(state_dir: Path, image_dir: Path, agent_binary: str) -> AsyncIterator[QemuDriver]:
     """A driver on a private state directory; every Machine it leaves is deleted afterwards."""
@@ -61,22 +56,6 @@ async def driver(state_dir: Path, image_dir: Path, agent_binary: str) -> AsyncIt
         await drv.close()
         await cleanup_state(str(state_dir), image_dir=str(image_dir), agent_binary=agent_binary)
         assert qemu_processes(state_dir) == [], "a QEMU process outlived its Machine"
-
-
-@dataclass(frozen=True)
-class Booted:
-    """The module's shared Machine: its id, where its state lives, and its host-side directories."""
-
-    workspace_id: str
-    state_dir: Path
-    image_dir: Path
-    agent_binary: str
-    workspace: Path
-    read_only: Path
-    boot_seconds: float
-
-    def driver(self) -> QemuDriver:
-        return make_driver(self.state_dir, self.image_dir, self.agent_binary)
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ from pathlib import Path
 import psutil
 
 from vz_core import Driver, ExecExit, ExecOutput, ExecSpec
+from vz_drivers.qemu import QemuDriver
 
 
 @dataclass
@@ -56,3 +57,23 @@ def qemu_processes(state_dir: Path) -> list[psutil.Process]:
             if is_qemu and proc.status() != psutil.STATUS_ZOMBIE and any(str(state_dir) in a for a in cmdline):
                 found.append(proc)
     return found
+
+
+def make_driver(state_dir: Path, image_dir: Path, agent_binary: str) -> QemuDriver:
+    return QemuDriver(state_dir=state_dir, image_dir=image_dir, agent_binary=agent_binary, stop_timeout=5)
+
+
+@dataclass(frozen=True)
+class Booted:
+    """The module's shared Machine: its id, where its state lives, and its host-side directories."""
+
+    workspace_id: str
+    state_dir: Path
+    image_dir: Path
+    agent_binary: str
+    workspace: Path
+    read_only: Path
+    boot_seconds: float
+
+    def driver(self) -> QemuDriver:
+        return make_driver(self.state_dir, self.image_dir, self.agent_binary)

@@ -8,7 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from qemu_testlib import qemu_processes, run
+from qemu_testlib import make_driver, qemu_processes, run
 
 from vz_core import Mount, MountType, RunImageRequest
 from vz_core.errors import FailedPreconditionError, RuntimeFailureError, UnsupportedError
@@ -23,7 +23,9 @@ def _fs_state(disk: Path) -> str:
     return next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Filesystem state:"))
 
 
-async def test_stop_start_recreate_delete(driver: QemuDriver, state_dir: Path, tmp_path: Path) -> None:
+async def test_stop_start_recreate_delete(
+    driver: QemuDriver, state_dir: Path, image_dir: Path, agent_binary: str, tmp_path: Path
+) -> None:
     workspace = tmp_path / "ws"
     workspace.mkdir()
     request = RunImageRequest(
@@ -38,7 +40,13 @@ async def test_stop_start_recreate_delete(driver: QemuDriver, state_dir: Path, t
     write = "echo local > /var/tmp/local; echo vol > /data/v; echo ws > /workspace/w; echo tmp > /scratch/t"
     assert (await run(driver, "life", "sh", "-c", write)).exit.success  # type: ignore[union-attr]
 
-    await driver.stop("life")
+    # Stop from another driver object: the first one still holds port 0 (the PID-1 agent), so this one talks to
+    # a session agent on another port and has the PID-1 agent stop everything with SIGTERM.
+    other = make_driver(state_dir, image_dir, agent_binary)
+    try:
+        await other.stop("life")
+    finally:
+        await other.close()
     await driver.stop("life")  # idempotent
     stopped = await driver.find("life")
     assert stopped is not None and stopped.state.status == "stopped" and stopped.id == first.id

@@ -11,8 +11,7 @@ import os
 from collections.abc import AsyncGenerator
 
 import pytest
-from conftest import Booted
-from qemu_testlib import chunks, run
+from qemu_testlib import Booted, chunks, run
 
 from vz_core import ExecSpec
 from vz_core.errors import InvalidArgumentError, UnsupportedError
