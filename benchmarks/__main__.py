@@ -9,6 +9,7 @@ import argparse
 import asyncio
 import importlib
 import json
+import os
 import platform
 import sys
 import tempfile
@@ -73,7 +74,13 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {
         "schema": 1,
         "smoke": args.smoke,
-        "host": {"machine": platform.machine(), "system": platform.system(), "python": platform.python_version()},
+        "host": {
+            "machine": platform.machine(),
+            "system": platform.system(),
+            "release": platform.release(),
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+        },
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "benchmarks": {},
     }
@@ -81,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     for module in modules:
         with tempfile.TemporaryDirectory(prefix=f"vz-bench-{module.ID}-") as tmp:
             ctx = Context(smoke=args.smoke, workdir=Path(tmp))
+            load_before = [round(x, 2) for x in os.getloadavg()]
             t0 = time.perf_counter()
             try:
                 data = asyncio.run(module.run(ctx))
@@ -93,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
                 "title": module.TITLE,
                 "status": status,
                 "seconds": round(time.perf_counter() - t0, 2),
+                "load_average_before": load_before,
                 "notes": ctx.notes,
                 **data,
             }

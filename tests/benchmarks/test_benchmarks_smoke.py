@@ -1,0 +1,76 @@
+"""The benchmarks work: ``python -m benchmarks --smoke`` runs every benchmark, exits 0 and writes valid JSON.
+
+Smoke mode takes few samples: it proves the code paths (launching plugins, the Go peer, Environments through
+the CLI, linux_native Machines), not the figures. The run's scratch space is a private temporary directory,
+checked afterwards for leftover processes and mounts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+IDS = {f"B{i}" for i in range(1, 10)}
+
+
+@pytest.fixture
+def scratch() -> Iterator[Path]:
+    # Short on purpose: Unix socket paths (plugins, Machine agents) live below it and are limited to ~100 bytes.
+    path = Path(tempfile.mkdtemp(prefix="vzb-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _leftovers(scratch: Path) -> list[str]:
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        cmdline = " ".join(proc.info["cmdline"] or [])
+        if str(scratch) in cmdline:
+            found.append(f"process {proc.info['pid']}: {cmdline[:200]}")
+    mounts = Path("/proc/self/mountinfo").read_text().splitlines()
+    found += [f"mount {p}" for p in (line.split()[4] for line in mounts) if p.startswith(str(scratch))]
+    return found
+
+
+@pytest.mark.slow
+def test_smoke_run_writes_every_benchmark(scratch: Path) -> None:
+    out = scratch / "out"
+    env = {**os.environ, "TMPDIR": str(scratch)}
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--smoke", "--out", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=280,
+        stdin=subprocess.DEVNULL,
+    )
+    assert result.returncode == 0, f"stdout:\n{result.stdout[-4000:]}\nstderr:\n{result.stderr[-4000:]}"
+    data = json.loads((out / "results.json").read_text())
+    assert data["schema"] == 1 and data["smoke"] is True
+    benchmarks = data["benchmarks"]
+    assert set(benchmarks) == IDS
+    for bid, entry in benchmarks.items():
+        assert entry["status"] == "ok", (bid, entry.get("error"))
+        assert isinstance(entry["headline"], str) and entry["headline"], bid
+    # Scale: every Environment came up, ran its command and was deleted.
+    assert benchmarks["B6"]["failures"] == 0, benchmarks["B6"]
+    assert benchmarks["B6"]["runs"]["n2"]["machines_left_after_delete"] == 0
+    # The warm session is measured against one launch per operation of the same driver.
+    assert benchmarks["B9"]["warm_speedup"] > 1
+    if os.geteuid() == 0:
+        # Root can run linux_native Machines: those benchmarks must have measured, not skipped.
+        for bid in ("B3", "B4", "B5", "B8"):
+            assert benchmarks[bid]["measured"] is True, (bid, benchmarks[bid]["notes"])
+        assert benchmarks["B6"]["driver"] == benchmarks["B7"]["driver"] == "linux_native"
+    assert _leftovers(scratch) == []
