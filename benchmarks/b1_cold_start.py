@@ -13,12 +13,15 @@ Configurations (all measured in one run, interleaved round-robin so load noise h
 Per sample: ``ready`` = ``PluginLauncher.launch()`` returned (spawn, handshake line, channel, health SERVING),
 ``first_info`` = the first ``RuntimeDriver/Info`` reply (the figure B1's goal is about), ``shutdown`` = the
 orderly stop that follows (not part of the figure). Sample 0 of each configuration is the first launch and is
-reported apart; the warm samples give p50/p95/p99.
+reported apart; the warm samples give p50/p95/p99. For context the benchmark also times ``vz --help`` and the
+floors any Python plugin pays here: a bare interpreter (``-I -S``), one with its site start-up, and ``import
+grpc``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,6 +94,26 @@ def _configs(go: bool) -> list[_Config]:
 
 def _p50(values: list[float]) -> float:
     return float(summary(values)["p50_ms"])
+
+
+_FLOORS = {
+    "python -I -S -c pass": ["-I", "-S", "-c", "pass"],
+    "python -c pass": ["-c", "pass"],
+    "python -c 'import grpc'": ["-c", "import grpc"],
+}
+
+
+async def _floors(n: int) -> dict[str, Any]:
+    """What any Python plugin pays before vz code runs: interpreter start, site start-up, importing grpcio."""
+    samples: dict[str, list[float]] = {key: [] for key in _FLOORS}
+    for _ in range(n):
+        for key, args in _FLOORS.items():
+            t0 = time.perf_counter()
+            proc = await asyncio.create_subprocess_exec(sys.executable, *args, stdin=asyncio.subprocess.DEVNULL)
+            if await proc.wait() != 0:
+                raise RuntimeError(f"{key} failed")
+            samples[key].append(time.perf_counter() - t0)
+    return {key: summary(values) for key, values in samples.items()}
 
 
 async def _cli_help(n: int) -> dict[str, Any]:
@@ -185,6 +208,7 @@ async def run(ctx: Any) -> dict[str, Any]:
         go = by["go-supervised-automtls"]
         headline += f"; Go peer {go:.0f} ms, ours/peer {main / go:.1f}x ({cached / go:.1f}x cached)"
     derived["vz_help"] = await _cli_help(ctx.n(20, 2))
+    derived["python_start_floors"] = await _floors(ctx.n(20, 2))
     return {
         "headline": headline,
         "warm_samples": warm,
