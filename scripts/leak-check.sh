@@ -1,16 +1,30 @@
 #!/usr/bin/env bash
-# Fails when the test suite left processes, mounts, network namespaces or cgroups of vz behind.
+# Fails when the test suite left vz processes, mounts, network namespaces, links or cgroups behind.
+# Usage: leak-check.sh snapshot FILE   (record what exists before the suite)
+#        leak-check.sh [FILE]          (report what exists now and was not in FILE)
 set -uo pipefail
-bad=0
-procs=$(ps -eo pid,args | grep -E 'qemu-system|runc (run|exec|init)|vz-driver|vz-agent|vz_plugins|docker-registry' | grep -v -E 'grep|leak-check' || true)
-if [ -n "$procs" ]; then echo "processes left behind:"; echo "$procs"; bad=1; fi
-mounts=$(findmnt -rn -o TARGET | grep -E '^/tmp/|/vz[-_/]' || true)
-if [ -n "$mounts" ]; then echo "mounts left behind:"; echo "$mounts"; bad=1; fi
-if command -v ip >/dev/null; then
-  ns=$(ip netns list 2>/dev/null | grep -E '^vz' || true)
-  if [ -n "$ns" ]; then echo "network namespaces left behind:"; echo "$ns"; bad=1; fi
+
+inventory() {
+  ps -eo pid,lstart,args | grep -E 'qemu-system|runc (run|exec|init)|vz-driver|vz-agent|vz_plugins|_supervise|docker-registry' \
+    | grep -v -E 'grep|leak-check' | sed 's/^/process /'
+  findmnt -rn -o TARGET | grep -E '^/tmp/|/vz[-_/]' | sed 's/^/mount /'
+  if command -v ip >/dev/null; then
+    ip netns list 2>/dev/null | grep -E '^vz' | sed 's/^/netns /'
+    ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | grep -E '^vz' | sed 's/^/link /'
+  fi
+  find /sys/fs/cgroup -mindepth 2 -maxdepth 4 -type d -name 'vz-*' 2>/dev/null | sed 's/^/cgroup /'
+}
+
+if [ "${1:-}" = "snapshot" ]; then
+  inventory | sort > "$2"
+  exit 0
 fi
-cg=$(find /sys/fs/cgroup -maxdepth 3 -type d -name 'vz*' 2>/dev/null | head -20 || true)
-if [ -n "$cg" ]; then echo "cgroups left behind:"; echo "$cg"; bad=1; fi
-[ $bad -eq 0 ] && echo "nothing left behind"
-exit $bad
+before="${1:-/dev/null}"
+now=$(inventory | sort)
+new=$(comm -13 <(sort "$before") <(printf '%s\n' "$now" | sed '/^$/d'))
+if [ -n "$new" ]; then
+  echo "left behind by the test suite:"
+  printf '%s\n' "$new"
+  exit 1
+fi
+echo "nothing left behind"

@@ -8,6 +8,8 @@ if [ ! -x "$VENV/bin/python" ]; then bash scripts/install-deps.sh || exit 1; fi
 export PATH="$PWD/$VENV/bin:$PATH"
 
 status=0
+leaks_before=$(mktemp)
+bash scripts/leak-check.sh snapshot "$leaks_before"
 echo "== ruff check"; ruff check . || status=1
 echo "== ruff format --check"; ruff format --check . || status=1
 echo "== mypy --strict (vz_core, plugin SDK, conformance)"; mypy vz_core plugins/vz_plugins conformance/vz_conformance || status=1
@@ -20,5 +22,6 @@ if [ "$rc" -eq 5 ]; then
 fi
 [ "$rc" -eq 0 ] || status=1
 echo "== leftovers"
-bash scripts/leak-check.sh || status=1
+bash scripts/leak-check.sh "$leaks_before" || status=1
+rm -f "$leaks_before"
 exit $status
