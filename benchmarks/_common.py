@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import functools
 import hashlib
 import importlib.util
 import json
@@ -284,8 +285,8 @@ async def gather_timed(
     loop = asyncio.get_running_loop()
     with ThreadPoolExecutor(max_workers=max(len(jobs), 1), thread_name_prefix="bench-proc") as pool:
         futures = [
-            loop.run_in_executor(pool, lambda j=job: run_timed(j[0], cwd=j[1], env=j[2], log=j[3], timeout=limit))
-            for job in jobs
+            loop.run_in_executor(pool, functools.partial(run_timed, argv, cwd=cwd, env=env, log=log, timeout=limit))
+            for argv, cwd, env, log in jobs
         ]
         return list(await asyncio.gather(*futures))
 

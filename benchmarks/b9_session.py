@@ -33,6 +33,7 @@ from benchmarks._stats import summary
 
 if TYPE_CHECKING:
     from vz_core import Driver
+    from vz_core.remote import Mode
 
 ID = "B9"
 TITLE = "20-operation session: plugin kept warm vs launched per operation"
@@ -113,9 +114,9 @@ async def run(ctx: Any) -> dict[str, Any]:
     reps_fast, reps_slow = ctx.n(15, 1), ctx.n(3, 1)
     go_bin = await asyncio.to_thread(go_peer_bin, ctx.notes)
 
-    def remote(mode: str, state: Path) -> RemoteDriver:
+    def remote(mode: Mode, state: Path) -> RemoteDriver:
         spec = fake_spec(state)
-        return RemoteDriver(PluginLauncher(lambda: spec, name="fake"), mode=mode, idle_timeout=None)  # type: ignore[arg-type]
+        return RemoteDriver(PluginLauncher(lambda: spec, name="fake"), mode=mode, idle_timeout=None)
 
     drivers: dict[str, Driver] = {
         "in-process": FakeDriver(state_dir=workdir / "state-in-process"),
@@ -124,9 +125,9 @@ async def run(ctx: Any) -> dict[str, Any]:
     }
     if go_bin is not None:
         go_launch = go_spec(go_bin)
-        for mode in ("warm", "per_operation"):
+        for go_mode in ("warm", "per_operation"):
             launcher = PluginLauncher(lambda: go_launch, name="go-peer")
-            drivers[f"go-{mode}"] = RemoteDriver(launcher, mode=mode, idle_timeout=None)  # type: ignore[arg-type]
+            drivers[f"go-{go_mode}"] = RemoteDriver(launcher, mode=go_mode, idle_timeout=None)
     sessions: dict[str, list[float]] = {key: [] for key in drivers}
     per_op: dict[str, dict[str, list[float]]] = {key: {} for key in drivers}
     failures: dict[str, list[str]] = {key: [] for key in drivers}

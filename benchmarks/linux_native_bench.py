@@ -40,7 +40,7 @@ def _options(workdir: Path, name: str) -> dict[str, str]:
 def _in_process(workdir: Path) -> Driver:
     from vz_drivers.linux_native import LinuxNativeDriver
 
-    return LinuxNativeDriver(**_options(workdir, "in-process"))  # type: ignore[arg-type]
+    return LinuxNativeDriver(**_options(workdir, "in-process"))
 
 
 def _plugin_executable(workdir: Path) -> Path:
@@ -116,7 +116,7 @@ async def b3_exec(smoke: bool, workdir: Path) -> dict[str, Any]:
         await driver.run_image(_request(wid))
         for _ in range(3):
             await _exec(driver, wid, ("true",))
-        samples = []
+        samples: list[float] = []
         failures = 0
         while len(samples) < n:
             t0 = time.perf_counter()
