@@ -324,6 +324,12 @@ class QemuDriver(Driver):
             )
         return self._host_cache
 
+    def _default_cpus(self, host: _Host) -> int:
+        # Under TCG every vCPU is a host thread emulating a CPU: a second one speeds up little (boots are no
+        # faster) and competes with everything else on the host. Under KVM vCPUs are nearly free.
+        wanted = DEFAULT_CPUS if host.accel.name == "kvm" else 1
+        return min(wanted, self._limits.cpus)
+
     # ------------------------------------------------------------------ discovery
 
     async def info(self, *, supports_recreate_on_run: bool = False) -> DriverInfo:
@@ -514,7 +520,7 @@ class QemuDriver(Driver):
                     developer_identity=identity_name,
                     labels=valid.labels,
                     mounts=mounts,
-                    cpus=valid.cpus or min(DEFAULT_CPUS, self._limits.cpus),
+                    cpus=valid.cpus or self._default_cpus(host),
                     memory_bytes=valid.memory_bytes or DEFAULT_MEMORY,
                     disk_bytes=disk_bytes,
                     egress=valid.egress,

@@ -37,6 +37,10 @@ async def test_stop_start_recreate_delete(
     await driver.run_image(request)
     first = await driver.find("life")
     assert first is not None and first.state.status == "running"
+    ext = await driver.extensions()
+    assert ext is not None
+    expected_cpus = b"1\n" if ext.accelerator == "tcg" else b"2\n"  # the defaults (no host_requirements)
+    assert (await run(driver, "life", "nproc")).stdout == expected_cpus
     write = "echo local > /var/tmp/local; echo vol > /data/v; echo ws > /workspace/w; echo tmp > /scratch/t"
     assert (await run(driver, "life", "sh", "-c", write)).exit.success  # type: ignore[union-attr]
 
