@@ -19,16 +19,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+# B6 runs last: it starts up to 50 processes at once, and the load it leaves behind would weigh on what follows.
 MODULES = [
     "benchmarks.b1_cold_start",
     "benchmarks.b2_unary",
     "benchmarks.b3_exec",
     "benchmarks.b4_throughput",
     "benchmarks.b5_create",
-    "benchmarks.b6_scale",
     "benchmarks.b7_cli_exec",
     "benchmarks.b8_memory",
     "benchmarks.b9_session",
+    "benchmarks.b6_scale",
 ]
 
 

@@ -13,14 +13,18 @@ Configurations (all measured in one run, interleaved round-robin so load noise h
 Per sample: ``ready`` = ``PluginLauncher.launch()`` returned (spawn, handshake line, channel, health SERVING),
 ``first_info`` = the first ``RuntimeDriver/Info`` reply (the figure B1's goal is about), ``shutdown`` = the
 orderly stop that follows (not part of the figure). Sample 0 of each configuration is the first launch and is
-reported apart; the warm samples give p50/p95/p99. For context the benchmark also times ``vz --help`` and the
-floors any Python plugin pays here: a bare interpreter (``-I -S``), one with its site start-up, and ``import
-grpc``.
+reported apart; the warm samples give p50/p95/p99. Differences (what supervision, what AutoMTLS adds) and
+ratios (ours / the Go peer) are medians over rounds of the per-round difference or ratio: each round takes one
+sample of every configuration moments apart, so a load swing affects both sides of a pair.
+
+For context the benchmark also times ``vz --help`` and the floors any Python plugin pays here: a bare
+interpreter (``-I -S``), one with its site start-up, and ``import grpc``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -171,20 +175,31 @@ async def run(ctx: Any) -> dict[str, Any]:
             "shutdown_p50_ms": _p50(cfg.shutdown),
         }
     by = {cfg.key: _p50(cfg.first_info) for cfg in configs}
+    rounds = {cfg.key: cfg.first_info for cfg in configs}
 
-    derived: dict[str, Any] = {"supervision_overhead_p50_ms": {}, "automtls_overhead_p50_ms": {}}
+    def paired(a: str, b: str) -> float | None:
+        """Median over rounds of (b - a) in ms: each round's samples were taken moments apart."""
+        if a not in rounds or b not in rounds:
+            return None
+        return round(statistics.median(y - x for x, y in zip(rounds[a], rounds[b], strict=True)) * 1000, 1)
+
+    def ratio(a: str, b: str) -> float:
+        """Median over rounds of a / b."""
+        return round(statistics.median(x / y for x, y in zip(rounds[a], rounds[b], strict=True)), 1)
+
+    derived: dict[str, Any] = {"supervision_overhead_ms": {}, "automtls_overhead_ms": {}}
     for flavour in ("python", "python-bytecode", "go"):
         for tls in ("plaintext", "automtls"):
-            d, s = by.get(f"{flavour}-direct-{tls}"), by.get(f"{flavour}-supervised-{tls}")
-            if d is not None and s is not None:
-                derived["supervision_overhead_p50_ms"][f"{flavour}-{tls}"] = round(s - d, 1)
+            diff = paired(f"{flavour}-direct-{tls}", f"{flavour}-supervised-{tls}")
+            if diff is not None:
+                derived["supervision_overhead_ms"][f"{flavour}-{tls}"] = diff
         for mode in ("direct", "supervised"):
-            p, m = by.get(f"{flavour}-{mode}-plaintext"), by.get(f"{flavour}-{mode}-automtls")
-            if p is not None and m is not None:
-                derived["automtls_overhead_p50_ms"][f"{flavour}-{mode}"] = round(m - p, 1)
+            diff = paired(f"{flavour}-{mode}-plaintext", f"{flavour}-{mode}-automtls")
+            if diff is not None:
+                derived["automtls_overhead_ms"][f"{flavour}-{mode}"] = diff
     if go_bin is not None:
-        derived["ours_over_go_p50"] = {
-            f"{flavour}-{mode}-{tls}": round(by[f"{flavour}-{mode}-{tls}"] / by[f"go-{mode}-{tls}"], 1)
+        derived["ours_over_go"] = {
+            f"{flavour}-{mode}-{tls}": ratio(f"{flavour}-{mode}-{tls}", f"go-{mode}-{tls}")
             for flavour in ("python", "python-bytecode")
             for mode in ("direct", "supervised")
             for tls in ("plaintext", "automtls")
@@ -198,7 +213,7 @@ async def run(ctx: Any) -> dict[str, Any]:
     )
     main = by["python-supervised-automtls"]
     cached = by["python-bytecode-supervised-automtls"]
-    sup = derived["supervision_overhead_p50_ms"]
+    sup = derived["supervision_overhead_ms"]
     headline = (
         f"Python plugin launch→first Info p50 {main:.0f} ms supervised+AutoMTLS as-is, {cached:.0f} ms with "
         f"bytecode cached (goal <= 150); supervision adds {sup['python-automtls']:+.0f} ms "
@@ -206,7 +221,11 @@ async def run(ctx: Any) -> dict[str, Any]:
     )
     if go_bin is not None:
         go = by["go-supervised-automtls"]
-        headline += f"; Go peer {go:.0f} ms, ours/peer {main / go:.1f}x ({cached / go:.1f}x cached)"
+        peer = derived["ours_over_go"]
+        headline += (
+            f"; Go peer {go:.0f} ms, ours/peer {peer['python-supervised-automtls']}x "
+            f"({peer['python-bytecode-supervised-automtls']}x cached)"
+        )
     derived["vz_help"] = await _cli_help(ctx.n(20, 2))
     derived["python_start_floors"] = await _floors(ctx.n(20, 2))
     return {
