@@ -96,6 +96,9 @@ class PluginProcess:
                     code_text, _, signum = rest.partition(" ")
                     number = int(signum or 0)
                     reported = ExitStatus(int(code_text), _signame(number) if number else "")
+                    # The supervisor reports the exit last; do not wait for the socket's end, which a
+                    # deliberately detached descendant may still hold open.
+                    break
         except (ConnectionError, ValueError):
             pass
         # End of the control socket: the supervisor has finished (it reports the plugin's status first).
