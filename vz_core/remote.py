@@ -39,11 +39,21 @@ from vz_core._proto.devsy.runtime.v1 import runtime_pb2 as pb
 from vz_core._proto.devsy.runtime.v1 import runtime_pb2_grpc as pb_grpc
 from vz_core._proto.vz.machine.v1 import extensions_pb2 as ext_pb
 from vz_core._proto.vz.machine.v1 import extensions_pb2_grpc as ext_grpc
-from vz_core._types import MAX_CHUNK, DriverInfo, ExecEvent, ExecSpec, Extensions, MachineDetails, RunImageRequest
+from vz_core._types import (
+    MAX_CHUNK,
+    DriverInfo,
+    ExecEvent,
+    ExecExit,
+    ExecSpec,
+    Extensions,
+    MachineDetails,
+    RunImageRequest,
+)
 from vz_core._wire import error_from_rpc, runtime_errors_in
-from vz_core.errors import DriverError, RuntimeFailureError, UnavailableError, UnsupportedError
+from vz_core.errors import DriverError, InvalidArgumentError, RuntimeFailureError, UnavailableError, UnsupportedError
 from vz_core.negotiate import validate_info
 from vz_core.redact import Redactor
+from vz_core.transport._exec import STOP_INPUT_KEY
 from vz_core.transport._launcher import PluginConnection, PluginLauncher
 
 __all__ = ["Mode", "RemoteDriver"]
@@ -57,6 +67,7 @@ _TRANSPORT_CODES = {
     grpc.StatusCode.UNKNOWN,
 }
 _CRASH_WAIT = 1.0
+_PUMP_WAIT = 2.0
 
 
 class _Session:
@@ -302,10 +313,13 @@ class RemoteDriver(Driver):
         await self._unary("Delete", pb.DeleteRequest(workspace_id=workspace_id))
 
     async def exec(self, spec: ExecSpec, stdin: AsyncIterator[bytes]) -> AsyncIterator[ExecEvent]:
+        if not spec.argv:
+            # A frame rule of the protocol: refused here, before a launch or a call.
+            raise InvalidArgumentError("exec needs a non-empty argv (the command and its arguments)")
         self._redactor.add(*spec.environment.values())
         async with self._session() as s:
             call = s.runtime.Exec()
-            pump = asyncio.ensure_future(_send_exec(call, spec, stdin))
+            pump = _ExecPump(call, spec, stdin)
             finished = False
             try:
                 while True:
@@ -313,7 +327,7 @@ class RemoteDriver(Driver):
                         msg = await call.read()
                     except (grpc.RpcError, asyncio.CancelledError) as exc:
                         finished = True
-                        if pump.done() and not pump.cancelled() and (failure := pump.exception()) is not None:
+                        if (failure := pump.failure()) is not None:
                             raise failure from None  # our stdin iterator failed: that is the error to report
                         if not isinstance(exc, grpc.RpcError):
                             raise
@@ -325,20 +339,20 @@ class RemoteDriver(Driver):
                         raise RuntimeFailureError(
                             f"driver {self.name!r} sent an exec frame with no payload (protocol violation)"
                         )
+                    if isinstance(event, ExecExit):
+                        pump.stop()  # the command is gone: send nothing more, half-close
                     yield event
                 finished = True
+                pump.stop()
                 code = await call.code()
                 if code != grpc.StatusCode.OK:
                     raise await self._translate(await _StatusError.of(call), "Exec", s.conn)
-                if pump.done() and not pump.cancelled() and (failure := pump.exception()) is not None:
+                if (failure := pump.failure()) is not None:
                     raise failure
             finally:
                 if not finished:
                     call.cancel()
-                if not pump.done():
-                    pump.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await pump
+                await pump.close()
 
     async def logs(self, workspace_id: str) -> AsyncIterator[bytes]:
         self._gate("Logs", "logs")
@@ -398,20 +412,92 @@ class _StatusError(grpc.RpcError):
         return self._trailing
 
 
-async def _send_exec(call: Any, spec: ExecSpec, stdin: AsyncIterator[bytes]) -> None:
-    """The one sender of an exec call: start, stdin in ≤ MAX_CHUNK frames, close_stdin, half-close."""
-    try:
-        await call.write(pb.ExecClientMessage(start=_convert.exec_spec_to_pb(spec)))
-        async for chunk in stdin:
-            for offset in range(0, len(chunk), MAX_CHUNK):
-                await call.write(pb.ExecClientMessage(stdin=chunk[offset : offset + MAX_CHUNK]))
-        await call.write(pb.ExecClientMessage(close_stdin=pb.CloseStdin()))
-        await call.done_writing()
-    except (grpc.RpcError, asyncio.InvalidStateError):
-        # The call ended (the command exited early, or it failed): the receive loop reports the outcome.
-        return
-    except BaseException:
-        # The caller's stdin failed: cancel the call (the plugin kills the command) and let the receive loop
-        # report this exception.
-        call.cancel()
-        raise
+class _ExecPump:
+    """The one sender of an exec call: start, stdin in ≤ MAX_CHUNK frames, close_stdin, half-close.
+
+    ``stop()`` ends sending early (the exit arrived, the call ended, or the plugin asked for it in its response
+    headers, ``STOP_INPUT_KEY``): at the next write boundary the pump half-closes without ``close_stdin``. It
+    is never cancelled inside ``call.write()``: grpcio cancels the whole call when a pending write is
+    cancelled. Waiting for the caller's next stdin chunk is interrupted at once.
+    """
+
+    def __init__(self, call: Any, spec: ExecSpec, stdin: AsyncIterator[bytes]) -> None:
+        self._call = call
+        self._stopping = False
+        self._pulling = False
+        self._interrupted = False
+        loop = asyncio.get_running_loop()
+        self._task: asyncio.Task[None] = loop.create_task(self._run(spec, stdin))
+        self._headers: asyncio.Task[Any] = loop.create_task(call.initial_metadata())
+        self._headers.add_done_callback(self._on_headers)
+
+    def _on_headers(self, task: asyncio.Task[Any]) -> None:
+        if task.cancelled() or task.exception() is not None:
+            return
+        for key, _ in task.result() or ():
+            if key == STOP_INPUT_KEY:
+                self.stop()
+
+    def stop(self) -> None:
+        """Send nothing more; half-close at the next write boundary."""
+        if self._stopping:
+            return
+        self._stopping = True
+        if self._pulling and not self._task.done():
+            self._interrupted = True
+            self._task.cancel()
+
+    def failure(self) -> BaseException | None:
+        """The exception of the caller's stdin iterator, if it failed."""
+        task = self._task
+        if task.done() and not task.cancelled():
+            return task.exception()
+        return None
+
+    async def _run(self, spec: ExecSpec, stdin: AsyncIterator[bytes]) -> None:
+        call = self._call
+        try:
+            await call.write(pb.ExecClientMessage(start=_convert.exec_spec_to_pb(spec)))
+            chunks = stdin.__aiter__()
+            while not self._stopping:
+                self._pulling = True
+                try:
+                    chunk = await chunks.__anext__()
+                except StopAsyncIteration:
+                    break
+                except asyncio.CancelledError:
+                    if not self._interrupted:
+                        raise
+                    asyncio.current_task().uncancel()  # type: ignore[union-attr]
+                    break
+                except BaseException:
+                    # The caller's stdin failed: cancel the call (the plugin kills the command); the receive
+                    # loop reports this exception.
+                    call.cancel()
+                    raise
+                finally:
+                    self._pulling = False
+                for offset in range(0, len(chunk), MAX_CHUNK):
+                    if self._stopping:
+                        break
+                    await call.write(pb.ExecClientMessage(stdin=chunk[offset : offset + MAX_CHUNK]))
+            if not self._stopping:
+                await call.write(pb.ExecClientMessage(close_stdin=pb.CloseStdin()))
+            await call.done_writing()
+        except (grpc.RpcError, grpc.aio.BaseError, asyncio.InvalidStateError):
+            # The call ended (the command exited early, or it failed): the receive loop reports the outcome.
+            return
+
+    async def close(self) -> None:
+        """Stop sending and wait for the pump (the call is over, or was cancelled)."""
+        self.stop()
+        if not self._task.done():
+            done, _ = await asyncio.wait((self._task,), timeout=_PUMP_WAIT)
+            if not done:
+                self._task.cancel()  # a write on a finished call that does not return: nothing left to protect
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await self._task
+        if not self._headers.done():
+            self._headers.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await self._headers

@@ -13,10 +13,9 @@ advertised capabilities.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, NoReturn, TypeVar
 
 import grpc
@@ -28,10 +27,11 @@ from vz_core._proto.devsy.runtime.v1 import runtime_pb2 as pb
 from vz_core._proto.devsy.runtime.v1 import runtime_pb2_grpc as pb_grpc
 from vz_core._proto.vz.machine.v1 import extensions_pb2 as ext_pb
 from vz_core._proto.vz.machine.v1 import extensions_pb2_grpc as ext_grpc
-from vz_core._types import MAX_CHUNK, DriverInfo, Extensions
+from vz_core._types import DriverInfo, Extensions
 from vz_core._wire import error_to_status
 from vz_core.errors import DriverError, InvalidArgumentError, RuntimeFailureError, UnsupportedError
 from vz_core.redact import Redactor
+from vz_plugins._exec import DRAIN_TIMEOUT, ExecStream
 
 __all__ = ["ExtensionsServicer", "RuntimeServicer"]
 
@@ -39,7 +39,6 @@ _EOF: object = grpc.aio.EOF  # type: ignore[attr-defined]  # end-of-stream marke
 
 log = logging.getLogger("vz.plugin")
 T = TypeVar("T")
-_STDIN_QUEUE = 4
 
 
 def _redacted(err: DriverError, redactor: Redactor) -> DriverError:
@@ -105,7 +104,15 @@ class _Base:
 
 
 class RuntimeServicer(_Base, pb_grpc.RuntimeDriverServicer):
-    """``devsy.runtime.v1.RuntimeDriver`` over a Driver."""
+    """``devsy.runtime.v1.RuntimeDriver`` over a Driver.
+
+    ``exec_drain_timeout``: seconds an Exec waits, once it is over, for the client to half-close before
+    ending the call anyway (see ``vz_plugins._exec``).
+    """
+
+    def __init__(self, driver: Driver, redactor: Redactor, *, exec_drain_timeout: float = DRAIN_TIMEOUT) -> None:
+        super().__init__(driver, redactor)
+        self._drain_timeout = exec_drain_timeout
 
     async def Info(self, request: pb.InfoRequest, context: grpc.aio.ServicerContext[Any, Any]) -> pb.InfoResponse:
         info = await self._call(
@@ -186,6 +193,8 @@ class RuntimeServicer(_Base, pb_grpc.RuntimeDriverServicer):
             await _abort(context, error)
 
     async def Exec(self, request_iterator: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        # Frame-rule violations are refused at once; anything else ends only after the client stopped
+        # writing (see vz_plugins._exec for why).
         first = await context.read()
         if first is _EOF:
             await _abort(context, InvalidArgumentError("exec stream ended before its start frame"))
@@ -199,78 +208,26 @@ class RuntimeServicer(_Base, pb_grpc.RuntimeDriverServicer):
             await _abort(context, InvalidArgumentError("exec start frame has an empty argv"))
         self._redactor.add(*first.start.environment.values())
         spec = _convert.exec_spec_from_pb(first.start)
-        if spec.tty:
-            ext = await self._call(context, "Exec", self._driver_extensions)
-            if ext is None or not ext.tty:
-                await _abort(context, UnsupportedError("tty exec is not supported by this driver"))
-
-        stdin: asyncio.Queue[bytes | None] = asyncio.Queue(_STDIN_QUEUE)
-        violation: asyncio.Future[DriverError] = asyncio.get_running_loop().create_future()
-
-        async def read_client() -> None:
-            closed = False
-            while True:
-                msg = await context.read()
-                if msg is _EOF:
-                    if not closed:
-                        violation.set_result(InvalidArgumentError("exec stream ended before close_stdin"))
-                    return
-                kind = msg.WhichOneof("payload")
-                problem = ""
-                if kind == "start":
-                    problem = "a second start frame"
-                elif kind is None:
-                    problem = "a frame with no payload"
-                elif closed:
-                    problem = f"a {kind} frame after close_stdin"
-                elif kind == "stdin" and not msg.stdin:
-                    problem = "an empty stdin frame"
-                elif kind == "stdin" and len(msg.stdin) > MAX_CHUNK:
-                    problem = f"a stdin frame of {len(msg.stdin)} bytes (at most {MAX_CHUNK})"
-                if problem:
-                    violation.set_result(InvalidArgumentError(f"exec protocol violation: {problem}"))
-                    return
-                if kind == "stdin":
-                    await stdin.put(msg.stdin)
-                else:
-                    closed = True
-                    await stdin.put(None)
-
-        async def stdin_chunks() -> AsyncIterator[bytes]:
-            while (chunk := await stdin.get()) is not None:
-                yield chunk
-
-        events = self._driver.exec(spec, stdin_chunks())
-
-        async def forward() -> None:
-            try:
-                async for event in events:
-                    await context.write(_convert.exec_event_to_pb(event))
-            finally:
-                await _aclose(events)
-
-        reader = asyncio.ensure_future(read_client())
-        sender = asyncio.ensure_future(forward())
-        error: DriverError | None = None
+        stream = ExecStream(context, self._drain_timeout)
         try:
-            waiting: list[asyncio.Future[Any]] = [sender, violation]
-            await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-            if not sender.done():
-                # The client broke the protocol: stop the command (closing the generator kills it).
-                sender.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await sender
-                error = violation.result()
-            elif (exc := sender.exception()) is not None:
-                error = self._error("Exec", exc) if isinstance(exc, Exception) else self._failure("Exec", exc)
+            error: DriverError | None = None
+            if spec.tty:
+                try:
+                    ext = await self._driver_extensions()
+                except Exception as exc:
+                    error = await stream.refuse(self._error("Exec", exc))
+                else:
+                    if ext is None or not ext.tty:
+                        error = await stream.refuse(UnsupportedError("tty exec is not supported by this driver"))
+            if error is None:
+                error = await stream.run(lambda stdin: self._driver.exec(spec, stdin), self._exec_error)
         finally:
-            for task in (reader, sender):
-                task.cancel()
-            await asyncio.gather(reader, sender, return_exceptions=True)
-            if not violation.done():
-                violation.cancel()
+            await stream.close()
         if error is not None:
             await _abort(context, error)
+
+    def _exec_error(self, exc: BaseException) -> DriverError:
+        return self._error("Exec", exc) if isinstance(exc, Exception) else self._failure("Exec", exc)
 
 
 async def _aclose(stream: object) -> None:

@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import sys
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import psutil
 import pytest
 from vz_conformance.fake import FakeDriver
+from vz_plugins._exec import DRAIN_TIMEOUT
 
 from vz_core import Driver, ExecExit, ExecOutput, ExecSpec, RecreateMode, RunImageRequest
 from vz_core.drivers import launcher_for
 from vz_core.errors import (
     AlreadyExistsError,
     IncompatibleVersionError,
+    InvalidArgumentError,
     NotFoundError,
     UnavailableError,
     UnsupportedError,
@@ -249,6 +253,98 @@ async def test_driver_errors_keep_their_category_and_lose_secrets() -> None:
         with pytest.raises(NotFoundError) as caught:
             await driver.run_image(RunImageRequest("missing", "img", environment={"PW": "pa55word-xyz"}))
         assert "pa55word-xyz" not in str(caught.value)
+    finally:
+        await driver.close()
+
+
+# Ending an exec: the caller always gets the plugin's real outcome ---------------------------------------
+# grpcio's asyncio client replaces the server's status with INTERNAL when one of its writes fails because the
+# call already ended (grpc/grpc#36066). The plugin SDK ends an Exec only once the client stopped sending; the
+# client stops at the exit frame, at the end of the call, or when the plugin's headers ask it to.
+
+BIG = 12 << 20
+
+
+async def _endless(block: bytes = b"s" * 32768, limit: int | None = None) -> AsyncIterator[bytes]:
+    sent = 0
+    while limit is None or sent < limit:
+        sent += len(block)
+        yield block
+
+
+@pytest.fixture
+async def fake_plugin(tmp_path: Path) -> AsyncIterator[RemoteDriver]:
+    driver = RemoteDriver(launcher_for("fake", options={"state_dir": str(tmp_path / "state")}), name="fake")
+    try:
+        yield driver
+    finally:
+        await driver.close()
+
+
+async def test_a_command_exiting_while_stdin_streams_succeeds_every_time(fake_plugin: RemoteDriver) -> None:
+    await fake_plugin.run_image(RunImageRequest("early", "img"))
+    for attempt in range(50):
+        exits = [e async for e in fake_plugin.exec(ExecSpec("early", ("true",)), _endless(limit=BIG))]
+        assert exits == [ExecExit(0)], f"attempt {attempt}"
+
+
+async def test_exec_on_a_missing_machine_is_not_found_every_time(fake_plugin: RemoteDriver) -> None:
+    for attempt in range(50):
+        with pytest.raises(NotFoundError) as caught:
+            async for _ in fake_plugin.exec(ExecSpec("absent", ("cat",)), _endless(limit=1 << 20)):
+                pass
+        assert "grpc_code" not in caught.value.details, f"attempt {attempt}: the status lost its RuntimeError"
+    assert await fake_plugin.find("absent") is None
+
+
+async def test_a_refused_exec_stops_an_endless_stdin_at_once() -> None:
+    driver, _ = mini()
+    pulled = 0
+
+    async def counting() -> AsyncIterator[bytes]:
+        nonlocal pulled
+        async for block in _endless():
+            pulled += 1
+            yield block
+
+    try:
+        started = time.monotonic()
+        with pytest.raises(NotFoundError):
+            async for _ in driver.exec(ExecSpec("missing", ("echo-stdin",)), counting()):
+                pass
+        assert time.monotonic() - started < DRAIN_TIMEOUT / 2, "the plugin's headers stopped the input"
+        assert pulled < 10000
+        with pytest.raises(UnsupportedError, match="tty"):
+            async for _ in driver.exec(ExecSpec("w", ("echo-stdin",), tty=True), _endless(limit=BIG)):
+                pass
+    finally:
+        await driver.close()
+
+
+async def test_the_exit_ends_an_exec_whose_stdin_never_ends() -> None:
+    driver, _ = mini()
+    forever = asyncio.Event()
+
+    async def interactive() -> AsyncIterator[bytes]:
+        yield b"typed"
+        await forever.wait()  # a terminal nobody types into
+        yield b"never"
+
+    try:
+        events = [e async for e in driver.exec(ExecSpec("w", ("exit-now",)), interactive())]
+        assert events == [ExecExit(0)]
+        assert (await driver.info()).driver_name == "mini"
+    finally:
+        await driver.close()
+
+
+async def test_an_empty_argv_is_refused_before_any_launch() -> None:
+    driver, prepare = mini()
+    try:
+        with pytest.raises(InvalidArgumentError, match="non-empty argv"):
+            async for _ in driver.exec(ExecSpec("w", ()), _stdin()):
+                pass
+        assert prepare.launches == 0
     finally:
         await driver.close()
 

@@ -318,3 +318,111 @@ async def test_a_slow_reader_throttles_the_driver_while_other_calls_are_served(c
     growth = plugin.memory_info().rss - rss
     assert growth < 32 * 1024 * 1024, f"plugin grew by {growth} bytes under a paused consumer"
     call.cancel()
+
+
+# Ending an exec safely ------------------------------------------------------------------------------------
+# grpcio's asyncio client loses the server's status when one of its writes fails because the call already
+# ended (grpc/grpc#36066), so the SDK ends an Exec only once the client stopped writing, and refuses frame-rule
+# violations without ever cancelling a write in progress.
+
+
+@pytest.fixture
+async def plain_conn() -> AsyncIterator[PluginConnection]:
+    """The mini plugin without TLS, so that tests can open channels with their own HTTP/2 settings."""
+    spec = LaunchSpec("mini", [sys.executable, str(TESTDRIVERS), "mini"], plaintext=True)
+    c = await PluginLauncher(lambda: spec, name="mini").launch()
+    try:
+        yield c
+    finally:
+        await c.shutdown()
+
+
+async def _status(call: grpc.aio.StreamStreamCall) -> tuple[list[pb.ExecServerMessage], grpc.aio.AioRpcError | None]:  # type: ignore[type-arg]
+    frames: list[pb.ExecServerMessage] = []
+    try:
+        while (msg := await call.read()) is not grpc.aio.EOF:  # type: ignore[attr-defined]
+            frames.append(msg)
+    except grpc.aio.AioRpcError as err:
+        return frames, err
+    return frames, None
+
+
+async def test_a_rule_broken_while_output_waits_for_the_window_is_refused_promptly(
+    plain_conn: PluginConnection,
+) -> None:
+    # A tiny HTTP/2 window keeps the plugin's first output frame pending when the second start arrives: the
+    # writer must not be cancelled inside that write (the abort would then fail and the client hang).
+    options = [("grpc.http2.lookahead_bytes", 1024), ("grpc.http2.bdp_probe", 0)]
+    plugin = psutil.Process(plain_conn.pid)
+    async with grpc.aio.insecure_channel(plain_conn.handshake.target, options=options) as channel:
+        stub = pb_grpc.RuntimeDriverStub(channel)  # type: ignore[no-untyped-call]
+        for _ in range(5):
+            call = stub.Exec(timeout=20)
+            await call.write(pb.ExecClientMessage(start=pb.ExecStart(workspace_id="w", argv=["spawn", "yes"])))
+            await call.initial_metadata()  # sent with the first output frame, whose data the window holds back
+            await call.write(START)
+            started = time.monotonic()
+            frames, err = await _status(call)
+            assert err is not None and err.code() == grpc.StatusCode.INVALID_ARGUMENT, err
+            assert "a second start frame" in _runtime_error(err).message
+            assert time.monotonic() - started < 5.0
+            assert all(f.WhichOneof("payload") == "stdout" for f in frames)
+            assert plugin.children() == [], "the refused command was killed before the status was sent"
+
+
+async def test_exec_on_a_missing_machine_is_not_found_after_the_client_finished_sending(conn: PluginConnection) -> None:
+    stub = _stub(conn)
+    start = pb.ExecClientMessage(start=pb.ExecStart(workspace_id="missing", argv=["echo-stdin"]))
+    for _ in range(50):
+        call = stub.Exec(timeout=20)
+        await call.write(start)
+        for _ in range(8):
+            await call.write(_stdin(b"d" * 32768))
+        await call.write(CLOSE)
+        await call.done_writing()
+        frames, err = await _status(call)
+        assert frames == []
+        assert err is not None and err.code() == grpc.StatusCode.NOT_FOUND, err
+        assert _runtime_error(err).code == pb.RUNTIME_ERROR_CODE_NOT_FOUND
+        assert ("vz-exec-stop-input", "1") in tuple(await call.initial_metadata())
+
+
+async def test_an_early_exit_drains_the_clients_stdin_and_ends_ok(conn: PluginConnection) -> None:
+    stub = _stub(conn)
+    start = pb.ExecClientMessage(start=pb.ExecStart(workspace_id="w", argv=["exit-now"]))
+    block = _stdin(b"e" * 32768)
+    for _ in range(10):
+        call = stub.Exec(timeout=20)
+        await call.write(start)
+        for _ in range(128):  # 4 MiB the command never reads, sent after it exited
+            await call.write(block)
+        await call.done_writing()  # no close_stdin: a late half-close is not an error after the exit
+        frames, err = await _status(call)
+        assert err is None
+        assert [f.WhichOneof("payload") for f in frames] == ["exit"]
+        assert await call.code() == grpc.StatusCode.OK
+
+
+async def test_after_the_exit_a_client_that_never_half_closes_is_given_up_on(tmp_path: Path) -> None:
+    from testdrivers import MiniDriver
+    from vz_plugins._servicer import RuntimeServicer
+
+    from vz_core.redact import Redactor
+
+    server = grpc.aio.server()
+    pb_grpc.add_RuntimeDriverServicer_to_server(  # type: ignore[no-untyped-call]
+        RuntimeServicer(MiniDriver(), Redactor(), exec_drain_timeout=0.5), server
+    )
+    address = f"unix:{tmp_path / 's.sock'}"
+    server.add_insecure_port(address)
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(address) as channel:
+            call = pb_grpc.RuntimeDriverStub(channel).Exec(timeout=20)  # type: ignore[no-untyped-call]
+            await call.write(pb.ExecClientMessage(start=pb.ExecStart(workspace_id="w", argv=["exit-now"])))
+            started = time.monotonic()
+            frames, err = await _status(call)  # the client keeps its side open
+            assert err is None and [f.WhichOneof("payload") for f in frames] == ["exit"]
+            assert 0.4 < time.monotonic() - started < 10.0
+    finally:
+        await server.stop(None)

@@ -3,13 +3,14 @@
 Run as ``python testdrivers.py KIND``; the directory of this file is on ``sys.path`` then. KIND:
 
 * ``mini``: a synthetic driver (no real Machines) with exec behaviours chosen by argv[0]:
-  ``echo-stdin`` returns stdin as stdout, ``crash`` prints the exec environment values to the plugin's
-  stderr and then the plugin dies after one output frame, ``boom`` raises an unexpected exception mentioning
-  the environment, ``bigframe`` sends one 70000-byte frame (a rule break the SDK must forward as is), and
-  ``wait`` yields one frame and then waits forever, ``spawn ARGV...`` runs ARGV as a real process in its own
-  process group inside the plugin's session (stdout streamed; killed when the exec is closed), and
-  ``spawn-crash ARGV...`` does the same but the plugin dies after the first output frame, as soon as the
-  client sends a stdin chunk;
+  ``echo-stdin`` returns stdin as stdout, ``exit-now`` exits 0 at once without reading stdin, ``crash``
+  prints the exec environment values to the plugin's stderr and then the plugin dies after one output frame,
+  ``boom`` raises an unexpected exception mentioning the environment, ``bigframe`` sends one 70000-byte frame
+  (a rule break the SDK must forward as is), and ``wait`` yields one frame and then waits forever,
+  ``spawn ARGV...`` runs ARGV as a real process in its own process group inside the plugin's session (stdout
+  streamed; killed when the exec is closed), and ``spawn-crash ARGV...`` does the same but the plugin dies
+  after the first output frame, as soon as the client sends a stdin chunk; every exec in the workspace
+  ``missing`` fails with NOT_FOUND;
 * ``mini-p521``: the same, with a P-521 AutoMTLS certificate (what Go plugins use);
 * ``mini-tcp``: the same, listening on loopback TCP;
 * ``mini-ext``: the same, with vz.machine.v1 extensions (tty not supported).
@@ -93,6 +94,8 @@ class MiniDriver(Driver):
         return self._exec(spec, stdin)
 
     async def _exec(self, spec: ExecSpec, stdin: AsyncIterator[bytes]) -> AsyncIterator[ExecEvent]:
+        if spec.workspace_id == "missing":
+            raise NotFoundError(f"no Machine {spec.workspace_id!r}")
         kind = spec.argv[0]
         if kind == "echo-stdin":
             async for chunk in stdin:
@@ -106,6 +109,8 @@ class MiniDriver(Driver):
             os._exit(3)
         elif kind == "boom":
             raise ValueError(f"unexpected failure with {dict(spec.environment)}")
+        elif kind == "exit-now":
+            yield ExecExit(0)
         elif kind == "print":
             print("hello from print()")  # must land on stderr: stdout belongs to the handshake
             yield ExecExit(0)
@@ -135,6 +140,10 @@ class MiniDriver(Driver):
             finally:
                 if proc.returncode is None:
                     os.killpg(proc.pid, signal.SIGKILL)
+                    # asyncio's Process.wait() returns only once its pipes reached EOF, and a paused reader
+                    # (a full buffer) never gets there: read to the end first.
+                    while await proc.stdout.read(65536):
+                        pass
                     await proc.wait()
         else:
             yield ExecOutput("stderr", f"unknown command {kind}".encode())

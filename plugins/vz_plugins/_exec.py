@@ -1,0 +1,284 @@
+"""One Exec stream on the plugin side, after its start frame (PROTOCOL.md §4).
+
+Three rules keep the call healthy with grpcio's asyncio stack:
+
+* **One reader.** ``ClientInput`` is the only code that calls ``context.read()``. It reads ahead a few frames,
+  checks the client's frame rules, hands stdin to the driver and, once the exec is over, *drains*: it keeps
+  reading and discarding until the client half-closes. A read is never cancelled while the call may still
+  be read from: Core keeps a cancelled read pending, and the next read would then fail (and look like EOF).
+* **One writer, never cancelled inside a write.** ``ExecStream`` forwards the driver's events 1:1. To stop it
+  early it raises a flag; the writer is cancelled only while it waits for the driver. A write cancelled half
+  way leaves Core's send pending, and the abort that follows fails (the client then waits for its deadline).
+* **No status while the client may still write.** After the exit event, or after an error that is not the
+  client's fault (NOT_FOUND, UNSUPPORTED tty, a driver failure), the call ends only once the client
+  half-closed, or ``DRAIN_TIMEOUT`` seconds later. grpcio's asyncio client replaces the server's status with
+  ``INTERNAL: Internal error from Core`` when one of its writes fails because the call already ended
+  (grpc/grpc#36066); a client that is done writing cannot hit that. For errors found before any output the
+  response headers carry ``STOP_INPUT_KEY`` so that a client that knows it stops sending at once. A client that
+  breaks the frame rules is refused at once (INVALID_ARGUMENT), without draining.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+import grpc.aio
+
+from vz_core import _convert
+from vz_core._types import MAX_CHUNK, ExecEvent, ExecExit
+from vz_core.errors import DriverError, InvalidArgumentError
+from vz_core.transport._exec import STOP_INPUT_KEY
+
+__all__ = ["DRAIN_TIMEOUT", "ClientInput", "ExecStream"]
+
+_EOF: object = grpc.aio.EOF  # type: ignore[attr-defined]  # end-of-stream marker of context.read()
+DRAIN_TIMEOUT = 5.0
+"""Seconds the server waits, once the exec is over, for the client to half-close."""
+_READ_AHEAD = 4
+
+
+class ClientInput:
+    """The client's frames after the start frame: the stdin the driver reads, and the rule checks.
+
+    Iterating it yields stdin chunks and ends at ``close_stdin``; it raises the ``InvalidArgumentError`` when
+    the client broke a frame rule. ``violated`` resolves with that error. ``drain()`` switches to reading
+    and discarding until the client half-closes (then a missing ``close_stdin`` is no longer an error);
+    ``task`` ends when the client half-closed, broke a rule or the call failed.
+    """
+
+    def __init__(self, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        loop = asyncio.get_running_loop()
+        self._context = context
+        self._buffer: collections.deque[bytes] = collections.deque()
+        self._stdin_closed = False
+        self._finished = False
+        self._draining = False
+        self._data_waiter: asyncio.Future[None] | None = None
+        self._space_waiter: asyncio.Future[None] | None = None
+        self.violation: DriverError | None = None
+        self.violated: asyncio.Future[None] = loop.create_future()
+        self.on_violation: Callable[[], None] | None = None
+        self.task: asyncio.Task[None] = loop.create_task(self._run())
+
+    # The reader ------------------------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        try:
+            await self._read_frames()
+        except Exception:  # the call failed (cancelled, server stopping): nothing more to read
+            pass
+        finally:
+            self._finished = True
+            self._wake_consumer()
+
+    async def _read_frames(self) -> None:
+        read = self._context.read
+        buffer = self._buffer
+        while True:
+            msg = await read()
+            if self._draining:
+                if msg is _EOF:
+                    return
+                continue
+            if msg is _EOF:
+                if not self._stdin_closed:
+                    self._violate("the exec stream ended before close_stdin")
+                return
+            kind = msg.WhichOneof("payload")
+            if kind == "stdin":
+                data: bytes = msg.stdin
+                if self._stdin_closed:
+                    problem = "a stdin frame after close_stdin"
+                elif not data:
+                    problem = "an empty stdin frame"
+                elif len(data) > MAX_CHUNK:
+                    problem = f"a stdin frame of {len(data)} bytes (at most {MAX_CHUNK})"
+                else:
+                    buffer.append(data)
+                    self._wake_consumer()
+                    while len(buffer) >= _READ_AHEAD and not self._draining:
+                        self._space_waiter = asyncio.get_running_loop().create_future()
+                        try:
+                            await self._space_waiter
+                        finally:
+                            self._space_waiter = None
+                    continue
+            elif kind == "close_stdin":
+                if not self._stdin_closed:
+                    self._stdin_closed = True
+                    self._wake_consumer()
+                    continue
+                problem = "a close_stdin frame after close_stdin"
+            elif kind == "start":
+                problem = "a second start frame"
+            else:
+                problem = "a frame with no payload"
+            self._violate(f"exec protocol violation: {problem}")
+            return
+
+    def _violate(self, message: str) -> None:
+        self.violation = InvalidArgumentError(message)
+        if not self.violated.done():
+            self.violated.set_result(None)
+        if self.on_violation is not None:
+            self.on_violation()
+
+    def _wake_consumer(self) -> None:
+        waiter = self._data_waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    # What the driver reads -------------------------------------------------------------------------------
+
+    def __aiter__(self) -> ClientInput:
+        return self
+
+    async def __anext__(self) -> bytes:
+        buffer = self._buffer
+        while True:
+            if buffer:
+                data = buffer.popleft()
+                waiter = self._space_waiter
+                if waiter is not None and not waiter.done():
+                    waiter.set_result(None)
+                return data
+            if self.violation is not None:
+                raise self.violation
+            if self._stdin_closed or self._finished or self._draining:
+                raise StopAsyncIteration
+            self._data_waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._data_waiter
+            finally:
+                self._data_waiter = None
+
+    # Ending ----------------------------------------------------------------------------------------------
+
+    def drain(self) -> None:
+        """Discard everything from now on (buffered stdin included) and read until the client half-closes."""
+        self._draining = True
+        self._buffer.clear()
+        waiter = self._space_waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+        self._wake_consumer()
+
+    async def wait_closed(self, seconds: float) -> bool:
+        """Drain, and wait up to ``seconds`` for the client's half-close; True if it came."""
+        self.drain()
+        if not self.task.done():
+            await asyncio.wait((self.task,), timeout=seconds)
+        return self.task.done()
+
+    async def close(self) -> None:
+        """Stop reading. Only when the call is ending: a read cancelled here can never be followed by another."""
+        if not self.task.done():
+            self.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.task
+
+
+class ExecStream:
+    """Runs one exec: the driver's events out, the client's stdin in, the end of the call done safely.
+
+    ``run()`` returns the error to abort with (or None for OK). The caller must ``close()`` it in all cases.
+    """
+
+    def __init__(self, context: grpc.aio.ServicerContext[Any, Any], drain_timeout: float = DRAIN_TIMEOUT) -> None:
+        self._context = context
+        self._drain_timeout = drain_timeout
+        self.input = ClientInput(context)
+        self.input.on_violation = self._on_violation
+        self._stop = False
+        self._pulling = False
+        self._wrote = False
+
+    def _on_violation(self) -> None:
+        # Stop forwarding output before anything else is written (the writer checks this between writes).
+        self._stop = True
+
+    async def _forward(self, events: AsyncIterator[ExecEvent]) -> None:
+        write = self._context.write
+        to_pb = _convert.exec_event_to_pb
+        iterator = events.__aiter__()
+        while not self._stop:
+            self._pulling = True
+            try:
+                event = await iterator.__anext__()
+            except StopAsyncIteration:
+                return
+            finally:
+                self._pulling = False
+            if self._stop:
+                return
+            if isinstance(event, ExecExit):
+                # From here on the client may half-close without close_stdin, and its stdin is of no use.
+                self.input.drain()
+            await write(to_pb(event))
+            self._wrote = True
+
+    async def refuse(self, error: DriverError) -> DriverError:
+        """An error that is not the client's fault, found before any output: drain first, then report it."""
+        self.input.drain()
+        if not self._wrote:
+            # Tell a client that understands it to stop sending now; others are drained (bounded).
+            with contextlib.suppress(Exception):
+                await self._context.send_initial_metadata(((STOP_INPUT_KEY, "1"),))
+        await self.input.wait_closed(self._drain_timeout)
+        return error
+
+    async def run(
+        self,
+        start: Callable[[AsyncIterator[bytes]], AsyncIterator[ExecEvent]],
+        translate: Callable[[BaseException], DriverError],
+    ) -> DriverError | None:
+        """Start the driver's exec on the client's stdin and forward its events until the end of the exec."""
+        try:
+            events = start(self.input)
+        except Exception as exc:
+            return await self.refuse(translate(exc))
+        forwarder = asyncio.get_running_loop().create_task(self._forward(events))
+        try:
+            await asyncio.wait((forwarder, self.input.violated), return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            # The call was cancelled (client cancel, deadline, shutdown): no write can complete any more, so
+            # cancelling one is harmless now. Closing the driver's generator kills the command.
+            self._stop = True
+            forwarder.cancel()
+            await asyncio.gather(forwarder, return_exceptions=True)
+            await _aclose(events)
+            raise
+        if self.input.violation is not None:
+            # The client broke the rules: stop the writer between two writes, kill the command, refuse.
+            self._stop = True
+            if not forwarder.done():
+                if self._pulling:
+                    forwarder.cancel()  # it waits for the driver, not inside context.write
+                else:
+                    await _aclose(events)  # the generator is suspended at a yield: this kills the command now
+            await asyncio.gather(forwarder, return_exceptions=True)
+            await _aclose(events)
+            return self.input.violation
+        await _aclose(events)
+        if forwarder.cancelled():
+            return await self.refuse(translate(asyncio.CancelledError("the driver's exec was cancelled")))
+        failure = forwarder.exception()
+        if failure is not None:
+            return await self.refuse(translate(failure))
+        await self.input.wait_closed(self._drain_timeout)
+        return None
+
+    async def close(self) -> None:
+        await self.input.close()
+
+
+async def _aclose(stream: object) -> None:
+    aclose = getattr(stream, "aclose", None)
+    if aclose is not None:
+        with contextlib.suppress(Exception):
+            await aclose()
