@@ -28,8 +28,8 @@ class Entry:
 
 MATRIX: tuple[Entry, ...] = (
     Entry("fake", "linux", "linux", "ACTIVE", "reference driver: directories + host processes, for tests"),
-    Entry("linux_native", "linux", "linux", "DEV", "runc + namespaces/cgroups, OCI images"),
-    Entry("qemu", "linux", "linux", "DEV", "QEMU + guest agent; KVM where usable, else TCG"),
+    Entry("linux_native", "linux", "linux", "ACTIVE", "runc + namespaces/cgroups, OCI images"),
+    Entry("qemu", "linux", "linux", "ACTIVE", "QEMU + guest agent; KVM where usable, else TCG"),
     Entry("qemu", "darwin", "linux", "PLANNED", "QEMU with HVF"),
     Entry("qemu", "windows", "linux", "PLANNED", "QEMU with WHPX"),
     Entry("vfkit", "darwin", "linux", "PLANNED", "Virtualization.framework through vfkit"),
