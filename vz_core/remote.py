@@ -321,6 +321,7 @@ class RemoteDriver(Driver):
             call = s.runtime.Exec()
             pump = _ExecPump(call, spec, stdin)
             finished = False
+            exited = False
             try:
                 while True:
                     try:
@@ -331,6 +332,8 @@ class RemoteDriver(Driver):
                             raise failure from None  # our stdin iterator failed: that is the error to report
                         if not isinstance(exc, grpc.RpcError):
                             raise
+                        if exited and _local_write_failure(exc):
+                            return
                         raise await self._translate(exc, "Exec", s.conn) from None
                     if msg is _EOF:
                         break
@@ -340,13 +343,17 @@ class RemoteDriver(Driver):
                             f"driver {self.name!r} sent an exec frame with no payload (protocol violation)"
                         )
                     if isinstance(event, ExecExit):
+                        exited = True
                         pump.stop()  # the command is gone: send nothing more, half-close
                     yield event
                 finished = True
                 pump.stop()
                 code = await call.code()
                 if code != grpc.StatusCode.OK:
-                    raise await self._translate(await _StatusError.of(call), "Exec", s.conn)
+                    status = await _StatusError.of(call)
+                    if exited and _local_write_failure(status):
+                        return
+                    raise await self._translate(status, "Exec", s.conn)
                 if (failure := pump.failure()) is not None:
                     raise failure
             finally:
@@ -387,6 +394,25 @@ class RemoteDriver(Driver):
                     return None
                 raise await self._translate(exc, "Extensions", s.conn) from None
             return _convert.extensions_from_pb(reply)
+
+
+_LOCAL_WRITE_FAILURE = "Internal error from Core"
+
+
+def _local_write_failure(err: grpc.RpcError) -> bool:
+    """Whether a failed exec status was made up by grpcio's client, not sent by the server.
+
+    grpcio's asyncio client replaces the server's status with INTERNAL "Internal error from Core" when one of
+    its own writes fails because the server already finished the call (grpc/grpc#36066). Servers that end the
+    call right after the exit frame (go-plugin plugins do) trigger it. After an exit frame the outcome is
+    already known, so such a status is not an error; a real server failure carries a RuntimeError detail or
+    its own message.
+    """
+    return (
+        err.code() == grpc.StatusCode.INTERNAL
+        and (err.details() or "") == _LOCAL_WRITE_FAILURE
+        and not runtime_errors_in(err)
+    )
 
 
 class _StatusError(grpc.RpcError):

@@ -122,3 +122,18 @@ async def test_a_changed_go_binary_is_refused_before_the_next_launch(go_bin: Pat
             await driver.find("x")
     finally:
         await driver.close()
+
+
+async def test_short_execs_against_a_go_server_that_ends_right_after_exit(go_bin: Path, tmp_path: Path) -> None:
+    """A go-plugin server ends the call right after the exit frame, while our client may still be half-closing;
+    grpcio then reports a made-up INTERNAL (grpc/grpc#36066). With the exit received, that is success."""
+    store = _install(go_bin, tmp_path, plaintext=True)
+    driver = remote_driver("go-reference", store=store)
+    try:
+        await driver.run_image(RunImageRequest(WS, "vz:default"))
+        for _ in range(400):
+            _, _, exit_, _ = await _collect(driver, ("true",), b"")
+            assert exit_.success
+        await driver.delete(WS)
+    finally:
+        await driver.close()
