@@ -68,6 +68,7 @@ _TRANSPORT_CODES = {
 }
 _CRASH_WAIT = 1.0
 _PUMP_WAIT = 2.0
+_PEER_STATUS_WAIT = 2.0
 
 
 class _Session:
@@ -319,24 +320,34 @@ class RemoteDriver(Driver):
         self._redactor.add(*spec.environment.values())
         async with self._session() as s:
             call = s.runtime.Exec()
+            statuses = _StatusLog(call)
             pump = _ExecPump(call, spec, stdin)
+            # The call's async iterator, not read(): read() stops at a status grpcio made up (see _StatusLog)
+            # even when the server's frames are still waiting to be read.
+            frames = call.__aiter__()
             finished = False
             exited = False
             try:
                 while True:
                     try:
-                        msg = await call.read()
+                        msg = await frames.__anext__()
+                    except StopAsyncIteration:
+                        break
                     except (grpc.RpcError, asyncio.CancelledError) as exc:
                         finished = True
+                        pump.stop()
                         if (failure := pump.failure()) is not None:
                             raise failure from None  # our stdin iterator failed: that is the error to report
                         if not isinstance(exc, grpc.RpcError):
                             raise
-                        if exited and _local_write_failure(exc):
-                            return
-                        raise await self._translate(exc, "Exec", s.conn) from None
-                    if msg is _EOF:
-                        break
+                        status: grpc.RpcError = exc
+                        if _made_up(exc):
+                            status = await statuses.peer_status(_PEER_STATUS_WAIT) or exc
+                            if status is exc and exited:
+                                break  # the exit frame already told the outcome
+                        if status.code() == grpc.StatusCode.OK:
+                            break
+                        raise await self._translate(status, "Exec", s.conn) from None
                     event = _convert.exec_event_from_pb(msg)
                     if event is None:
                         raise RuntimeFailureError(
@@ -348,12 +359,6 @@ class RemoteDriver(Driver):
                     yield event
                 finished = True
                 pump.stop()
-                code = await call.code()
-                if code != grpc.StatusCode.OK:
-                    status = await _StatusError.of(call)
-                    if exited and _local_write_failure(status):
-                        return
-                    raise await self._translate(status, "Exec", s.conn)
                 if (failure := pump.failure()) is not None:
                     raise failure
             finally:
@@ -396,23 +401,68 @@ class RemoteDriver(Driver):
             return _convert.extensions_from_pb(reply)
 
 
-_LOCAL_WRITE_FAILURE = "Internal error from Core"
+_MADE_UP_DETAILS = "Internal error from Core"
 
 
-def _local_write_failure(err: grpc.RpcError) -> bool:
-    """Whether a failed exec status was made up by grpcio's client, not sent by the server.
-
-    grpcio's asyncio client replaces the server's status with INTERNAL "Internal error from Core" when one of
-    its own writes fails because the server already finished the call (grpc/grpc#36066). Servers that end the
-    call right after the exit frame (go-plugin plugins do) trigger it. After an exit frame the outcome is
-    already known, so such a status is not an error; a real server failure carries a RuntimeError detail or
-    its own message.
-    """
+def _made_up(err: grpc.RpcError) -> bool:
+    """Whether a status was made up by grpcio's client after one of its own writes failed (no server status)."""
     return (
         err.code() == grpc.StatusCode.INTERNAL
-        and (err.details() or "") == _LOCAL_WRITE_FAILURE
+        and (err.details() or "") == _MADE_UP_DETAILS
         and not runtime_errors_in(err)
     )
+
+
+def _settled(coro: Any) -> Any:
+    """The result of a coroutine that finishes without waiting (a finished call's status accessors)."""
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        return done.value
+    coro.close()
+    raise RuntimeError("the call's status is not settled yet")
+
+
+class _StatusLog:
+    """Every status grpcio sets on an exec call, in order: the server's survives grpcio's made-up one.
+
+    grpcio's asyncio client sets INTERNAL "Internal error from Core" when one of its writes fails because the
+    server already ended the call (grpc/grpc#36066, still open for grpcio 1.85), replacing the status the
+    server sent if that came first. Servers that end the call right after the exit frame or on an early error
+    without waiting for the client's half-close (go-plugin plugins do) trigger it; vz plugins drain instead.
+    Done callbacks run on every status change, so each status is recorded as it is set; when the made-up one
+    came first, the server's follows once the remaining frames are read.
+    """
+
+    def __init__(self, call: Any) -> None:
+        self._seen: list[_StatusError] = []
+        self._changed = asyncio.Event()
+        call.add_done_callback(self._record)
+
+    def _record(self, call: Any) -> None:
+        try:
+            status = _StatusError(
+                _settled(call.code()), _settled(call.details()) or "", _settled(call.trailing_metadata())
+            )
+        except Exception:  # not settled: nothing to record
+            return
+        self._seen.append(status)
+        self._changed.set()
+
+    async def peer_status(self, seconds: float) -> _StatusError | None:
+        """The first status grpcio did not make up, waiting up to ``seconds`` for it; None if none came."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        while True:
+            for status in self._seen:
+                if not _made_up(status):
+                    return status
+            left = deadline - loop.time()
+            if left <= 0:
+                return None
+            self._changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), left)
 
 
 class _StatusError(grpc.RpcError):

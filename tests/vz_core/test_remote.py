@@ -8,13 +8,29 @@ import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
+import grpc
 import psutil
 import pytest
 from vz_conformance.fake import FakeDriver
 from vz_plugins._exec import DRAIN_TIMEOUT
 
-from vz_core import Driver, ExecExit, ExecOutput, ExecSpec, RecreateMode, RunImageRequest
+from vz_core import (
+    Capabilities,
+    Driver,
+    DriverInfo,
+    ExecExit,
+    ExecOutput,
+    ExecSpec,
+    MountType,
+    RecreateMode,
+    RunImageRequest,
+    _convert,
+)
+from vz_core._proto.devsy.runtime.v1 import runtime_pb2 as pb
+from vz_core._proto.devsy.runtime.v1 import runtime_pb2_grpc as pb_grpc
+from vz_core._wire import error_to_status
 from vz_core.drivers import launcher_for
 from vz_core.errors import (
     AlreadyExistsError,
@@ -347,6 +363,42 @@ async def test_an_empty_argv_is_refused_before_any_launch() -> None:
         assert prepare.launches == 0
     finally:
         await driver.close()
+
+
+class _EagerServicer(pb_grpc.RuntimeDriverServicer):
+    """A server that ends Exec without waiting for the client's half-close (as go-plugin plugins do)."""
+
+    async def Info(self, request: pb.InfoRequest, context: grpc.aio.ServicerContext[Any, Any]) -> pb.InfoResponse:
+        caps = Capabilities(mount_types=(MountType.BIND,), recreate_mode=RecreateMode.DELETE)
+        return _convert.info_to_pb(DriverInfo("eager", "0.1", "eager-runtime", capabilities=caps))
+
+    async def Exec(self, request_iterator: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        first = await context.read()
+        if first.start.workspace_id == "missing":
+            status = error_to_status(NotFoundError("no Machine 'missing'"))
+            await context.abort(status.code, status.details, status.trailing_metadata)
+        await context.write(pb.ExecServerMessage(stdout=pb.OutputChunk(data=b"bye")))
+        await context.write(pb.ExecServerMessage(exit=pb.ExecExit(exit_code=3)))
+
+
+async def test_the_servers_outcome_survives_a_server_that_does_not_wait_for_the_half_close(tmp_path: Path) -> None:
+    # The client's writes then fail after the server ended the call, and grpcio makes up an INTERNAL status
+    # (grpc/grpc#36066): the client must still report the frames and the status the server sent.
+    server = grpc.aio.server()
+    pb_grpc.add_RuntimeDriverServicer_to_server(_EagerServicer(), server)  # type: ignore[no-untyped-call]
+    address = f"unix:{tmp_path / 'eager.sock'}"
+    server.add_insecure_port(address)
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(address) as channel:
+            driver = RemoteDriver(channel=channel, name="eager")
+            for attempt in range(50):
+                out, _, exit_event, _ = await _run(driver, ExecSpec("w", ("x",)), *([b"i" * 32768] * 64))
+                assert (out, exit_event) == (b"bye", ExecExit(3)), f"attempt {attempt}"
+                with pytest.raises(NotFoundError, match="no Machine 'missing'"):
+                    await _run(driver, ExecSpec("missing", ("x",)), *([b"i" * 32768] * 64))
+    finally:
+        await server.stop(None)
 
 
 # Connection lifecycle ----------------------------------------------------------------------------------
