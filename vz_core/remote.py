@@ -117,6 +117,8 @@ class RemoteDriver(Driver):
         self._lock = asyncio.Lock()
         self._busy = 0
         self._idle: asyncio.TimerHandle | None = None
+        self._idle_at = 0.0
+        self._warm: _Session | None = None
         self._idle_task: asyncio.Task[None] | None = None
         self._closed = False
 
@@ -159,6 +161,44 @@ class RemoteDriver(Driver):
             raise
         return conn.channel, conn, info
 
+    def _fast_session(self) -> _Session | None:
+        """The warm session when it is ready (no lock, no await: the common case); the caller must ``_release``."""
+        session = self._warm
+        if session is None or self._closed or (session.conn is not None and not session.conn.alive):
+            return None
+        if self.mode != "warm" and self._launcher is not None:
+            return None
+        self._busy += 1
+        return session
+
+    async def _acquire(self) -> _Session:
+        """The warm (or given-channel) session, connecting first when needed; the caller must ``_release``."""
+        session = self._fast_session()
+        if session is not None:
+            return session
+        if self._closed:
+            raise UnavailableError(f"driver {self.name!r} was closed")
+        async with self._lock:
+            if self._channel is None and (self._conn is None or not self._conn.alive):
+                self._warm = None
+                if self._conn is not None:
+                    stale, self._conn = self._conn, None
+                    await stale.shutdown()
+                _, self._conn, self._session_info = await self._connect()
+            elif self._channel is not None and self._session_info is None:
+                await self._connect()
+            assert self._session_info is not None
+            if self._warm is None:
+                channel = self._channel if self._channel is not None else self._conn.channel  # type: ignore[union-attr]
+                self._warm = _Session(channel, self._conn, self._session_info)
+            self._busy += 1
+            return self._warm
+
+    def _release(self) -> None:
+        self._busy -= 1
+        if self._busy == 0:
+            self._arm_idle()
+
     @contextlib.asynccontextmanager
     async def _session(self) -> AsyncIterator[_Session]:
         if self._closed:
@@ -171,24 +211,11 @@ class RemoteDriver(Driver):
                 if conn is not None:
                     await conn.shutdown()
             return
-        async with self._lock:
-            self._cancel_idle()
-            if self._channel is None and (self._conn is None or not self._conn.alive):
-                if self._conn is not None:
-                    stale, self._conn = self._conn, None
-                    await stale.shutdown()
-                _, self._conn, self._session_info = await self._connect()
-            elif self._channel is not None and self._session_info is None:
-                await self._connect()
-            self._busy += 1
-        assert self._session_info is not None
-        channel = self._channel if self._channel is not None else self._conn.channel  # type: ignore[union-attr]
+        session = await self._acquire()
         try:
-            yield _Session(channel, self._conn, self._session_info)
+            yield session
         finally:
-            self._busy -= 1
-            if self._busy == 0:
-                self._arm_idle()
+            self._release()
 
     def _cancel_idle(self) -> None:
         if self._idle is not None:
@@ -196,20 +223,29 @@ class RemoteDriver(Driver):
             self._idle = None
 
     def _arm_idle(self) -> None:
+        # One timer at a time, moved forward lazily: a call does not pay for a new timer.
         if self._launcher is None or self.idle_timeout is None or self._conn is None:
             return
         loop = asyncio.get_running_loop()
-        self._idle = loop.call_later(self.idle_timeout, self._idle_expired)
+        self._idle_at = loop.time() + self.idle_timeout
+        if self._idle is None:
+            self._idle = loop.call_at(self._idle_at, self._idle_expired)
 
     def _idle_expired(self) -> None:
         self._idle = None
-        if self._busy == 0 and self._conn is not None:
-            self._idle_task = asyncio.get_running_loop().create_task(self._stop_idle())
+        if self._busy or self._conn is None:
+            return  # the call in progress arms the timer again when it ends
+        loop = asyncio.get_running_loop()
+        if loop.time() < self._idle_at:
+            self._idle = loop.call_at(self._idle_at, self._idle_expired)
+            return
+        self._idle_task = loop.create_task(self._stop_idle())
 
     async def _stop_idle(self) -> None:
         async with self._lock:
             if self._busy == 0 and self._conn is not None:
                 conn, self._conn = self._conn, None
+                self._warm = None
                 self._session_info = None
                 await conn.shutdown()
 
@@ -221,6 +257,7 @@ class RemoteDriver(Driver):
             with contextlib.suppress(Exception):
                 await self._idle_task
         async with self._lock:
+            self._warm = None
             if self._conn is not None:
                 conn, self._conn = self._conn, None
                 await conn.shutdown()
@@ -261,13 +298,22 @@ class RemoteDriver(Driver):
     async def _unary(self, rpc: str, request: Any, flag: str = "") -> Any:
         if flag:
             self._gate(rpc, flag)
-        async with self._session() as s:
-            if flag:
-                self._gate(rpc, flag)
-            try:
-                return await getattr(s.runtime, rpc)(request)
-            except grpc.RpcError as exc:
-                raise await self._translate(exc, rpc, s.conn) from None
+        session = self._fast_session()
+        if session is None:
+            async with self._session() as slow:
+                return await self._call_unary(slow, rpc, request, flag)
+        try:
+            return await self._call_unary(session, rpc, request, flag)
+        finally:
+            self._release()
+
+    async def _call_unary(self, s: _Session, rpc: str, request: Any, flag: str) -> Any:
+        if flag:
+            self._gate(rpc, flag)  # the capabilities may have just been negotiated
+        try:
+            return await getattr(s.runtime, rpc)(request)
+        except grpc.RpcError as exc:
+            raise await self._translate(exc, rpc, s.conn) from None
 
     # The Driver contract ---------------------------------------------------------------------------------
 

@@ -30,7 +30,8 @@ import grpc
 import grpc.aio
 
 from vz_core import _convert
-from vz_core._types import MAX_CHUNK, ExecEvent, ExecExit
+from vz_core._proto.devsy.runtime.v1 import runtime_pb2 as pb
+from vz_core._types import MAX_CHUNK, ExecEvent, ExecExit, ExecOutput
 from vz_core.errors import DriverError, InvalidArgumentError
 from vz_core.transport._exec import STOP_INPUT_KEY
 
@@ -204,7 +205,7 @@ class ExecStream:
 
     async def _forward(self, events: AsyncIterator[ExecEvent]) -> None:
         write = self._context.write
-        to_pb = _convert.exec_event_to_pb
+        to_pb = _frame
         iterator = events.__aiter__()
         while not self._stop:
             self._pulling = True
@@ -275,6 +276,15 @@ class ExecStream:
 
     async def close(self) -> None:
         await self.input.close()
+
+
+def _frame(event: ExecEvent) -> pb.ExecServerMessage:
+    """The wire frame of an event (as ``_convert.exec_event_to_pb``, without building the chunk twice)."""
+    if type(event) is ExecOutput:
+        msg = pb.ExecServerMessage()
+        (msg.stderr if event.stream == "stderr" else msg.stdout).data = event.data
+        return msg
+    return _convert.exec_event_to_pb(event)
 
 
 async def _aclose(stream: object) -> None:

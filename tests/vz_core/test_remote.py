@@ -401,6 +401,37 @@ async def test_the_servers_outcome_survives_a_server_that_does_not_wait_for_the_
         await server.stop(None)
 
 
+async def test_a_paused_caller_and_a_command_that_reads_nothing_keep_memory_bounded() -> None:
+    driver, _ = mini()
+    pulled = 0
+
+    async def endless_counted() -> AsyncIterator[bytes]:
+        nonlocal pulled
+        async for block in _endless():
+            pulled += len(block)
+            yield block
+
+    try:
+        # Output: the caller stops pulling events while `yes` writes as fast as it can.
+        output = driver.exec(ExecSpec("w", ("spawn", "yes")), _stdin())
+        assert isinstance(await output.__anext__(), ExecOutput)
+        assert driver.connection is not None
+        plugin, host = psutil.Process(driver.connection.pid), psutil.Process()
+        before = plugin.memory_info().rss, host.memory_info().rss
+        # Input: a command that never reads stdin while the caller offers endless input.
+        ignored = driver.exec(ExecSpec("w", ("wait",)), endless_counted())
+        assert isinstance(await ignored.__anext__(), ExecOutput)
+        await asyncio.sleep(1.0)  # both producers would move gigabytes in a second if nothing held them back
+        grown = plugin.memory_info().rss - before[0], host.memory_info().rss - before[1]
+        assert grown[0] < 32 << 20 and grown[1] < 32 << 20, f"grew by {grown} bytes (plugin, host)"
+        assert pulled < 32 << 20, f"{pulled} bytes of stdin taken for a command that reads none"
+        await output.aclose()  # type: ignore[attr-defined]
+        await ignored.aclose()  # type: ignore[attr-defined]
+        assert (await driver.info()).driver_name == "mini"
+    finally:
+        await driver.close()
+
+
 # Connection lifecycle ----------------------------------------------------------------------------------
 
 
