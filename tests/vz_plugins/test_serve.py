@@ -426,3 +426,39 @@ async def test_after_the_exit_a_client_that_never_half_closes_is_given_up_on(tmp
             assert 0.4 < time.monotonic() - started < 10.0
     finally:
         await server.stop(None)
+
+
+async def test_grpcio_turns_a_read_after_a_cancelled_read_into_a_false_eof(tmp_path: Path) -> None:
+    """Why the SDK never cancels a pending ``context.read()`` while the call may still be read from.
+
+    A cancelled read stays pending in Core; the next read is refused (too many operations) and grpcio reports
+    that as the end of the stream although the client is still sending. If grpcio changes this, the reader in
+    ``vz_plugins._exec`` could be simplified.
+    """
+    seen: list[object] = []
+    cancelled, written = asyncio.Event(), asyncio.Event()
+
+    async def handler(request_iterator: object, context: grpc.aio.ServicerContext[bytes, bytes]) -> None:
+        pending = asyncio.ensure_future(context.read())
+        await asyncio.sleep(0)  # let the read start
+        pending.cancel()
+        cancelled.set()
+        seen.append(await context.read())
+        await written.wait()
+
+    generic = grpc.method_handlers_generic_handler("t.T", {"S": grpc.stream_stream_rpc_method_handler(handler)})
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((generic,))
+    address = f"unix:{tmp_path / 't.sock'}"
+    server.add_insecure_port(address)
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(address) as channel:
+            call = channel.stream_stream("/t.T/S")(timeout=20)
+            await cancelled.wait()
+            await call.write(b"frame")  # the client is still sending...
+            written.set()
+            assert await call.code() == grpc.StatusCode.OK
+        assert seen == [grpc.aio.EOF], "...but the server's second read saw the end of the stream"  # type: ignore[attr-defined]
+    finally:
+        await server.stop(None)
