@@ -20,7 +20,15 @@ Exec: one send pump (start, stdin chunked to ≤ 32 KiB, close_stdin, half-close
 turns frames into events 1:1 without repairing anything. Backpressure both ways: stdin is pulled only as
 fast as gRPC flow control lets frames out, and frames are read only when the caller asks for the next event.
 Closing the event generator (or cancelling its task) cancels the call, which makes the plugin kill the
-command. Always close an exec generator you stop reading (``aclose()``); the contract's rules apply.
+command. Always close an exec generator you stop reading (``aclose()``); the contract's rules apply. An empty
+argv is refused locally (``InvalidArgumentError``), as the protocol's frame rules require.
+
+Ending an exec: once the exit frame arrives, the call ends, or the plugin's response headers carry
+``vz_core.transport._exec.STOP_INPUT_KEY`` (a vz plugin refusing the exec), the pump stops at the next write
+boundary (a pending ``call.write()`` is never cancelled: that would cancel the call) and half-closes without
+``close_stdin``. vz plugins end an Exec only after that half-close. Against servers that end it earlier (go-plugin
+plugins do), grpcio's asyncio client may replace the server's status with a made-up INTERNAL when a write
+fails (grpc/grpc#36066); the receive loop reads through it and reports the server's own frames and status.
 """
 
 from __future__ import annotations

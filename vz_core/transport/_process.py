@@ -108,31 +108,43 @@ class PluginProcess:
         self._finish(reported or ExitStatus(rc, _signame(-rc) if rc < 0 else ""))
 
     async def _exit_code(self) -> int:
-        """The exit code of our direct child, known as soon as it exits (not when its pipes close)."""
-        pid = self._proc.pid
+        """The exit code of our direct child, known as soon as it exits (not when its pipes close).
+
+        ``Process.wait()`` is avoided where possible: until asyncio has processed the child watcher's report it
+        waits for the pipes to close too, which a deliberately detached descendant may keep open indefinitely
+        (and the watcher may have reaped the child just before ``pidfd_open``).
+        """
+        proc = self._proc
+        if proc.returncode is not None:
+            return proc.returncode
         pidfd = -1
         if hasattr(os, "pidfd_open"):
-            with contextlib.suppress(OSError):
-                pidfd = os.pidfd_open(pid)
-        if pidfd < 0:
-            return await self._proc.wait()
-        loop = asyncio.get_running_loop()
-        readable: asyncio.Future[None] = loop.create_future()
+            try:
+                pidfd = os.pidfd_open(proc.pid)
+            except ProcessLookupError:
+                pidfd = -2  # already reaped by the child watcher: its report is on its way to the loop
+            except OSError:
+                pidfd = -1
+        if pidfd >= 0:
+            loop = asyncio.get_running_loop()
+            readable: asyncio.Future[None] = loop.create_future()
 
-        def ready() -> None:
-            if not readable.done():
-                readable.set_result(None)
+            def ready() -> None:
+                if not readable.done():
+                    readable.set_result(None)
 
-        loop.add_reader(pidfd, ready)
-        try:
-            await readable
-        finally:
-            loop.remove_reader(pidfd)
-            os.close(pidfd)
+            loop.add_reader(pidfd, ready)
+            try:
+                await readable
+            finally:
+                loop.remove_reader(pidfd)
+                os.close(pidfd)
+        elif pidfd == -1:
+            return await proc.wait()  # no pidfd on this system
         # The child watcher reaps it and records the code right after; poll for that briefly.
         for _ in range(200):
-            if self._proc.returncode is not None:
-                return self._proc.returncode
+            if proc.returncode is not None:
+                return proc.returncode
             await asyncio.sleep(0.005)
         return -1
 

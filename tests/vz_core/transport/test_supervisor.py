@@ -194,3 +194,29 @@ async def test_leftovers_of_a_plugin_that_exits_are_killed_but_new_sessions_are_
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(stay_pid, signal.SIGKILL)
+
+
+async def test_an_exit_reaped_before_pidfd_open_is_not_held_up_by_a_detached_descendants_pipes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """asyncio's child watcher may reap the child just before ``pidfd_open``; the exit code then comes from the
+    watcher's report, not from ``Process.wait()``, which also waits for pipes a detached descendant holds."""
+    from vz_core.transport._process import PluginProcess
+
+    code = "import subprocess, sys; print(subprocess.Popen(['sleep', '60'], start_new_session=True).pid); sys.exit(4)"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", code, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    assert proc.stdout is not None
+    detached = int(await proc.stdout.readline())
+    try:
+
+        def reaped(pid: int) -> int:
+            raise ProcessLookupError(pid)
+
+        monkeypatch.setattr(os, "pidfd_open", reaped)
+        process = PluginProcess(proc, supervised=False)
+        assert await asyncio.wait_for(process._exit_code(), 5.0) == 4
+    finally:
+        os.kill(detached, signal.SIGKILL)
+        proc._transport.close()  # type: ignore[attr-defined]  # our ends of the pipes the sleep held
