@@ -12,7 +12,7 @@ import os
 import sys
 from typing import Any
 
-from vz_core._driver import Driver
+from vz_core import Driver
 from vz_plugins._serve import serve
 
 OPTIONS_ENV = "VZ_DRIVER_OPTIONS"

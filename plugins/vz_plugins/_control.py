@@ -10,7 +10,7 @@ import grpc
 import grpc.aio
 from google.protobuf import empty_pb2
 
-from vz_core._proto.plugin import (
+from vz_core.rpc.pb import (
     grpc_broker_pb2_grpc,
     grpc_controller_pb2,
     grpc_controller_pb2_grpc,

@@ -36,8 +36,8 @@ from typing import Literal, NoReturn
 
 import grpc
 
-from vz_core._driver import Driver
-from vz_core.transport._handshake import (
+from vz_core import Driver
+from vz_core.transport import (
     APP_PROTOCOL_VERSION,
     COOKIE_KEY,
     COOKIE_VALUE,
@@ -58,7 +58,6 @@ NOT_A_COMMAND = (
     "Please execute the program that consumes these plugins, which will\n"
     "load any plugins automatically\n"
 )
-_MAX_MESSAGE = 2**31 - 1
 _STOP_GRACE = 0.5
 Network = Literal["unix", "tcp"]
 Curve = Literal["P-256", "P-384", "P-521"]
@@ -152,7 +151,7 @@ class _Listener:
                 self.address = self._bind_tcp(self.server.add_insecure_port)
             return
         from vz_core.errors import PluginError
-        from vz_core.transport._certs import generate_cert, grpc_can_verify, load_cert
+        from vz_core.transport import generate_cert, grpc_can_verify, load_cert
 
         try:
             client_cert = load_cert(client_pem)
@@ -174,7 +173,7 @@ class _Listener:
         # grpcio cannot verify this host's certificate (P-521): terminate TLS ourselves, relay to grpcio.
         from cryptography.hazmat.primitives import serialization
 
-        from vz_core.transport._relay import ServerRelay, server_context
+        from vz_core.transport import ServerRelay, server_context
 
         private = tempfile.mkdtemp(prefix="vz-plugin-grpc-")
         self._remove_dirs.append(private)
@@ -202,7 +201,7 @@ class _Listener:
                 raise _Fatal(f"could not bind a TCP port on 127.0.0.1 within {ENV_MIN_PORT}..{ENV_MAX_PORT}")
 
     async def close(self) -> None:
-        from vz_core.transport._relay import ServerRelay
+        from vz_core.transport import ServerRelay
 
         if isinstance(self.relay, ServerRelay):
             await self.relay.close()
@@ -223,12 +222,10 @@ async def _run(
     from grpc_health.v1 import _async as health_aio
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    from vz_core._proto.devsy.runtime.v1 import runtime_pb2_grpc
-    from vz_core._proto.plugin import grpc_broker_pb2_grpc, grpc_controller_pb2_grpc, grpc_stdio_pb2_grpc
-    from vz_core._proto.vz.machine.v1 import extensions_pb2_grpc
     from vz_core.redact import Redactor
+    from vz_core.rpc import SERVER_OPTIONS, add_servicers
+    from vz_core.rpc.pb import grpc_broker_pb2_grpc, grpc_controller_pb2_grpc, grpc_stdio_pb2_grpc
     from vz_plugins._control import BrokerServicer, ControllerServicer, StdioServicer
-    from vz_plugins._servicer import ExtensionsServicer, RuntimeServicer
 
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -239,11 +236,8 @@ async def _run(
     if not isinstance(driver, Driver):
         raise _Fatal(f"the plugin's factory returned {type(driver).__name__}, not a vz_core Driver")
     redactor = Redactor()
-    server = grpc.aio.server(
-        options=[("grpc.max_send_message_length", _MAX_MESSAGE), ("grpc.max_receive_message_length", _MAX_MESSAGE)]
-    )
-    runtime_pb2_grpc.add_RuntimeDriverServicer_to_server(RuntimeServicer(driver, redactor), server)  # type: ignore[no-untyped-call]
-    extensions_pb2_grpc.add_MachineExtensionsServicer_to_server(ExtensionsServicer(driver, redactor), server)  # type: ignore[no-untyped-call]
+    server = grpc.aio.server(options=SERVER_OPTIONS)
+    add_servicers(server, driver, redactor)
     grpc_controller_pb2_grpc.add_GRPCControllerServicer_to_server(ControllerServicer(stopping), server)  # type: ignore[no-untyped-call]
     grpc_stdio_pb2_grpc.add_GRPCStdioServicer_to_server(StdioServicer(stopping), server)  # type: ignore[no-untyped-call]
     grpc_broker_pb2_grpc.add_GRPCBrokerServicer_to_server(BrokerServicer(stopping), server)  # type: ignore[no-untyped-call]

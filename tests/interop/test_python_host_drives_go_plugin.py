@@ -16,7 +16,7 @@ from vz_core import ExecExit, ExecOutput, ExecSpec, RunImageRequest
 from vz_core.drivers import ManifestStore, add_manifest, remote_driver
 from vz_core.errors import AlreadyExistsError, NotFoundError, TrustError
 from vz_core.registry import DriverRegistry
-from vz_core.remote import RemoteDriver
+from vz_core.rpc import RemoteDriver
 
 WS = "go plugin/../ü workspace"
 

@@ -14,7 +14,6 @@ import grpc
 import psutil
 import pytest
 from vz_conformance.fake import FakeDriver
-from vz_plugins._exec import DRAIN_TIMEOUT
 
 from vz_core import (
     Capabilities,
@@ -30,7 +29,6 @@ from vz_core import (
 )
 from vz_core._proto.devsy.runtime.v1 import runtime_pb2 as pb
 from vz_core._proto.devsy.runtime.v1 import runtime_pb2_grpc as pb_grpc
-from vz_core._wire import error_to_status
 from vz_core.drivers import launcher_for
 from vz_core.errors import (
     AlreadyExistsError,
@@ -40,7 +38,7 @@ from vz_core.errors import (
     UnavailableError,
     UnsupportedError,
 )
-from vz_core.remote import Mode, RemoteDriver
+from vz_core.rpc import DRAIN_TIMEOUT, Mode, RemoteDriver, error_to_status
 from vz_core.transport import LaunchSpec, PluginLauncher
 
 TESTDRIVERS = Path(__file__).resolve().parents[1] / "vz_plugins" / "testdrivers.py"

@@ -21,7 +21,7 @@ from vz_core._proto.devsy.runtime.v1 import runtime_pb2 as pb
 from vz_core._proto.devsy.runtime.v1 import runtime_pb2_grpc as pb_grpc
 from vz_core._proto.vz.machine.v1 import extensions_pb2 as ext_pb
 from vz_core._proto.vz.machine.v1 import extensions_pb2_grpc as ext_grpc
-from vz_core._wire import runtime_errors_in
+from vz_core.rpc import runtime_errors_in
 from vz_core.transport import COOKIE_KEY, COOKIE_VALUE, LaunchSpec, PluginConnection, PluginLauncher
 
 TESTDRIVERS = Path(__file__).resolve().parent / "testdrivers.py"
@@ -405,9 +405,9 @@ async def test_an_early_exit_drains_the_clients_stdin_and_ends_ok(conn: PluginCo
 
 async def test_after_the_exit_a_client_that_never_half_closes_is_given_up_on(tmp_path: Path) -> None:
     from testdrivers import MiniDriver
-    from vz_plugins._servicer import RuntimeServicer
 
     from vz_core.redact import Redactor
+    from vz_core.rpc import RuntimeServicer
 
     server = grpc.aio.server()
     pb_grpc.add_RuntimeDriverServicer_to_server(  # type: ignore[no-untyped-call]
@@ -433,7 +433,7 @@ async def test_grpcio_turns_a_read_after_a_cancelled_read_into_a_false_eof(tmp_p
 
     A cancelled read stays pending in Core; the next read is refused (too many operations) and grpcio reports
     that as the end of the stream although the client is still sending. If grpcio changes this, the reader in
-    ``vz_plugins._exec`` could be simplified.
+    ``vz_core.rpc._server_exec`` could be simplified.
     """
     seen: list[object] = []
     cancelled, written = asyncio.Event(), asyncio.Event()

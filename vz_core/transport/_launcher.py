@@ -38,6 +38,7 @@ import grpc
 
 from vz_core.errors import PluginError
 from vz_core.redact import Redactor
+from vz_core.rpc import CHANNEL_OPTIONS as CHANNEL_OPTIONS
 from vz_core.transport._certs import CertKey, Curve, der_to_pem, generate_cert, grpc_can_verify, load_cert
 from vz_core.transport._handshake import (
     APP_PROTOCOL_VERSION,
@@ -62,13 +63,6 @@ __all__ = ["CHANNEL_OPTIONS", "LaunchSpec", "PluginConnection", "PluginLauncher"
 
 log = logging.getLogger("vz.transport")
 
-MAX_MESSAGE = 2**31 - 1
-CHANNEL_OPTIONS: list[tuple[str, int | str]] = [
-    ("grpc.max_send_message_length", MAX_MESSAGE),
-    ("grpc.max_receive_message_length", MAX_MESSAGE),
-    ("grpc.use_local_subchannel_pool", 1),
-    ("grpc.enable_retries", 0),
-]
 TlsMode = Literal["native", "relay", "plaintext"]
 
 

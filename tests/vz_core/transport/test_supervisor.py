@@ -18,7 +18,7 @@ import pytest
 
 from vz_core import ExecOutput, ExecSpec
 from vz_core.errors import PluginError, UnavailableError
-from vz_core.remote import RemoteDriver
+from vz_core.rpc import RemoteDriver
 from vz_core.transport import LaunchSpec, PluginLauncher
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux supervision (subreaper)")
@@ -61,7 +61,7 @@ HOST = textwrap.dedent(
     """
     import asyncio, os, sys
     from vz_core import ExecSpec
-    from vz_core.remote import RemoteDriver
+    from vz_core.rpc import RemoteDriver
     from vz_core.transport import LaunchSpec, PluginLauncher
 
     async def nothing():

@@ -29,11 +29,11 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from vz_core import _convert
 from vz_core._proto.devsy.runtime.v1 import runtime_pb2 as pb
-from vz_core._types import MAX_CHUNK, ExecEvent, ExecExit, ExecOutput
+from vz_core._types import ExecEvent, ExecExit, ExecOutput
 from vz_core.errors import DriverError, InvalidArgumentError
-from vz_core.transport._exec import STOP_INPUT_KEY
+from vz_core.rpc import _convert
+from vz_core.rpc._frames import STOP_INPUT_KEY, stdin_problem
 
 __all__ = ["DRAIN_TIMEOUT", "ClientInput", "ExecStream"]
 
@@ -93,13 +93,8 @@ class ClientInput:
             kind = msg.WhichOneof("payload")
             if kind == "stdin":
                 data: bytes = msg.stdin
-                if self._stdin_closed:
-                    problem = "a stdin frame after close_stdin"
-                elif not data:
-                    problem = "an empty stdin frame"
-                elif len(data) > MAX_CHUNK:
-                    problem = f"a stdin frame of {len(data)} bytes (at most {MAX_CHUNK})"
-                else:
+                problem = stdin_problem(data, self._stdin_closed)
+                if problem is None:
                     buffer.append(data)
                     self._wake_consumer()
                     while len(buffer) >= _READ_AHEAD and not self._draining:

@@ -1,0 +1,655 @@
+"""``RemoteDriver``: a Driver served by a plugin process, over gRPC. Callers cannot tell it from in-process.
+
+Lifecycle (``mode``):
+
+* ``"warm"`` (default): one plugin process and connection reused by every call; it is shut down after
+  ``idle_timeout`` seconds without calls, and relaunched by the next call after an idle stop or a crash.
+* ``"per_operation"``: every call launches the plugin, negotiates, makes the call and shuts the plugin down,
+  the way some Runtime Protocol hosts work (benchmark B9 compares both).
+
+Before any other call on a new connection the driver's Info is fetched (offering ``supports_recreate_on_run``)
+and validated (``vz_core.negotiate``). Calls gated on capabilities (ProvisioningPreflight, ReusePreflight,
+Logs) are refused locally with ``UnsupportedError`` — no launch, no RPC — once the capabilities are known.
+
+Errors: a plugin's error status becomes the matching ``DriverError`` (``vz_core.rpc._wire``); when the plugin
+process dies during a call the call fails with ``UnavailableError`` whose ``runtime_message`` is the plugin's
+redacted stderr tail. Texts coming from the plugin are redacted with the secrets this client has sent
+(RunImage/Exec environment values).
+
+Exec: one send pump (start, stdin chunked to ≤ 32 KiB, close_stdin, half-close) and one receive loop that
+turns frames into events 1:1 without repairing anything. Backpressure both ways: stdin is pulled only as
+fast as gRPC flow control lets frames out, and frames are read only when the caller asks for the next event.
+Closing the event generator (or cancelling its task) cancels the call, which makes the plugin kill the
+command. Always close an exec generator you stop reading (``aclose()``); the contract's rules apply. An empty
+argv is refused locally (``InvalidArgumentError``), as the protocol's frame rules require.
+
+Ending an exec: once the exit frame arrives, the call ends, or the plugin's response headers carry
+``vz_core.rpc.STOP_INPUT_KEY`` (a vz plugin refusing the exec), the pump stops at the next write
+boundary (a pending ``call.write()`` is never cancelled: that would cancel the call) and half-closes without
+``close_stdin``. vz plugins end an Exec only after that half-close. Against servers that end it earlier (go-plugin
+plugins do), grpcio's asyncio client may replace the server's status with a made-up INTERNAL when a write
+fails (grpc/grpc#36066); the receive loop reads through it and reports the server's own frames and status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any, Literal
+
+import grpc
+import grpc.aio
+
+from vz_core._driver import Driver
+from vz_core._proto.devsy.runtime.v1 import runtime_pb2 as pb
+from vz_core._proto.devsy.runtime.v1 import runtime_pb2_grpc as pb_grpc
+from vz_core._proto.vz.machine.v1 import extensions_pb2 as ext_pb
+from vz_core._proto.vz.machine.v1 import extensions_pb2_grpc as ext_grpc
+from vz_core._types import (
+    MAX_CHUNK,
+    DriverInfo,
+    ExecEvent,
+    ExecExit,
+    ExecSpec,
+    Extensions,
+    MachineDetails,
+    RunImageRequest,
+)
+from vz_core.errors import DriverError, InvalidArgumentError, RuntimeFailureError, UnavailableError, UnsupportedError
+from vz_core.negotiate import validate_info
+from vz_core.redact import Redactor
+from vz_core.rpc import _convert
+from vz_core.rpc._frames import STOP_INPUT_KEY, start_problem
+from vz_core.rpc._wire import error_from_rpc, runtime_errors_in
+
+if TYPE_CHECKING:
+    from vz_core.transport import PluginConnection, PluginLauncher
+
+__all__ = [
+    "DEFAULT_OPERATION_TIMEOUT",
+    "DEFAULT_TIMEOUT",
+    "ENV_OPERATION_TIMEOUT",
+    "ENV_TIMEOUT",
+    "Mode",
+    "RemoteDriver",
+]
+
+DEFAULT_TIMEOUT = 60.0
+"""Seconds: deadline of the quick unary RPCs (Info, Find, TargetArchitecture, ReusePreflight, Extensions)."""
+DEFAULT_OPERATION_TIMEOUT = 1800.0
+"""Seconds: deadline of the unary RPCs that do work (Preflight, ProvisioningPreflight, RunImage, Start, Stop,
+Delete): a RunImage may pull an image or boot a virtual machine."""
+ENV_TIMEOUT = "VZ_PLUGIN_RPC_TIMEOUT"
+"""Environment variable overriding ``DEFAULT_TIMEOUT`` (seconds) for every RemoteDriver not given one."""
+ENV_OPERATION_TIMEOUT = "VZ_PLUGIN_OPERATION_TIMEOUT"
+"""Environment variable overriding ``DEFAULT_OPERATION_TIMEOUT`` (seconds)."""
+
+Mode = Literal["warm", "per_operation"]
+_EOF: object = grpc.aio.EOF  # type: ignore[attr-defined]
+_TRANSPORT_CODES = {
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.INTERNAL,
+    grpc.StatusCode.CANCELLED,
+    grpc.StatusCode.UNKNOWN,
+}
+_CRASH_WAIT = 1.0
+_PUMP_WAIT = 2.0
+_PEER_STATUS_WAIT = 2.0
+
+
+class _Session:
+    """One usable connection for the duration of a call: stubs plus the negotiated Info."""
+
+    def __init__(self, channel: grpc.aio.Channel, conn: PluginConnection | None, info: DriverInfo) -> None:
+        self.runtime = pb_grpc.RuntimeDriverStub(channel)  # type: ignore[no-untyped-call]
+        self.extensions = ext_grpc.MachineExtensionsStub(channel)  # type: ignore[no-untyped-call]
+        self.conn = conn
+        self.info = info
+
+
+class RemoteDriver(Driver):
+    """A Driver over a plugin: give it a ``PluginLauncher`` (it launches as needed) or a ready ``channel``.
+
+    With a channel, the caller owns the plugin process and the channel; ``mode`` and ``idle_timeout`` then do
+    not apply. ``close()`` shuts down a plugin this object launched.
+    """
+
+    def __init__(
+        self,
+        launcher: PluginLauncher | None = None,
+        *,
+        channel: grpc.aio.Channel | None = None,
+        mode: Mode = "warm",
+        idle_timeout: float | None = 300.0,
+        name: str = "",
+        redactor: Redactor | None = None,
+    ) -> None:
+        if (launcher is None) == (channel is None):
+            raise ValueError("give exactly one of launcher or channel")
+        self._launcher = launcher
+        self._channel = channel
+        self.mode: Mode = mode
+        self.idle_timeout = idle_timeout
+        self.name = name or (launcher.name if launcher is not None else "") or "plugin"
+        if redactor is not None:
+            self._redactor = redactor
+        elif launcher is not None:
+            self._redactor = launcher.redactor
+        else:
+            self._redactor = Redactor()
+        self._conn: PluginConnection | None = None
+        self._session_info: DriverInfo | None = None
+        self._known: DriverInfo | None = None
+        self._lock = asyncio.Lock()
+        self._busy = 0
+        self._idle: asyncio.TimerHandle | None = None
+        self._idle_at = 0.0
+        self._warm: _Session | None = None
+        self._idle_task: asyncio.Task[None] | None = None
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"RemoteDriver(name={self.name!r}, mode={self.mode!r})"
+
+    # Connection management -----------------------------------------------------------------------------
+
+    @property
+    def connection(self) -> PluginConnection | None:
+        """The live plugin connection in warm mode (None before the first call, after idle stop or a crash)."""
+        return self._conn if self._conn is not None and self._conn.alive else None
+
+    @property
+    def known_info(self) -> DriverInfo | None:
+        """The last validated Info (capabilities used for local gating)."""
+        return self._known
+
+    async def _negotiate(self, channel: grpc.aio.Channel, conn: PluginConnection | None) -> DriverInfo:
+        stub = pb_grpc.RuntimeDriverStub(channel)  # type: ignore[no-untyped-call]
+        try:
+            reply = await stub.Info(pb.InfoRequest(supports_recreate_on_run=True))
+        except grpc.RpcError as exc:
+            raise await self._translate(exc, "Info", conn) from None
+        info = validate_info(_convert.info_from_pb(reply), offered_recreate_on_run=True)
+        self._known = info
+        return info
+
+    async def _connect(self) -> tuple[grpc.aio.Channel, PluginConnection | None, DriverInfo]:
+        if self._channel is not None:
+            if self._session_info is None:
+                self._session_info = await self._negotiate(self._channel, None)
+            return self._channel, None, self._session_info
+        assert self._launcher is not None
+        conn = await self._launcher.launch()
+        try:
+            info = await self._negotiate(conn.channel, conn)
+        except BaseException:
+            await conn.shutdown()
+            raise
+        return conn.channel, conn, info
+
+    def _fast_session(self) -> _Session | None:
+        """The warm session when it is ready (no lock, no await: the common case); the caller must ``_release``."""
+        session = self._warm
+        if session is None or self._closed or (session.conn is not None and not session.conn.alive):
+            return None
+        if self.mode != "warm" and self._launcher is not None:
+            return None
+        self._busy += 1
+        return session
+
+    async def _acquire(self) -> _Session:
+        """The warm (or given-channel) session, connecting first when needed; the caller must ``_release``."""
+        session = self._fast_session()
+        if session is not None:
+            return session
+        if self._closed:
+            raise UnavailableError(f"driver {self.name!r} was closed")
+        async with self._lock:
+            if self._channel is None and (self._conn is None or not self._conn.alive):
+                self._warm = None
+                if self._conn is not None:
+                    stale, self._conn = self._conn, None
+                    await stale.shutdown()
+                _, self._conn, self._session_info = await self._connect()
+            elif self._channel is not None and self._session_info is None:
+                await self._connect()
+            assert self._session_info is not None
+            if self._warm is None:
+                channel = self._channel if self._channel is not None else self._conn.channel  # type: ignore[union-attr]
+                self._warm = _Session(channel, self._conn, self._session_info)
+            self._busy += 1
+            return self._warm
+
+    def _release(self) -> None:
+        self._busy -= 1
+        if self._busy == 0:
+            self._arm_idle()
+
+    @contextlib.asynccontextmanager
+    async def _session(self) -> AsyncIterator[_Session]:
+        if self._closed:
+            raise UnavailableError(f"driver {self.name!r} was closed")
+        if self._launcher is not None and self.mode == "per_operation":
+            channel, conn, info = await self._connect()
+            try:
+                yield _Session(channel, conn, info)
+            finally:
+                if conn is not None:
+                    await conn.shutdown()
+            return
+        session = await self._acquire()
+        try:
+            yield session
+        finally:
+            self._release()
+
+    def _cancel_idle(self) -> None:
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
+
+    def _arm_idle(self) -> None:
+        # One timer at a time, moved forward lazily: a call does not pay for a new timer.
+        if self._launcher is None or self.idle_timeout is None or self._conn is None:
+            return
+        loop = asyncio.get_running_loop()
+        self._idle_at = loop.time() + self.idle_timeout
+        if self._idle is None:
+            self._idle = loop.call_at(self._idle_at, self._idle_expired)
+
+    def _idle_expired(self) -> None:
+        self._idle = None
+        if self._busy or self._conn is None:
+            return  # the call in progress arms the timer again when it ends
+        loop = asyncio.get_running_loop()
+        if loop.time() < self._idle_at:
+            self._idle = loop.call_at(self._idle_at, self._idle_expired)
+            return
+        self._idle_task = loop.create_task(self._stop_idle())
+
+    async def _stop_idle(self) -> None:
+        async with self._lock:
+            if self._busy == 0 and self._conn is not None:
+                conn, self._conn = self._conn, None
+                self._warm = None
+                self._session_info = None
+                await conn.shutdown()
+
+    async def close(self) -> None:
+        """Shut down the plugin this object launched (Machines keep running). Idempotent."""
+        self._closed = True
+        self._cancel_idle()
+        if self._idle_task is not None:
+            with contextlib.suppress(Exception):
+                await self._idle_task
+        async with self._lock:
+            self._warm = None
+            if self._conn is not None:
+                conn, self._conn = self._conn, None
+                await conn.shutdown()
+
+    # Error translation -----------------------------------------------------------------------------------
+
+    def _clean(self, err: DriverError) -> DriverError:
+        r = self._redactor
+        if not r:
+            return err
+        return type(err)(
+            r.redact(err.message) or err.message,
+            runtime_message=r.redact(err.runtime_message),
+            details={k: r.redact(v) for k, v in err.details.items()},
+            retryable=err.retryable,
+        )
+
+    async def _translate(self, exc: grpc.RpcError, rpc: str, conn: PluginConnection | None) -> DriverError:
+        """The DriverError for a failed call; a dead plugin becomes UNAVAILABLE with its stderr tail."""
+        code: grpc.StatusCode = exc.code()
+        if conn is not None and code in _TRANSPORT_CODES and not runtime_errors_in(exc):
+            status = await conn.wait_exited(_CRASH_WAIT)
+            if status is not None:
+                await conn.stderr.finish(0.5)
+                return UnavailableError(
+                    f"driver {self.name!r}: the plugin process died during {rpc} ({status}); "
+                    "the next call starts it again",
+                    runtime_message=conn.stderr_tail(),
+                    details={"rpc": rpc, "plugin_exit": str(status)},
+                )
+        return self._clean(error_from_rpc(exc, rpc=rpc))
+
+    def _gate(self, rpc: str, flag: str) -> None:
+        known = self._known
+        if known is not None and known.capabilities is not None and not getattr(known.capabilities, flag):
+            raise UnsupportedError(f"driver {self.name!r} does not advertise {rpc} (capabilities.{flag})")
+
+    async def _unary(self, rpc: str, request: Any, flag: str = "") -> Any:
+        if flag:
+            self._gate(rpc, flag)
+        session = self._fast_session()
+        if session is None:
+            async with self._session() as slow:
+                return await self._call_unary(slow, rpc, request, flag)
+        try:
+            return await self._call_unary(session, rpc, request, flag)
+        finally:
+            self._release()
+
+    async def _call_unary(self, s: _Session, rpc: str, request: Any, flag: str) -> Any:
+        if flag:
+            self._gate(rpc, flag)  # the capabilities may have just been negotiated
+        try:
+            return await getattr(s.runtime, rpc)(request)
+        except grpc.RpcError as exc:
+            raise await self._translate(exc, rpc, s.conn) from None
+
+    # The Driver contract ---------------------------------------------------------------------------------
+
+    async def info(self, *, supports_recreate_on_run: bool = False) -> DriverInfo:
+        async with self._session() as s:
+            if supports_recreate_on_run:
+                return s.info
+            try:
+                reply = await s.runtime.Info(pb.InfoRequest(supports_recreate_on_run=False))
+            except grpc.RpcError as exc:
+                raise await self._translate(exc, "Info", s.conn) from None
+            return validate_info(_convert.info_from_pb(reply), offered_recreate_on_run=False)
+
+    async def preflight(self, *, disable_auto_start: bool = False) -> None:
+        await self._unary("Preflight", pb.PreflightRequest(disable_auto_start=disable_auto_start))
+
+    async def provisioning_preflight(self) -> None:
+        await self._unary("ProvisioningPreflight", pb.ProvisioningPreflightRequest(), "provisioning_preflight")
+
+    async def reuse_preflight(self, workspace_id: str, remote_user: str) -> None:
+        request = pb.ReusePreflightRequest(workspace_id=workspace_id, remote_user=remote_user)
+        await self._unary("ReusePreflight", request, "reuse_preflight")
+
+    async def find(self, workspace_id: str) -> MachineDetails | None:
+        reply = await self._unary("Find", pb.FindRequest(workspace_id=workspace_id))
+        return _convert.details_from_pb(reply.container) if reply.found else None
+
+    async def target_architecture(self, workspace_id: str) -> str:
+        reply = await self._unary("TargetArchitecture", pb.TargetArchitectureRequest(workspace_id=workspace_id))
+        architecture: str = reply.architecture
+        return architecture
+
+    async def run_image(self, request: RunImageRequest) -> None:
+        self._redactor.add(*request.environment.values())
+        await self._unary("RunImage", _convert.run_image_to_pb(request))
+
+    async def start(self, workspace_id: str) -> None:
+        await self._unary("Start", pb.StartRequest(workspace_id=workspace_id))
+
+    async def stop(self, workspace_id: str) -> None:
+        await self._unary("Stop", pb.StopRequest(workspace_id=workspace_id))
+
+    async def delete(self, workspace_id: str) -> None:
+        await self._unary("Delete", pb.DeleteRequest(workspace_id=workspace_id))
+
+    async def exec(self, spec: ExecSpec, stdin: AsyncIterator[bytes]) -> AsyncIterator[ExecEvent]:
+        if not spec.argv:
+            # A frame rule of the protocol: refused here, before a launch or a call.
+            raise InvalidArgumentError("exec needs a non-empty argv (the command and its arguments)")
+        start = _convert.exec_spec_to_pb(spec)
+        if (problem := start_problem(start)) is not None:
+            raise InvalidArgumentError(problem)  # refused here, before a launch or a call
+        self._redactor.add(*spec.environment.values())
+        async with self._session() as s:
+            call = s.runtime.Exec()
+            statuses = _StatusLog(call)
+            pump = _ExecPump(call, start, stdin)
+            # The call's async iterator, not read(): read() stops at a status grpcio made up (see _StatusLog)
+            # even when the server's frames are still waiting to be read.
+            frames = call.__aiter__()
+            finished = False
+            exited = False
+            try:
+                while True:
+                    try:
+                        msg = await frames.__anext__()
+                    except StopAsyncIteration:
+                        break
+                    except (grpc.RpcError, asyncio.CancelledError) as exc:
+                        finished = True
+                        pump.stop()
+                        if (failure := pump.failure()) is not None:
+                            raise failure from None  # our stdin iterator failed: that is the error to report
+                        if not isinstance(exc, grpc.RpcError):
+                            raise
+                        status: grpc.RpcError = exc
+                        if _made_up(exc):
+                            status = await statuses.peer_status(_PEER_STATUS_WAIT) or exc
+                            if status is exc and exited:
+                                break  # the exit frame already told the outcome
+                        if status.code() == grpc.StatusCode.OK:
+                            break
+                        raise await self._translate(status, "Exec", s.conn) from None
+                    event = _convert.exec_event_from_pb(msg)
+                    if event is None:
+                        raise RuntimeFailureError(
+                            f"driver {self.name!r} sent an exec frame with no payload (protocol violation)"
+                        )
+                    if isinstance(event, ExecExit):
+                        exited = True
+                        pump.stop()  # the command is gone: send nothing more, half-close
+                    yield event
+                finished = True
+                pump.stop()
+                if (failure := pump.failure()) is not None:
+                    raise failure
+            finally:
+                if not finished:
+                    call.cancel()
+                await pump.close()
+
+    async def logs(self, workspace_id: str) -> AsyncIterator[bytes]:
+        self._gate("Logs", "logs")
+        async with self._session() as s:
+            self._gate("Logs", "logs")
+            call = s.runtime.Logs(pb.LogsRequest(workspace_id=workspace_id))
+            finished = False
+            try:
+                while True:
+                    try:
+                        msg = await call.read()
+                    except grpc.RpcError as exc:
+                        finished = True
+                        raise await self._translate(exc, "Logs", s.conn) from None
+                    if msg is _EOF:
+                        finished = True
+                        break
+                    yield msg.data
+                code = await call.code()
+                if code != grpc.StatusCode.OK:
+                    raise await self._translate(await _StatusError.of(call), "Logs", s.conn)
+            finally:
+                if not finished:
+                    call.cancel()
+
+    async def extensions(self) -> Extensions | None:
+        async with self._session() as s:
+            try:
+                reply = await s.extensions.Extensions(ext_pb.ExtensionsRequest())
+            except grpc.RpcError as exc:
+                if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                    return None
+                raise await self._translate(exc, "Extensions", s.conn) from None
+            return _convert.extensions_from_pb(reply)
+
+
+_MADE_UP_DETAILS = "Internal error from Core"
+
+
+def _made_up(err: grpc.RpcError) -> bool:
+    """Whether a status was made up by grpcio's client after one of its own writes failed (no server status)."""
+    return (
+        err.code() == grpc.StatusCode.INTERNAL
+        and (err.details() or "") == _MADE_UP_DETAILS
+        and not runtime_errors_in(err)
+    )
+
+
+def _settled(coro: Any) -> Any:
+    """The result of a coroutine that finishes without waiting (a finished call's status accessors)."""
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        return done.value
+    coro.close()
+    raise RuntimeError("the call's status is not settled yet")
+
+
+class _StatusLog:
+    """Every status grpcio sets on an exec call, in order: the server's survives grpcio's made-up one.
+
+    grpcio's asyncio client sets INTERNAL "Internal error from Core" when one of its writes fails because the
+    server already ended the call (grpc/grpc#36066, still open for grpcio 1.85), replacing the status the
+    server sent if that came first. Servers that end the call right after the exit frame or on an early error
+    without waiting for the client's half-close (go-plugin plugins do) trigger it; vz plugins drain instead.
+    Done callbacks run on every status change, so each status is recorded as it is set; when the made-up one
+    came first, the server's follows once the remaining frames are read.
+    """
+
+    def __init__(self, call: Any) -> None:
+        self._seen: list[_StatusError] = []
+        self._changed = asyncio.Event()
+        call.add_done_callback(self._record)
+
+    def _record(self, call: Any) -> None:
+        try:
+            status = _StatusError(
+                _settled(call.code()), _settled(call.details()) or "", _settled(call.trailing_metadata())
+            )
+        except Exception:  # not settled: nothing to record
+            return
+        self._seen.append(status)
+        self._changed.set()
+
+    async def peer_status(self, seconds: float) -> _StatusError | None:
+        """The first status grpcio did not make up, waiting up to ``seconds`` for it; None if none came."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        while True:
+            for status in self._seen:
+                if not _made_up(status):
+                    return status
+            left = deadline - loop.time()
+            if left <= 0:
+                return None
+            self._changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), left)
+
+
+class _StatusError(grpc.RpcError):
+    """A finished call's non-OK status, shaped like the error ``error_from_rpc`` reads."""
+
+    def __init__(self, code: grpc.StatusCode, details: str, trailing: Any) -> None:
+        super().__init__(details)
+        self._code = code
+        self._details = details
+        self._trailing = trailing
+
+    @classmethod
+    async def of(cls, call: Any) -> _StatusError:
+        return cls(await call.code(), await call.details() or "", await call.trailing_metadata())
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+    def trailing_metadata(self) -> Any:
+        return self._trailing
+
+
+class _ExecPump:
+    """The one sender of an exec call: start, stdin in ≤ MAX_CHUNK frames, close_stdin, half-close.
+
+    ``stop()`` ends sending early (the exit arrived, the call ended, or the plugin asked for it in its response
+    headers, ``STOP_INPUT_KEY``): at the next write boundary the pump half-closes without ``close_stdin``. It
+    is never cancelled inside ``call.write()``: grpcio cancels the whole call when a pending write is
+    cancelled. Waiting for the caller's next stdin chunk is interrupted at once.
+    """
+
+    def __init__(self, call: Any, start: pb.ExecStart, stdin: AsyncIterator[bytes]) -> None:
+        self._call = call
+        self._stopping = False
+        self._pulling = False
+        self._interrupted = False
+        loop = asyncio.get_running_loop()
+        self._task: asyncio.Task[None] = loop.create_task(self._run(start, stdin))
+        self._headers: asyncio.Task[Any] = loop.create_task(call.initial_metadata())
+        self._headers.add_done_callback(self._on_headers)
+
+    def _on_headers(self, task: asyncio.Task[Any]) -> None:
+        if task.cancelled() or task.exception() is not None:
+            return
+        for key, _ in task.result() or ():
+            if key == STOP_INPUT_KEY:
+                self.stop()
+
+    def stop(self) -> None:
+        """Send nothing more; half-close at the next write boundary."""
+        if self._stopping:
+            return
+        self._stopping = True
+        if self._pulling and not self._task.done():
+            self._interrupted = True
+            self._task.cancel()
+
+    def failure(self) -> BaseException | None:
+        """The exception of the caller's stdin iterator, if it failed."""
+        task = self._task
+        if task.done() and not task.cancelled():
+            return task.exception()
+        return None
+
+    async def _run(self, start: pb.ExecStart, stdin: AsyncIterator[bytes]) -> None:
+        call = self._call
+        try:
+            await call.write(pb.ExecClientMessage(start=start))
+            chunks = stdin.__aiter__()
+            while not self._stopping:
+                self._pulling = True
+                try:
+                    chunk = await chunks.__anext__()
+                except StopAsyncIteration:
+                    break
+                except asyncio.CancelledError:
+                    if not self._interrupted:
+                        raise
+                    asyncio.current_task().uncancel()  # type: ignore[union-attr]
+                    break
+                except BaseException:
+                    # The caller's stdin failed: cancel the call (the plugin kills the command); the receive
+                    # loop reports this exception.
+                    call.cancel()
+                    raise
+                finally:
+                    self._pulling = False
+                for offset in range(0, len(chunk), MAX_CHUNK):
+                    if self._stopping:
+                        break
+                    await call.write(pb.ExecClientMessage(stdin=chunk[offset : offset + MAX_CHUNK]))
+            if not self._stopping:
+                await call.write(pb.ExecClientMessage(close_stdin=pb.CloseStdin()))
+            await call.done_writing()
+        except (grpc.RpcError, grpc.aio.BaseError, asyncio.InvalidStateError):
+            # The call ended (the command exited early, or it failed): the receive loop reports the outcome.
+            return
+
+    async def close(self) -> None:
+        """Stop sending and wait for the pump (the call is over, or was cancelled)."""
+        self.stop()
+        if not self._task.done():
+            done, _ = await asyncio.wait((self._task,), timeout=_PUMP_WAIT)
+            if not done:
+                self._task.cancel()  # a write on a finished call that does not return: nothing left to protect
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await self._task
+        if not self._headers.done():
+            self._headers.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await self._headers

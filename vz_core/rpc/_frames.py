@@ -1,0 +1,76 @@
+"""Wire rules both halves share: exec frame rules, the exec-end convention and the message limits.
+
+Exec frames (PROTOCOL.md §4): the first client frame is one ``start`` with a non-empty argv; then stdin frames
+of 1..``MAX_CHUNK`` bytes, one ``close_stdin``, and the half-close. ``start_problem`` and ``stdin_problem``
+are the one statement of those rules: the client refuses locally what the server would refuse.
+
+``STOP_INPUT_KEY``: response-header metadata a vz plugin sends when it refuses an Exec before any output (a
+missing Machine, an unsupported tty, a driver failure) while the client may still be sending stdin. The
+status follows once the client half-closed (or after a bounded wait). A vz host that sees the key stops
+sending stdin and half-closes at once; other hosts ignore unknown metadata and are simply drained.
+
+Message limits: every peer-filled buffer is bounded. ``MAX_MESSAGE`` caps any one gRPC message either side
+receives (an Info, a Find, a frame); exec and log frames are ≤ 32 KiB, so it never limits a stream.
+``MAX_EXEC_START`` caps the serialized start frame (argv, environment, user, workdir): larger requests are
+refused with INVALID_ARGUMENT before anything runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vz_core._types import MAX_CHUNK
+
+__all__ = [
+    "CHANNEL_OPTIONS",
+    "MAX_EXEC_START",
+    "MAX_MESSAGE",
+    "SERVER_OPTIONS",
+    "STOP_INPUT_KEY",
+    "start_problem",
+    "stdin_problem",
+]
+
+STOP_INPUT_KEY = "vz-exec-stop-input"
+
+MAX_MESSAGE = 4 * 1024 * 1024
+"""Bytes: the largest gRPC message a vz host or a vz plugin accepts (and sends)."""
+MAX_EXEC_START = 1024 * 1024
+"""Bytes: the largest serialized exec start frame (argv + environment + user + workdir)."""
+
+CHANNEL_OPTIONS: list[tuple[str, int | str]] = [
+    ("grpc.max_send_message_length", MAX_MESSAGE),
+    ("grpc.max_receive_message_length", MAX_MESSAGE),
+    ("grpc.use_local_subchannel_pool", 1),
+    ("grpc.enable_retries", 0),
+]
+"""Options of every host channel to a plugin."""
+SERVER_OPTIONS: list[tuple[str, int | str]] = [
+    ("grpc.max_send_message_length", MAX_MESSAGE),
+    ("grpc.max_receive_message_length", MAX_MESSAGE),
+]
+"""Options of every plugin server."""
+
+
+def start_problem(start: Any) -> str | None:
+    """What is wrong with an exec start frame (a ``runtime_pb2.ExecStart``), or None."""
+    if not start.argv:
+        return "exec start frame has an empty argv"
+    size = start.ByteSize()
+    if size > MAX_EXEC_START:
+        return (
+            f"exec request of {size} bytes (argv, environment, user, workdir) is over the limit of "
+            f"{MAX_EXEC_START} bytes"
+        )
+    return None
+
+
+def stdin_problem(data: bytes, stdin_closed: bool) -> str | None:
+    """What is wrong with one stdin frame's data, or None."""
+    if stdin_closed:
+        return "a stdin frame after close_stdin"
+    if not data:
+        return "an empty stdin frame"
+    if len(data) > MAX_CHUNK:
+        return f"a stdin frame of {len(data)} bytes (at most {MAX_CHUNK})"
+    return None

@@ -1,0 +1,262 @@
+"""The gRPC servicers of a plugin: translate the request, call the Driver, translate the answer.
+
+Errors cross here exactly once: a ``DriverError`` becomes its status with one RuntimeError detail
+(``vz_core.rpc._wire``); anything else becomes RUNTIME_FAILURE with a generic message, the exception text (redacted)
+in ``runtime_message`` and the traceback on stderr. Secrets seen in requests (RunImage and Exec environment
+values) are registered with the plugin's redactor, so they are masked in every error it sends.
+
+The servicer is faithful: it forwards the driver's exec events and log chunks 1:1 without re-chunking or
+repairing them, so the conformance suite sees exactly what the driver produced. It does enforce what the
+protocol asks of a *server* on the client's frames (PROTOCOL.md §4) and gates optional calls on the driver's
+advertised capabilities.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, NoReturn, TypeVar
+
+import grpc
+import grpc.aio
+
+from vz_core._driver import Driver
+from vz_core._proto.devsy.runtime.v1 import runtime_pb2 as pb
+from vz_core._proto.devsy.runtime.v1 import runtime_pb2_grpc as pb_grpc
+from vz_core._proto.vz.machine.v1 import extensions_pb2 as ext_pb
+from vz_core._proto.vz.machine.v1 import extensions_pb2_grpc as ext_grpc
+from vz_core._types import DriverInfo, Extensions
+from vz_core.errors import DriverError, InvalidArgumentError, RuntimeFailureError, UnsupportedError
+from vz_core.redact import Redactor
+from vz_core.rpc import _convert
+from vz_core.rpc._frames import start_problem
+from vz_core.rpc._server_exec import DRAIN_TIMEOUT, ExecStream
+from vz_core.rpc._wire import error_to_status
+
+__all__ = ["ExtensionsServicer", "RuntimeServicer", "add_servicers"]
+
+_EOF: object = grpc.aio.EOF  # type: ignore[attr-defined]  # end-of-stream marker of context.read()
+
+log = logging.getLogger("vz.plugin")
+T = TypeVar("T")
+
+
+def _redacted(err: DriverError, redactor: Redactor) -> DriverError:
+    if not redactor:
+        return err
+    message = redactor.redact(err.message)
+    runtime_message = redactor.redact(err.runtime_message)
+    details = {k: redactor.redact(v) for k, v in err.details.items()}
+    if message == err.message and runtime_message == err.runtime_message and details == dict(err.details):
+        return err
+    return type(err)(message or "error", runtime_message=runtime_message, details=details, retryable=err.retryable)
+
+
+async def _abort(context: grpc.aio.ServicerContext[Any, Any], err: DriverError) -> NoReturn:
+    status = error_to_status(err)
+    await context.abort(status.code, status.details, status.trailing_metadata)
+    raise AssertionError("unreachable: abort raises")  # pragma: no cover
+
+
+class _Base:
+    def __init__(self, driver: Driver, redactor: Redactor) -> None:
+        self._driver = driver
+        self._redactor = redactor
+        self._info: DriverInfo | None = None
+        self._extensions: Extensions | bool | None = False
+
+    def _failure(self, rpc: str, exc: BaseException) -> DriverError:
+        log.error("%s: unexpected %s from the driver", rpc, type(exc).__name__, exc_info=exc)
+        return RuntimeFailureError(
+            f"the driver failed unexpectedly during {rpc}; see the plugin's log for details",
+            runtime_message=self._redactor.redact(f"{type(exc).__name__}: {exc}"),
+            details={"rpc": rpc},
+        )
+
+    def _error(self, rpc: str, exc: Exception) -> DriverError:
+        if isinstance(exc, DriverError):
+            return _redacted(exc, self._redactor)
+        return self._failure(rpc, exc)
+
+    async def _call(self, context: grpc.aio.ServicerContext[Any, Any], rpc: str, call: Callable[[], Awaitable[T]]) -> T:
+        try:
+            return await call()
+        except Exception as exc:
+            err = self._error(rpc, exc)
+        await _abort(context, err)
+
+    async def _capabilities_info(self) -> DriverInfo:
+        if self._info is None:
+            self._info = await self._driver.info()
+        return self._info
+
+    async def _driver_extensions(self) -> Extensions | None:
+        if self._extensions is False:
+            self._extensions = await self._driver.extensions()
+        assert self._extensions is not True
+        return self._extensions
+
+    async def _gate(self, context: grpc.aio.ServicerContext[Any, Any], rpc: str, flag: str) -> None:
+        info = await self._call(context, "Info", self._capabilities_info)
+        caps = info.capabilities
+        if caps is None or not getattr(caps, flag):
+            await _abort(context, UnsupportedError(f"this driver does not advertise {rpc} (capabilities.{flag})"))
+
+
+class RuntimeServicer(_Base, pb_grpc.RuntimeDriverServicer):
+    """``devsy.runtime.v1.RuntimeDriver`` over a Driver.
+
+    ``exec_drain_timeout``: seconds an Exec waits, once it is over, for the client to half-close before
+    ending the call anyway (see ``vz_core.rpc._server_exec``).
+    """
+
+    def __init__(self, driver: Driver, redactor: Redactor, *, exec_drain_timeout: float = DRAIN_TIMEOUT) -> None:
+        super().__init__(driver, redactor)
+        self._drain_timeout = exec_drain_timeout
+
+    async def Info(self, request: pb.InfoRequest, context: grpc.aio.ServicerContext[Any, Any]) -> pb.InfoResponse:
+        info = await self._call(
+            context, "Info", lambda: self._driver.info(supports_recreate_on_run=request.supports_recreate_on_run)
+        )
+        return _convert.info_to_pb(info)
+
+    async def Preflight(
+        self, request: pb.PreflightRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.PreflightResponse:
+        await self._call(
+            context, "Preflight", lambda: self._driver.preflight(disable_auto_start=request.disable_auto_start)
+        )
+        return pb.PreflightResponse()
+
+    async def ProvisioningPreflight(
+        self, request: pb.ProvisioningPreflightRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.ProvisioningPreflightResponse:
+        await self._gate(context, "ProvisioningPreflight", "provisioning_preflight")
+        await self._call(context, "ProvisioningPreflight", self._driver.provisioning_preflight)
+        return pb.ProvisioningPreflightResponse()
+
+    async def ReusePreflight(
+        self, request: pb.ReusePreflightRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.ReusePreflightResponse:
+        await self._gate(context, "ReusePreflight", "reuse_preflight")
+        await self._call(
+            context, "ReusePreflight", lambda: self._driver.reuse_preflight(request.workspace_id, request.remote_user)
+        )
+        return pb.ReusePreflightResponse()
+
+    async def Find(self, request: pb.FindRequest, context: grpc.aio.ServicerContext[Any, Any]) -> pb.FindResponse:
+        details = await self._call(context, "Find", lambda: self._driver.find(request.workspace_id))
+        if details is None:
+            return pb.FindResponse(found=False)
+        return pb.FindResponse(found=True, container=_convert.details_to_pb(details))
+
+    async def TargetArchitecture(
+        self, request: pb.TargetArchitectureRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.TargetArchitectureResponse:
+        arch = await self._call(
+            context, "TargetArchitecture", lambda: self._driver.target_architecture(request.workspace_id)
+        )
+        return pb.TargetArchitectureResponse(architecture=arch)
+
+    async def RunImage(
+        self, request: pb.RunImageRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.RunImageResponse:
+        self._redactor.add(*request.environment.values())
+        req = _convert.run_image_from_pb(request)
+        await self._call(context, "RunImage", lambda: self._driver.run_image(req))
+        return pb.RunImageResponse()
+
+    async def Start(self, request: pb.StartRequest, context: grpc.aio.ServicerContext[Any, Any]) -> pb.StartResponse:
+        await self._call(context, "Start", lambda: self._driver.start(request.workspace_id))
+        return pb.StartResponse()
+
+    async def Stop(self, request: pb.StopRequest, context: grpc.aio.ServicerContext[Any, Any]) -> pb.StopResponse:
+        await self._call(context, "Stop", lambda: self._driver.stop(request.workspace_id))
+        return pb.StopResponse()
+
+    async def Delete(self, request: pb.DeleteRequest, context: grpc.aio.ServicerContext[Any, Any]) -> pb.DeleteResponse:
+        await self._call(context, "Delete", lambda: self._driver.delete(request.workspace_id))
+        return pb.DeleteResponse()
+
+    async def Logs(self, request: pb.LogsRequest, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        await self._gate(context, "Logs", "logs")
+        error: DriverError | None = None
+        chunks = self._driver.logs(request.workspace_id)
+        try:
+            async for chunk in chunks:
+                await context.write(pb.OutputChunk(data=chunk))
+        except Exception as exc:
+            error = self._error("Logs", exc)
+        finally:
+            await _aclose(chunks)
+        if error is not None:
+            await _abort(context, error)
+
+    async def Exec(self, request_iterator: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        # Frame-rule violations are refused at once; anything else ends only after the client stopped
+        # writing (see vz_core.rpc._server_exec for why).
+        first = await context.read()
+        if first is _EOF:
+            await _abort(context, InvalidArgumentError("exec stream ended before its start frame"))
+        which = first.WhichOneof("payload")
+        if which != "start":
+            await _abort(
+                context,
+                InvalidArgumentError(f"the first exec frame must be 'start', got {which or 'an unset payload'}"),
+            )
+        if (problem := start_problem(first.start)) is not None:
+            await _abort(context, InvalidArgumentError(problem))
+        self._redactor.add(*first.start.environment.values())
+        spec = _convert.exec_spec_from_pb(first.start)
+        stream = ExecStream(context, self._drain_timeout)
+        try:
+            error: DriverError | None = None
+            if spec.tty:
+                try:
+                    ext = await self._driver_extensions()
+                except Exception as exc:
+                    error = await stream.refuse(self._error("Exec", exc))
+                else:
+                    if ext is None or not ext.tty:
+                        error = await stream.refuse(UnsupportedError("tty exec is not supported by this driver"))
+            if error is None:
+                error = await stream.run(lambda stdin: self._driver.exec(spec, stdin), self._exec_error)
+        finally:
+            await stream.close()
+        if error is not None:
+            await _abort(context, error)
+
+    def _exec_error(self, exc: BaseException) -> DriverError:
+        return self._error("Exec", exc) if isinstance(exc, Exception) else self._failure("Exec", exc)
+
+
+async def _aclose(stream: object) -> None:
+    aclose = getattr(stream, "aclose", None)
+    if aclose is not None:
+        with contextlib.suppress(Exception):
+            await aclose()
+
+
+class ExtensionsServicer(_Base, ext_grpc.MachineExtensionsServicer):
+    """``vz.machine.v1.MachineExtensions``: UNIMPLEMENTED when the driver has no extensions."""
+
+    async def Extensions(
+        self, request: ext_pb.ExtensionsRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> ext_pb.ExtensionsResponse:
+        ext = await self._call(context, "Extensions", self._driver_extensions)
+        if ext is None:
+            await _abort(context, UnsupportedError("this driver has no vz.machine.v1 extensions"))
+        return _convert.extensions_to_pb(ext)
+
+    async def ExecPty(self, request_iterator: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        await _abort(context, UnsupportedError("ExecPty is not served by this plugin SDK yet"))
+
+
+def add_servicers(
+    server: grpc.aio.Server, driver: Driver, redactor: Redactor, *, exec_drain_timeout: float = DRAIN_TIMEOUT
+) -> None:
+    """Serve ``driver`` on ``server``: ``devsy.runtime.v1.RuntimeDriver`` and ``vz.machine.v1.MachineExtensions``."""
+    runtime = RuntimeServicer(driver, redactor, exec_drain_timeout=exec_drain_timeout)
+    pb_grpc.add_RuntimeDriverServicer_to_server(runtime, server)  # type: ignore[no-untyped-call]
+    ext_grpc.add_MachineExtensionsServicer_to_server(ExtensionsServicer(driver, redactor), server)  # type: ignore[no-untyped-call]
