@@ -21,7 +21,7 @@ import grpc
 
 from vz_conformance import _capabilities as _cap
 from vz_conformance._adapter import Adapter
-from vz_conformance._exec import ExecResult, collect
+from vz_conformance._exec import ExecResult, close_iterator, collect
 from vz_conformance._expect import describe, expect_ok, fail
 from vz_conformance._outcome import NotApplicable
 from vz_conformance._providers import DriverProvider, ProviderMode
@@ -269,6 +269,28 @@ class CheckContext:
             note=f"argv={list(argv)!r}",
         )
         return result.require_success()
+
+    # -- logs ---------------------------------------------------------------------------------------------
+
+    async def logs(self, workspace_id: str, *, within: float = 20.0) -> list[bytes]:
+        """Read Logs to its end as the chunks that came (errors propagate for the check to judge); a stream
+        still open after ``within`` seconds fails the case: Logs must end once the output so far is sent."""
+        chunks: list[bytes] = []
+        stream = self.driver.logs(workspace_id)
+        try:
+            async with asyncio.timeout(within):
+                async for chunk in stream:
+                    chunks.append(chunk)
+        except TimeoutError:
+            fail(
+                "Logs",
+                "a finite stream (it must end once the output so far is sent)",
+                f"still open after {within:g} s",
+                note=workspace_id,
+            )
+        finally:
+            await close_iterator(stream)
+        return chunks
 
     # -- not applicable -------------------------------------------------------------------------------------
 

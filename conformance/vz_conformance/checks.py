@@ -52,8 +52,9 @@ from vz_conformance._checks.lifecycle import check_odd_ids as check_lifecycle_od
 from vz_conformance._checks.lifecycle import check_run_find_running as check_lifecycle_run_find_running
 from vz_conformance._checks.lifecycle import check_start_idempotent as check_lifecycle_start_idempotent
 from vz_conformance._checks.lifecycle import check_stop_idempotent as check_lifecycle_stop_idempotent
-from vz_conformance._checks.lifecycle import check_stopped_refuses as check_lifecycle_stopped_refuses
+from vz_conformance._checks.lifecycle import check_stopped_exec_refused as check_lifecycle_stopped_exec_refused
 from vz_conformance._checks.logs import check_chunk_sizes as check_logs_chunk_sizes
+from vz_conformance._checks.logs import check_kept_after_stop as check_logs_kept_after_stop
 from vz_conformance._checks.logs import check_merged_exact as check_logs_merged_exact
 from vz_conformance._checks.malformed import check_data_after_close as check_malformed_data_after_close
 from vz_conformance._checks.malformed import check_empty_argv as check_malformed_empty_argv
@@ -126,8 +127,9 @@ __all__ = [
     "check_lifecycle_run_find_running",
     "check_lifecycle_start_idempotent",
     "check_lifecycle_stop_idempotent",
-    "check_lifecycle_stopped_refuses",
+    "check_lifecycle_stopped_exec_refused",
     "check_logs_chunk_sizes",
+    "check_logs_kept_after_stop",
     "check_logs_merged_exact",
     "check_malformed_data_after_close",
     "check_malformed_empty_argv",

@@ -19,7 +19,7 @@ COUNTS = {
     "exec": 13,
     "cancel": 3,
     "malformed": 8,
-    "logs": 2,
+    "logs": 3,
     "mounts": 5,
     "storage": 4,
     "resources": 2,
@@ -33,8 +33,8 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "conformance.md"
 
 def test_counts_per_label() -> None:
     assert Counter(c.label for c in _catalogue.CATALOGUE) == COUNTS
-    assert len(_catalogue.select("external")) == sum(COUNTS.values()) == 72
-    assert len(_catalogue.select("in-process")) == sum(COUNTS.values()) - COUNTS["crash"] == 63
+    assert len(_catalogue.select("external")) == sum(COUNTS.values()) == 73
+    assert len(_catalogue.select("in-process")) == sum(COUNTS.values()) - COUNTS["crash"] == 64
 
 
 def test_ids_are_stable_label_dot_name_and_unique() -> None:

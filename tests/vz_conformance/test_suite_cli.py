@@ -27,16 +27,20 @@ SCHEMA_FILES = [
 
 def test_list_count_and_text(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["list", "--count"]) == 0
-    assert capsys.readouterr().out.strip() == "72"
+    assert capsys.readouterr().out.strip() == "73"
     assert main(["list", "--count", "--provider-mode", "in-process"]) == 0
-    assert capsys.readouterr().out.strip() == "63"
+    assert capsys.readouterr().out.strip() == "64"
     assert main(["list", "--count", "--label", "exec", "--label", "cancel"]) == 0
     assert capsys.readouterr().out.strip() == "16"
     assert main(["list", "--label", "crash"]) == 0
     out = capsys.readouterr().out
     assert "crash.mid_exec" in out and "[external only]" in out
     assert main(["list", "--json", "--label", "logs"]) == 0
-    assert [c["id"] for c in json.loads(capsys.readouterr().out)] == ["logs.merged_exact", "logs.chunk_sizes"]
+    assert [c["id"] for c in json.loads(capsys.readouterr().out)] == [
+        "logs.merged_exact",
+        "logs.chunk_sizes",
+        "logs.kept_after_stop",
+    ]
 
 
 @pytest.mark.parametrize("path", SCHEMA_FILES, ids=["package", "docs"])
@@ -141,8 +145,8 @@ def test_verify_two_files_as_parity(tmp_path: Path, capsys: pytest.CaptureFixtur
     first, second = tmp_path / "in.json", tmp_path / "ext.json"
     passing_report("in-process").dump(first)
     passing_report("external").dump(second)
-    assert main(["verify-report", str(first), str(second), "--provider-mode", "parity", "--expect-count", "72"]) == 0
-    assert "63 shared cases identical in both modes, 9 external-only" in capsys.readouterr().out
+    assert main(["verify-report", str(first), str(second), "--provider-mode", "parity", "--expect-count", "73"]) == 0
+    assert "64 shared cases identical in both modes, 9 external-only" in capsys.readouterr().out
 
 
 @pytest.mark.slow
@@ -184,7 +188,7 @@ def test_plugin_run_through_the_console_script(tmp_path: Path) -> None:
             "--label",
             "logs",
             "--expect-count",
-            "12",
+            "13",
         ],
         capture_output=True,
         text=True,

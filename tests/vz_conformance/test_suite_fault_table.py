@@ -51,8 +51,9 @@ NEEDS_A_MACHINE = frozenset(
         "lifecycle.run_find_running",
         "lifecycle.start_idempotent",
         "lifecycle.stop_idempotent",
-        "lifecycle.stopped_refuses",
+        "lifecycle.stopped_exec_refused",
         "logs.chunk_sizes",
+        "logs.kept_after_stop",
         "logs.merged_exact",
         "malformed.data_after_close",
         "malformed.empty_argv",
@@ -171,8 +172,9 @@ TABLE = (
         frozenset(
             {
                 "lifecycle.stop_idempotent",
-                "lifecycle.stopped_refuses",
+                "lifecycle.stopped_exec_refused",
                 "lifecycle.odd_ids",
+                "logs.kept_after_stop",
                 "recreate.invalid_keeps_stopped",
             }
         ),
@@ -195,6 +197,8 @@ TABLE = (
     Row("exec-shell-reparse", "in-process", BROKEN_BY_SHELL_REPARSING),
     Row("exec-ignore-cancel", "in-process", frozenset({"cancel.cancelled", "cancel.deadline", "cancel.blocked_stdin"})),
     Row("logs-wrong-chunks", "in-process", frozenset({"logs.chunk_sizes"})),
+    Row("logs-stopped-refused", "in-process", frozenset({"logs.kept_after_stop"})),
+    Row("logs-starts-machine", "in-process", frozenset({"logs.kept_after_stop"})),
     # Plugin-process faults: nothing in-process ...
     Row("crash-before-handshake", "in-process", frozenset()),
     Row("crash-after-handshake", "in-process", frozenset()),

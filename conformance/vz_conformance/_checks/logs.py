@@ -1,4 +1,8 @@
-"""logs: the main process's merged output as a finite stream of 1..32768-byte chunks, or UNSUPPORTED."""
+"""logs: the main process's merged output as a finite stream of 1..32768-byte chunks, or UNSUPPORTED.
+
+The output is kept when the Machine stops: Logs of a stopped Machine answers with what its last run wrote,
+and never starts the Machine (Exec on a stopped Machine is refused: ``lifecycle.stopped_exec_refused``).
+"""
 
 from __future__ import annotations
 
@@ -9,11 +13,11 @@ import time
 from vz_conformance import _capabilities as cap
 from vz_conformance._case import Case
 from vz_conformance._context import CheckContext
-from vz_conformance._expect import ensure, expect_error, fail
+from vz_conformance._expect import ensure, expect_error, expect_ok
 from vz_conformance._outcome import Outcome, Passed
 from vz_core import MAX_CHUNK
 
-__all__ = ["CASES", "check_chunk_sizes", "check_merged_exact"]
+__all__ = ["CASES", "check_chunk_sizes", "check_kept_after_stop", "check_merged_exact"]
 
 # stdout uses letters only and stderr digits only, so the merged stream can be split back exactly whatever the
 # interleaving; both are larger than one chunk.
@@ -21,29 +25,13 @@ OUT = (string.ascii_letters * 900)[:45_000]
 ERR = (string.digits * 4000)[:38_000]
 
 
-async def _read_logs(ctx: CheckContext, workspace_id: str) -> list[bytes]:
-    chunks: list[bytes] = []
-    stream = ctx.driver.logs(workspace_id)
-    try:
-        async with asyncio.timeout(20):
-            async for chunk in stream:
-                chunks.append(chunk)
-    except TimeoutError:
-        fail("Logs", "a finite stream (it must end once the output so far is sent)", "still open after 20 s")
-    finally:
-        aclose = getattr(stream, "aclose", None)
-        if aclose is not None:
-            await aclose()
-    return chunks
-
-
-async def _logged_machine(ctx: CheckContext) -> tuple[str, list[bytes]] | None:
+async def _logged_machine(ctx: CheckContext) -> tuple[str, list[bytes]]:
     """Create a Machine whose main process writes OUT and ERR; read Logs until both are there (≤ 15 s)."""
     entrypoint, args = ctx.adapter.logs_main(OUT, ERR)
     req = await ctx.create("logs", entrypoint=entrypoint, args=args)
     deadline = time.monotonic() + 15
     while True:
-        chunks = await _read_logs(ctx, req.workspace_id)
+        chunks = await expect_ok("Logs", lambda: ctx.logs(req.workspace_id), note="a running Machine")
         if sum(len(c) for c in chunks) >= len(OUT) + len(ERR) or time.monotonic() > deadline:
             return req.workspace_id, chunks
         await asyncio.sleep(0.2)
@@ -54,9 +42,7 @@ async def _refusal(ctx: CheckContext) -> Outcome:
     return await ctx.not_applicable(
         cap.LOGS,
         "Logs refused as UNSUPPORTED",
-        lambda: expect_error(
-            "Logs", lambda: _read_logs(ctx, req.workspace_id), "UNSUPPORTED", note="capabilities.logs=false"
-        ),
+        lambda: expect_error("Logs", lambda: ctx.logs(req.workspace_id), "UNSUPPORTED", note="capabilities.logs=false"),
     )
 
 
@@ -64,9 +50,7 @@ async def check_merged_exact(ctx: CheckContext) -> Outcome:
     """Logs is finite and holds exactly the main process's stdout and stderr bytes, merged."""
     if not ctx.caps.logs:
         return await _refusal(ctx)
-    found = await _logged_machine(ctx)
-    assert found is not None
-    _, chunks = found
+    _, chunks = await _logged_machine(ctx)
     data = b"".join(chunks)
     letters = bytes(b for b in data if chr(b) in string.ascii_letters)
     digits = bytes(b for b in data if chr(b) in string.digits)
@@ -95,9 +79,7 @@ async def check_chunk_sizes(ctx: CheckContext) -> Outcome:
     """Every Logs chunk carries 1..32768 bytes."""
     if not ctx.caps.logs:
         return await _refusal(ctx)
-    found = await _logged_machine(ctx)
-    assert found is not None
-    _, chunks = found
+    _, chunks = await _logged_machine(ctx)
     bad = [(index, len(chunk)) for index, chunk in enumerate(chunks) if not 1 <= len(chunk) <= MAX_CHUNK]
     ensure(not bad, "Logs", f"every chunk 1..{MAX_CHUNK} bytes", f"(chunk index, size) {bad[:5]}")
     ensure(
@@ -106,6 +88,31 @@ async def check_chunk_sizes(ctx: CheckContext) -> Outcome:
         "the main process output (more than one chunk)",
         f"{sum(len(c) for c in chunks)} bytes",
     )
+    return Passed()
+
+
+async def check_kept_after_stop(ctx: CheckContext) -> Outcome:
+    """After Stop, Logs answers with the same bytes as while the Machine ran, and the Machine stays stopped."""
+    if not ctx.caps.logs:
+        return await _refusal(ctx)
+    workspace_id, chunks = await _logged_machine(ctx)
+    running = b"".join(chunks)
+    ensure(
+        len(running) >= len(OUT) + len(ERR),
+        "Logs",
+        f"while the Machine runs, the {len(OUT) + len(ERR)} bytes its main process wrote",
+        f"{len(running)} bytes after 15 s",
+    )
+    await expect_ok("Stop", lambda: ctx.driver.stop(workspace_id))
+    await ctx.require_status(workspace_id, "stopped", after="Stop")
+    stopped = b"".join(await expect_ok("Logs", lambda: ctx.logs(workspace_id), note="Logs on a stopped Machine"))
+    ensure(
+        stopped == running,
+        "Logs",
+        f"on the stopped Machine, the {len(running)} bytes its main process wrote while it ran",
+        f"{len(stopped)} bytes" + (" that differ" if len(stopped) == len(running) else ""),
+    )
+    await ctx.require_status(workspace_id, "stopped", after="Logs on the stopped Machine (Logs must not start it)")
     return Passed()
 
 
@@ -118,5 +125,11 @@ CASES = (
     ),
     Case(
         "logs.chunk_sizes", "Logs chunks are 1..32768 bytes (or UNSUPPORTED)", check_chunk_sizes, gated_by=(cap.LOGS,)
+    ),
+    Case(
+        "logs.kept_after_stop",
+        "Logs of a stopped Machine: the output of its last run, exactly; it stays stopped (or UNSUPPORTED)",
+        check_kept_after_stop,
+        gated_by=(cap.LOGS,),
     ),
 )

@@ -312,9 +312,16 @@ class FakeDriver(Driver):
                 yield event
 
     async def logs(self, workspace_id: str) -> AsyncGenerator[bytes, None]:
+        """The main process's output so far; a stopped Machine answers with what its last run wrote and is not
+        started (its log is kept on disk until Delete or recreation)."""
         _require_id(workspace_id, "Logs")
         key = self._store.key(workspace_id)
-        self._running_record(key, workspace_id, "Logs")
+        if "logs-starts-machine" in self.faults and self._store.read(key) is not None:
+            await self.start(workspace_id)
+        if "logs-stopped-refused" in self.faults:
+            self._running_record(key, workspace_id, "Logs")
+        elif self._store.read(key) is None:
+            raise _not_found(workspace_id, "Logs")
         data = read_log_tail(self._store.machine_dir(key), LOG_LIMIT)
         size = _LOGS_WRONG_CHUNK if "logs-wrong-chunks" in self.faults else MAX_CHUNK
         for offset in range(0, len(data), size):

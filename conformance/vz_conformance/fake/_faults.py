@@ -48,6 +48,8 @@ FAULT_DESCRIPTIONS: Mapping[str, str] = MappingProxyType(
         "exec-ignore-cancel": "a cancelled exec stops reading but leaves the command and its children running",
         # Logs.
         "logs-wrong-chunks": "Logs chunks are up to 65536 bytes",
+        "logs-stopped-refused": "Logs on a stopped Machine fails with FAILED_PRECONDITION instead of answering",
+        "logs-starts-machine": "Logs on a stopped Machine starts it first",
     }
 )
 """Every fault mode name → one line saying what it does."""

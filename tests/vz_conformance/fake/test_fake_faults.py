@@ -17,7 +17,18 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
-from fake_testlib import alive, feed, identity, request, run_exec, tree_with_marker, unique_id, wait_dead, wait_logs
+from fake_testlib import (
+    alive,
+    feed,
+    identity,
+    logs_of,
+    request,
+    run_exec,
+    tree_with_marker,
+    unique_id,
+    wait_dead,
+    wait_logs,
+)
 from vz_conformance.fake import FAULT_DESCRIPTIONS, FAULT_MODES, FakeDriver
 from vz_conformance.fake._faults import PLUGIN_FAULTS
 
@@ -393,6 +404,39 @@ async def _logs_wrong_chunks(tmp_path: Path) -> None:
     await wait_logs(driver, ws, b"\0\n")
     sizes = [len(chunk) async for chunk in driver.logs(ws)]
     assert sizes == [2 * MAX_CHUNK, 100000 - 2 * MAX_CHUNK]
+
+
+async def _stopped_with_output(driver: FakeDriver) -> str:
+    ws = unique_id()
+    await driver.run_image(request(ws, entrypoint="sh", args=("-c", "echo kept; exec sleep 1000")))
+    await wait_logs(driver, ws, b"kept\n")
+    await driver.stop(ws)
+    return ws
+
+
+@check("logs-stopped-refused")
+async def _logs_stopped_refused(tmp_path: Path) -> None:
+    driver = faulty(tmp_path, "logs-stopped-refused")
+    ws = await _stopped_with_output(driver)
+    with pytest.raises(FailedPreconditionError, match="stopped"):
+        await logs_of(driver, ws)
+    ws = await _stopped_with_output(clean(tmp_path))
+    assert await logs_of(clean(tmp_path), ws) == b"kept\n"
+
+
+@check("logs-starts-machine")
+async def _logs_starts_machine(tmp_path: Path) -> None:
+    driver = faulty(tmp_path, "logs-starts-machine")
+    ws = await _stopped_with_output(driver)
+    assert (await logs_of(driver, ws)).startswith(b"kept\n")
+    details = await driver.find(ws)
+    assert details is not None and details.state.status == "running"
+    assert (await run_exec(driver, ws, ["echo", "ok"])).stdout == b"ok\n"  # really started
+    await driver.stop(ws)
+    ws = await _stopped_with_output(clean(tmp_path))
+    await logs_of(clean(tmp_path), ws)
+    details = await clean(tmp_path).find(ws)
+    assert details is not None and details.state.status == "stopped"
 
 
 # The table ---------------------------------------------------------------------------------------------------

@@ -152,12 +152,24 @@ def test_stopping_a_main_process_checks_its_identity() -> None:
         proc.wait()
 
 
-async def test_logs_on_missing_and_stopped(driver: FakeDriver, machine: str) -> None:
+async def test_logs_on_missing(driver: FakeDriver) -> None:
     with pytest.raises(NotFoundError):
         await _logs(driver, unique_id())
-    await driver.stop(machine)
-    with pytest.raises(FailedPreconditionError):
-        await _logs(driver, machine)
+
+
+async def test_logs_of_a_stopped_machine_are_kept_and_do_not_start_it(driver: FakeDriver) -> None:
+    ws = unique_id()
+    await driver.run_image(request(ws, entrypoint="sh", args=("-c", "echo first; exec sleep 1000")))
+    running = await wait_logs(driver, ws, b"first\n")
+    await driver.stop(ws)
+    assert b"".join(await _logs(driver, ws)) == running == b"first\n"
+    details = await driver.find(ws)
+    assert details is not None and details.state.status == "stopped"
+    with pytest.raises(FailedPreconditionError):  # really still stopped, not only reported so
+        await run_exec(driver, ws, ["true"])
+    await driver.start(ws)  # the next run's output follows the last one's
+    assert await wait_logs(driver, ws, b"first\nfirst\n") == b"first\nfirst\n"
+    await driver.delete(ws)
 
 
 # ReusePreflight ----------------------------------------------------------------------------------------------
