@@ -175,7 +175,9 @@ class _Listener:
 
         from vz_core.transport import ServerRelay, server_context
 
-        private = tempfile.mkdtemp(prefix="vz-plugin-grpc-")
+        # Inside the host's socket directory when there is one: the host's supervisor removes it even when
+        # this process is killed.
+        private = tempfile.mkdtemp(prefix="grpc-", dir=os.environ.get(ENV_UNIX_SOCKET_DIR) or None)
         self._remove_dirs.append(private)
         internal = os.path.join(private, "grpc.sock")
         self.server.add_insecure_port(f"unix:{internal}")

@@ -429,7 +429,8 @@ class PluginLauncher:
             options = [*CHANNEL_OPTIONS, ("grpc.ssl_target_name_override", "localhost")]
             return grpc.aio.secure_channel(handshake.target, creds, options=options), "native", None
         # grpcio cannot verify this peer (P-521): carry TLS ourselves and give grpcio a private plaintext socket.
-        relay_dir = tempfile.mkdtemp(prefix="vz-relay-", dir=self.run_root)
+        # Inside the run directory: the supervisor removes it even when the host is killed.
+        relay_dir = tempfile.mkdtemp(prefix="relay-", dir=cleanup[0])
         cleanup.append(relay_dir)
         os.chmod(relay_dir, 0o700)
         relay = ClientRelay(handshake.network, handshake.address, der, client_context(client, der, workdir=None))

@@ -3,10 +3,14 @@
 Run by the host as ``python -I -S`` with arguments ``CTL_FD EXEC_FD CLEANUP_DIR -- ARGV...`` (imported as a
 top-level module so its bytecode is cached; it never imports vz). It
 
-* marks itself child subreaper (Linux) so orphaned descendants of the plugin are reparented to it, and asks
-  for SIGHUP when its parent dies;
-* forks the plugin into a new session (its own process group) and executes it: through ``EXEC_FD`` when it is
-  not -1 (the verified, sealed copy the host hashed: ``fexecve``), else by path ``ARGV[0]``;
+* runs in a session of its own (the host starts it so), so a signal to the host's process group
+  (``kill -9 -- -PGID``, ``timeout -s KILL``, job control) does not reach it: it outlives the host just long
+  enough to see the host die (end of file on the control socket, whose other end only the host holds; or
+  SIGHUP through PR_SET_PDEATHSIG) and kill everything;
+* marks itself child subreaper (Linux) so orphaned descendants of the plugin are reparented to it;
+* forks the plugin into a new session (its own process group) under PR_SET_PDEATHSIG(SIGKILL), so the plugin
+  dies with its supervisor however that dies, and executes it: through ``EXEC_FD`` when it is not -1 (the
+  verified, sealed copy the host hashed: ``fexecve``), else by path ``ARGV[0]``;
 * reports on the control socket ``CTL_FD`` (a socketpair with the host): ``pid N`` once the plugin runs
   (or ``execfail ERRNO MESSAGE``), then ``exit CODE SIGNUM`` at the end (SIGNUM 0: it exited by itself);
 * obeys the host on the same socket: ``term GRACE`` (SIGTERM to the plugin's group, SIGKILL after GRACE
@@ -124,6 +128,7 @@ class Supervisor:
 
     def spawn(self) -> bool:
         err_r, err_w = os.pipe()  # close-on-exec: EOF means the exec succeeded
+        supervisor = os.getpid()
         pid = os.fork()
         if pid == 0:
             try:
@@ -133,6 +138,11 @@ class Supervisor:
                     signal.signal(sig, signal.SIG_DFL)
                 signal.set_wakeup_fd(-1)
                 os.setsid()
+                # The plugin dies with its supervisor, however the supervisor dies (checked after the
+                # prctl: the supervisor may have died in between).
+                _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+                if os.getppid() != supervisor:
+                    os._exit(127)
                 if self.exec_fd >= 0:
                     os.execve(self.exec_fd, self.argv, os.environ)
                 else:

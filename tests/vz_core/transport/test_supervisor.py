@@ -83,10 +83,12 @@ HOST = textwrap.dedent(
 )
 
 
-def test_host_killed_with_sigkill_mid_exec_leaves_nothing(tmp_path: Path) -> None:
+@pytest.mark.parametrize("group", [False, True], ids=["host-only", "host-process-group"])
+def test_host_killed_with_sigkill_mid_exec_leaves_nothing(tmp_path: Path, group: bool) -> None:
+    """SIGKILL to the host alone, or to its whole process group (``timeout -s KILL``, job control)."""
     script = tmp_path / "host.py"
     script.write_text(HOST.format(testdrivers=str(TESTDRIVERS)))
-    host = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    host = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, start_new_session=group)
     try:
         assert host.stdout is not None
         line = host.stdout.readline().split()
@@ -98,7 +100,10 @@ def test_host_killed_with_sigkill_mid_exec_leaves_nothing(tmp_path: Path) -> Non
         # sh and its two background children (which may not have exec'd `sleep` yet, but exist).
         assert len(psutil.Process(plugin_pid).children(recursive=True)) >= 3, "the exec's grandchildren run"
         assert os.path.isdir(socket_dir)
-        host.send_signal(signal.SIGKILL)
+        if group:
+            os.killpg(host.pid, signal.SIGKILL)
+        else:
+            host.send_signal(signal.SIGKILL)
         host.wait()
         left = _wait_gone(tree)
         assert not left, f"left behind after the host was killed: {left}"
@@ -109,6 +114,25 @@ def test_host_killed_with_sigkill_mid_exec_leaves_nothing(tmp_path: Path) -> Non
             host.wait()
         if host.stdout is not None:
             host.stdout.close()
+
+
+def test_the_supervisor_runs_outside_the_hosts_process_group_and_the_plugin_dies_with_it() -> None:
+    async def main() -> None:
+        driver = RemoteDriver(_mini())
+        try:
+            await driver.find("w")
+            conn = driver.connection
+            assert conn is not None
+            supervisor = conn.process.supervisor_pid
+            assert os.getpgid(supervisor) != os.getpgid(0), "a group-wide signal to the host must miss it"
+            plugin = _identity(conn.pid)
+            os.kill(supervisor, signal.SIGKILL)
+            assert not _wait_gone([plugin], 5.0), "PR_SET_PDEATHSIG: the plugin dies with its supervisor"
+            await conn.wait_exited(5.0)
+        finally:
+            await driver.close()
+
+    asyncio.run(main())
 
 
 async def test_plugin_crash_mid_exec_kills_its_orphans_and_reports_stderr() -> None:
