@@ -1,44 +1,242 @@
-"""The built-in driver registry: stable names, lazily loaded, through pluggy.
+"""Driver declarations and the built-in driver registry: stable names, lazily loaded, through pluggy.
+
+A driver is declared **once**, in a ``DriverDeclaration``: its name, summary, factory, options (each described
+once: help, kind, default, scope), targets, capability-matrix rows and conformance adapter. Everything else is
+generated from it: the plugin's command line and ``--help`` (``serve_plugin``), the unknown-key error (which
+lists the valid keys), the option tables in the docs and the capability matrix (``vz_core.capability_matrix``).
 
 Every built-in driver package registers through the same hook a third-party Python package would use: an
 entry point in the ``vz.drivers`` group naming a module with a ``vz_builtin_drivers`` hook implementation::
 
-    from vz_core.registry import BuiltinDriver, hookimpl
+    from vz_core.registry import DriverDeclaration, MatrixRow, Option, hookimpl
+
+    DECLARATION = DriverDeclaration(
+        name="acme",
+        summary="Machines as acme sandboxes",
+        factory="acme_driver:AcmeDriver",
+        plugin_command=("vz-driver-acme",),
+        options=(
+            Option("state_dir", "where Machines are recorded", default="<vz state>/drivers/acme", kind="path",
+                   scope="host"),
+            Option("stop_timeout", "seconds between SIGTERM and SIGKILL", default="10", kind="float"),
+        ),
+        matrix=(MatrixRow("linux", "linux", "DEV", "acme sandboxes"),),
+        adapter="acme_conformance:ADAPTER",
+    )
 
     @hookimpl
-    def vz_builtin_drivers() -> list[BuiltinDriver]:
-        return [BuiltinDriver(name="fake", summary="...", factory="vz_conformance.fake:FakeDriver",
-                              plugin_command=("vz-driver-fake",))]
+    def vz_builtin_drivers() -> list[DriverDeclaration]:
+        return [DECLARATION]
 
-Registration modules must be cheap to import: the driver code itself is only imported when ``load()`` runs.
+and the console script ``vz-driver-acme = "acme_driver.plugin:main"`` where ``main = DECLARATION.serve_plugin``.
+
+Scopes: a ``"project"`` option may come from a checked-in ``vz.json`` (``driver_options``); a ``"host"`` option
+(one choosing a binary, a host path or a host network) only from the user's host configuration
+(``vz driver configure``, see ``vz_core.drivers``), never from a project file.
+
+Registration validates every hook implementation (pluggy's spec check and ``check_pending``; a registered
+module that implements no hook at all is refused too) and every declaration it returns; a problem raises
+``RegistrationError`` naming the plugin (entry point and module) and the field.
+
+Registration modules must be cheap to import: this module imports neither pluggy nor any driver code at
+import time; the driver code is only imported when ``load()`` runs.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+import json
+import os
+import re
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Literal, NoReturn, TypeVar, get_args
 
-import pluggy
-
-from vz_core._driver import Driver
 from vz_core.errors import NotFoundError, UserError
 
-__all__ = ["BuiltinDriver", "DriverRegistry", "hookimpl", "hookspec"]
+if TYPE_CHECKING:
+    import argparse
+
+    import pluggy
+
+    from vz_core._driver import Driver
+
+__all__ = [
+    "DRIVER_NAME_PATTERN",
+    "ENTRY_POINT_GROUP",
+    "HOST_OSES",
+    "OPTIONS_ENV",
+    "BuiltinDriver",
+    "DriverDeclaration",
+    "DriverRegistry",
+    "MatrixRow",
+    "Option",
+    "OptionKind",
+    "PluginHooks",
+    "PluginStart",
+    "RegistrationError",
+    "Scope",
+    "Status",
+    "check_driver_name",
+    "hookimpl",
+    "is_driver_name",
+    "load_reference",
+    "main",
+]
 
 PROJECT = "vz"
 ENTRY_POINT_GROUP = "vz.drivers"
-hookspec = pluggy.HookspecMarker(PROJECT)
-hookimpl = pluggy.HookimplMarker(PROJECT)
+OPTIONS_ENV = "VZ_DRIVER_OPTIONS"
+"""Environment variable carrying a built-in plugin's options (a JSON object) when the host launches it."""
+
+DRIVER_NAME_PATTERN = "^[a-z][a-z0-9_-]{0,62}$"
+"""The one grammar of driver names (built-in, external, and a Machine's ``driver`` in vz.json), in JSON Schema
+(ECMA-262) syntax, where ``$`` matches only at the very end. Python code uses ``check_driver_name``."""
+_DRIVER_NAME = re.compile(r"[a-z][a-z0-9_-]{0,62}")
+
+Scope = Literal["project", "host"]
+OptionKind = Literal["str", "path", "int", "float", "bool", "list"]
+Status = Literal["ACTIVE", "DEV", "PLANNED"]
+HOST_OSES = ("linux", "darwin", "windows")
+_SCOPES: tuple[str, ...] = get_args(Scope)
+_KINDS: tuple[str, ...] = get_args(OptionKind)
+_STATUSES: tuple[str, ...] = get_args(Status)
+_REFERENCE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_]\w*)*")
+_OPTION_NAME = re.compile(r"[a-z][a-z0-9_]{0,62}")
+_METAVARS = {"str": "VALUE", "path": "PATH", "int": "N", "float": "N", "bool": "true|false", "list": "A,B"}
+_T = TypeVar("_T")
+
+
+class RegistrationError(UserError):
+    """A driver package registered something invalid; the message names the plugin and the field."""
+
+
+def is_driver_name(name: object) -> bool:
+    """Whether ``name`` follows the driver-name grammar (``DRIVER_NAME_PATTERN``)."""
+    return isinstance(name, str) and _DRIVER_NAME.fullmatch(name) is not None
+
+
+def check_driver_name(name: object, *, where: str = "driver") -> str:
+    """Return ``name`` if it is a driver name, else raise ``UserError`` naming ``where`` and the grammar.
+
+    A driver name is a name, never a path: 1 to 63 characters, a lowercase letter first, then lowercase
+    letters, digits, ``_`` or ``-``.
+    """
+    if is_driver_name(name):
+        assert isinstance(name, str)
+        return name
+    shown = repr(name)[:80] if isinstance(name, str) else f"a {type(name).__name__}"
+    raise UserError(
+        f"{where}: {shown} is not a driver name (1-63 characters: a lowercase letter, then lowercase letters, "
+        "digits, '_' or '-'); see `vz driver list`"
+    )
+
+
+def load_reference(reference: str, *, what: str = "reference") -> Any:
+    """Import and return ``module:attribute`` (the attribute may be dotted)."""
+    module_name, sep, attr = reference.partition(":")
+    if not sep or not module_name or not attr:
+        raise UserError(f"{what} {reference!r} must look like 'module:attribute'")
+    target: Any = importlib.import_module(module_name)
+    for part in attr.split("."):
+        target = getattr(target, part)
+    return target
+
+
+# --- the declaration ---------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class BuiltinDriver:
-    """A driver shipped as Python code: how to build it in-process and how to launch it as a plugin.
+class Option:
+    """One driver option, described once.
+
+    ``help`` is the sentence shown in ``--help`` and the docs; ``default`` describes the default in words (the
+    driver applies it); ``kind`` says how text from a command line is parsed; ``scope`` says who may set it:
+    ``"project"`` (vz.json ``driver_options`` or the host configuration) or ``"host"`` (the host configuration
+    only: options choosing binaries, host paths or host networks). ``flag`` overrides the plugin's command-line
+    flag (default ``--name-with-dashes``); ``repeat`` makes a ``list`` option's flag take one item per use.
+    """
+
+    name: str
+    help: str
+    default: str = ""
+    kind: OptionKind = "str"
+    scope: Scope = "project"
+    flag: str = ""
+    repeat: bool = False
+
+    @property
+    def cli_flag(self) -> str:
+        return self.flag or "--" + self.name.replace("_", "-")
+
+    def parse(self, text: str) -> Any:
+        """Parse a command-line value; ``ValueError`` naming the option when it does not fit ``kind``."""
+        if self.kind in ("str", "path"):
+            return text
+        if self.kind == "list":
+            return [item for item in (part.strip() for part in text.split(",")) if item]
+        if self.kind == "bool":
+            lowered = text.strip().lower()
+            if lowered in ("1", "true", "yes", "on"):
+                return True
+            if lowered in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(f"option {self.name!r} takes true or false, not {text[:80]!r}")
+        try:
+            return int(text) if self.kind == "int" else float(text)
+        except ValueError:
+            raise ValueError(f"option {self.name!r} takes a number, not {text[:80]!r}") from None
+
+
+@dataclass(frozen=True)
+class MatrixRow:
+    """One row of the capability matrix for the declaring driver: host OS x target OS, status and a note."""
+
+    host_os: str
+    target_os: str
+    status: Status
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class PluginStart:
+    """What a driver's ``PluginHooks.before_serve`` asks of the shared plugin main."""
+
+    build_before_handshake: bool = False
+    """Build the driver before serving (default: after the plugin cookie and versions were checked)."""
+    on_serving: Callable[[], None] | None = None
+    """Called once the handshake line is out (``vz_plugins.serve``'s ``on_serving``)."""
+
+
+class PluginHooks:
+    """Optional plugin-process behaviour of a driver (declared by reference in ``plugin_hooks``).
+
+    The defaults do nothing; a driver overrides what it needs (the fake driver's plugin-level fault modes).
+    """
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        """Add command-line flags that are not driver options (e.g. an informational ``--list-x``)."""
+
+    def before_serve(
+        self, parser: argparse.ArgumentParser, args: argparse.Namespace, options: dict[str, Any]
+    ) -> PluginStart:
+        """Run after parsing, before serving; may change ``options``, exit, or refuse with ``parser.error``."""
+        del parser, args, options
+        return PluginStart()
+
+
+@dataclass(frozen=True)
+class DriverDeclaration:
+    """A driver shipped as Python code, declared once (see the module docstring).
 
     ``factory`` is "module:attribute", a callable taking keyword options and returning a ``Driver``.
     ``plugin_command`` is the console script (plus arguments) that serves the same driver as a plugin.
+    ``options`` lists its options; ``None`` means "not described" (passed through unchecked, project scope:
+    only for drivers that predate declarations). ``matrix`` holds its capability-matrix rows. ``adapter`` is its
+    conformance adapter, "module:attribute", imported only by the suite. ``plugin_hooks`` optionally names a
+    ``PluginHooks`` instance used by ``serve_plugin``.
     """
 
     name: str
@@ -46,68 +244,413 @@ class BuiltinDriver:
     factory: str
     plugin_command: tuple[str, ...] = ()
     targets: tuple[str, ...] = ("linux",)
-    options: dict[str, str] = field(default_factory=dict)
+    options: Mapping[str, Option] | Sequence[Option] | None = None
+    matrix: tuple[MatrixRow, ...] = ()
+    adapter: str = ""
+    plugin_hooks: str = ""
+
+    def __post_init__(self) -> None:
+        raw: Any = self.options
+        if raw is None:
+            return
+        items = list(raw.values()) if isinstance(raw, Mapping) else list(raw)
+        if not all(isinstance(o, Option) for o in items):
+            bad = next(o for o in items if not isinstance(o, Option))
+            raise RegistrationError(
+                f"driver {self.name!r}: options must be vz_core.registry.Option values, not {type(bad).__name__}"
+            )
+        names = [o.name for o in items]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise RegistrationError(f"driver {self.name!r}: option(s) declared twice: {', '.join(duplicates)}")
+        object.__setattr__(self, "options", MappingProxyType({o.name: o for o in items}))
+
+    # The driver ----------------------------------------------------------------------------------------
 
     def load(self) -> Callable[..., Driver]:
         """Import and return the factory (the only place driver code gets imported)."""
-        module_name, _, attr = self.factory.partition(":")
-        if not attr:
-            raise UserError(f"driver {self.name!r}: factory {self.factory!r} must look like 'module:attribute'")
-        module = importlib.import_module(module_name)
-        factory: Callable[..., Driver] = getattr(module, attr)
+        factory: Callable[..., Driver] = load_reference(self.factory, what=f"driver {self.name!r}: factory")
         return factory
 
     def create(self, **options: Any) -> Driver:
-        """Build the driver in-process."""
+        """Build the driver in-process (unknown option keys refused first, listing the valid ones)."""
+        self.check_option_keys(options)
         return self.load()(**options)
 
+    # Options -------------------------------------------------------------------------------------------
 
-class _Specs:
-    @hookspec
-    def vz_builtin_drivers(self) -> Sequence[BuiltinDriver]:  # type: ignore[empty-body]
-        """Return the built-in drivers a package provides."""
+    @property
+    def declared_options(self) -> Mapping[str, Option]:
+        """The options by name (``__post_init__`` turned any sequence into this mapping)."""
+        if self.options is None:
+            return MappingProxyType({})
+        assert isinstance(self.options, Mapping)
+        return self.options
+
+    def option_names(self, scope: Scope | None = None) -> list[str]:
+        return sorted(n for n, o in self.declared_options.items() if scope is None or o.scope == scope)
+
+    def unknown_keys_message(self, unknown: Iterable[str], *, where: str = "") -> str:
+        """The one unknown-key message: what was given, and every valid key with its scope."""
+        valid = ", ".join(self.option_names()) or "none"
+        prefix = f"{where}: " if where else ""
+        return f"{prefix}unknown {self.name} option(s): {', '.join(sorted(unknown))}; valid options: {valid}"
+
+    def check_option_keys(self, options: Mapping[str, Any], *, where: str = "") -> None:
+        """``UserError`` for keys this driver does not declare (nothing to check when options are undescribed)."""
+        if self.options is None:
+            return
+        unknown = [k for k in options if k not in self.declared_options]
+        if unknown:
+            raise UserError(self.unknown_keys_message(unknown, where=where))
+
+    # Validation ----------------------------------------------------------------------------------------
+
+    def problems(self) -> list[str]:
+        """Everything wrong with this declaration, one "field: problem" each (empty when it is valid)."""
+        found: list[str] = []
+        if not is_driver_name(self.name):
+            found.append(f"name: {self.name!r} does not match {DRIVER_NAME_PATTERN}")
+        if not isinstance(self.summary, str) or not self.summary.strip():
+            found.append("summary: must be a non-empty sentence")
+        for label, ref, required in (
+            ("factory", self.factory, True),
+            ("adapter", self.adapter, False),
+            ("plugin_hooks", self.plugin_hooks, False),
+        ):
+            if (required or ref) and not (isinstance(ref, str) and _REFERENCE.fullmatch(ref)):
+                found.append(f"{label}: {ref!r} must look like 'module:attribute'")
+        if not isinstance(self.plugin_command, tuple) or not all(isinstance(a, str) for a in self.plugin_command):
+            found.append("plugin_command: must be a tuple of strings")
+        if not self.targets or not all(t in HOST_OSES for t in self.targets):
+            found.append(f"targets: {self.targets!r}: each must be one of {', '.join(HOST_OSES)}")
+        for option in self.declared_options.values():
+            where = f"options.{option.name}"
+            if not _OPTION_NAME.fullmatch(option.name):
+                found.append(f"{where}: the name must be lowercase letters, digits and '_'")
+            if not option.help.strip():
+                found.append(f"{where}.help: must describe the option")
+            if option.scope not in _SCOPES:
+                found.append(f"{where}.scope: {option.scope!r} is not one of {', '.join(_SCOPES)}")
+            if option.kind not in _KINDS:
+                found.append(f"{where}.kind: {option.kind!r} is not one of {', '.join(_KINDS)}")
+            if option.repeat and option.kind != "list":
+                found.append(f"{where}.repeat: only a 'list' option can repeat its flag")
+            if option.flag and not re.fullmatch(r"--[a-z][a-z0-9-]*", option.flag):
+                found.append(f"{where}.flag: {option.flag!r} must look like --some-flag")
+        seen: set[tuple[str, str]] = set()
+        for i, row in enumerate(self.matrix):
+            where = f"matrix[{i}]"
+            if not isinstance(row, MatrixRow):
+                found.append(f"{where}: must be a vz_core.registry.MatrixRow, not {type(row).__name__}")
+                continue
+            if row.host_os not in HOST_OSES:
+                found.append(f"{where}.host_os: {row.host_os!r} is not one of {', '.join(HOST_OSES)}")
+            if row.target_os not in self.targets:
+                found.append(f"{where}.target_os: {row.target_os!r} is not among the targets {self.targets!r}")
+            if row.status not in _STATUSES:
+                found.append(f"{where}.status: {row.status!r} is not one of {', '.join(_STATUSES)}")
+            if (row.host_os, row.target_os) in seen:
+                found.append(f"{where}: host {row.host_os} / target {row.target_os} is listed twice")
+            seen.add((row.host_os, row.target_os))
+        return found
+
+    # The plugin ----------------------------------------------------------------------------------------
+
+    def plugin_parser(self) -> argparse.ArgumentParser:
+        """The plugin's command line, generated from the options: one flag per option, plus ``--option K=V``."""
+        import argparse
+
+        prog = self.plugin_command[0] if self.plugin_command else f"vz-driver-{self.name}"
+        parser = argparse.ArgumentParser(
+            prog=prog,
+            description=f"The vz {self.name} driver as a Runtime Protocol plugin (started by a host, not by hand): "
+            f"{self.summary}.",
+            epilog=f"Options may also come as a JSON object in ${OPTIONS_ENV} (flags win). Stdout belongs to the "
+            "handshake line; diagnostics go to stderr.",
+        )
+        for option in self.declared_options.values():
+            default = f" (default: {option.default})" if option.default else ""
+            scope = "" if option.scope == "project" else " [host configuration only]"
+            parser.add_argument(
+                option.cli_flag,
+                dest=f"opt_{option.name}",
+                metavar=_METAVARS[option.kind] if not option.repeat else "NAME",
+                action="append" if option.repeat else "store",
+                default=None,
+                help=f"{option.help}{default}{scope}" + ("; repeatable" if option.repeat else ""),
+            )
+        valid = ", ".join(self.option_names()) or "any key the driver accepts"
+        parser.add_argument(
+            "--option",
+            dest="generic_options",
+            metavar="KEY=VALUE",
+            action="append",
+            default=[],
+            help=f"a driver option by name ({valid}); repeatable",
+        )
+        return parser
+
+    def plugin_options(self, parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, Any]:
+        """The options of a plugin process: ``$VZ_DRIVER_OPTIONS`` (JSON), then flags; bad input exits 2."""
+        options: dict[str, Any] = {}
+        raw = os.environ.get(OPTIONS_ENV)
+        if raw:
+            try:
+                loaded = json.loads(raw)
+            except ValueError as exc:
+                parser.error(f"${OPTIONS_ENV} is not JSON: {exc}")
+            if not isinstance(loaded, dict):
+                parser.error(f"${OPTIONS_ENV} must be a JSON object")
+            options.update(loaded)
+        declared = self.declared_options
+        for item in args.generic_options:
+            key, sep, value = item.partition("=")
+            key = key.replace("-", "_")
+            if not sep or not key:
+                parser.error(f"--option {item!r} must look like KEY=VALUE")
+            option = declared.get(key)
+            if option is None and self.options is not None:
+                parser.error(self.unknown_keys_message([key]))
+            try:
+                options[key] = option.parse(value) if option is not None else value
+            except ValueError as exc:
+                parser.error(str(exc))
+        for option in declared.values():
+            given = getattr(args, f"opt_{option.name}", None)
+            if given is None:
+                continue
+            try:
+                if option.repeat:
+                    options[option.name] = [item for value in given for item in option.parse(value)]
+                else:
+                    options[option.name] = option.parse(given)
+            except ValueError as exc:
+                parser.error(str(exc))
+        try:
+            self.check_option_keys(options)
+        except UserError as exc:
+            parser.error(str(exc))
+        return options
+
+    def serve_plugin(self, argv: Sequence[str] | None = None) -> NoReturn:
+        """The shared plugin main of every built-in driver: parse the generated command line, then serve.
+
+        Only this module, argparse and the plugin SDK are imported before the handshake; the driver's code is
+        imported after the plugin cookie and versions were checked (unless its hooks ask otherwise).
+        """
+        parser = self.plugin_parser()
+        hooks: PluginHooks | None = None
+        if self.plugin_hooks:
+            hooks = load_reference(self.plugin_hooks, what=f"driver {self.name!r}: plugin_hooks")
+            if not isinstance(hooks, PluginHooks):
+                raise RegistrationError(
+                    f"driver {self.name!r}: plugin_hooks {self.plugin_hooks!r} is a {type(hooks).__name__}, "
+                    "not a vz_core.registry.PluginHooks"
+                )
+            hooks.add_arguments(parser)
+        args = parser.parse_args(argv)
+        options = self.plugin_options(parser, args)
+        start = hooks.before_serve(parser, args, options) if hooks is not None else PluginStart()
+
+        from vz_plugins import serve
+
+        if start.build_before_handshake:
+            serve(self.create(**options), on_serving=start.on_serving)
+
+        def build() -> Driver:
+            return self.create(**options)
+
+        serve(build, on_serving=start.on_serving)
+
+
+BuiltinDriver = DriverDeclaration
+"""The declaration's former name (kept for existing registration modules)."""
+
+
+# --- the registry ------------------------------------------------------------------------------------------
+
+
+def hookimpl(function: _T) -> _T:
+    """Mark ``vz_builtin_drivers`` in a registration module (pluggy is only imported by ``DriverRegistry``)."""
+    function._vz_hookimpl = True  # type: ignore[attr-defined]
+    return function
+
+
+def _spec_class() -> type:
+    import pluggy
+
+    hookspec = pluggy.HookspecMarker(PROJECT)
+
+    class _Specs:
+        @hookspec
+        def vz_builtin_drivers(self) -> Sequence[DriverDeclaration]:  # type: ignore[empty-body]
+            """Return the drivers a package declares."""
+
+    return _Specs
+
+
+def _manager() -> pluggy.PluginManager:
+    import pluggy
+
+    class _Manager(pluggy.PluginManager):
+        def parse_hookimpl_opts(self, plugin: Any, name: str) -> pluggy.HookimplOpts | None:
+            method = getattr(plugin, name, None)
+            if callable(method) and getattr(method, "_vz_hookimpl", False) is True:
+                return {
+                    "wrapper": False,
+                    "hookwrapper": False,
+                    "optionalhook": False,
+                    "tryfirst": False,
+                    "trylast": False,
+                    "specname": None,
+                }
+            return super().parse_hookimpl_opts(plugin, name)
+
+    pm = _Manager(PROJECT)
+    pm.add_hookspecs(_spec_class())
+    return pm
+
+
+def _describe_plugin(plugin: object, name: str | None) -> str:
+    module = getattr(plugin, "__name__", None) or type(plugin).__module__ + "." + type(plugin).__qualname__
+    return f"plugin {name!r} ({module})" if name and name != module else f"plugin {module}"
 
 
 class DriverRegistry:
-    """Name → BuiltinDriver, loaded from ``vz.drivers`` entry points (and any module registered by hand)."""
+    """Name → DriverDeclaration, loaded from ``vz.drivers`` entry points (and any module registered by hand).
 
-    def __init__(self, *, load_entry_points: bool = True) -> None:
-        self._pm = pluggy.PluginManager(PROJECT)
-        self._pm.add_hookspecs(_Specs)
+    Construction imports every registration module (cheap by contract) and validates its hooks; the
+    declarations are collected and validated on first use. Errors are ``RegistrationError`` naming the plugin.
+    """
+
+    def __init__(self, *, load_entry_points: bool = True, distribution: str | None = None) -> None:
+        """``distribution`` limits the entry points to one installed distribution (``"vz"``: the drivers shipped
+        with vz, e.g. for generating its docs)."""
+        self._pm = _manager()
+        self._labels: dict[int, str] = {}
+        self._cache: dict[str, tuple[DriverDeclaration, str]] | None = None
         if load_entry_points:
-            self._pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP)
-        self._cache: dict[str, BuiltinDriver] | None = None
+            self._load_entry_points(distribution)
+
+    def _load_entry_points(self, distribution: str | None) -> None:
+        from importlib.metadata import entry_points
+
+        for ep in entry_points(group=ENTRY_POINT_GROUP):
+            if distribution is not None and (ep.dist is None or ep.dist.name != distribution):
+                continue
+            if self._pm.get_plugin(ep.name) is not None or self._pm.is_blocked(ep.name):
+                continue
+            label = f"plugin {ep.name!r} (entry point {ep.value} in group {ENTRY_POINT_GROUP})"
+            try:
+                plugin = ep.load()
+            except Exception as exc:
+                raise RegistrationError(f"{label} failed to import: {type(exc).__name__}: {exc}") from exc
+            self._register(plugin, ep.name, label)
 
     def register(self, plugin: object, name: str | None = None) -> None:
         """Register a module or object implementing ``vz_builtin_drivers`` (tests, embedding)."""
-        self._pm.register(plugin, name)
+        self._register(plugin, name, _describe_plugin(plugin, name))
+
+    def _register(self, plugin: object, name: str | None, label: str) -> None:
+        import pluggy
+
+        try:
+            self._pm.register(plugin, name)
+            self._pm.check_pending()
+        except pluggy.PluginValidationError as exc:
+            self._pm.unregister(plugin)
+            raise RegistrationError(f"{label}: {exc}") from None
+        except ValueError as exc:  # the same name or object registered twice
+            raise RegistrationError(f"{label}: {exc}") from None
+        if not self._pm.get_hookcallers(plugin):
+            self._pm.unregister(plugin)
+            raise RegistrationError(
+                f"{label} implements no hook: it needs a function `vz_builtin_drivers` marked with "
+                "@vz_core.registry.hookimpl (a misspelt or unmarked name registers nothing)"
+            )
+        self._labels[id(plugin)] = label
         self._cache = None
 
-    def _all(self) -> dict[str, BuiltinDriver]:
+    def _all(self) -> dict[str, tuple[DriverDeclaration, str]]:
         if self._cache is None:
-            found: dict[str, BuiltinDriver] = {}
-            for batch in self._pm.hook.vz_builtin_drivers():
-                for spec in batch:
-                    if spec.name in found and found[spec.name] != spec:
-                        raise UserError(
-                            f"driver name {spec.name!r} is registered twice "
-                            f"({found[spec.name].factory} and {spec.factory}); a name must resolve to one driver"
+            found: dict[str, tuple[DriverDeclaration, str]] = {}
+            for impl in self._pm.hook.vz_builtin_drivers.get_hookimpls():
+                label = self._labels.get(id(impl.plugin), _describe_plugin(impl.plugin, impl.plugin_name))
+                try:
+                    batch = impl.function()
+                except Exception as exc:
+                    failure = f"{type(exc).__name__}: {exc}"
+                    raise RegistrationError(f"{label}: vz_builtin_drivers() failed: {failure}") from exc
+                if isinstance(batch, DriverDeclaration) or not isinstance(batch, Sequence):
+                    raise RegistrationError(
+                        f"{label}: vz_builtin_drivers() must return a list of DriverDeclaration, "
+                        f"not {type(batch).__name__}"
+                    )
+                for i, spec in enumerate(batch):
+                    if not isinstance(spec, DriverDeclaration):
+                        raise RegistrationError(
+                            f"{label}: vz_builtin_drivers()[{i}] is a {type(spec).__name__}, not a DriverDeclaration"
                         )
-                    found[spec.name] = spec
+                    problems = spec.problems()
+                    if problems:
+                        raise RegistrationError(
+                            f"{label}: the declaration of driver {spec.name!r} is invalid: {'; '.join(problems)}"
+                        )
+                    if spec.name in found and found[spec.name][0] != spec:
+                        raise RegistrationError(
+                            f"driver name {spec.name!r} is registered twice ({found[spec.name][1]}: "
+                            f"{found[spec.name][0].factory}; {label}: {spec.factory}); a name must resolve to one "
+                            "driver"
+                        )
+                    found[spec.name] = (spec, label)
             self._cache = found
         return self._cache
 
     def names(self) -> list[str]:
         return sorted(self._all())
 
-    def get(self, name: str) -> BuiltinDriver:
+    def declarations(self) -> list[DriverDeclaration]:
+        """Every registered declaration, by name."""
+        drivers = self._all()
+        return [drivers[name][0] for name in sorted(drivers)]
+
+    def registered_by(self, name: str) -> str:
+        """Which plugin declared driver ``name`` (for messages)."""
+        self.get(name)
+        return self._all()[name][1]
+
+    def get(self, name: str) -> DriverDeclaration:
         """The driver registered as ``name``; an unknown name lists what is installed."""
         drivers = self._all()
         try:
-            return drivers[name]
+            return drivers[name][0]
         except KeyError:
             installed = ", ".join(sorted(drivers)) or "none"
             raise NotFoundError(
                 f"unknown driver {name!r}; installed built-in drivers: {installed} "
                 "(external drivers are added with `vz driver add <manifest>`)"
             ) from None
+
+
+def main(argv: Sequence[str] | None = None) -> NoReturn:
+    """``python -m vz_core.registry NAME [FLAGS]``: serve built-in driver NAME as a plugin (how the host
+    launches a built-in; its console script calls ``serve_plugin`` of the same declaration directly)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0].startswith("-"):
+        sys.stderr.write("usage: python -m vz_core.registry DRIVER [driver flags...]\n")
+        sys.exit(2)
+    try:
+        declaration = DriverRegistry().get(check_driver_name(args[0]))
+    except UserError as exc:
+        sys.stderr.write(f"{exc}\n")
+        sys.exit(2)
+    declaration.serve_plugin(args[1:])
+
+
+if __name__ == "__main__":
+    # Run as a script this file is module "__main__"; serve through the real module so that registration
+    # modules and this code share one DriverDeclaration class.
+    from vz_core.registry import main as _main
+
+    _main()

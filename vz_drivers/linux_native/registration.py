@@ -1,29 +1,37 @@
-"""Registers linux_native as a built-in driver (cheap to import: no driver code is loaded here)."""
+"""linux_native's one declaration (cheap to import: no driver code is loaded here).
+
+Its plugin (``vz-driver-linux-native``), ``--help``, option checks, docs tables and capability-matrix rows are
+all generated from ``DECLARATION``.
+"""
 
 from __future__ import annotations
 
-from vz_core.registry import BuiltinDriver, hookimpl
+from vz_core.registry import DriverDeclaration, MatrixRow, Option, hookimpl
+
+__all__ = ["DECLARATION", "vz_builtin_drivers"]
+
+DECLARATION = DriverDeclaration(
+    name="linux_native",
+    summary="Linux Machines as runc containers: own namespaces, cgroup limits, overlay root layer",
+    factory="vz_drivers.linux_native:LinuxNativeDriver",
+    plugin_command=("vz-driver-linux-native",),
+    targets=("linux",),
+    options=(
+        Option("state_dir", "where Machines are recorded", "<vz state>/drivers/linux_native", "path", "host"),
+        Option("image_dir", "image store root", "the shared vz image cache", "path", "host"),
+        Option("runc", "path of runc", "found on PATH", "path", "host"),
+        Option("runc_sha256", "pinned SHA-256 of runc", "trust on first use", "str", "host"),
+        Option("cgroup_parent", "cgroup directory of all Machines", "vz", "str", "host"),
+        Option("subnet", "IPv4 range for Machines with egress allowed", "10.231.0.0/16", "str", "host"),
+        Option("stop_timeout", "seconds between SIGTERM and SIGKILL on Stop", "10", "float"),
+        Option("insecure_registries", "registry hosts reached over plain HTTP (comma-separated)", "none", "list"),
+        Option("agent_binary", "a prebuilt guest agent", "built from the bundled sources", "path", "host"),
+    ),
+    matrix=(MatrixRow("linux", "linux", "ACTIVE", "runc + namespaces/cgroups, OCI images"),),
+    adapter="vz_conformance.adapters.linux_native:ADAPTER",
+)
 
 
 @hookimpl
-def vz_builtin_drivers() -> list[BuiltinDriver]:
-    return [
-        BuiltinDriver(
-            name="linux_native",
-            summary="Linux Machines as runc containers: own namespaces, cgroup limits, overlay root layer",
-            factory="vz_drivers.linux_native:LinuxNativeDriver",
-            plugin_command=("vz-driver-linux-native",),
-            targets=("linux",),
-            options={
-                "state_dir": "where Machines are recorded (default <vz state>/drivers/linux_native)",
-                "image_dir": "image store root (default: the shared vz image cache)",
-                "runc": "path of runc (default: found on PATH)",
-                "runc_sha256": "pinned SHA-256 of runc (default: trust on first use)",
-                "cgroup_parent": "cgroup directory of all Machines (default vz)",
-                "subnet": "IPv4 range for Machines with egress allowed (default 10.231.0.0/16)",
-                "stop_timeout": "seconds between SIGTERM and SIGKILL on Stop (default 10)",
-                "insecure_registries": "comma-separated registry hosts reached over plain HTTP",
-                "agent_binary": "a prebuilt guest agent (default: built from the bundled sources)",
-            },
-        )
-    ]
+def vz_builtin_drivers() -> list[DriverDeclaration]:
+    return [DECLARATION]

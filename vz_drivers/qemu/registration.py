@@ -1,32 +1,44 @@
-"""Registers qemu as a built-in driver (cheap to import: no driver code is loaded here)."""
+"""qemu's one declaration (cheap to import: no driver code is loaded here).
+
+Its plugin (``vz-driver-qemu``), ``--help``, option checks, docs tables and capability-matrix rows are all
+generated from ``DECLARATION``.
+"""
 
 from __future__ import annotations
 
-from vz_core.registry import BuiltinDriver, hookimpl
+from vz_core.registry import DriverDeclaration, MatrixRow, Option, hookimpl
+
+__all__ = ["DECLARATION", "vz_builtin_drivers"]
+
+DECLARATION = DriverDeclaration(
+    name="qemu",
+    summary="Linux Machines as QEMU virtual machines: KVM where usable, otherwise TCG; guest agent as init",
+    factory="vz_drivers.qemu:QemuDriver",
+    plugin_command=("vz-driver-qemu",),
+    targets=("linux",),
+    options=(
+        Option("state_dir", "where Machines are recorded", "<vz state>/drivers/qemu", "path", "host"),
+        Option("image_dir", "image store root", "the shared vz image cache", "path", "host"),
+        Option("qemu", "path of qemu-system-x86_64", "found on PATH", "path", "host"),
+        Option("kernel", "guest kernel image", "the newest /boot/vmlinuz-* with a module tree", "path", "host"),
+        Option("modules", "module tree of that kernel", "/lib/modules/<release>", "path", "host"),
+        Option("busybox", "statically linked busybox for the initramfs", "/bin/busybox", "path", "host"),
+        Option("accelerator", "auto (KVM when it can run the guest, else TCG), kvm (required) or tcg", "auto"),
+        Option("sessions", "agent ports per Machine: host processes that can talk to it at once", "3", "int"),
+        Option("stop_timeout", "seconds between SIGTERM and SIGKILL of the main process on Stop", "10", "float"),
+        Option("boot_timeout", "seconds a boot may take until the guest agent answers", "300", "float"),
+        Option("insecure_registries", "registry hosts reached over plain HTTP (comma-separated)", "none", "list"),
+        Option("agent_binary", "a prebuilt guest agent", "built from the bundled sources", "path", "host"),
+    ),
+    matrix=(
+        MatrixRow("linux", "linux", "ACTIVE", "QEMU + guest agent; KVM where usable, else TCG"),
+        MatrixRow("darwin", "linux", "PLANNED", "QEMU with HVF"),
+        MatrixRow("windows", "linux", "PLANNED", "QEMU with WHPX"),
+    ),
+    adapter="vz_conformance.adapters.qemu:ADAPTER",
+)
 
 
 @hookimpl
-def vz_builtin_drivers() -> list[BuiltinDriver]:
-    return [
-        BuiltinDriver(
-            name="qemu",
-            summary="Linux Machines as QEMU virtual machines: KVM where usable, otherwise TCG; guest agent as init",
-            factory="vz_drivers.qemu:QemuDriver",
-            plugin_command=("vz-driver-qemu",),
-            targets=("linux",),
-            options={
-                "state_dir": "where Machines are recorded (default <vz state>/drivers/qemu)",
-                "image_dir": "image store root (default: the shared vz image cache)",
-                "qemu": "path of qemu-system-x86_64 (default: found on PATH)",
-                "kernel": "guest kernel image (default: the newest /boot/vmlinuz-* with a module tree)",
-                "modules": "module tree of that kernel (default /lib/modules/<release>)",
-                "busybox": "statically linked busybox for the initramfs (default /bin/busybox)",
-                "accelerator": "auto (KVM when it can run the guest, else TCG), kvm (required) or tcg",
-                "sessions": "agent ports per Machine: host processes that can talk to it at once (default 3)",
-                "stop_timeout": "seconds between SIGTERM and SIGKILL of the main process on Stop (default 10)",
-                "boot_timeout": "seconds a boot may take until the guest agent answers (default 300)",
-                "insecure_registries": "comma-separated registry hosts reached over plain HTTP",
-                "agent_binary": "a prebuilt guest agent (default: built from the bundled sources)",
-            },
-        )
-    ]
+def vz_builtin_drivers() -> list[DriverDeclaration]:
+    return [DECLARATION]

@@ -1,8 +1,9 @@
-"""``vz-driver-fake``: the reference fake driver served as a Runtime Protocol plugin.
+"""``vz-driver-fake``: the reference fake driver served as a plugin, through the shared built-in plugin main.
 
-Usage: ``vz-driver-fake [--state-dir DIR] [--fault NAME ...]`` (launched by a host, never by hand). Plugin-level
-fault modes act here, around the SDK's handshake; the others are passed to ``FakeDriver``. Stdout belongs to
-the handshake line; everything this module says goes to stderr.
+Usage: ``vz-driver-fake [--state-dir DIR] [--fault NAME ...] [--list-faults]`` (launched by a host, never by
+hand). The command line comes from the fake's declaration; the hooks here add ``--list-faults`` and make the
+plugin-level fault modes act around the SDK's handshake (the others are passed to ``FakeDriver``). Stdout
+belongs to the handshake line; everything this module says goes to stderr.
 """
 
 from __future__ import annotations
@@ -11,74 +12,50 @@ import argparse
 import os
 import sys
 import time
-from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any
 
 from vz_core.errors import UserError
+from vz_core.registry import PluginHooks, PluginStart
 
 from ._faults import FAULT_DESCRIPTIONS, check_faults
+from .registration import DECLARATION
 
-__all__ = ["build_parser", "main"]
+__all__ = ["HOOKS", "build_parser", "main"]
 
 PROG = "vz-driver-fake"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The plugin's command line."""
-    parser = argparse.ArgumentParser(
-        prog=PROG,
-        description="The vz reference fake driver as a Runtime Protocol plugin (started by a host, not by hand).",
-    )
-    parser.add_argument(
-        "--state-dir",
-        metavar="DIR",
-        default=None,
-        help="where Machines are kept (default: <vz state dir>/drivers/fake; VZ_HOME moves the vz state dir)",
-    )
-    parser.add_argument(
-        "--fault",
-        metavar="NAME",
-        action="append",
-        default=[],
-        help="enable a fault mode (repeatable); --list-faults shows them",
-    )
-    parser.add_argument("--list-faults", action="store_true", help="print every fault mode and exit")
-    return parser
+class _FakePluginHooks(PluginHooks):
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--list-faults", action="store_true", help="print every fault mode and exit")
 
-
-def main(argv: Sequence[str] | None = None) -> NoReturn:
-    """Parse the arguments, apply plugin-level faults, then serve ``FakeDriver`` through the plugin SDK."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.list_faults:
-        width = max(map(len, FAULT_DESCRIPTIONS))
-        for name, description in sorted(FAULT_DESCRIPTIONS.items()):
-            print(f"{name:<{width}}  {description}")
-        sys.exit(0)
-    try:
-        faults = check_faults(args.fault)
-    except UserError as exc:
-        parser.error(str(exc))
-
-    if "crash-before-handshake" in faults:
-        sys.stderr.write(f"{PROG}: exiting before the handshake (fault mode 'crash-before-handshake')\n")
-        sys.stderr.flush()
-        os._exit(3)
-    if "never-handshake" in faults:
-        sys.stderr.write(f"{PROG}: never printing a handshake (fault mode 'never-handshake'); waiting to be killed\n")
-        sys.stderr.flush()
-        while True:
-            time.sleep(3600)
-
-    from vz_plugins import serve
-
-    from ._driver import FakeDriver
-
-    driver = FakeDriver(args.state_dir, faults)
-    if "crash-after-handshake" in faults:
-        serve(driver, on_serving=_crash_after_handshake)
-    else:
-        serve(driver)
+    def before_serve(
+        self, parser: argparse.ArgumentParser, args: argparse.Namespace, options: dict[str, Any]
+    ) -> PluginStart:
+        if args.list_faults:
+            width = max(map(len, FAULT_DESCRIPTIONS))
+            for name, description in sorted(FAULT_DESCRIPTIONS.items()):
+                print(f"{name:<{width}}  {description}")
+            sys.exit(0)
+        raw = options.get("faults") or ()
+        try:
+            faults = check_faults([raw] if isinstance(raw, str) else raw)
+        except UserError as exc:
+            parser.error(str(exc))
+        if "crash-before-handshake" in faults:
+            sys.stderr.write(f"{PROG}: exiting before the handshake (fault mode 'crash-before-handshake')\n")
+            sys.stderr.flush()
+            os._exit(3)
+        if "never-handshake" in faults:
+            sys.stderr.write(
+                f"{PROG}: never printing a handshake (fault mode 'never-handshake'); waiting to be killed\n"
+            )
+            sys.stderr.flush()
+            while True:
+                time.sleep(3600)
+        on_serving = _crash_after_handshake if "crash-after-handshake" in faults else None
+        # Built before serving, as a plugin always did: the fake's construction is cheap and checks the faults.
+        return PluginStart(build_before_handshake=True, on_serving=on_serving)
 
 
 def _crash_after_handshake() -> None:
@@ -87,6 +64,10 @@ def _crash_after_handshake() -> None:
     sys.stderr.flush()
     os._exit(3)
 
+
+HOOKS = _FakePluginHooks()
+main = DECLARATION.serve_plugin
+build_parser = DECLARATION.plugin_parser
 
 if __name__ == "__main__":
     main()

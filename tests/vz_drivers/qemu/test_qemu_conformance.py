@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from vz_conformance._gate import expected_count
 
-ADAPTER = "vz_drivers.qemu.adapter:ADAPTER"
+ADAPTER = "vz_conformance.adapters.qemu:ADAPTER"
 
 
 @pytest.mark.slow

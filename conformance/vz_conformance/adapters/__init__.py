@@ -1,9 +1,12 @@
 """Adapters known to the suite by driver name, and loading a driver author's own adapter.
 
-For a registered driver the suite looks, in order, at its own table (the reference fake driver), then at an
-``adapter`` module beside the driver's factory exporting ``ADAPTER`` (``vz_drivers.qemu:QemuDriver`` →
-``vz_drivers.qemu.adapter:ADAPTER``), and falls back to the POSIX defaults of ``Adapter``. Authors can always
-pass their own with ``--adapter module:attribute`` (CLI) or the ``pytest_vz_adapter`` hook (pytest plugin).
+The suite depends on the drivers, never the reverse: a driver's declaration names its adapter by string
+(``DriverDeclaration.adapter``, e.g. ``"vz_conformance.adapters.linux_native:ADAPTER"``) and only the suite
+imports it. For a registered driver the suite uses, in order: the adapter its declaration names; else the
+``ADAPTER`` of an ``adapter`` module beside the driver's factory (``acme:AcmeDriver`` → ``acme.adapter:ADAPTER``,
+for drivers whose declaration predates the ``adapter`` field); else the POSIX defaults of ``Adapter``. Authors
+can always pass their own with ``--adapter module:attribute`` (CLI) or the ``pytest_vz_adapter`` hook (pytest
+plugin). The built-in drivers' adapters live here: ``linux_native``, ``qemu`` and ``FakeAdapter``.
 """
 
 from __future__ import annotations
@@ -32,19 +35,16 @@ class FakeAdapter(Adapter):
         return ["--state-dir", str(state_dir)]
 
 
-_BY_NAME: dict[str, type[Adapter]] = {"fake": FakeAdapter}
-
-
 def adapter_for(driver_name: str, *, registry: DriverRegistry | None = None) -> Adapter:
     """The adapter the suite knows for ``driver_name`` (a fresh copy: callers may change it), else the POSIX
     defaults."""
-    known = _BY_NAME.get(driver_name)
-    if known is not None:
-        return known()
     registry = registry if registry is not None else DriverRegistry()
     if driver_name not in registry.names():
         return Adapter()
-    package = registry.get(driver_name).factory.partition(":")[0]
+    declaration = registry.get(driver_name)
+    if declaration.adapter:
+        return copy.copy(load_adapter(declaration.adapter))
+    package = declaration.factory.partition(":")[0]
     target = f"{package}.adapter"
     try:
         module = importlib.import_module(target)

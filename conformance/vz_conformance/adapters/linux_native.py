@@ -2,7 +2,8 @@
 
 The embedded default image is busybox (Debian's busybox-static), which has no ``printenv`` and no ``getconf``;
 everything else of the suite's default command set is there. Its users are root, ``dev`` and ``nobody``.
-Use it with ``vz-conformance run --driver linux_native --adapter vz_drivers.linux_native.adapter:ADAPTER``.
+linux_native's declaration names it (``vz_conformance.adapters.linux_native:ADAPTER``), so
+``vz-conformance run --driver linux_native`` uses it without ``--adapter``.
 """
 
 from __future__ import annotations

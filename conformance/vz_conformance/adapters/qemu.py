@@ -1,8 +1,8 @@
 """The conformance adapter of the qemu driver: how the suite builds Machines and which commands it runs.
 
 The embedded default image is busybox (Debian's busybox-static): no ``printenv`` and no ``getconf``, users root,
-``dev`` and ``nobody``. Use it with
-``vz-conformance run --driver qemu --adapter vz_drivers.qemu.adapter:ADAPTER``.
+``dev`` and ``nobody``. qemu's declaration names it (``vz_conformance.adapters.qemu:ADAPTER``), so
+``vz-conformance run --driver qemu`` uses it without ``--adapter``.
 """
 
 from __future__ import annotations
