@@ -3,8 +3,18 @@
 ::
 
     VzError                                  root of everything vz raises on purpose
-    ├── UserError                            caller misuse found by the host (bad vz.json, bad flags)
-    │   └── SelectionError                   no / ambiguous Environment or Machine selection
+    ├── UserError                            caller misuse found by the host; nothing was changed
+    │   ├── SelectionError                   no / ambiguous Environment or Machine selection
+    │   │   ├── SelectionNotFoundError       (vz_core.env) a selector matched nothing
+    │   │   └── AmbiguousSelectionError      (vz_core.env) several candidates, listed
+    │   ├── DefinitionError                  (vz_core.env) vz.json unreadable, not strict JSON, or breaks the schema
+    │   ├── DefinitionNotFoundError          (vz_core.env) no vz.json upward from here
+    │   ├── PlanError                        (vz_core.env) `vz up` would need --recreate
+    │   ├── ConflictError                    (vz_core.env) another operation holds what was asked for
+    │   ├── StoreError                       (vz_core.env) the state database cannot be used (damaged, empty,
+    │   │   │                                full disk, unreadable record, newer schema)
+    │   │   └── StoreBusyError               also a ConflictError: locked by another vz after the wait
+    │   └── RegistrationError                (vz_core.registry) a driver registration is invalid
     ├── TrustError                           a driver binary or manifest failed verification
     ├── PluginError                          a plugin process misbehaved (handshake, crash, protocol)
     └── DriverError                          a Runtime Protocol error category, carried on the wire
@@ -16,7 +26,9 @@
 
 Every ``DriverError`` class has exactly one ``RuntimeErrorCode`` and one gRPC status code (``CATEGORY_TABLE``).
 On the wire an error is a gRPC status whose ``google.rpc.Status.details`` hold exactly one
-``devsy.runtime.v1.RuntimeError``; ``to_status``/``from_rpc_error`` are the only translators.
+``devsy.runtime.v1.RuntimeError``; ``vz_core.rpc.error_to_status`` and ``vz_core.rpc.error_from_rpc`` are the
+only translators (``error_class_for_code`` and ``error_class_for_grpc`` below are their lookup tables). The CLI
+maps each class to an exit code once (``vz_core.cli._exit.classify``, by isinstance; docs/cli.md).
 """
 
 from __future__ import annotations

@@ -5,46 +5,68 @@ output or echoes of a plugin's stderr. A ``Redactor`` holds the secrets known so
 finished text and ``stream()`` cleans a byte stream written in arbitrary pieces: it holds back the last
 ``len(longest secret) - 1`` bytes of every write so a secret split across two writes is still caught.
 
-Values shorter than ``MIN_SECRET_LENGTH`` are not treated as secrets: masking every "1" or "on" would mangle
-all output while hiding nothing an observer could not guess.
+Values shorter than ``MIN_SECRET_LENGTH`` are ambiguous. By default they are not treated as secrets: a plugin
+registers every environment value it is sent, and masking every "1" or "on" would mangle all output. A Redactor
+made with ``short_tokens=True`` holds only values known to be secrets (the Environment layer's: values of
+declared secret references) and masks short ones too, but only as a whole token: where the value is not
+preceded or followed by a letter, digit or ``_`` (so the secret "ab1" is masked in "token ab1 rejected" and in
+"key=ab1", not inside "tab1e"). Longer secrets are masked wherever they occur.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from typing import TypeVar
 
 __all__ = ["MASK", "MIN_SECRET_LENGTH", "RedactingStream", "Redactor"]
 
 MASK = "***"
 MIN_SECRET_LENGTH = 4
 
+_T = TypeVar("_T")
+_WORD_BYTES = rb"[A-Za-z0-9_]"
+_WORD_TEXT = r"[A-Za-z0-9_]"
+
 
 class Redactor:
     """A growing set of secrets and the patterns that mask them. Shared by every stream made from it."""
 
-    def __init__(self, secrets: Iterable[str | bytes] = ()) -> None:
+    def __init__(self, secrets: Iterable[str | bytes] = (), *, short_tokens: bool = False) -> None:
         self._secrets: set[bytes] = set()
+        self._short: set[bytes] = set()
+        self._short_tokens = short_tokens
         self._bytes_pattern: re.Pattern[bytes] | None = None
         self._text_pattern: re.Pattern[str] | None = None
         self._longest = 0
         self.add(*secrets)
 
     def add(self, *secrets: str | bytes) -> None:
-        """Register more secrets (empty and very short values are ignored)."""
+        """Register more secrets (empty values are ignored; short ones unless ``short_tokens``)."""
         changed = False
         for secret in secrets:
             raw = secret.encode() if isinstance(secret, str) else bytes(secret)
-            if len(raw) >= MIN_SECRET_LENGTH and raw not in self._secrets:
-                self._secrets.add(raw)
+            if len(raw) >= MIN_SECRET_LENGTH:
+                if raw not in self._secrets:
+                    self._secrets.add(raw)
+                    changed = True
+            elif raw and self._short_tokens and raw not in self._short:
+                self._short.add(raw)
                 changed = True
         if changed:
             # Longest first, so a secret that contains another is masked whole.
             ordered = sorted(self._secrets, key=len, reverse=True)
-            self._bytes_pattern = re.compile(b"|".join(re.escape(s) for s in ordered))
-            texts = [s.decode(errors="surrogateescape") for s in ordered]
-            self._text_pattern = re.compile("|".join(re.escape(t) for t in texts))
-            self._longest = len(ordered[0])
+            short = sorted(self._short, key=len, reverse=True)
+            byte_parts = [re.escape(s) for s in ordered]
+            byte_parts += [rb"(?<!" + _WORD_BYTES + rb")" + re.escape(s) + rb"(?!" + _WORD_BYTES + rb")" for s in short]
+            self._bytes_pattern = re.compile(b"|".join(byte_parts))
+            text_parts = [re.escape(s.decode(errors="surrogateescape")) for s in ordered]
+            text_parts += [
+                f"(?<!{_WORD_TEXT}){re.escape(s.decode(errors='surrogateescape'))}(?!{_WORD_TEXT})" for s in short
+            ]
+            self._text_pattern = re.compile("|".join(text_parts))
+            # A short token is only decided once the byte after it is known: hold back one more.
+            self._longest = max(len(ordered[0]) if ordered else 0, max((len(s) + 1 for s in short), default=0))
 
     @property
     def longest(self) -> int:
@@ -52,7 +74,7 @@ class Redactor:
         return self._longest
 
     def __bool__(self) -> bool:
-        return bool(self._secrets)
+        return bool(self._secrets or self._short)
 
     def redact(self, text: str) -> str:
         """``text`` with every secret replaced by ``MASK``."""
@@ -66,6 +88,21 @@ class Redactor:
             return data
         return self._bytes_pattern.sub(MASK.encode(), data)
 
+    def redact_data(self, data: _T) -> _T:
+        """A copy of JSON-like ``data`` (dicts, lists, strings) with every string redacted; keys included."""
+        if self._text_pattern is None:
+            return data
+        return self._walk(data)  # type: ignore[return-value]
+
+    def _walk(self, node: object) -> object:
+        if isinstance(node, str):
+            return self.redact(node)
+        if isinstance(node, dict):
+            return {self._walk(k): self._walk(v) for k, v in node.items()}
+        if isinstance(node, list | tuple):
+            return [self._walk(v) for v in node]
+        return node
+
     def stream(self) -> RedactingStream:
         """A streaming redactor over this secret set (secrets added later apply from then on)."""
         return RedactingStream(self)
@@ -77,20 +114,23 @@ class RedactingStream:
     def __init__(self, redactor: Redactor) -> None:
         self._redactor = redactor
         self._held = b""
+        self._before = b""  # the last byte emitted: context for a short token's look-behind
 
     def feed(self, data: bytes) -> bytes:
-        buf = self._held + data
+        buf = self._before + self._held + data
+        start = len(self._before)
         pattern = self._redactor._bytes_pattern
         if pattern is None:
             self._held = b""
-            return buf
+            self._before = buf[-1:]
+            return buf[start:]
         # Any secret that starts before `cut` ends inside `buf`, so it is matched now; what follows `cut`
         # may be the beginning of a secret whose end has not arrived yet.
-        cut = max(0, len(buf) - (self._redactor.longest - 1))
+        cut = max(start, len(buf) - (self._redactor.longest - 1))
         out: list[bytes] = []
-        pos = 0
+        pos = start
         mask = MASK.encode()
-        for match in pattern.finditer(buf):
+        for match in pattern.finditer(buf, start):
             if match.start() >= cut:
                 break
             out.append(buf[pos : match.start()])
@@ -99,9 +139,23 @@ class RedactingStream:
             cut = max(cut, pos)
         out.append(buf[pos:cut])
         self._held = buf[cut:]
+        if cut > start:
+            self._before = buf[cut - 1 : cut]
         return b"".join(out)
 
     def flush(self) -> bytes:
         """Everything still held back, redacted (call at end of stream)."""
-        held, self._held = self._held, b""
-        return self._redactor.redact_bytes(held)
+        held, self._held = self._before + self._held, b""
+        start = len(self._before)
+        self._before = b""
+        pattern = self._redactor._bytes_pattern
+        if pattern is None:
+            return held[start:]
+        out: list[bytes] = []
+        pos = start
+        for match in pattern.finditer(held, start):
+            out.append(held[pos : match.start()])
+            out.append(MASK.encode())
+            pos = match.end()
+        out.append(held[pos:])
+        return b"".join(out)

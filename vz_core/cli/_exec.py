@@ -1,9 +1,11 @@
-"""`vz exec`: stream a command's stdin/stdout/stderr through the Machine's driver and exit with its code.
+"""`vz exec` on the terminal: wire stdin/stdout/stderr and signals to the Environment layer's exec flow.
 
-This path is performance sensitive (B7): it imports neither pydantic nor rich, opens the state database once,
-takes no lock and negotiates nothing. Signals: SIGINT (Ctrl-C), SIGTERM and SIGHUP cancel the exec stream, the
-driver kills the command and its descendants, and vz exits 128+N. The command's own death by signal N also
-exits 128+N.
+Selecting the Machine, obtaining its driver, running the command and classifying errors belong to
+``vz_core.env`` (``prepare_exec``, ``execute``); this module only moves bytes and turns the outcome into an exit
+status. This path is performance sensitive (B7): it imports neither pydantic nor rich.
+
+Signals: SIGINT (Ctrl-C), SIGTERM and SIGHUP cancel the exec stream, the driver kills the command and its
+descendants, and vz exits 128+N. The command's own death by signal N also exits 128+N.
 """
 
 from __future__ import annotations
@@ -13,11 +15,13 @@ import contextlib
 import os
 import signal
 import threading
-from collections.abc import AsyncIterator, Mapping
-from pathlib import Path
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
-from vz_core._driver import Driver
-from vz_core._types import MAX_CHUNK, ExecExit, ExecOutput, ExecSpec
+from vz_core._types import MAX_CHUNK, ExecExit
+
+if TYPE_CHECKING:
+    from vz_core.env import Context, ExecTarget
 
 __all__ = ["exit_code_of", "run_exec"]
 
@@ -41,37 +45,23 @@ def exit_code_of(event: ExecExit) -> int:
 
 
 def run_exec(
+    ctx: Context,
     *,
-    cwd: Path,
-    environ: Mapping[str, str],
     argv: list[str],
     environment: str | None,
     machine: str | None,
     workdir: str | None,
-    definition_file: Path | None,
 ) -> int:
-    """Select the Machine, obtain its driver, stream the command; the exit status to return."""
-    from vz_core.env._drivers import acquire_driver
-    from vz_core.env._engine import Context, describe_driver_error, prepare_exec
-    from vz_core.errors import DriverError
+    """Run the command through the Environment layer, wired to this process's stdio; the exit status."""
+    from vz_core.env import prepare_exec
 
-    ctx = Context(cwd=cwd, environ=environ, definition_file=definition_file)
     target = prepare_exec(ctx, environment=environment, machine=machine)
-    driver = acquire_driver(target.machine.driver, target.machine.driver_options)
-    spec = ExecSpec(
-        workspace_id=target.machine.workspace_id,
-        argv=tuple(argv),
-        workdir=target.workdir if workdir is None else workdir,
-    )
-    try:
-        return asyncio.run(_stream(driver, spec))
-    except DriverError as exc:
-        if type(exc).__name__ in ("NotFoundError", "FailedPreconditionError"):
-            raise type(exc)(describe_driver_error(exc, target), details=dict(exc.details)) from None
-        raise
+    return asyncio.run(_stream(target, argv, workdir))
 
 
-async def _stream(driver: Driver, spec: ExecSpec) -> int:
+async def _stream(target: ExecTarget, argv: list[str], workdir: str | None) -> int:
+    from vz_core.env import execute
+
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
     assert task is not None
@@ -81,16 +71,14 @@ async def _stream(driver: Driver, spec: ExecSpec) -> int:
         received.append(signum)
         task.cancel()
 
+    def output(stream: str, data: bytes) -> None:
+        _write_all(1 if stream == "stdout" else 2, data)
+
     for sig in _FORWARDED:
         loop.add_signal_handler(sig, on_signal, sig)
-    events = driver.exec(spec, _stdin(loop))
     try:
-        async for event in events:
-            if isinstance(event, ExecOutput):
-                _write_all(1 if event.stream == "stdout" else 2, event.data)
-            else:
-                return exit_code_of(event)
-        raise _no_exit()
+        event: ExecExit = await execute(target, argv, _stdin(loop), output, workdir=workdir)
+        return exit_code_of(event)
     except asyncio.CancelledError:
         if received:
             return 128 + received[0]
@@ -100,16 +88,6 @@ async def _stream(driver: Driver, spec: ExecSpec) -> int:
     finally:
         for sig in _FORWARDED:
             loop.remove_signal_handler(sig)
-        with contextlib.suppress(Exception):
-            await events.aclose()  # type: ignore[attr-defined]
-        with contextlib.suppress(Exception):
-            await driver.close()
-
-
-def _no_exit() -> Exception:
-    from vz_core.errors import RuntimeFailureError
-
-    return RuntimeFailureError("the exec stream ended without an exit status; the command's outcome is unknown")
 
 
 def _write_all(fd: int, data: bytes) -> None:

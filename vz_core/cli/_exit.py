@@ -28,7 +28,7 @@ KINDS = {OK: "ok", BACKEND: "backend_failure", USAGE: "user_error", NOT_FOUND: "
 
 def classify(exc: VzError) -> tuple[int, str]:
     """(exit code, kind) of an understood error."""
-    from vz_core.env._errors import (
+    from vz_core.env import (
         AmbiguousSelectionError,
         ConflictError,
         DefinitionNotFoundError,

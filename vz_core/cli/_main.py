@@ -17,7 +17,8 @@ from vz_core.cli._help import TOP_HELP
 
 if TYPE_CHECKING:
     from vz_core.cli._output import Output
-    from vz_core.env._engine import Context
+    from vz_core.env import Context
+    from vz_core.redact import Redactor
 
 __all__ = ["main"]
 
@@ -122,14 +123,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _report(command, exc, json_mode)
 
 
-def _report(command: str, exc: Exception, json_mode: bool) -> int:
+def _report(command: str, exc: Exception, json_mode: bool, redactor: Redactor | None = None) -> int:
     from vz_core.cli._exit import classify
     from vz_core.cli._output import Output
     from vz_core.errors import VzError
 
     assert isinstance(exc, VzError)
     code, kind = classify(exc)
-    Output("json" if json_mode else "plain", command).error(code, kind, str(exc))
+    Output("json" if json_mode else "plain", command, redactor=redactor).error(code, kind, str(exc))
     return code
 
 
@@ -159,22 +160,22 @@ def _exec(rest: list[str]) -> int:
     if not command:
         raise _UsageError("no command given: vz exec [--environment E] [--machine M] -- CMD [ARG...]")
     from vz_core.cli._exec import run_exec
+    from vz_core.env import Context
+    from vz_core.errors import VzError
 
-    return run_exec(
-        cwd=Path.cwd(),
-        environ=os.environ,
-        argv=command,
-        environment=parsed.environment,
-        machine=parsed.machine,
-        workdir=parsed.workdir,
-        definition_file=parsed.file,
-    )
+    ctx = Context(cwd=Path.cwd(), environ=os.environ, definition_file=parsed.file)
+    try:
+        return run_exec(
+            ctx, argv=command, environment=parsed.environment, machine=parsed.machine, workdir=parsed.workdir
+        )
+    except VzError as exc:  # masked with the secrets of the Environment the exec selected
+        return _report("exec", exc, False, ctx.redactor)
 
 
 def _environment_command(command: str, parsed: argparse.Namespace) -> int:
     from vz_core.cli._exit import classify
     from vz_core.cli._output import Output, choose_mode
-    from vz_core.env._engine import Context
+    from vz_core.env import Context
     from vz_core.errors import VzError
 
     if command == "status":
@@ -195,7 +196,7 @@ def _run_environment_command(command: str, parsed: argparse.Namespace, ctx: Cont
     import asyncio
 
     from vz_core.cli._render import render_status, render_up
-    from vz_core.env._engine import delete, status, stop, up
+    from vz_core.env import delete, status, stop, up
 
     if command == "up":
         result = asyncio.run(up(ctx, environment=parsed.environment, recreate=parsed.recreate, dry_run=parsed.dry_run))
@@ -207,11 +208,9 @@ def _run_environment_command(command: str, parsed: argparse.Namespace, ctx: Cont
             status(ctx, environment=parsed.environment, all_environments=parsed.all, machine=parsed.machine)
         )
         if parsed.json:
-            import json
-
-            sys.stdout.write(json.dumps(report, indent=2) + "\n")
+            output.document(report)
         else:
-            sys.stdout.write(render_status(report))
+            output.text(render_status(report))
     else:
         operation = stop if command == "stop" else delete
         result = asyncio.run(operation(ctx, environment=parsed.environment))

@@ -1,7 +1,8 @@
 """How the CLI shows progress and results: rich on a terminal, plain lines otherwise, JSON lines with --json.
 
 Human progress goes to stderr, results to stdout. With ``--json`` stdout carries only JSON objects, one per
-line (docs/cli.md documents every event); human remarks still go to stderr.
+line (docs/cli.md documents every event); human remarks still go to stderr. Everything written, on both streams
+and in every mode, passes through the command's ``Redactor`` (the secret values of the Environments it touches).
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import IO, Any, Literal
 
-from vz_core.env._progress import Progress
+from vz_core.env import Progress
+from vz_core.redact import Redactor
 
 __all__ = ["Output", "choose_mode"]
 
@@ -35,9 +37,18 @@ def choose_mode(json_flag: bool, stream: IO[str] | None = None) -> Mode:
 class Output(Progress):
     """Renders Environment progress for one command."""
 
-    def __init__(self, mode: Mode, command: str, *, out: IO[str] | None = None, err: IO[str] | None = None) -> None:
+    def __init__(
+        self,
+        mode: Mode,
+        command: str,
+        *,
+        out: IO[str] | None = None,
+        err: IO[str] | None = None,
+        redactor: Redactor | None = None,
+    ) -> None:
         self.mode = mode
         self.command = command
+        self.redactor = redactor if redactor is not None else Redactor()
         self.out = out or sys.stdout
         self.err = err or sys.stderr
         self._console: Any = None
@@ -50,6 +61,7 @@ class Output(Progress):
 
     @contextmanager
     def step(self, action: str, message: str, **fields: Any) -> Iterator[None]:
+        message = self.redactor.redact(message)
         started = time.monotonic()
         if self.mode == "json":
             self.event("step", action=action, status="started", message=message, **fields)
@@ -77,6 +89,7 @@ class Output(Progress):
             self.line(f"{message}: done ({seconds:.2f}s)")
 
     def note(self, kind: str, message: str, **fields: Any) -> None:
+        message = self.redactor.redact(message)
         if self.mode == "json":
             self.event(kind if kind == "plan" else "note", kind=kind, message=message, **fields)
         elif self.mode == "rich":
@@ -88,22 +101,31 @@ class Output(Progress):
 
     def line(self, text: str) -> None:
         """A human line on stderr."""
-        print(text, file=self.err, flush=True)
+        print(self.redactor.redact(text), file=self.err, flush=True)
 
     def event(self, event: str, **fields: Any) -> None:
         """One JSON object on stdout (``{"event": ..., "command": ..., ...}``)."""
-        print(
-            json.dumps({"event": event, "command": self.command, **fields}, sort_keys=False), file=self.out, flush=True
-        )
+        data = self.redactor.redact_data({"event": event, "command": self.command, **fields})
+        print(json.dumps(data, sort_keys=False), file=self.out, flush=True)
+
+    def text(self, text: str) -> None:
+        """Result text on stdout, as is (apart from redaction)."""
+        self.out.write(self.redactor.redact(text))
+        self.out.flush()
+
+    def document(self, payload: dict[str, Any]) -> None:
+        """One indented JSON document on stdout (`vz status --json`)."""
+        self.text(json.dumps(self.redactor.redact_data(payload), indent=2) + "\n")
 
     def result(self, payload: dict[str, Any], human: list[str]) -> None:
         if self.mode == "json":
             self.event("result", **payload)
         else:
             for text in human:
-                print(text, file=self.out, flush=True)
+                print(self.redactor.redact(text), file=self.out, flush=True)
 
     def error(self, code: int, kind: str, message: str) -> None:
+        message = self.redactor.redact(message)
         if self.mode == "json":
             self.event("error", error={"kind": kind, "exit_code": code, "message": message})
         print(f"vz {self.command}: error: {message}", file=self.err, flush=True)

@@ -8,10 +8,16 @@ for pydantic. The public surface:
 * identity and selection: ``workspace_id``, ``select_environment``, ``select_machine``;
 * state: ``Store`` with its records, ``MIGRATIONS``;
 * reconciliation: ``compute_plan``, ``Plan``, ``Step``, ``Change``;
-* operations: ``Context``, ``Progress``, ``up``, ``status``, ``stop``, ``delete``, ``prepare_exec``;
-* drivers: ``acquire_driver`` (the one place a Driver is obtained), ``DriverPool``;
+* operations: ``Context``, ``Progress``, ``up``, ``status`` (``STATUS_SCHEMA``), ``stop``, ``delete``;
+* exec: ``prepare_exec`` (selection, fast) then ``execute`` (driver, ExecSpec, stream, errors translated once),
+  ``ExecTarget``, ``OutputSink``;
+* drivers: ``acquire_driver`` (the one place a Driver is obtained), ``DriverPool``, ``DriverFacts``;
 * errors: ``DefinitionError``, ``DefinitionNotFoundError``, ``PlanError``, ``ConflictError``,
-  ``SelectionNotFoundError``, ``AmbiguousSelectionError``.
+  ``SelectionNotFoundError``, ``AmbiguousSelectionError``, ``StoreError``, ``StoreBusyError``.
+
+Modules, by concern: ``_context`` (Context, project/Environment selection, store, locks, secrets to mask),
+``_up`` (up and reconcile), ``_lifecycle`` (stop, delete), ``_status``, ``_exec``; below them ``_definition``,
+``_discover``, ``_plan``, ``_select``, ``_store``, ``_locks``, ``_ids``, ``_drivers``, ``_secrets``.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from vz_core.env._context import Context
     from vz_core.env._definition import (
         Machine,
         ProjectDefinition,
@@ -30,7 +37,6 @@ if TYPE_CHECKING:
     )
     from vz_core.env._discover import find_definition
     from vz_core.env._drivers import DriverFacts, DriverPool, acquire_driver
-    from vz_core.env._engine import Context, ExecTarget, delete, prepare_exec, status, stop, up
     from vz_core.env._errors import (
         AmbiguousSelectionError,
         ConflictError,
@@ -39,11 +45,23 @@ if TYPE_CHECKING:
         PlanError,
         SelectionNotFoundError,
     )
+    from vz_core.env._exec import ExecTarget, OutputSink, execute, prepare_exec
     from vz_core.env._ids import workspace_id
+    from vz_core.env._lifecycle import delete, stop
     from vz_core.env._plan import Change, Plan, Step, compute_plan
     from vz_core.env._progress import Progress
     from vz_core.env._select import select_environment, select_machine
-    from vz_core.env._store import MIGRATIONS, EnvironmentRecord, MachineRecord, OperationRecord, Store
+    from vz_core.env._status import STATUS_SCHEMA, status
+    from vz_core.env._store import (
+        MIGRATIONS,
+        EnvironmentRecord,
+        MachineRecord,
+        OperationRecord,
+        Store,
+        StoreBusyError,
+        StoreError,
+    )
+    from vz_core.env._up import up
 
 _WHERE = {
     "Machine": "_definition",
@@ -56,13 +74,16 @@ _WHERE = {
     "DriverFacts": "_drivers",
     "DriverPool": "_drivers",
     "acquire_driver": "_drivers",
-    "Context": "_engine",
-    "ExecTarget": "_engine",
-    "delete": "_engine",
-    "prepare_exec": "_engine",
-    "status": "_engine",
-    "stop": "_engine",
-    "up": "_engine",
+    "Context": "_context",
+    "ExecTarget": "_exec",
+    "OutputSink": "_exec",
+    "execute": "_exec",
+    "prepare_exec": "_exec",
+    "delete": "_lifecycle",
+    "stop": "_lifecycle",
+    "STATUS_SCHEMA": "_status",
+    "status": "_status",
+    "up": "_up",
     "AmbiguousSelectionError": "_errors",
     "ConflictError": "_errors",
     "DefinitionError": "_errors",
@@ -82,10 +103,13 @@ _WHERE = {
     "MachineRecord": "_store",
     "OperationRecord": "_store",
     "Store": "_store",
+    "StoreBusyError": "_store",
+    "StoreError": "_store",
 }
 
 __all__ = [
     "MIGRATIONS",
+    "STATUS_SCHEMA",
     "AmbiguousSelectionError",
     "Change",
     "ConflictError",
@@ -99,6 +123,7 @@ __all__ = [
     "Machine",
     "MachineRecord",
     "OperationRecord",
+    "OutputSink",
     "Plan",
     "PlanError",
     "Progress",
@@ -107,10 +132,13 @@ __all__ = [
     "SelectionNotFoundError",
     "Step",
     "Store",
+    "StoreBusyError",
+    "StoreError",
     "acquire_driver",
     "compute_plan",
     "definition_json_schema",
     "delete",
+    "execute",
     "find_definition",
     "load_definition",
     "parse_definition",

@@ -445,22 +445,10 @@ def parse_definition(data: object, *, source: str = DEFINITION_FILE) -> ProjectD
 
 
 def load_definition(path: Path) -> ProjectDefinition:
-    """Read and validate a vz.json file."""
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise DefinitionError(f"cannot read {path}: {exc.strerror or exc}") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise DefinitionError(f"{path}: not UTF-8 text (byte {exc.start})") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise DefinitionError(
-            f"{path}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}", [("$", f"invalid JSON: {exc.msg}")]
-        ) from None
-    return parse_definition(data, source=str(path))
+    """Read and validate a vz.json file (strict JSON: see ``vz_core.env._discover.decode_json``)."""
+    from vz_core.env._discover import load_json
+
+    return parse_definition(load_json(path), source=str(path))
 
 
 def environment_literals(machine: Machine) -> Mapping[str, str]:

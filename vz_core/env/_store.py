@@ -13,21 +13,27 @@ here (external driver manifests are kept by ``vz_core.drivers``). Rules:
   process that died, which is how the next command explains and converges.
 * The schema is versioned (table ``schema_version``); ``MIGRATIONS`` are applied in order, once, inside an
   exclusive transaction. A database newer than this code is refused, never modified.
-* Secret values are never written here: Machine specs keep secret *references* only.
+* Secret values are never written here: Machine specs keep secret *references* only; stored errors are masked.
+* SQLite errors are translated once, here (``_sqlite_errors``), into ``StoreError`` lines that name the file and
+  what to do: busy after the wait (``StoreBusyError``), damaged, unreadable records, the state disk full. A
+  zero-length database is refused, never taken as new (that would forget every Environment); a new database is
+  built beside its final name and linked into place, so a crash never leaves an empty one behind.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sqlite3
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
+from vz_core.env._errors import ConflictError
 from vz_core.env._ids import new_operation_id
 from vz_core.errors import UserError
 
@@ -38,6 +44,7 @@ __all__ = [
     "Migration",
     "OperationRecord",
     "Store",
+    "StoreBusyError",
     "StoreError",
     "VolumeRecord",
     "default_store_path",
@@ -46,7 +53,68 @@ __all__ = [
 
 
 class StoreError(UserError):
-    """The state database cannot be used (newer schema, unreadable file)."""
+    """The state database cannot be used (newer schema, damaged or empty file, full disk, unreadable record)."""
+
+
+class StoreBusyError(StoreError, ConflictError):
+    """Another process kept the state database locked for longer than the wait."""
+
+
+BUSY_TIMEOUT = 30.0
+"""Seconds a command waits for another one's write transaction before giving up."""
+
+_SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_CORRUPT, _SQLITE_FULL, _SQLITE_IOERR, _SQLITE_NOTADB = 5, 6, 11, 13, 10, 26
+_LOW_SPACE = 1024 * 1024
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _disk_full(directory: Path) -> bool:
+    try:
+        st = os.statvfs(directory)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < _LOW_SPACE or (st.f_files > 0 and st.f_favail == 0)
+
+
+def _full_error(directory: Path) -> StoreError:
+    return StoreError(
+        f"the state directory {directory} is full (no space left for the state database); free space there, "
+        "or set VZ_HOME to a directory with space, then run the command again"
+    )
+
+
+def _translate(path: Path, exc: sqlite3.Error) -> StoreError:
+    """The one mapping of SQLite failures to what the user reads (by error code, never by message text)."""
+    code = getattr(exc, "sqlite_errorcode", -1) & 0xFF
+    directory = path.parent
+    if code in (_SQLITE_FULL, _SQLITE_IOERR) and _disk_full(directory):
+        return _full_error(directory)
+    if code in (_SQLITE_BUSY, _SQLITE_LOCKED):
+        return StoreBusyError(
+            f"the state database {path} stayed locked by another vz process for {BUSY_TIMEOUT:.0f} s; "
+            "wait for it to finish (see `vz status`) and run the command again"
+        )
+    if code in (_SQLITE_CORRUPT, _SQLITE_NOTADB):
+        return StoreError(
+            f"the state database {path} is unusable: it is damaged ({exc}); restore it from a backup, or move it "
+            "aside to start afresh (the Machines it recorded must then be removed through their drivers)"
+        )
+    return StoreError(f"the state database {path} is unusable: {exc}")
+
+
+def _guarded(method: Callable[_P, _R]) -> Callable[_P, _R]:
+    """Run a Store method with SQLite errors translated (``args[0]`` is the Store)."""
+
+    @functools.wraps(method)
+    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        store = args[0]
+        assert isinstance(store, Store)
+        with store._sqlite_errors():
+            return method(*args, **kwargs)
+
+    return wrapper
 
 
 @dataclass(frozen=True)
@@ -205,15 +273,28 @@ def _env(row: sqlite3.Row) -> EnvironmentRecord:
     return EnvironmentRecord(**{k: row[k] for k in row.keys()})
 
 
+class _BadRecord(Exception):
+    pass
+
+
 def _machine(row: sqlite3.Row) -> MachineRecord:
     data = {k: row[k] for k in row.keys()}
-    data["spec"] = json.loads(data["spec"])
+    try:
+        spec = json.loads(data["spec"])
+    except (TypeError, ValueError, RecursionError):
+        spec = None
+    if not isinstance(spec, dict):
+        raise _BadRecord(f"machine {data['name']!r} of Environment {data['env_id']}: its spec is not a JSON object")
+    data["spec"] = spec
     return MachineRecord(**data)
 
 
 def _operation(row: sqlite3.Row) -> OperationRecord:
     data = {k: row[k] for k in row.keys()}
-    data["plan"] = json.loads(data["plan"]) if data["plan"] else None
+    try:
+        data["plan"] = json.loads(data["plan"]) if data["plan"] else None
+    except (TypeError, ValueError, RecursionError):
+        data["plan"] = None  # the plan is history for people; an unreadable one is shown as absent
     return OperationRecord(**data)
 
 
@@ -224,21 +305,72 @@ class Store:
         self.path = path or default_store_path()
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            self._db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
-        except (OSError, sqlite3.Error) as exc:
-            raise StoreError(f"cannot open the state database {self.path}: {exc}") from None
-        self._db.row_factory = sqlite3.Row
+            size = self.path.stat().st_size if self.path.exists() else None
+        except OSError as exc:
+            raise StoreError(f"cannot open the state database {self.path}: {exc.strerror or exc}") from None
+        if size == 0:
+            raise StoreError(
+                f"the state database {self.path} is empty (0 bytes; truncated, or written when the disk was full); "
+                "vz will not start a new one, which would forget every Environment. Restore it from a backup, or "
+                "move it aside to start afresh (the Machines it recorded must then be removed through their drivers)"
+            )
+        if size is None:
+            self._create(migrations)
+        self._db = self._connect(self.path)
         try:
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA foreign_keys=ON")
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            self._migrate(migrations)
-        except sqlite3.DatabaseError as exc:
-            self._db.close()
-            raise StoreError(f"the state database {self.path} is unusable: {exc}") from None
+            with self._sqlite_errors():
+                self._db.execute("PRAGMA journal_mode=WAL")
+                self._db.execute("PRAGMA foreign_keys=ON")
+                self._db.execute("PRAGMA synchronous=NORMAL")
+                self._migrate(migrations)
         except BaseException:
             self._db.close()
             raise
+
+    def _connect(self, path: Path) -> sqlite3.Connection:
+        try:
+            db = sqlite3.connect(path, timeout=BUSY_TIMEOUT, isolation_level=None)
+        except sqlite3.Error as exc:
+            raise _translate(self.path, exc) from None
+        db.row_factory = sqlite3.Row
+        return db
+
+    def _create(self, migrations: Sequence[Migration]) -> None:
+        """Build a new database beside ``path`` and link it into place (a concurrent creator may win)."""
+        temp = self.path.with_name(f".{self.path.name}.{os.getpid()}.new")
+        try:
+            db = self._connect(temp)
+            try:
+                with self._sqlite_errors():
+                    db.execute("PRAGMA journal_mode=WAL")
+                    self._migrate(migrations, db)
+            finally:
+                db.close()
+            with suppress(FileExistsError):
+                os.link(temp, self.path)
+        except OSError as exc:
+            if _disk_full(self.path.parent):
+                raise _full_error(self.path.parent) from None
+            raise StoreError(f"cannot create the state database {self.path}: {exc.strerror or exc}") from None
+        finally:
+            for leftover in (temp, temp.with_name(temp.name + "-wal"), temp.with_name(temp.name + "-shm")):
+                with suppress(OSError):
+                    leftover.unlink()
+
+    @contextmanager
+    def _sqlite_errors(self) -> Iterator[None]:
+        try:
+            yield
+        except sqlite3.IntegrityError:
+            raise  # a constraint the caller checks for (unique names): not a broken database
+        except sqlite3.Error as exc:
+            raise _translate(self.path, exc) from None
+        except _BadRecord as exc:
+            raise StoreError(
+                f"the state database {self.path} holds an unreadable record ({exc}); restore the database from a "
+                "backup, or move it aside to start afresh (the Machines it recorded must then be removed through "
+                "their drivers)"
+            ) from None
 
     # --- plumbing -------------------------------------------------------------------------------------------
 
@@ -254,30 +386,43 @@ class Store:
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
         """One atomic write: BEGIN IMMEDIATE … COMMIT, rolled back on any exception."""
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
-            yield self._db
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
-        self._db.execute("COMMIT")
+        with self._sqlite_errors():
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                with suppress(sqlite3.Error):
+                    self._db.execute("ROLLBACK")
+                raise
+            try:
+                self._db.execute("COMMIT")
+            except sqlite3.Error:
+                with suppress(sqlite3.Error):
+                    self._db.execute("ROLLBACK")
+                raise
 
+    @_guarded
     def schema_version(self) -> int:
-        row = self._db.execute("SELECT COALESCE(MAX(version), 0) FROM schema_version").fetchone()
+        return self._schema_version(self._db)
+
+    @staticmethod
+    def _schema_version(db: sqlite3.Connection) -> int:
+        row = db.execute("SELECT COALESCE(MAX(version), 0) FROM schema_version").fetchone()
         return int(row[0])
 
-    def _migrate(self, migrations: Sequence[Migration]) -> None:
+    def _migrate(self, migrations: Sequence[Migration], db: sqlite3.Connection | None = None) -> None:
+        db = db or self._db
         latest = max((m.version for m in migrations), default=0)
-        exists = self._db.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='schema_version'").fetchone()
-        if exists and self.schema_version() == latest:
+        exists = db.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='schema_version'").fetchone()
+        if exists and self._schema_version(db) == latest:
             return
-        self._db.execute("BEGIN EXCLUSIVE")
+        db.execute("BEGIN EXCLUSIVE")
         try:
-            self._db.execute(
+            db.execute(
                 "CREATE TABLE IF NOT EXISTS schema_version ("
                 "version INTEGER PRIMARY KEY, description TEXT NOT NULL, applied_at TEXT NOT NULL)"
             )
-            current = self.schema_version()
+            current = self._schema_version(db)
             if current > latest:
                 raise StoreError(
                     f"the state database {self.path} has schema version {current}, newer than this vz understands "
@@ -287,15 +432,16 @@ class Store:
                 if migration.version <= current:
                     continue
                 for statement in migration.statements:
-                    self._db.execute(statement)
-                self._db.execute(
+                    db.execute(statement)
+                db.execute(
                     "INSERT INTO schema_version (version, description, applied_at) VALUES (?, ?, ?)",
                     (migration.version, migration.description, utcnow()),
                 )
         except BaseException:
-            self._db.execute("ROLLBACK")
+            with suppress(sqlite3.Error):
+                db.execute("ROLLBACK")
             raise
-        self._db.execute("COMMIT")
+        db.execute("COMMIT")
 
     # --- projects and environments ----------------------------------------------------------------------------
 
@@ -308,6 +454,7 @@ class Store:
             (project_id, definition_path, now, now),
         )
 
+    @_guarded
     def environments(self, project_id: str | None = None) -> list[EnvironmentRecord]:
         """The Environments of a project (or of every project), oldest first."""
         if project_id is None:
@@ -318,6 +465,7 @@ class Store:
             )
         return [_env(r) for r in rows]
 
+    @_guarded
     def environment(self, env_id: str) -> EnvironmentRecord | None:
         row = self._db.execute("SELECT * FROM environments WHERE env_id = ?", (env_id,)).fetchone()
         return _env(row) if row else None
@@ -359,6 +507,7 @@ class Store:
 
     # --- bindings ---------------------------------------------------------------------------------------------
 
+    @_guarded
     def binding(self, project_id: str, worktree: str) -> str | None:
         """The env_id this worktree is bound to, if any."""
         row = self._db.execute(
@@ -372,20 +521,24 @@ class Store:
             (project_id, worktree, env_id, utcnow()),
         )
 
+    @_guarded
     def bound_env_ids(self, project_id: str) -> set[str]:
         rows = self._db.execute("SELECT DISTINCT env_id FROM bindings WHERE project_id = ?", (project_id,))
         return {str(r[0]) for r in rows}
 
+    @_guarded
     def bindings_of(self, env_id: str) -> list[str]:
         rows = self._db.execute("SELECT worktree FROM bindings WHERE env_id = ? ORDER BY worktree", (env_id,))
         return [str(r[0]) for r in rows]
 
     # --- machines and volumes ---------------------------------------------------------------------------------
 
+    @_guarded
     def machines(self, env_id: str) -> list[MachineRecord]:
         rows = self._db.execute("SELECT * FROM machines WHERE env_id = ? ORDER BY created_at, name", (env_id,))
         return [_machine(r) for r in rows]
 
+    @_guarded
     def machine(self, env_id: str, machine_id: str) -> MachineRecord | None:
         row = self._db.execute(
             "SELECT * FROM machines WHERE env_id = ? AND machine_id = ?", (env_id, machine_id)
@@ -423,6 +576,7 @@ class Store:
     def delete_machine(self, db: sqlite3.Connection, env_id: str, machine_id: str) -> None:
         db.execute("DELETE FROM machines WHERE env_id = ? AND machine_id = ?", (env_id, machine_id))
 
+    @_guarded
     def volumes(self, env_id: str, machine_id: str | None = None) -> list[VolumeRecord]:
         if machine_id is None:
             rows = self._db.execute("SELECT * FROM volumes WHERE env_id = ? ORDER BY machine_id, name", (env_id,))
@@ -463,10 +617,12 @@ class Store:
             (status, error, utcnow(), op_id),
         )
 
+    @_guarded
     def operation(self, op_id: str) -> OperationRecord | None:
         row = self._db.execute("SELECT * FROM operations WHERE op_id = ?", (op_id,)).fetchone()
         return _operation(row) if row else None
 
+    @_guarded
     def operations(self, env_id: str, *, status: str | None = None) -> list[OperationRecord]:
         """Operation records of an Environment, oldest first."""
         if status is None:

@@ -1,0 +1,134 @@
+"""`vz exec`: select the Machine, obtain its driver, build the ExecSpec, run it, and classify what went wrong.
+
+The caller (the CLI) supplies stdin as an async iterator and a sink for output chunks; it owns the terminal,
+the signals and the exit status. Everything else is here.
+
+This path is performance sensitive (B7): no pydantic, the state database is opened once, no lock is taken and
+nothing is negotiated.
+
+Errors are translated exactly once, in ``_exec_errors``: a driver that reports the Machine missing
+(``NotFoundError``) or not running (``FailedPreconditionError``) becomes the same error class with a message
+naming the Machine, the Environment and the `vz up` that fixes it; every other error passes unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+
+from vz_core._types import ExecExit, ExecOutput, ExecSpec
+from vz_core.env._context import (
+    Context,
+    explain_interrupted,
+    learn_recorded_secrets,
+    open_store,
+    resolve_project,
+    select_existing,
+    stale_operations,
+)
+from vz_core.env._drivers import acquire_driver
+from vz_core.env._select import ENV_VAR_MACHINE, select_machine
+from vz_core.env._store import EnvironmentRecord, MachineRecord
+from vz_core.errors import FailedPreconditionError, NotFoundError, RuntimeFailureError
+
+__all__ = ["ExecTarget", "OutputSink", "execute", "prepare_exec"]
+
+OutputSink = Callable[[str, bytes], None]
+"""Receives each output chunk: (``"stdout"`` or ``"stderr"``, data)."""
+
+
+@dataclass(frozen=True)
+class ExecTarget:
+    """Everything `vz exec` needs to run a command: which Machine, through which driver, where."""
+
+    environment: EnvironmentRecord
+    machine: MachineRecord
+    workdir: str
+
+
+def prepare_exec(ctx: Context, *, environment: str | None = None, machine: str | None = None) -> ExecTarget:
+    """Select the Environment and Machine for an exec, fast (no pydantic, no lock, no driver)."""
+    project = resolve_project(ctx, environment)
+    assert project is not None
+    with open_store(ctx) as store:
+        env = select_existing(ctx, store, project, environment)
+        records = store.machines(env.env_id)
+        learn_recorded_secrets(ctx, records)
+        record = select_machine(
+            environment=env,
+            machines=records,
+            explicit=machine,
+            env_var=ctx.environ.get(ENV_VAR_MACHINE) or None,
+        )
+        if record.state in ("creating", "failed"):
+            stale = stale_operations(store, env.env_id, None)
+            if stale:
+                raise FailedPreconditionError(
+                    f"machine {record.name} of Environment {env.label()} is not ready: "
+                    f"{explain_interrupted(stale[-1]).split(';')[0]}; run `vz up --environment {env.name}`"
+                )
+    workspace = record.spec.get("workspace") or {}
+    workdir = ""
+    if isinstance(workspace, dict) and workspace.get("projection", "none") != "none":
+        workdir = str(workspace.get("target") or "")
+    return ExecTarget(env, record, workdir)
+
+
+@contextmanager
+def _exec_errors(target: ExecTarget) -> Iterator[None]:
+    """The one translation of driver errors for an exec (see the module docstring)."""
+    env = target.environment
+    machine = target.machine
+    try:
+        yield
+    except NotFoundError as exc:
+        raise NotFoundError(
+            f"machine {machine.name} of Environment {env.label()} does not exist in driver {machine.driver!r}; "
+            f"run `vz up --environment {env.name}` to recreate it",
+            details=dict(exc.details),
+        ) from None
+    except FailedPreconditionError as exc:
+        raise FailedPreconditionError(
+            f"machine {machine.name} of Environment {env.label()} is not running; "
+            f"run `vz up --environment {env.name}` to start it ({exc.message})",
+            details=dict(exc.details),
+        ) from None
+
+
+async def execute(
+    target: ExecTarget,
+    argv: list[str],
+    stdin: AsyncIterator[bytes],
+    output: OutputSink,
+    *,
+    workdir: str | None = None,
+) -> ExecExit:
+    """Run ``argv`` in the target Machine; output chunks go to ``output`` as they arrive.
+
+    Returns the command's ``ExecExit``. Cancelling the calling task cancels the exec stream (the driver kills
+    the command and its descendants). An exception raised by ``output`` (e.g. ``BrokenPipeError``) ends the
+    exec the same way and propagates. The driver is closed before this returns.
+    """
+    driver = acquire_driver(target.machine.driver, target.machine.driver_options)
+    spec = ExecSpec(
+        workspace_id=target.machine.workspace_id,
+        argv=tuple(argv),
+        workdir=target.workdir if workdir is None else workdir,
+    )
+    try:
+        with _exec_errors(target):
+            events = driver.exec(spec, stdin)
+            try:
+                async for event in events:
+                    if isinstance(event, ExecOutput):
+                        output(event.stream, event.data)
+                    else:
+                        return event
+            finally:
+                with suppress(Exception):
+                    await events.aclose()  # type: ignore[attr-defined]
+        raise RuntimeFailureError("the exec stream ended without an exit status; the command's outcome is unknown")
+    finally:
+        with suppress(Exception):
+            await driver.close()

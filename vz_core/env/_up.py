@@ -1,0 +1,543 @@
+"""`vz up`: create or reconcile an Environment from its definition.
+
+Life of `vz up` here: vz.json → ProjectDefinition → secrets resolved → every driver acquired, negotiated
+(Info, Extensions), preflighted and checked against what each Machine asks for (target, profile, egress,
+workspace projection, mounts, volumes, resources) → Environment selected (or created) under the project lock
+→ the Environment lock → interrupted operations explained → Find on every recorded Machine → plan → blocked
+changes refused → ReusePreflight for reused Machines → operation record → steps (RunImage / Start / Delete)
+→ records persisted after each step → operation finished. Everything that can be refused is refused before
+the first mutation.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from vz_core._types import EgressPolicy, HostRequirements, Mount, MountType, RunImageRequest
+from vz_core.env._context import (
+    DEVELOPER_IDENTITY,
+    LABEL_ENVIRONMENT,
+    LABEL_MACHINE,
+    LABEL_PROJECT,
+    Context,
+    Project,
+    choose,
+    converge_stale,
+    delete_owned,
+    fail_operation,
+    holder,
+    learn_recorded_secrets,
+    lock_environment,
+    observed,
+    open_store,
+)
+from vz_core.env._discover import DefinitionHeader, find_definition
+from vz_core.env._drivers import DriverFacts, DriverPool
+from vz_core.env._errors import ConflictError, PlanError
+from vz_core.env._ids import new_env_id, new_machine_id, workspace_id
+from vz_core.env._locks import FileLock, env_lock_path, project_lock_path
+from vz_core.env._plan import Observed, Plan, RecordedMachine, Step, compute_plan
+from vz_core.env._store import EnvironmentRecord, MachineRecord, Store
+from vz_core.errors import NotFoundError, RuntimeFailureError, UserError
+from vz_core.redact import Redactor
+
+if TYPE_CHECKING:
+    from vz_core.env._definition import Machine, ProjectDefinition
+
+__all__ = ["up"]
+
+
+# --- capability checks (before any mutation) ---------------------------------------------------------------
+
+
+def _check_machine(machine: Machine, facts: DriverFacts, native_arch: str, worktree: Path, where: str) -> None:
+    """Refuse what the driver did not advertise, naming the field and what to do."""
+    driver = f"driver {facts.name!r}"
+    caps = facts.info.capabilities
+    mount_types = set(caps.mount_types) if caps else set()
+    ext = facts.extensions
+    if machine.target.os not in facts.target_os:
+        raise UserError(
+            f"{where}.target.os: {driver} cannot run {machine.target.os} Machines on this host (it runs: "
+            f"{', '.join(facts.target_os) or 'nothing'}); choose another driver (`vz driver list`)"
+        )
+    from vz_core.capability_matrix import current_host_os, lookup
+
+    entry = lookup(facts.name, current_host_os(), machine.target.os)
+    if entry is not None and entry.status == "PLANNED":
+        raise UserError(
+            f"{where}: {driver} running {machine.target.os} Machines on a {entry.host_os} host is planned, not "
+            "implemented yet (see docs/capability-matrix.md)"
+        )
+    if machine.target.arch is not None and machine.target.arch != native_arch:
+        raise UserError(
+            f"{where}.target.arch: {driver} runs {native_arch} Machines on this host, not {machine.target.arch}; "
+            f"remove target.arch or set it to {native_arch!r} (vz never substitutes another target)"
+        )
+    if machine.profile != "developer" and machine.profile not in facts.profiles:
+        raise UserError(
+            f"{where}.profile: {driver} does not offer the {machine.profile!r} profile (it offers: "
+            f"{', '.join(facts.profiles) or 'none'}); choose a driver that does, or use profile 'developer'"
+        )
+    if machine.egress == "deny" and (ext is None or EgressPolicy.DENY not in ext.egress_policies):
+        raise UserError(
+            f"{where}.egress: {driver} cannot deny outbound traffic (it advertises no 'deny' egress policy); "
+            "use egress 'allow' or a driver that enforces 'deny'"
+        )
+    projection = machine.workspace.projection
+    if projection in ("read-write", "read-only") and MountType.BIND not in mount_types:
+        raise UserError(
+            f"{where}.workspace.projection: {driver} cannot project the workspace {projection} (it supports no "
+            f"bind mounts); set workspace.projection to 'none'" + (" or 'snapshot'" if ext and ext.snapshots else "")
+        )
+    if projection == "snapshot" and not (ext and ext.snapshots):
+        raise UserError(
+            f"{where}.workspace.projection: {driver} does not support 'snapshot' workspaces; use 'read-write', "
+            "'read-only' or 'none'"
+        )
+    for index, mount in enumerate(machine.mounts):
+        wanted = MountType.BIND if mount.type == "bind" else MountType.TMPFS
+        if wanted not in mount_types:
+            raise UserError(f"{where}.mounts[{index}]: {driver} does not support {mount.type} mounts; remove it")
+        if mount.type == "bind":
+            source = _bind_source(worktree, mount.source or "")
+            if not source.exists():
+                raise UserError(f"{where}.mounts[{index}].source: {source} does not exist on this host")
+    if machine.volumes and MountType.VOLUME not in mount_types:
+        raise UserError(f"{where}.volumes: {driver} does not support named volumes; remove them")
+    res = machine.resources
+    if (res.cpus is not None or res.memory is not None) and not (ext and ext.resource_limits):
+        raise UserError(
+            f"{where}.resources: {driver} cannot enforce CPU or memory limits (extensions.resource_limits is "
+            "false); remove resources.cpus / resources.memory"
+        )
+    if res.disk is not None and not (ext and ext.storage_limits):
+        raise UserError(
+            f"{where}.resources.disk: {driver} cannot enforce a disk size (extensions.storage_limits is false); "
+            "remove it"
+        )
+
+
+def _bind_source(worktree: Path, source: str) -> Path:
+    path = Path(os.path.expanduser(source))
+    return path if path.is_absolute() else (worktree / path).resolve()
+
+
+def _volume_name(env_id: str, machine_id: str, volume: str) -> str:
+    return f"vz-{env_id}-{machine_id}-{volume}"
+
+
+def _run_request(
+    *,
+    project_id: str,
+    env: EnvironmentRecord,
+    machine_id: str,
+    machine: Machine,
+    facts: DriverFacts,
+    native_arch: str,
+    environment: Mapping[str, str],
+    allow_recreate: bool = False,
+) -> RunImageRequest:
+    labels = [
+        f"{LABEL_PROJECT}={project_id}",
+        f"{LABEL_ENVIRONMENT}={env.env_id}",
+        f"{LABEL_MACHINE}={machine_id}",
+    ]
+    if machine.profile in facts.profiles:
+        labels.append(f"vz.profile={machine.profile}")
+    ext = facts.extensions
+    if ext is not None and EgressPolicy[machine.egress.upper()] in ext.egress_policies:
+        labels.append(f"vz.egress={machine.egress}")
+    worktree = Path(env.worktree)
+    workspace_mount = None
+    projection = machine.workspace.projection
+    if projection != "none":
+        workspace_mount = Mount(
+            MountType.BIND, str(worktree), machine.workspace.target, read_only=projection == "read-only"
+        )
+        if projection == "snapshot":
+            labels.append("vz.workspace=snapshot")
+    mounts: list[Mount] = []
+    for mount in machine.mounts:
+        if mount.type == "bind":
+            mounts.append(
+                Mount(MountType.BIND, str(_bind_source(worktree, mount.source or "")), mount.target, mount.read_only)
+            )
+        else:
+            mounts.append(Mount(MountType.TMPFS, "", mount.target, mount.read_only))
+    for volume in machine.volumes:
+        name = _volume_name(env.env_id, machine_id, volume.name)
+        mounts.append(Mount(MountType.VOLUME, name, volume.target, volume.read_only))
+    res = machine.resources
+    requirements = (
+        HostRequirements(cpus=res.cpus or 0, memory_bytes=res.memory or 0, storage_bytes=res.disk or 0)
+        if res.requested()
+        else None
+    )
+    env_vars = dict(environment)
+    env_vars.update({"VZ_PROJECT_ID": project_id, "VZ_ENVIRONMENT_ID": env.env_id, "VZ_MACHINE_ID": machine_id})
+    return RunImageRequest(
+        workspace_id=workspace_id(project_id, env.env_id, machine_id),
+        image=machine.image,
+        environment=env_vars,
+        labels=tuple(labels),
+        workspace_mount=workspace_mount,
+        mounts=tuple(mounts),
+        platform=f"{machine.target.os}/{machine.target.arch or native_arch}",
+        host_requirements=requirements,
+        allow_recreate=allow_recreate,
+    )
+
+
+# --- up -----------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Prepared:
+    definition: ProjectDefinition
+    path: Path
+    environments: dict[str, dict[str, str]]
+    native_arch: dict[str, str]
+    redactor: Redactor
+
+
+async def _prepare(ctx: Context, pool: DriverPool) -> _Prepared:
+    from vz_core.env._definition import load_definition
+    from vz_core.env._secrets import resolve_environment
+
+    path = find_definition(ctx.cwd, ctx.definition_file)
+    definition = load_definition(path)
+    redactor = ctx.redactor
+    environments: dict[str, dict[str, str]] = {}
+    native: dict[str, str] = {}
+    for index, machine in enumerate(definition.machines):
+        where = f"$.machines[{index}]"
+        environments[machine.name] = resolve_environment(
+            machine, ctx.environ, json_path=f"{where}.environment", redactor=redactor
+        )
+    probe = f"vz-{definition.project_id}-probe"
+    checked: dict[tuple[str, str], str] = {}
+    for index, machine in enumerate(definition.machines):
+        where = f"$.machines[{index}]"
+        try:
+            driver, facts = await pool.get(machine.driver, machine.driver_options)
+        except NotFoundError as exc:
+            raise UserError(f"{where}.driver: {exc.message}") from None
+        key = (machine.driver, repr(sorted(machine.driver_options.items())))
+        if key not in checked:
+            with ctx.progress.step("preflight", f"checking driver {machine.driver}", driver=machine.driver):
+                await pool.preflight(machine.driver, machine.driver_options)
+                checked[key] = await driver.target_architecture(probe)
+        native[machine.name] = checked[key]
+        _check_machine(machine, facts, native[machine.name], path.parent, where)
+    return _Prepared(definition, path, environments, native, redactor)
+
+
+async def up(
+    ctx: Context, *, environment: str | None = None, recreate: bool = False, dry_run: bool = False
+) -> dict[str, Any]:
+    """Create or reconcile the selected Environment; the result object of `vz up --json` (docs/cli.md)."""
+    pool = DriverPool()
+    store: Store | None = None
+    env_lock: FileLock | None = None
+    try:
+        prepared = await _prepare(ctx, pool)
+        definition = prepared.definition
+        project = Project(DefinitionHeader(prepared.path, definition.project_id), definition.project_id)
+        worktree = str(prepared.path.parent)
+        store = open_store(ctx)
+        op_id: str | None = None
+        project_lock = FileLock(project_lock_path(definition.project_id))
+        await project_lock.acquire(holder("up"))
+        try:
+            choice = choose(ctx, store, project, environment, for_up=True)
+            env = choice.environment
+            if env is None and not dry_run:
+                assert choice.create_name is not None
+                env_id = new_env_id()
+                env_lock = FileLock(env_lock_path(env_id))
+                if not env_lock.try_acquire(holder("up")):
+                    raise ConflictError(f"the lock of the new Environment {env_id} is taken; retry")
+                with store.transaction() as db:
+                    store.touch_project(db, definition.project_id, str(prepared.path))
+                    env = store.create_environment(
+                        db,
+                        env_id=env_id,
+                        project_id=definition.project_id,
+                        name=choice.create_name,
+                        worktree=worktree,
+                        default_machine=definition.effective_default_machine(),
+                    )
+                    if store.binding(definition.project_id, worktree) is None:
+                        store.bind(db, definition.project_id, worktree, env_id)
+                    op_id = store.begin_operation(db, env_id=env_id, project_id=definition.project_id, kind="up")
+                ctx.progress.note(
+                    "environment-created",
+                    f"created Environment {env.label()}",
+                    environment=env.name,
+                    environment_id=env.env_id,
+                )
+        finally:
+            project_lock.release()
+        if env is None:  # dry run of a new Environment: everything would be created
+            plan = compute_plan(
+                [(m.name, m.recorded()) for m in definition.machines],
+                [],
+                {},
+                recorded_default=None,
+                desired_default=definition.effective_default_machine(),
+                recreate=recreate,
+            )
+            result = _up_result(None, choice.create_name, plan, dry_run=True, project_id=definition.project_id)
+            return ctx.redactor.redact_data(result)
+        if env_lock is None:
+            env_lock = await lock_environment(ctx, store, env, "up")
+            env = store.environment(env.env_id) or env
+        converge_stale(ctx, store, env, env_lock, op_id)
+        result = await _reconcile(ctx, store, pool, prepared, env, op_id, recreate=recreate, dry_run=dry_run)
+        return ctx.redactor.redact_data(result)
+    finally:
+        if env_lock is not None:
+            env_lock.release()
+        if store is not None:
+            store.close()
+        await pool.aclose()
+
+
+async def _reconcile(
+    ctx: Context,
+    store: Store,
+    pool: DriverPool,
+    prepared: _Prepared,
+    env: EnvironmentRecord,
+    op_id: str | None,
+    *,
+    recreate: bool,
+    dry_run: bool,
+) -> dict[str, Any]:
+    definition = prepared.definition
+    project_id = definition.project_id
+    try:
+        recorded = store.machines(env.env_id)
+        learn_recorded_secrets(ctx, recorded)  # Machines no longer in vz.json may hold other secrets
+        seen: dict[str, Observed] = {}
+        for record in recorded:
+            driver, _ = await pool.get(record.driver, record.driver_options)
+            seen[record.machine_id] = observed(await driver.find(record.workspace_id))
+        plan = compute_plan(
+            [(m.name, m.recorded()) for m in definition.machines],
+            [RecordedMachine(r.name, r.machine_id, r.spec, r.state) for r in recorded],
+            seen,
+            recorded_default=env.default_machine,
+            desired_default=definition.effective_default_machine(),
+            recreate=recreate,
+        )
+        ctx.progress.note(
+            "plan",
+            "\n".join([f"plan for Environment {env.label()}:", *("  " + line for line in plan.lines())]),
+            environment=env.name,
+            environment_id=env.env_id,
+            plan=plan.to_json(),
+        )
+        if plan.blocked:
+            raise PlanError(_blocked_message(env, plan.blocked))
+        if dry_run:
+            return _up_result(env, None, plan, dry_run=True, project_id=project_id)
+        # Read-only checks of reused Machines, before the first mutation.
+        for step in plan.steps:
+            if step.action in ("keep", "start") and step.machine_id is not None:
+                record = next(r for r in recorded if r.machine_id == step.machine_id)
+                driver, facts = await pool.get(record.driver, record.driver_options)
+                caps = facts.info.capabilities
+                if caps is not None and caps.reuse_preflight:
+                    await driver.reuse_preflight(record.workspace_id, DEVELOPER_IDENTITY)
+    except BaseException as exc:
+        if op_id is not None:  # only a brand-new Environment has an operation open this early
+            fail_operation(store, env, op_id, exc, prepared.redactor)
+        raise
+    with store.transaction() as db:
+        if op_id is None:
+            op_id = store.begin_operation(db, env_id=env.env_id, project_id=project_id, kind="up", plan=plan.to_json())
+        else:
+            store.set_operation_plan(db, op_id, plan.to_json())
+    try:
+        for step in plan.steps:
+            await _apply_step(ctx, store, pool, prepared, env, op_id, step, recorded)
+        with store.transaction() as db:
+            store.touch_project(db, project_id, str(prepared.path))
+            store.set_environment(
+                db, env.env_id, state="running", default_machine=definition.effective_default_machine() or ""
+            )
+            store.finish_operation(db, op_id, "succeeded")
+    except BaseException as exc:
+        fail_operation(store, env, op_id, exc, prepared.redactor)
+        raise
+    final = store.environment(env.env_id) or env
+    return _up_result(final, None, plan, dry_run=False, project_id=project_id, store=store)
+
+
+def _blocked_message(env: EnvironmentRecord, blocked: tuple[Step, ...]) -> str:
+    lines = []
+    for step in blocked:
+        if step.action == "remove":
+            lines.append(f"  machine {step.machine}: recorded in the Environment but no longer in vz.json")
+        else:
+            kinds = {c.kind for c in step.changes}
+            what = "identity" if "identity" in kinds else "creation-time settings"
+            lines.append(f"  machine {step.machine}: {what} changed: {step.reason}")
+    return (
+        f"vz up would have to replace or remove Machines of Environment {env.label()}; nothing was changed:\n"
+        + "\n".join(lines)
+        + "\nThese cannot change in place. Run `vz up --recreate` to replace them (Machine-local data is "
+        "discarded; named volumes and the workspace are kept), or restore vz.json."
+    )
+
+
+async def _apply_step(
+    ctx: Context,
+    store: Store,
+    pool: DriverPool,
+    prepared: _Prepared,
+    env: EnvironmentRecord,
+    op_id: str,
+    step: Step,
+    recorded: list[MachineRecord],
+) -> None:
+    definition = prepared.definition
+    project_id = definition.project_id
+    fields: dict[str, Any] = {"environment": env.name, "environment_id": env.env_id, "machine": step.machine}
+    record = next((r for r in recorded if r.machine_id == step.machine_id), None)
+    with store.transaction() as db:
+        store.operation_step(db, op_id, f"{step.action} {step.machine}")
+    if step.action == "remove":
+        assert record is not None
+        driver, _ = await pool.get(record.driver, record.driver_options)
+        with ctx.progress.step("remove", f"removing machine {step.machine}", machine_id=record.machine_id, **fields):
+            await delete_owned(driver, record, env)
+            with store.transaction() as db:
+                store.delete_machine(db, env.env_id, record.machine_id)
+        return
+    machine = definition.machine(step.machine)
+    if step.action == "keep":
+        assert record is not None
+        if record.state != "running":
+            with store.transaction() as db:
+                store.set_machine_state(db, env.env_id, record.machine_id, "running")
+        return
+    driver, facts = await pool.get(machine.driver, machine.driver_options)
+    if step.action == "start":
+        assert record is not None
+        with ctx.progress.step("start", f"starting machine {step.machine}", machine_id=record.machine_id, **fields):
+            await driver.start(record.workspace_id)
+            with store.transaction() as db:
+                store.set_machine_state(db, env.env_id, record.machine_id, "running")
+        return
+    machine_id = step.machine_id or new_machine_id()
+    wsid = workspace_id(project_id, env.env_id, machine_id)
+    fields["machine_id"] = machine_id
+    request = _run_request(
+        project_id=project_id,
+        env=env,
+        machine_id=machine_id,
+        machine=machine,
+        facts=facts,
+        native_arch=prepared.native_arch[machine.name],
+        environment=prepared.environments[machine.name],
+    )
+    caps = facts.info.capabilities
+    if step.action == "create":
+        with store.transaction() as db:
+            if record is None:
+                store.put_machine(
+                    db,
+                    env_id=env.env_id,
+                    machine_id=machine_id,
+                    name=machine.name,
+                    workspace_id=wsid,
+                    driver=machine.driver,
+                    spec=machine.recorded(),
+                    state="creating",
+                )
+            else:
+                store.set_machine_state(db, env.env_id, machine_id, "creating")
+            for volume in machine.volumes:
+                store.put_volume(
+                    db, env.env_id, machine_id, volume.name, _volume_name(env.env_id, machine_id, volume.name)
+                )
+        if caps is not None and caps.provisioning_preflight:
+            await driver.provisioning_preflight()
+        label = f"creating machine {machine.name} ({machine.driver}, {request.platform}, image {machine.image})"
+        with ctx.progress.step("create", label, image=machine.image, **fields):
+            await driver.run_image(request)
+    else:  # recreate
+        assert record is not None
+        with ctx.progress.step("recreate", f"recreating machine {machine.name}: {step.reason}", **fields):
+            same_driver = record.driver == machine.driver and record.driver_options == dict(machine.driver_options)
+            if same_driver and facts.recreate_mode.name == "ON_RUN":
+                from dataclasses import replace
+
+                await driver.run_image(replace(request, allow_recreate=True))
+            else:
+                old_driver, _ = await pool.get(record.driver, record.driver_options)
+                await delete_owned(old_driver, record, env)
+                await driver.run_image(request)
+    with ctx.progress.step("boot", f"waiting for machine {machine.name} to run", **fields):
+        found = await driver.find(wsid)
+        if found is None or found.state.status != "running":
+            raise RuntimeFailureError(
+                f"driver {machine.driver!r} returned from RunImage but machine {machine.name} is "
+                f"{observed(found)}; see `vz status --environment {env.name}`"
+            )
+    with store.transaction() as db:
+        store.put_machine(
+            db,
+            env_id=env.env_id,
+            machine_id=machine_id,
+            name=machine.name,
+            workspace_id=wsid,
+            driver=machine.driver,
+            spec=machine.recorded(),
+            state="running",
+        )
+        for volume in machine.volumes:
+            store.put_volume(db, env.env_id, machine_id, volume.name, _volume_name(env.env_id, machine_id, volume.name))
+
+
+def _up_result(
+    env: EnvironmentRecord | None,
+    create_name: str | None,
+    plan: Plan,
+    *,
+    dry_run: bool,
+    project_id: str,
+    store: Store | None = None,
+) -> dict[str, Any]:
+    machines = []
+    if env is not None and store is not None:
+        for record in store.machines(env.env_id):
+            machines.append(
+                {
+                    "id": record.machine_id,
+                    "name": record.name,
+                    "workspace_id": record.workspace_id,
+                    "driver": record.driver,
+                    "state": record.state,
+                    "default": record.name == env.default_machine,
+                }
+            )
+    return {
+        "project_id": project_id,
+        "environment": {
+            "id": env.env_id if env else None,
+            "name": env.name if env else create_name,
+            "state": env.state if env else "absent",
+        },
+        "dry_run": dry_run,
+        "plan": plan.to_json(),
+        "plan_lines": plan.lines(),
+        "machines": machines,
+    }
