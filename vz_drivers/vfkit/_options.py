@@ -1,0 +1,101 @@
+"""The vfkit driver's options: parsed and checked once, before anything else happens."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vz_core.errors import InvalidArgumentError
+from vz_core.paths import state_dir as default_state_root
+
+__all__ = ["OPTION_HELP", "VfkitOptions", "parse_options"]
+
+DRIVER_NAME = "vfkit"
+
+OPTION_HELP: dict[str, str] = {
+    "state_dir": "where Machines are recorded (default <vz state>/drivers/vfkit)",
+    "image_dir": "image store root (default: the shared vz image cache)",
+    "vfkit": "absolute path of vfkit (default: found on PATH)",
+    "vfkit_sha256": "SHA-256 vfkit must have (default: recorded on first use in <state>/trust.json)",
+    "kernel": "uncompressed Linux kernel (arm64 Image / x86_64 vmlinux) the Machines boot",
+    "initrd": "the vz guest initramfs built for that kernel (agent as init)",
+    "rosetta": "auto (when installed), on (required) or off: run amd64 binaries in arm64 guests",
+    "nested": "off (default) or on: nested virtualization (macOS 15+, M3 or newer)",
+    "stop_timeout": "seconds the guest gets to power off after Stop before HardStop (default 30)",
+    "boot_timeout": "seconds a boot may take until the guest agent reports ready (default 120)",
+}
+
+
+@dataclass(frozen=True)
+class VfkitOptions:
+    state_root: Path
+    image_dir: Path | None
+    vfkit: str
+    vfkit_sha256: str
+    kernel: str
+    initrd: str
+    rosetta: str
+    nested: bool
+    stop_timeout: float
+    boot_timeout: float
+
+
+def _choice(name: str, value: str, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise InvalidArgumentError(
+            f"{name}={value!r} is unknown; use one of {', '.join(allowed)}", details={"option": name}
+        )
+    return value
+
+
+def _seconds(name: str, value: float | str, *, positive: bool) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise InvalidArgumentError(f"{name}={value!r} is not a number of seconds", details={"option": name}) from None
+    if number < 0 or (positive and number == 0):
+        raise InvalidArgumentError(f"{name} must be {'> 0' if positive else '>= 0'}", details={"option": name})
+    return number
+
+
+def _abs(name: str, value: str) -> str:
+    if value and not os.path.isabs(value):
+        raise InvalidArgumentError(f"{name}={value!r} must be an absolute path", details={"option": name})
+    return value
+
+
+def parse_options(
+    *,
+    state_dir: str | os.PathLike[str] | None = None,
+    image_dir: str | os.PathLike[str] | None = None,
+    vfkit: str = "",
+    vfkit_sha256: str = "",
+    kernel: str = "",
+    initrd: str = "",
+    rosetta: str = "auto",
+    nested: str | bool = "off",
+    stop_timeout: float | str = 30.0,
+    boot_timeout: float | str = 120.0,
+    **unknown: Any,
+) -> VfkitOptions:
+    """Every option checked; ``InvalidArgumentError`` naming the culprit (unknown keys included)."""
+    if unknown:
+        raise InvalidArgumentError(
+            f"unknown vfkit option(s): {', '.join(sorted(unknown))}; known: {', '.join(OPTION_HELP)}"
+        )
+    nested_text = ("on" if nested else "off") if isinstance(nested, bool) else nested
+    root = Path(state_dir) if state_dir else default_state_root() / "drivers" / DRIVER_NAME
+    return VfkitOptions(
+        state_root=root.absolute(),
+        image_dir=Path(image_dir).absolute() if image_dir else None,
+        vfkit=_abs("vfkit", vfkit),
+        vfkit_sha256=vfkit_sha256,
+        kernel=_abs("kernel", kernel),
+        initrd=_abs("initrd", initrd),
+        rosetta=_choice("rosetta", rosetta, ("auto", "on", "off")),
+        nested=_choice("nested", nested_text, ("on", "off")) == "on",
+        stop_timeout=_seconds("stop_timeout", stop_timeout, positive=False),
+        boot_timeout=_seconds("boot_timeout", boot_timeout, positive=True),
+    )
