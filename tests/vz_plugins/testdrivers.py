@@ -13,7 +13,11 @@ Run as ``python testdrivers.py KIND``; the directory of this file is on ``sys.pa
   ``missing`` fails with NOT_FOUND;
 * ``mini-p521``: the same, with a P-521 AutoMTLS certificate (what Go plugins use);
 * ``mini-tcp``: the same, listening on loopback TCP;
-* ``mini-ext``: the same, with vz.machine.v1 extensions (tty not supported).
+* ``mini-ext``: the same, with vz.machine.v1 extensions (tty not supported);
+* ``hang``: the same, but Info never answers while the file named by ``VZ_TEST_HANG_FILE`` exists, and Find of
+  the workspace ``hang`` never answers;
+* ``big-info``: the same, but Info answers with a driver_version of ``VZ_TEST_INFO_BYTES`` bytes;
+* ``flood``: writes ``VZ_TEST_FLOOD_BYTES`` bytes to stderr without a newline, then serves ``mini``.
 """
 
 from __future__ import annotations
@@ -150,6 +154,39 @@ class MiniDriver(Driver):
             yield ExecExit(127)
 
 
+class HangDriver(MiniDriver):
+    async def info(self, *, supports_recreate_on_run: bool = False) -> DriverInfo:
+        flag = os.environ.get("VZ_TEST_HANG_FILE", "")
+        if flag and os.path.exists(flag):  # noqa: ASYNC240 (a test driver; one stat)
+            await asyncio.Event().wait()
+        return await super().info(supports_recreate_on_run=supports_recreate_on_run)
+
+    async def find(self, workspace_id: str) -> MachineDetails | None:
+        if workspace_id == "hang":
+            await asyncio.Event().wait()
+        return None
+
+
+class BigInfoDriver(MiniDriver):
+    async def info(self, *, supports_recreate_on_run: bool = False) -> DriverInfo:
+        info = await super().info(supports_recreate_on_run=supports_recreate_on_run)
+        size = int(os.environ.get("VZ_TEST_INFO_BYTES", "0"))
+        return DriverInfo(
+            driver_name=info.driver_name,
+            driver_version="v" * size,
+            runtime_name=info.runtime_name,
+            capabilities=info.capabilities,
+        )
+
+
+def _flood(total: int) -> None:
+    block = b"x" * 65536
+    while total > 0:
+        n = min(total, len(block))
+        os.write(2, block[:n])
+        total -= n
+
+
 def main() -> None:
     from vz_plugins import serve
 
@@ -160,6 +197,13 @@ def main() -> None:
         serve(MiniDriver(), cert_curve="P-521")
     elif kind == "mini-tcp":
         serve(MiniDriver(), network="tcp")
+    elif kind == "hang":
+        serve(HangDriver())
+    elif kind == "big-info":
+        serve(BigInfoDriver())
+    elif kind == "flood":
+        _flood(int(os.environ.get("VZ_TEST_FLOOD_BYTES", "0")))
+        serve(MiniDriver())
     elif kind == "mini-ext":
         serve(MiniDriver(Extensions(target_os=("linux",), profiles=("developer",), accelerator="none")))
     else:

@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from vz_core.rpc._frames import (
         CHANNEL_OPTIONS,
         MAX_EXEC_START,
+        MAX_INFO,
         MAX_MESSAGE,
         SERVER_OPTIONS,
         STOP_INPUT_KEY,
@@ -101,6 +102,7 @@ _WHERE = {
         [
             "CHANNEL_OPTIONS",
             "MAX_EXEC_START",
+            "MAX_INFO",
             "MAX_MESSAGE",
             "SERVER_OPTIONS",
             "STOP_INPUT_KEY",
@@ -138,6 +140,7 @@ __all__ = [
     "ENV_OPERATION_TIMEOUT",
     "ENV_TIMEOUT",
     "MAX_EXEC_START",
+    "MAX_INFO",
     "MAX_MESSAGE",
     "RUNTIME_ERROR_TYPE_URL",
     "SERVER_OPTIONS",

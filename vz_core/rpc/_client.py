@@ -35,6 +35,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
+import os
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -56,11 +58,19 @@ from vz_core._types import (
     MachineDetails,
     RunImageRequest,
 )
-from vz_core.errors import DriverError, InvalidArgumentError, RuntimeFailureError, UnavailableError, UnsupportedError
+from vz_core.errors import (
+    DriverError,
+    InvalidArgumentError,
+    RuntimeFailureError,
+    RuntimeTimeoutError,
+    UnavailableError,
+    UnsupportedError,
+    UserError,
+)
 from vz_core.negotiate import validate_info
 from vz_core.redact import Redactor
 from vz_core.rpc import _convert
-from vz_core.rpc._frames import STOP_INPUT_KEY, start_problem
+from vz_core.rpc._frames import MAX_INFO, MAX_MESSAGE, STOP_INPUT_KEY, start_problem
 from vz_core.rpc._wire import error_from_rpc, runtime_errors_in
 
 if TYPE_CHECKING:
@@ -84,6 +94,25 @@ ENV_TIMEOUT = "VZ_PLUGIN_RPC_TIMEOUT"
 """Environment variable overriding ``DEFAULT_TIMEOUT`` (seconds) for every RemoteDriver not given one."""
 ENV_OPERATION_TIMEOUT = "VZ_PLUGIN_OPERATION_TIMEOUT"
 """Environment variable overriding ``DEFAULT_OPERATION_TIMEOUT`` (seconds)."""
+_QUICK = frozenset({"Info", "Find", "TargetArchitecture", "ReusePreflight", "Extensions"})
+_OPERATIONS = ("Preflight", "ProvisioningPreflight", "RunImage", "Start", "Stop", "Delete")
+
+
+def _seconds(given: float | None, env: str, default: float) -> float:
+    if given is None:
+        raw = os.environ.get(env, "").strip()
+        if not raw:
+            return default
+        try:
+            given = float(raw)
+        except ValueError:
+            raise UserError(f"{env}={raw!r} is not a number of seconds") from None
+        if not math.isfinite(given) or given <= 0:
+            raise UserError(f"{env}={raw!r} must be a positive number of seconds")
+    elif not math.isfinite(given) or given <= 0:
+        raise ValueError(f"an RPC timeout must be a positive number of seconds, not {given!r}")
+    return given
+
 
 Mode = Literal["warm", "per_operation"]
 _EOF: object = grpc.aio.EOF  # type: ignore[attr-defined]
@@ -113,6 +142,14 @@ class RemoteDriver(Driver):
 
     With a channel, the caller owns the plugin process and the channel; ``mode`` and ``idle_timeout`` then do
     not apply. ``close()`` shuts down a plugin this object launched.
+
+    Deadlines: every unary RPC has one. ``timeout`` (seconds) applies to the quick ones (Info, Find,
+    TargetArchitecture, ReusePreflight, Extensions), ``operation_timeout`` to those that do work (Preflight,
+    ProvisioningPreflight, RunImage, Start, Stop, Delete). Unset, they come from ``VZ_PLUGIN_RPC_TIMEOUT`` /
+    ``VZ_PLUGIN_OPERATION_TIMEOUT``, else ``DEFAULT_TIMEOUT`` / ``DEFAULT_OPERATION_TIMEOUT``. A plugin that
+    misses one is hung: the call fails with ``RuntimeTimeoutError`` naming the driver and the RPC, the plugin
+    this object launched is killed, and the next call starts it again. Exec and Logs streams have no deadline
+    (a command may run for hours); cancel them instead.
     """
 
     def __init__(
@@ -124,9 +161,17 @@ class RemoteDriver(Driver):
         idle_timeout: float | None = 300.0,
         name: str = "",
         redactor: Redactor | None = None,
+        timeout: float | None = None,
+        operation_timeout: float | None = None,
     ) -> None:
         if (launcher is None) == (channel is None):
             raise ValueError("give exactly one of launcher or channel")
+        self.timeout = _seconds(timeout, ENV_TIMEOUT, DEFAULT_TIMEOUT)
+        self.operation_timeout = _seconds(operation_timeout, ENV_OPERATION_TIMEOUT, DEFAULT_OPERATION_TIMEOUT)
+        self._deadlines = {
+            **dict.fromkeys(_QUICK, self.timeout),
+            **dict.fromkeys(_OPERATIONS, self.operation_timeout),
+        }
         self._launcher = launcher
         self._channel = channel
         self.mode: Mode = mode
@@ -167,9 +212,10 @@ class RemoteDriver(Driver):
     async def _negotiate(self, channel: grpc.aio.Channel, conn: PluginConnection | None) -> DriverInfo:
         stub = pb_grpc.RuntimeDriverStub(channel)  # type: ignore[no-untyped-call]
         try:
-            reply = await stub.Info(pb.InfoRequest(supports_recreate_on_run=True))
+            reply = await stub.Info(pb.InfoRequest(supports_recreate_on_run=True), timeout=self.timeout)
         except grpc.RpcError as exc:
             raise await self._translate(exc, "Info", conn) from None
+        self._check_info_size(reply)
         info = validate_info(_convert.info_from_pb(reply), offered_recreate_on_run=True)
         self._known = info
         return info
@@ -305,6 +351,15 @@ class RemoteDriver(Driver):
     async def _translate(self, exc: grpc.RpcError, rpc: str, conn: PluginConnection | None) -> DriverError:
         """The DriverError for a failed call; a dead plugin becomes UNAVAILABLE with its stderr tail."""
         code: grpc.StatusCode = exc.code()
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED and rpc in self._deadlines and not runtime_errors_in(exc):
+            return await self._hung(rpc, conn)
+        if code == grpc.StatusCode.RESOURCE_EXHAUSTED and not runtime_errors_in(exc):
+            # grpcio's own message-size check, on our request or on the plugin's reply
+            return RuntimeFailureError(
+                f"driver {self.name!r}: a {rpc} message is over the size limit of {MAX_MESSAGE} bytes",
+                runtime_message=self._redactor.redact(exc.details() or ""),
+                details={"rpc": rpc, "limit": str(MAX_MESSAGE), "grpc_code": code.name},
+            )
         if conn is not None and code in _TRANSPORT_CODES and not runtime_errors_in(exc):
             status = await conn.wait_exited(_CRASH_WAIT)
             if status is not None:
@@ -316,6 +371,27 @@ class RemoteDriver(Driver):
                     details={"rpc": rpc, "plugin_exit": str(status)},
                 )
         return self._clean(error_from_rpc(exc, rpc=rpc))
+
+    async def _hung(self, rpc: str, conn: PluginConnection | None) -> DriverError:
+        """Our deadline passed (the plugin sent no status of its own): kill a plugin we launched."""
+        seconds = self._deadlines[rpc]
+        setting = ENV_TIMEOUT if rpc in _QUICK else ENV_OPERATION_TIMEOUT
+        message = f"driver {self.name!r} did not answer {rpc} within {seconds:g}s (the plugin hangs; {setting})"
+        tail = ""
+        if conn is not None:
+            await conn.kill()
+            tail = conn.stderr_tail()
+            message += "; the plugin was stopped and the next call starts it again"
+        return RuntimeTimeoutError(message, runtime_message=tail, details={"rpc": rpc, "timeout": f"{seconds:g}"})
+
+    def _check_info_size(self, reply: pb.InfoResponse) -> None:
+        size = reply.ByteSize()
+        if size > MAX_INFO:
+            raise RuntimeFailureError(
+                f"driver {self.name!r} answered Info with {size} bytes, over the limit of {MAX_INFO} bytes "
+                "(names, versions and capabilities are short); refusing the driver",
+                details={"rpc": "Info", "size": str(size), "limit": str(MAX_INFO)},
+            )
 
     def _gate(self, rpc: str, flag: str) -> None:
         known = self._known
@@ -338,7 +414,7 @@ class RemoteDriver(Driver):
         if flag:
             self._gate(rpc, flag)  # the capabilities may have just been negotiated
         try:
-            return await getattr(s.runtime, rpc)(request)
+            return await getattr(s.runtime, rpc)(request, timeout=self._deadlines[rpc])
         except grpc.RpcError as exc:
             raise await self._translate(exc, rpc, s.conn) from None
 
@@ -349,9 +425,10 @@ class RemoteDriver(Driver):
             if supports_recreate_on_run:
                 return s.info
             try:
-                reply = await s.runtime.Info(pb.InfoRequest(supports_recreate_on_run=False))
+                reply = await s.runtime.Info(pb.InfoRequest(supports_recreate_on_run=False), timeout=self.timeout)
             except grpc.RpcError as exc:
                 raise await self._translate(exc, "Info", s.conn) from None
+            self._check_info_size(reply)
             return validate_info(_convert.info_from_pb(reply), offered_recreate_on_run=False)
 
     async def preflight(self, *, disable_auto_start: bool = False) -> None:
@@ -469,7 +546,7 @@ class RemoteDriver(Driver):
     async def extensions(self) -> Extensions | None:
         async with self._session() as s:
             try:
-                reply = await s.extensions.Extensions(ext_pb.ExtensionsRequest())
+                reply = await s.extensions.Extensions(ext_pb.ExtensionsRequest(), timeout=self.timeout)
             except grpc.RpcError as exc:
                 if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
                     return None

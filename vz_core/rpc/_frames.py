@@ -11,8 +11,9 @@ sending stdin and half-closes at once; other hosts ignore unknown metadata and a
 
 Message limits: every peer-filled buffer is bounded. ``MAX_MESSAGE`` caps any one gRPC message either side
 receives (an Info, a Find, a frame); exec and log frames are ≤ 32 KiB, so it never limits a stream.
-``MAX_EXEC_START`` caps the serialized start frame (argv, environment, user, workdir): larger requests are
-refused with INVALID_ARGUMENT before anything runs.
+``MAX_INFO`` caps an Info reply (a host checks it before anything else). ``MAX_EXEC_START`` caps the
+serialized start frame (argv, environment, user, workdir): larger requests are refused with INVALID_ARGUMENT
+before anything runs, by the client and by the server.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from vz_core._types import MAX_CHUNK
 __all__ = [
     "CHANNEL_OPTIONS",
     "MAX_EXEC_START",
+    "MAX_INFO",
     "MAX_MESSAGE",
     "SERVER_OPTIONS",
     "STOP_INPUT_KEY",
@@ -35,6 +37,8 @@ STOP_INPUT_KEY = "vz-exec-stop-input"
 
 MAX_MESSAGE = 4 * 1024 * 1024
 """Bytes: the largest gRPC message a vz host or a vz plugin accepts (and sends)."""
+MAX_INFO = 64 * 1024
+"""Bytes: the largest Info reply a vz host accepts (names, versions and capabilities are short)."""
 MAX_EXEC_START = 1024 * 1024
 """Bytes: the largest serialized exec start frame (argv + environment + user + workdir)."""
 

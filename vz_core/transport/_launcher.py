@@ -79,8 +79,17 @@ class LaunchSpec:
     cwd: str | None = None
 
 
+MAX_STDERR_LINE = 8192
+"""Bytes: a longer stderr line (or text without newlines) is logged in pieces of this size."""
+
+
 class StderrTail:
-    """Forwards a plugin's stderr: redacted, line by line, to a logger; keeps the last lines for errors."""
+    """Forwards a plugin's stderr: redacted, line by line, to a logger; keeps the last lines for errors.
+
+    Bounded whatever the plugin writes: at most ``MAX_STDERR_LINE`` bytes wait for a newline (longer text is
+    logged in pieces, each marked as continued), the tail keeps at most ``max_bytes``, and every byte is
+    looked at a bounded number of times (linear time).
+    """
 
     def __init__(self, reader: asyncio.StreamReader, redactor: Redactor, name: str, *, max_bytes: int = 16384) -> None:
         self._reader = reader
@@ -89,22 +98,34 @@ class StderrTail:
         self._lines: collections.deque[str] = collections.deque()
         self._size = 0
         self._max = max_bytes
-        self._partial = b""
+        self._partial = bytearray()
         self.task = asyncio.get_running_loop().create_task(self._run())
 
+    def _line(self, raw: bytes | bytearray, continued: bool = False) -> None:
+        line = bytes(raw).decode(errors="replace").rstrip("\r") + (" …" if continued else "")
+        self._logger.info("%s", line)
+        self._lines.append(line)
+        self._size += len(line) + 1
+        while self._size > self._max and self._lines:
+            self._size -= len(self._lines.popleft()) + 1
+
     def _emit(self, data: bytes, final: bool = False) -> None:
-        buf = self._partial + data
-        *lines, self._partial = buf.split(b"\n")
-        if final and self._partial:
-            lines.append(self._partial)
-            self._partial = b""
-        for raw in lines:
-            line = raw.decode(errors="replace").rstrip("\r")
-            self._logger.info("%s", line)
-            self._lines.append(line)
-            self._size += len(line) + 1
-            while self._size > self._max and self._lines:
-                self._size -= len(self._lines.popleft()) + 1
+        buf = self._partial
+        buf += data
+        start = 0
+        while (end := buf.find(b"\n", start)) >= 0:
+            while end - start > MAX_STDERR_LINE:
+                self._line(buf[start : start + MAX_STDERR_LINE], continued=True)
+                start += MAX_STDERR_LINE
+            self._line(buf[start:end])
+            start = end + 1
+        while len(buf) - start >= MAX_STDERR_LINE:
+            self._line(buf[start : start + MAX_STDERR_LINE], continued=True)
+            start += MAX_STDERR_LINE
+        del buf[:start]
+        if final and buf:
+            self._line(buf)
+            buf.clear()
 
     async def _run(self) -> None:
         try:
@@ -128,7 +149,7 @@ class StderrTail:
         """The most recent stderr lines (already redacted), at most ``max_chars`` characters."""
         lines = list(self._lines)
         if self._partial:
-            lines.append(self._partial.decode(errors="replace") + " …")
+            lines.append(bytes(self._partial).decode(errors="replace") + " …")
         out = "\n".join(lines)
         return out[-max_chars:]
 
@@ -470,6 +491,13 @@ async def _status_soon(process: PluginProcess) -> ExitStatus | None:
 
 async def _drain_stdout(reader: asyncio.StreamReader, redactor: Redactor, name: str) -> None:
     logger = logging.getLogger(f"vz.plugin.{name}")
-    with contextlib.suppress(ConnectionError, ValueError):
-        while line := await reader.readline():
+    with contextlib.suppress(ConnectionError):
+        while True:
+            try:
+                line = await reader.readline()
+            except ValueError:  # a line over the reader's limit: its bytes are dropped, keep reading
+                logger.warning("stdout after handshake: an over-long line (dropped)")
+                continue
+            if not line:
+                return
             logger.warning("stdout after handshake: %s", redactor.redact(line.decode(errors="replace")).rstrip())
