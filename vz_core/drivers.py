@@ -1,17 +1,32 @@
-"""Driver resolution and the library behind ``vz driver list | add <manifest> | verify [NAME]``.
+"""Driver resolution, driver options, and the library behind ``vz driver list | add | verify | configure``.
 
-A name resolves to exactly one driver:
+A driver name is a name, never a path: one grammar (``DRIVER_NAME_PATTERN``, ``check_driver_name``) for
+built-in drivers, external manifests and a Machine's ``driver`` in vz.json, checked before anything is looked
+up. A name resolves to exactly one driver:
 
 * **built-in** (``vz.drivers`` entry points, ``vz_core.registry``): Python code of this vz installation. Its
-  plugin runs as ``<this interpreter> -m vz_plugins MODULE:FACTORY`` (options in ``VZ_DRIVER_OPTIONS``), i.e.
-  the same code the host would import in-process, launched through the same door (supervisor, handshake,
-  AutoMTLS) as any external driver. It is not checksummed: a checksum would be taken from the very
-  installation it is meant to protect, so it would prove nothing the host does not already trust by running.
+  plugin runs as ``<this interpreter> -m vz_core.registry NAME`` (options in ``VZ_DRIVER_OPTIONS``): the shared
+  plugin main its console script uses too, i.e. the same code the host would import in-process, launched
+  through the same door (supervisor, handshake, AutoMTLS) as any external driver. It is not checksummed: a
+  checksum would be taken from the very installation it is meant to protect, so it would prove nothing the
+  host does not already trust by running.
   ``builtin_manifest()`` writes a manifest for a built-in's console script (with its SHA-256 now) for use by
   other hosts or to run a built-in through the external path.
 * **external**: added from a manifest (``vz_core.trust``) with ``add_manifest``; the validated manifest is
   recorded under ``<state dir>/driver-manifests/<name>.json`` together with its directory (where relative
-  binary paths live). Its binary is verified before **every** launch.
+  binary paths live). A record is found only among the drivers the user added: by exact name among the
+  recorded files (never by joining a name into a path), not through a symlink, and only if the manifest it
+  holds carries that same name. Its binary is verified before **every** launch.
+
+Driver options come from two places. A Machine's ``driver_options`` in vz.json may set only options whose
+declared scope is ``"project"``; ``validate_project_options`` refuses any other key, naming it and where to set
+it instead. Options of scope ``"host"`` (binaries, host paths, host networks) live in the user's **host
+configuration**, ``<state dir>/config/drivers.json`` (``HostConfig``; ``vz driver configure NAME KEY=VALUE``)::
+
+    {"linux_native": {"subnet": "10.77.0.0/16", "runc": "/opt/runc/bin/runc"}, "qemu": {"accelerator": "tcg"}}
+
+``effective_options`` merges both (a project value wins for a project option) and ``open_driver`` builds the
+driver with them. External drivers take no options from vz (their own configuration applies).
 
 The functions return plain data (dicts of str/bool/list) for the CLI and ``--json``.
 """
@@ -23,32 +38,49 @@ import json
 import os
 import sys
 import sysconfig
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vz_core._driver import Driver
 from vz_core.errors import NotFoundError, TrustError, UserError
 from vz_core.paths import state_dir
 from vz_core.redact import Redactor
-from vz_core.registry import BuiltinDriver, DriverRegistry
-from vz_core.remote import Mode, RemoteDriver
-from vz_core.transport._launcher import LaunchSpec, PluginLauncher
+from vz_core.registry import (
+    DRIVER_NAME_PATTERN,
+    OPTIONS_ENV,
+    DriverDeclaration,
+    DriverRegistry,
+    check_driver_name,
+    is_driver_name,
+)
+from vz_core.rpc import Mode, RemoteDriver
+from vz_core.transport import LaunchSpec, PluginLauncher
 from vz_core.trust import Manifest, host_platform, load_manifest, parse_manifest, sha256_of, verify_binary
 
 __all__ = [
+    "DRIVER_NAME_PATTERN",
+    "HostConfig",
     "ManifestStore",
     "ResolvedDriver",
     "add_manifest",
     "builtin_manifest",
+    "check_driver_name",
+    "configure",
+    "effective_options",
+    "host_config_path",
     "launcher_for",
     "list_drivers",
+    "open_driver",
     "remote_driver",
     "resolve",
+    "validate_project_options",
     "verify",
 ]
 
-OPTIONS_ENV = "VZ_DRIVER_OPTIONS"
+
+_MAX_RECORD = 1 << 20  # a record is a small JSON file; a larger one is not ours
 
 
 @dataclass(frozen=True)
@@ -67,30 +99,55 @@ class ManifestStore:
     def __init__(self, root: Path | None = None) -> None:
         self.root = root if root is not None else state_dir() / "driver-manifests"
 
-    def _path(self, name: str) -> Path:
-        return self.root / f"{name}.json"
+    def _recorded(self) -> dict[str, str]:
+        """Recorded driver name -> the record's file name, from the directory listing (regular files only)."""
+        try:
+            entries = list(os.scandir(self.root))
+        except (FileNotFoundError, NotADirectoryError):
+            return {}
+        except OSError as exc:
+            raise TrustError(f"cannot list the recorded drivers in {self.root}: {exc.strerror}") from None
+        found: dict[str, str] = {}
+        for entry in entries:
+            stem, dot, suffix = entry.name.rpartition(".")
+            if dot and suffix == "json" and is_driver_name(stem) and entry.is_file(follow_symlinks=False):
+                found[stem] = entry.name
+        return found
 
     def names(self) -> list[str]:
-        if not self.root.is_dir():
-            return []
-        return sorted(p.stem for p in self.root.glob("*.json"))
+        return sorted(self._recorded())
 
     def get(self, name: str) -> ExternalRecord | None:
-        path = self._path(name)
+        """The record of the added driver ``name``, or ``None``. ``name`` is never joined into a path: it is looked
+        up among the recorded files, which are opened without following symlinks."""
+        if not is_driver_name(name):
+            return None
+        file_name = self._recorded().get(name)
+        if file_name is None:
+            return None
+        path = self.root / file_name
         try:
-            raw = json.loads(path.read_text())
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+            with os.fdopen(fd, "rb") as f:
+                data = f.read(_MAX_RECORD + 1)
+            if len(data) > _MAX_RECORD:
+                raise ValueError("larger than a record can be")
+            raw = json.loads(data)
             manifest, driver_dir = raw["manifest"], Path(raw["driver_dir"])
             manifest_path, added_at = str(raw["manifest_path"]), str(raw["added_at"])
         except FileNotFoundError:
             return None
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise TrustError(f"the record of driver {name!r} ({path}) is unreadable ({exc!r}); add it again") from None
-        return ExternalRecord(
-            manifest=parse_manifest(manifest, source=f"recorded manifest of {name!r}"),
-            driver_dir=driver_dir,
-            manifest_path=manifest_path,
-            added_at=added_at,
-        )
+        except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
+            raise TrustError(
+                f"the record of driver {name!r} ({path}) is unreadable ({type(exc).__name__}); add it again"
+            ) from None
+        parsed = parse_manifest(manifest, source=f"recorded manifest of {name!r}")
+        if parsed.name != name or not driver_dir.is_absolute():
+            raise TrustError(
+                f"the record of driver {name!r} ({path}) does not describe driver {name!r}; add it again with "
+                "`vz driver add <manifest>`"
+            )
+        return ExternalRecord(manifest=parsed, driver_dir=driver_dir, manifest_path=manifest_path, added_at=added_at)
 
     def put(self, record: ExternalRecord) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
@@ -100,7 +157,7 @@ class ManifestStore:
             "manifest_path": record.manifest_path,
             "added_at": record.added_at,
         }
-        path = self._path(record.manifest.name)
+        path = self.root / f"{check_driver_name(record.manifest.name, where='manifest name')}.json"
         tmp = path.with_suffix(f".tmp{os.getpid()}")
         tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
         os.replace(tmp, path)
@@ -111,7 +168,7 @@ class ResolvedDriver:
     """What a name stands for: exactly one of ``builtin`` or ``external``."""
 
     name: str
-    builtin: BuiltinDriver | None = None
+    builtin: DriverDeclaration | None = None
     external: ExternalRecord | None = None
 
     def launch_spec(self, options: dict[str, Any] | None = None) -> Callable[[], LaunchSpec]:
@@ -121,7 +178,8 @@ class ResolvedDriver:
             env = {OPTIONS_ENV: json.dumps(options)} if options else {}
 
             def prepare_builtin() -> LaunchSpec:
-                return LaunchSpec(self.name, [sys.executable, "-m", "vz_plugins", builtin.factory], env=env)
+                # The shared plugin main of every built-in (what its console script runs too).
+                return LaunchSpec(self.name, [sys.executable, "-m", "vz_core.registry", builtin.name], env=env)
 
             return prepare_builtin
         record = self.external
@@ -147,7 +205,9 @@ class ResolvedDriver:
 
 
 def resolve(name: str, *, registry: DriverRegistry | None = None, store: ManifestStore | None = None) -> ResolvedDriver:
-    """The one driver ``name`` stands for; an unknown name lists what is installed."""
+    """The one driver ``name`` stands for; ``UserError`` for a name that is not a driver name (e.g. a path),
+    ``NotFoundError`` listing what is installed for an unknown one."""
+    check_driver_name(name)
     registry = registry if registry is not None else DriverRegistry()
     store = store if store is not None else ManifestStore()
     if name in registry.names():
@@ -354,3 +414,205 @@ def _vz_version() -> str:
         return metadata.version("vz")
     except metadata.PackageNotFoundError:
         return "0"
+
+
+# --- options: the project's (vz.json) and the host's (host configuration) ------------------------------------
+
+HOST_CONFIG_FILE = "drivers.json"
+_MAX_HOST_CONFIG = 1 << 20
+
+
+def host_config_path() -> Path:
+    """The user's host configuration of drivers: ``<state dir>/config/drivers.json`` (``VZ_HOME`` moves it)."""
+    return state_dir() / "config" / HOST_CONFIG_FILE
+
+
+_Value = str | int | float | bool | list[str]
+
+
+def _check_value(value: Any, where: str) -> _Value:
+    if isinstance(value, str | bool | int | float):
+        return value
+    if isinstance(value, list | tuple) and all(isinstance(item, str) for item in value):
+        return list(value)
+    raise UserError(f"{where}: must be a string, number, boolean or list of strings, not {type(value).__name__}")
+
+
+class HostConfig:
+    """The host configuration of drivers: driver name -> {option: value}, in one JSON file owned by the user.
+
+    It may set any declared option of a built-in driver (host- and project-scoped ones); it is the only place
+    host-scoped options come from. Written atomically; never read from a project directory.
+    """
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path if path is not None else host_config_path()
+
+    def load(self) -> dict[str, dict[str, _Value]]:
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return {}
+        except OSError as exc:
+            raise UserError(f"cannot read the driver host configuration {self.path}: {exc.strerror}") from None
+        try:
+            if len(data) > _MAX_HOST_CONFIG:
+                raise ValueError(f"it is larger than {_MAX_HOST_CONFIG} bytes")
+            raw = json.loads(data)
+        except (ValueError, RecursionError) as exc:
+            raise UserError(
+                f"the driver host configuration {self.path} is not valid JSON ({exc}); fix or remove it"
+            ) from None
+        if not isinstance(raw, dict):
+            raise UserError(f"the driver host configuration {self.path} must be a JSON object of driver names")
+        config: dict[str, dict[str, _Value]] = {}
+        for name, options in raw.items():
+            where = f"{self.path}: {name!r}"
+            check_driver_name(name, where=f"{self.path}")
+            if not isinstance(options, dict):
+                raise UserError(f"{where} must map option names to values")
+            config[name] = {str(k): _check_value(v, f"{where}.{k}") for k, v in options.items()}
+        return config
+
+    def options_for(self, name: str) -> dict[str, _Value]:
+        return dict(self.load().get(name, {}))
+
+    def save(self, config: dict[str, dict[str, _Value]]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = self.path.with_name(f".{self.path.name}.tmp{os.getpid()}")
+        kept = {name: options for name, options in sorted(config.items()) if options}
+        tmp.write_text(json.dumps(kept, indent=2, sort_keys=True) + "\n")
+        os.replace(tmp, self.path)
+
+
+def _builtin_or_refuse(
+    name: str, registry: DriverRegistry, store: ManifestStore | None, where: str
+) -> DriverDeclaration:
+    resolved = resolve(name, registry=registry, store=store)
+    if resolved.builtin is None:
+        raise UserError(
+            f"{where}: driver {name!r} is external; vz passes it no options (use the driver's own configuration)"
+        )
+    return resolved.builtin
+
+
+def validate_project_options(
+    name: str,
+    options: Mapping[str, Any] | None,
+    *,
+    where: str = "driver_options",
+    registry: DriverRegistry | None = None,
+    store: ManifestStore | None = None,
+) -> dict[str, Any]:
+    """Check a Machine's ``driver_options`` from a project file (vz.json) before anything is mutated.
+
+    Returns the options (a copy). Raises ``UserError`` naming ``where`` and the key: for a name that is not a
+    driver name, options for an external driver, an unknown key (listing the valid ones), or a key whose scope
+    is ``"host"`` (saying where to set it instead). ``NotFoundError`` for an unknown driver.
+    """
+    check_driver_name(name, where=where.rpartition(".")[0] + ".driver" if "." in where else "driver")
+    options = dict(options or {})
+    registry = registry if registry is not None else DriverRegistry()
+    if not options:
+        resolve(name, registry=registry, store=store)
+        return options
+    declaration = _builtin_or_refuse(name, registry, store, where)
+    declaration.check_option_keys(options, where=where)
+    for key in sorted(options):
+        option = declaration.declared_options.get(key)
+        if option is not None and option.scope == "host":
+            raise UserError(
+                f"{where}.{key}: {name}'s option {key!r} ({option.help}) belongs to the host configuration, not to "
+                f"a project file: set it with `vz driver configure {name} {key}=VALUE` (stored in "
+                f"{host_config_path()}) and remove it from vz.json"
+            )
+    return options
+
+
+def effective_options(
+    name: str,
+    project_options: Mapping[str, Any] | None = None,
+    *,
+    where: str = "driver_options",
+    registry: DriverRegistry | None = None,
+    store: ManifestStore | None = None,
+    host_config: HostConfig | None = None,
+) -> dict[str, Any]:
+    """The options driver ``name`` is built with: its host configuration, then the project's (validated by
+    ``validate_project_options``; a project value wins for a project-scoped option)."""
+    registry = registry if registry is not None else DriverRegistry()
+    project = validate_project_options(name, project_options, where=where, registry=registry, store=store)
+    resolved = resolve(name, registry=registry, store=store)
+    if resolved.builtin is None:
+        return {}
+    host = (host_config if host_config is not None else HostConfig()).options_for(name)
+    resolved.builtin.check_option_keys(host, where=f"{host_config_path()}: {name}")
+    return {**host, **project}
+
+
+def open_driver(
+    name: str,
+    project_options: Mapping[str, Any] | None = None,
+    *,
+    where: str = "driver_options",
+    registry: DriverRegistry | None = None,
+    store: ManifestStore | None = None,
+    host_config: HostConfig | None = None,
+) -> Driver:
+    """Driver ``name`` ready to use, for a Machine whose vz.json gave ``project_options``.
+
+    Built-in drivers are built in-process with ``effective_options``; external ones are served out-of-process
+    (their binary verified at each launch). ``UserError`` for a bad name or option (nothing is built),
+    ``NotFoundError`` for an unknown driver. The caller closes the driver.
+    """
+    registry = registry if registry is not None else DriverRegistry()
+    options = effective_options(
+        name, project_options, where=where, registry=registry, store=store, host_config=host_config
+    )
+    resolved = resolve(name, registry=registry, store=store)
+    if resolved.builtin is None:
+        return remote_driver(name, registry=registry, store=store)
+    factory = resolved.builtin.load()
+    try:
+        return factory(**options)
+    except TypeError as exc:
+        raise UserError(f"driver {name!r} rejected its options {sorted(options)}: {exc}") from None
+
+
+def configure(
+    name: str,
+    assignments: list[str] | None = None,
+    unset: list[str] | None = None,
+    *,
+    registry: DriverRegistry | None = None,
+    store: ManifestStore | None = None,
+    host_config: HostConfig | None = None,
+) -> dict[str, Any]:
+    """``vz driver configure NAME [KEY=VALUE ...] [--unset KEY ...]``: change and show a built-in driver's host
+    configuration. Values are parsed by the option's declared kind. Returns ``{"name", "path", "options"}``."""
+    registry = registry if registry is not None else DriverRegistry()
+    declaration = _builtin_or_refuse(check_driver_name(name), registry, store, "vz driver configure")
+    config_store = host_config if host_config is not None else HostConfig()
+    config = config_store.load()
+    current = dict(config.get(name, {}))
+    changed = False
+    for item in assignments or []:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise UserError(f"vz driver configure: {item!r} must look like KEY=VALUE")
+        declaration.check_option_keys({key: text}, where="vz driver configure")
+        option = declaration.declared_options.get(key)
+        try:
+            current[key] = _check_value(option.parse(text) if option is not None else text, key)
+        except ValueError as exc:
+            raise UserError(f"vz driver configure: {exc}") from None
+        changed = True
+    for key in unset or []:
+        if key not in current:
+            raise UserError(f"vz driver configure: {name} has no {key!r} in {config_store.path}")
+        del current[key]
+        changed = True
+    if changed:
+        config[name] = current
+        config_store.save(config)
+    return {"name": name, "path": str(config_store.path), "options": current}

@@ -54,7 +54,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, NoReturn, TypeVar, get_args
 
-from vz_core.errors import NotFoundError, UserError
+from vz_core.errors import NotFoundError, UserError, VzError
 
 if TYPE_CHECKING:
     import argparse
@@ -642,7 +642,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         sys.exit(2)
     try:
         declaration = DriverRegistry().get(check_driver_name(args[0]))
-    except UserError as exc:
+    except VzError as exc:
         sys.stderr.write(f"{exc}\n")
         sys.exit(2)
     declaration.serve_plugin(args[1:])

@@ -4,7 +4,7 @@ A manifest (JSON) declares one driver::
 
     {
       "manifest_version": 1,
-      "name": "acme",                          # lowercase, [a-z0-9._-], starts with a letter or digit
+      "name": "acme",                          # a driver name: [a-z][a-z0-9_-]{0,62} (vz_core.registry)
       "version": "1.4.0",                      # the driver's own version (free text)
       "api_version": "1.3",                    # Runtime Protocol it speaks: "1.<minor>"
       "binaries": {                            # one entry per "os/arch" (os: linux, darwin, windows;
@@ -54,6 +54,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from vz_core.errors import TrustError
+from vz_core.registry import DRIVER_NAME_PATTERN
 
 __all__ = [
     "BinaryEntry",
@@ -66,9 +67,18 @@ __all__ = [
     "verify_binary",
 ]
 
-_SHA256 = re.compile(r"^[0-9a-fA-F]{64}$")
-_PLATFORM = re.compile(r"^(linux|darwin|windows)/(amd64|arm64)$")
+_SHA256 = re.compile(r"[0-9a-fA-F]{64}")
+_PLATFORM = re.compile(r"(linux|darwin|windows)/(amd64|arm64)")
 _CHUNK = 1 << 20
+MAX_MANIFEST_BYTES = 1 << 20
+"""A manifest file larger than this is refused unread (a manifest is a few hundred bytes)."""
+_MAX_DEPTH = 32
+
+
+def _no_nul(value: str | None, what: str) -> str | None:
+    if value is not None and "\x00" in value:
+        raise ValueError(f"{what} must not contain a NUL character")
+    return value
 
 
 class BinaryEntry(BaseModel):
@@ -81,10 +91,15 @@ class BinaryEntry(BaseModel):
     file: str | None = None
     sha256: str = Field(description="SHA-256 of the binary, 64 hex digits (case-insensitive)")
 
+    @field_validator("path", "url", "file")
+    @classmethod
+    def _text(cls, value: str | None) -> str | None:
+        return _no_nul(value, "the value")
+
     @field_validator("sha256")
     @classmethod
     def _hex(cls, value: str) -> str:
-        if not _SHA256.match(value):
+        if not _SHA256.fullmatch(value):
             raise ValueError(f"must be 64 hexadecimal digits, got {len(value)} characters {value[:80]!r}")
         return value.lower()
 
@@ -115,7 +130,7 @@ class Manifest(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     manifest_version: Literal[1] = 1
-    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]{0,63}$")
+    name: str = Field(pattern=DRIVER_NAME_PATTERN, description="a driver name (vz_core.registry.DRIVER_NAME_PATTERN)")
     version: str = Field(min_length=1)
     api_version: str = Field(pattern=r"^1\.\d+$", description='Runtime Protocol version, "1.<minor>"')
     binaries: dict[str, BinaryEntry] = Field(min_length=1)
@@ -124,11 +139,27 @@ class Manifest(BaseModel):
     plaintext: bool = False
     signature: Signature | None = None
 
+    @field_validator("name")
+    @classmethod
+    def _driver_name(cls, value: str) -> str:
+        from vz_core.registry import is_driver_name
+
+        if not is_driver_name(value):  # the pattern's "$" alone would let a trailing newline through
+            raise ValueError(f"{value[:80]!r} is not a driver name ({DRIVER_NAME_PATTERN})")
+        return value
+
+    @field_validator("args")
+    @classmethod
+    def _args(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for arg in value:
+            _no_nul(arg, "an argument")
+        return value
+
     @field_validator("binaries")
     @classmethod
     def _platforms(cls, value: dict[str, BinaryEntry]) -> dict[str, BinaryEntry]:
         for key in value:
-            if not _PLATFORM.match(key):
+            if not _PLATFORM.fullmatch(key):
                 raise ValueError(
                     f"unknown platform {key!r}: use 'os/arch' with os linux|darwin|windows, arch amd64|arm64"
                 )
@@ -180,27 +211,58 @@ def _describe(exc: ValidationError) -> str:
     return "; ".join(parts)
 
 
+def _depth(value: Any, limit: int) -> int:
+    """How deeply ``value`` nests (lists/dicts), counting no further than ``limit + 1``; iterative."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list | tuple):
+            deepest = max(deepest, depth)
+            if depth > limit:
+                return depth
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
 def parse_manifest(data: str | bytes | dict[str, Any], *, source: str = "manifest") -> Manifest:
-    """Validate a manifest; ``TrustError`` names every problem (field, what is wrong)."""
+    """Validate a manifest; ``TrustError`` names every problem (field, what is wrong). Any input ends in a
+    ``Manifest`` or a ``TrustError`` (bad JSON, bad encoding, too large, nested too deeply, huge numbers)."""
+    if isinstance(data, str | bytes) and len(data) > MAX_MANIFEST_BYTES:
+        raise TrustError(f"{source} is larger than {MAX_MANIFEST_BYTES} bytes; a manifest is a small JSON file")
     try:
         raw = json.loads(data) if isinstance(data, str | bytes) else data
     except json.JSONDecodeError as exc:
         raise TrustError(f"{source} is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise TrustError(f"{source} nests too deeply (more than {_MAX_DEPTH} levels)") from None
+    except ValueError as exc:  # undecodable bytes, an integer beyond Python's digit limit
+        raise TrustError(f"{source} is not valid JSON: {str(exc)[:200]}") from None
     if not isinstance(raw, dict):
         raise TrustError(f"{source} must be a JSON object")
+    if _depth(raw, _MAX_DEPTH) > _MAX_DEPTH:
+        raise TrustError(f"{source} nests too deeply (more than {_MAX_DEPTH} levels)")
     try:
         return Manifest.model_validate(raw)
     except ValidationError as exc:
         raise TrustError(f"{source} is invalid: {_describe(exc)}") from None
+    except (ValueError, TypeError, RecursionError) as exc:  # a value pydantic could not even inspect
+        raise TrustError(f"{source} is invalid: {type(exc).__name__}: {str(exc)[:200]}") from None
 
 
 def load_manifest(path: str | os.PathLike[str]) -> Manifest:
-    """Read and validate a manifest file."""
+    """Read and validate a manifest file (``TrustError`` for anything wrong, the file included)."""
     p = Path(path)
     try:
-        text = p.read_bytes()
+        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise TrustError(f"manifest {p} is not a regular file")
+            text = f.read(MAX_MANIFEST_BYTES + 1)
     except OSError as exc:
-        raise TrustError(f"cannot read manifest {p}: {exc.strerror}") from None
+        raise TrustError(f"cannot read manifest {p}: {exc.strerror or exc}") from None
+    except ValueError as exc:  # e.g. a NUL in the path
+        raise TrustError(f"cannot read manifest {p!r}: {exc}") from None
     return parse_manifest(text, source=f"manifest {p}")
 
 
@@ -307,7 +369,7 @@ def verify_binary(
     directory, a missing, non-regular or non-executable file, a malformed expected checksum, or a mismatch.
     """
     expected = sha256.lower()
-    if not _SHA256.match(expected):
+    if not _SHA256.fullmatch(expected):
         raise TrustError(f"driver {name!r}: expected checksum {sha256[:80]!r} is not 64 hexadecimal digits")
     p = Path(path)
     fd, real, st = _open_checked(p, driver_dir)

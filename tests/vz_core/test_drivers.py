@@ -56,7 +56,7 @@ def test_builtin_drivers_are_listed_and_resolve(store: ManifestStore) -> None:
     resolved = resolve("fake", store=store)
     assert resolved.builtin is not None and resolved.external is None
     spec = resolved.launch_spec({"state_dir": "/x"})()
-    assert spec.argv == [sys.executable, "-m", "vz_plugins", "vz_conformance.fake:FakeDriver"]
+    assert spec.argv == [sys.executable, "-m", "vz_core.registry", "fake"]
     assert json.loads(spec.env["VZ_DRIVER_OPTIONS"]) == {"state_dir": "/x"}
     assert verify("fake", store=store) == [
         {

@@ -1,6 +1,6 @@
-"""`vz driver list | add MANIFEST | verify [NAME]`.
+"""`vz driver list | add MANIFEST | verify [NAME] | configure NAME [KEY=VALUE ...] [--unset KEY ...]`.
 
-The work is done by ``vz_core.drivers`` (built-in registry + external manifests, checksums).
+The work is done by ``vz_core.drivers`` (built-in registry + external manifests, checksums, host configuration).
 """
 
 from __future__ import annotations
@@ -8,11 +8,36 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from vz_core.errors import TrustError
 
-__all__ = ["run_driver_command"]
+__all__ = ["add_driver_arguments", "run_driver_command"]
+
+
+def add_driver_arguments(parser: argparse.ArgumentParser) -> None:
+    """The sub-commands of `vz driver` on ``parser``."""
+    sub = parser.add_subparsers(dest="action", metavar="{list,add,verify,configure}")
+    sub.required = True
+    listing = sub.add_parser("list", help="installed drivers")
+    listing.add_argument("--json", action="store_true")
+    add = sub.add_parser("add", help="record an external driver from its manifest (verifies its checksum)")
+    add.add_argument("manifest", type=Path)
+    add.add_argument("--json", action="store_true")
+    verify = sub.add_parser("verify", help="re-hash driver binaries against their manifests")
+    verify.add_argument("name", nargs="?")
+    verify.add_argument("--json", action="store_true")
+    configure = sub.add_parser(
+        "configure",
+        help="show or change a built-in driver's host configuration (<VZ_HOME>/config/drivers.json)",
+        description="Options of scope 'host' (binaries, host paths, host networks) can only be set here, never "
+        "in vz.json; project-scoped options set here are defaults a vz.json may override.",
+    )
+    configure.add_argument("name", metavar="NAME")
+    configure.add_argument("assignments", nargs="*", metavar="KEY=VALUE", help="options to set")
+    configure.add_argument("--unset", action="append", default=[], metavar="KEY", help="remove an option")
+    configure.add_argument("--json", action="store_true")
 
 
 def _describe(row: dict[str, Any]) -> str:
@@ -40,6 +65,15 @@ def run_driver_command(args: argparse.Namespace) -> int:
             sys.stdout.write(json.dumps(row, indent=2) + "\n")
         else:
             sys.stdout.write(f"{row.get('status', 'added')} driver {row['name']} ({row.get('binary', '')})\n")
+        return 0
+    if args.action == "configure":
+        result = drivers.configure(args.name, args.assignments, args.unset)
+        if args.json:
+            sys.stdout.write(json.dumps(result, indent=2) + "\n")
+        else:
+            sys.stdout.write(f"{result['name']} host configuration ({result['path']}):\n")
+            options = result["options"]
+            sys.stdout.write("".join(f"  {k} = {json.dumps(v)}\n" for k, v in sorted(options.items())) or "  (none)\n")
         return 0
     rows = drivers.verify(args.name)
     if args.json:

@@ -15,7 +15,7 @@ import copy
 import importlib
 from pathlib import Path
 
-from vz_conformance._adapter import Adapter
+from vz_conformance import Adapter
 from vz_core.registry import DriverRegistry
 
 __all__ = ["Adapter", "FakeAdapter", "adapter_for", "load_adapter"]

@@ -8,7 +8,7 @@ linux_native's declaration names it (``vz_conformance.adapters.linux_native:ADAP
 
 from __future__ import annotations
 
-from vz_conformance._adapter import Adapter
+from vz_conformance import Adapter
 
 __all__ = ["ADAPTER", "LinuxNativeAdapter"]
 

@@ -7,7 +7,7 @@ The embedded default image is busybox (Debian's busybox-static): no ``printenv``
 
 from __future__ import annotations
 
-from vz_conformance._adapter import Adapter
+from vz_conformance import Adapter
 
 __all__ = ["ADAPTER", "QemuAdapter"]
 
