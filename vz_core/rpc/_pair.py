@@ -12,7 +12,7 @@ import contextlib
 import os
 import shutil
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import grpc
@@ -29,11 +29,16 @@ __all__ = ["connect_in_process", "serve_in_process"]
 
 @contextlib.asynccontextmanager
 async def serve_in_process(
-    driver: Driver, *, redactor: Redactor | None = None, grace: float = 0.5
+    driver: Driver,
+    *,
+    redactor: Redactor | None = None,
+    grace: float = 0.5,
+    channel_options: Sequence[tuple[str, int | str]] | None = None,
 ) -> AsyncIterator[grpc.aio.Channel]:
     """Serve ``driver`` on a private Unix socket and yield a plain channel to it (closed and removed after).
 
-    ``grace``: seconds in-flight calls get when the server stops at the end.
+    ``grace``: seconds in-flight calls get when the server stops at the end. ``channel_options``: the
+    channel's gRPC options (default: a vz host's, ``CHANNEL_OPTIONS``), e.g. to act as a foreign host.
     """
     directory = tempfile.mkdtemp(prefix="vz-rpc-")
     os.chmod(directory, 0o700)
@@ -43,7 +48,8 @@ async def serve_in_process(
     try:
         server.add_insecure_port(address)
         await server.start()
-        async with grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
+        options = CHANNEL_OPTIONS if channel_options is None else list(channel_options)
+        async with grpc.aio.insecure_channel(address, options=options) as channel:
             yield channel
     finally:
         await server.stop(grace)
