@@ -56,7 +56,7 @@ def category_of(exc: BaseException) -> str:
     if isinstance(exc, TimeoutError):
         return "TIMEOUT"
     if isinstance(exc, grpc.RpcError):
-        from vz_core._wire import error_from_rpc
+        from vz_core.rpc import error_from_rpc
 
         return error_from_rpc(exc).code
     return "NOT_A_DRIVER_ERROR"

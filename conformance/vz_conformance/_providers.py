@@ -4,9 +4,9 @@ A provider makes connected ``Driver`` objects (each ``connect()`` is a new insta
 process) and opens a raw gRPC channel to the same driver for the wire-level cases (frames a ``Driver`` cannot
 express). The same checks run against both.
 
-In-process the raw channel is the plugin SDK serving the driver object on a private Unix socket inside this
-process: malformed frames are handled by the SDK every Python driver is served with, so that is what the
-in-process run judges. Externally it is the channel of the launched plugin.
+In-process the raw channel goes to the Runtime Protocol server every Python driver is served with
+(``vz_core.rpc.serve_in_process``: the plugin server's servicers on a private Unix socket inside this
+process), so malformed frames are judged by that server. Externally it is the channel of the launched plugin.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import contextlib
 import hashlib
 import os
 import shutil
-import tempfile
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -32,7 +31,6 @@ __all__ = [
     "InProcessProvider",
     "ProviderMode",
     "WireUnavailableError",
-    "serve_in_process",
     "sha256_of",
 ]
 
@@ -102,40 +100,10 @@ class InProcessProvider(DriverProvider):
     async def connect(self) -> Driver:
         return self._factory(**self.options)
 
-    @contextlib.asynccontextmanager
-    async def wire(self, driver: Driver) -> AsyncIterator[grpc.aio.Channel]:
-        async with serve_in_process(driver) as channel:
-            yield channel
+    def wire(self, driver: Driver) -> contextlib.AbstractAsyncContextManager[grpc.aio.Channel]:
+        from vz_core.rpc import serve_in_process  # the server half is loaded only by the wire-level cases
 
-
-@contextlib.asynccontextmanager
-async def serve_in_process(driver: Driver) -> AsyncIterator[grpc.aio.Channel]:
-    """Serve ``driver`` with the plugin SDK's servicers on a private Unix socket; yield a channel to it."""
-    try:
-        from vz_plugins._servicer import ExtensionsServicer, RuntimeServicer
-
-        from vz_core._proto.devsy.runtime.v1 import runtime_pb2_grpc
-        from vz_core._proto.vz.machine.v1 import extensions_pb2_grpc
-        from vz_core.redact import Redactor
-    except ImportError as exc:
-        raise WireUnavailableError(
-            f"the plugin SDK (vz_plugins) is needed to serve the driver in-process: {exc}"
-        ) from exc
-    directory = tempfile.mkdtemp(prefix="vzc-wire-")
-    os.chmod(directory, 0o700)
-    address = f"unix:{directory}/driver.sock"
-    server = grpc.aio.server()
-    redactor = Redactor()
-    runtime_pb2_grpc.add_RuntimeDriverServicer_to_server(RuntimeServicer(driver, redactor), server)  # type: ignore[no-untyped-call]
-    extensions_pb2_grpc.add_MachineExtensionsServicer_to_server(ExtensionsServicer(driver, redactor), server)  # type: ignore[no-untyped-call]
-    try:
-        server.add_insecure_port(address)
-        await server.start()
-        async with grpc.aio.insecure_channel(address) as channel:
-            yield channel
-    finally:
-        await server.stop(0.5)
-        shutil.rmtree(directory, ignore_errors=True)
+        return serve_in_process(driver)
 
 
 class ExternalProvider(DriverProvider):

@@ -14,7 +14,7 @@ import grpc
 
 from vz_conformance._providers import WireUnavailableError
 from vz_core import Driver
-from vz_core.remote import RemoteDriver
+from vz_core.rpc import RemoteDriver
 from vz_core.transport import LaunchSpec, PluginLauncher
 from vz_core.trust import verify_binary
 

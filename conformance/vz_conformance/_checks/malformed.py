@@ -1,7 +1,8 @@
 """malformed: Exec streams that break the framing rules are refused as INVALID_ARGUMENT; tty needs the extension.
 
 These frames cannot be expressed through a ``Driver`` object, so the cases speak raw ``ExecClientMessage``s:
-externally to the launched plugin, in-process to the driver served by the plugin SDK on a private socket.
+externally to the launched plugin, in-process to the driver served by the Runtime Protocol server every Python
+driver is served with (``vz_core.rpc.serve_in_process``, on a private socket).
 Each refusal must be a status carrying exactly one RuntimeError, and the Machine keeps running.
 """
 
@@ -20,7 +21,7 @@ from vz_conformance._expect import expect_error, expect_ok
 from vz_conformance._outcome import Outcome, Passed
 from vz_conformance._processes import kill_host_marked
 from vz_core import ExecSpec
-from vz_core._proto.devsy.runtime.v1 import runtime_pb2 as pb
+from vz_core.rpc.pb import runtime_pb2 as pb
 
 __all__ = [
     "CASES",

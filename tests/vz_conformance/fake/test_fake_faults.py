@@ -33,7 +33,6 @@ from vz_conformance.fake import FAULT_DESCRIPTIONS, FAULT_MODES, FakeDriver
 from vz_conformance.fake._faults import PLUGIN_FAULTS
 
 from vz_core import MAX_CHUNK, ExecExit, ExecOutput, ExecSpec, Mount, MountType, RecreateMode
-from vz_core._convert import capabilities_to_pb
 from vz_core.errors import (
     AlreadyExistsError,
     FailedPreconditionError,
@@ -42,6 +41,7 @@ from vz_core.errors import (
     RuntimeFailureError,
     UnsupportedError,
 )
+from vz_core.rpc import capabilities_to_pb
 
 Check = Callable[[Path], Awaitable[None]]
 CHECKS: dict[str, Check] = {}
