@@ -7,14 +7,16 @@ payload, EOF before ``close_stdin``) and judge the status and the ``RuntimeError
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 
 from vz_conformance._expect import fail
-from vz_core._proto.devsy.runtime.v1 import runtime_pb2 as pb
-from vz_core._wire import runtime_errors_in
+from vz_core.rpc import runtime_errors_in
+from vz_core.rpc.pb import runtime_pb2 as pb
 
 __all__ = [
     "RawOutcome",
@@ -28,7 +30,8 @@ __all__ = [
 ]
 
 SERVICE = "/devsy.runtime.v1.RuntimeDriver"
-_EOF: object = grpc.aio.EOF  # type: ignore[attr-defined]  # end-of-stream marker of call.read()
+_MADE_UP_DETAILS = "Internal error from Core"
+_PEER_STATUS_WAIT = 2.0
 
 
 def start(workspace_id: str, argv: Sequence[str], *, tty: bool = False) -> pb.ExecClientMessage:
@@ -67,7 +70,22 @@ class RawOutcome:
 
     def where(self) -> str:
         kinds = [f.WhichOneof("payload") or "unset" for f in self.frames]
-        return f"client frames {self.sent}, server frames {kinds}, status {self.code.name} {self.message!r}"
+        return (
+            f"client frames {_runs(self.sent)}, server frames {_runs(kinds)}, status {self.code.name} {self.message!r}"
+        )
+
+
+def _runs(names: Sequence[str]) -> list[str]:
+    """``names`` with repeats folded: ``['stdin(3 bytes) x64', 'half-close']``."""
+    folded: list[str] = []
+    for index, name in enumerate(names):
+        if index and name == names[index - 1]:
+            continue
+        count = 1
+        while index + count < len(names) and names[index + count] == name:
+            count += 1
+        folded.append(name if count == 1 else f"{name} x{count}")
+    return folded
 
 
 async def raw_exec(
@@ -79,9 +97,9 @@ async def raw_exec(
 ) -> RawOutcome:
     """Send ``messages`` on a new Exec stream, optionally half-close, and read until the status arrives.
 
-    Send nothing after the frame the server must refuse: grpcio's asyncio client replaces the server's status
-    with ``INTERNAL: Internal error from Core`` when a write fails because the server already ended the call
-    (grpc/grpc#36066), so a probe that kept writing would sometimes report a status the server never sent.
+    The outcome is what the server sent, even when it ended the call before the client's last write: a write
+    that fails then stops the sending, and grpcio's made-up status for that write (see ``_StatusLog``) never
+    replaces the server's.
     """
     method = channel.stream_stream(
         f"{SERVICE}/Exec",
@@ -90,27 +108,40 @@ async def raw_exec(
     )
     outcome = RawOutcome(sent=[_frame_name(m) for m in messages] + (["half-close"] if half_close else []))
     call = method(timeout=within)  # type: ignore[call-arg]  # frames are written one by one below
+    statuses = _StatusLog(call)
     try:
-        for message in messages:
-            await call.write(message)
-        if half_close:
-            await call.done_writing()
+        if await _send(call, messages) and half_close:
+            with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
+                await call.done_writing()
+        # The call's iterator, not read(): read() stops at a made-up status while the server's frames (and
+        # its status) are still to come.
+        frames = call.__aiter__()
         while True:
-            frame = await call.read()
-            if frame is _EOF:
-                break
+            try:
+                frame = await frames.__anext__()
+            except (StopAsyncIteration, grpc.aio.AioRpcError):
+                break  # the status below says what happened
             assert isinstance(frame, pb.ExecServerMessage)
             outcome.frames.append(frame)
-    except grpc.aio.AioRpcError:
-        pass  # the status below says what happened
     except asyncio.CancelledError:
         call.cancel()
         raise
-    outcome.code = await call.code()
-    outcome.message = await call.details() or ""
-    trailing = await call.trailing_metadata()
-    outcome.runtime_errors = runtime_errors_in(_Trailers(trailing))
+    status = await statuses.outcome(_PEER_STATUS_WAIT)
+    outcome.code, outcome.message = status.code(), status.details()
+    outcome.runtime_errors = runtime_errors_in(status)
     return outcome
+
+
+async def _send(call: Any, messages: Sequence[pb.ExecClientMessage]) -> bool:
+    """Write ``messages`` until one cannot be written because the call ended; True when all were written."""
+    for message in messages:
+        if call.done():
+            return False
+        try:
+            await call.write(message)
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+            return False
+    return True
 
 
 async def raw_start_missing(channel: grpc.aio.Channel, workspace_id: str) -> RawOutcome:
@@ -130,14 +161,72 @@ async def raw_start_missing(channel: grpc.aio.Channel, workspace_id: str) -> Raw
     return outcome
 
 
-class _Trailers:
-    """Adapts aio trailing metadata to what ``runtime_errors_in`` reads."""
+class _Status:
+    """A finished call's status, shaped like what ``runtime_errors_in`` reads."""
 
-    def __init__(self, metadata: object) -> None:
-        self._metadata = metadata
+    def __init__(self, code: grpc.StatusCode, details: str | None, trailing: Any) -> None:
+        self._code, self._details, self._trailing = code, details or "", trailing
 
-    def trailing_metadata(self) -> object:
-        return self._metadata
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+    def trailing_metadata(self) -> Any:
+        return self._trailing
+
+    def made_up(self) -> bool:
+        """Whether grpcio's client made this status up after one of its own writes failed."""
+        return (
+            self._code == grpc.StatusCode.INTERNAL and self._details == _MADE_UP_DETAILS and not runtime_errors_in(self)
+        )
+
+
+def _settled(coro: Any) -> Any:
+    """The result of a coroutine that finishes without waiting (a finished call's status accessors)."""
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        return done.value
+    coro.close()
+    raise RuntimeError("the call's status is not settled yet")
+
+
+class _StatusLog:
+    """The server's status of a raw Exec call, even when grpcio made one up for a failed write.
+
+    grpcio's asyncio client sets INTERNAL "Internal error from Core" when one of its writes fails because the
+    server already ended the call (grpc/grpc#36066). If the server's status came first, the made-up one
+    replaces it on the call, so the first status set is recorded by a done callback (they run once, at the
+    first status); if the made-up one came first, the server's replaces it once the remaining frames are read.
+    """
+
+    def __init__(self, call: Any) -> None:
+        self._call = call
+        self._first: _Status | None = None
+        call.add_done_callback(self._record)
+
+    def _record(self, call: Any) -> None:
+        with contextlib.suppress(Exception):  # not settled: nothing to record
+            self._first = _current(call)
+
+    async def outcome(self, seconds: float) -> _Status:
+        """The status the server sent; after a made-up first status, poll up to ``seconds`` for the server's
+        to replace it (the made-up one is returned when none does)."""
+        if self._first is not None and not self._first.made_up():
+            return self._first
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        while True:
+            status = _Status(await self._call.code(), await self._call.details(), await self._call.trailing_metadata())
+            if not status.made_up() or loop.time() >= deadline:
+                return status
+            await asyncio.sleep(0.01)
+
+
+def _current(call: Any) -> _Status:
+    return _Status(_settled(call.code()), _settled(call.details()), _settled(call.trailing_metadata()))
 
 
 def require_one_runtime_error(rpc: str, outcome: RawOutcome, code: grpc.StatusCode, category: str) -> None:
