@@ -33,13 +33,16 @@ from vz_core.errors import RuntimeFailureError, RuntimeTimeoutError
 from vz_drivers.vfkit._rest import RestError, RestUnreachable, VfkitRest
 
 __all__ = [
+    "ReadyListener",
     "VfkitProcess",
     "boot_failure",
+    "exit_status",
     "launch",
     "process_alive",
     "stop_vm",
     "tail",
     "wait_gone",
+    "wait_ready",
 ]
 
 _LAUNCHER = r"""
@@ -258,6 +261,24 @@ def _exit_status(status: Path) -> str:
     return f"exit code {code}" if code else ""
 
 
+async def exit_status(status: Path, within: float = 1.0) -> str:
+    """vfkit's exit status as written by the launcher ("0", "1", "137"), or "" if none appears ``within`` s.
+
+    The waiting subshell writes it right after vfkit ends; this bounded wait covers only that moment.
+    """
+    for _ in range(max(1, int(within / 0.05))):
+        with contextlib.suppress(OSError):
+            text = await asyncio.to_thread(_read_text, status)
+            if text:
+                return text
+        await asyncio.sleep(0.05)
+    return ""
+
+
+def _read_text(path: Path) -> str:
+    return path.read_text().strip()
+
+
 def boot_failure(what: str, *, log: Path, status: Path, console: Path | None) -> RuntimeFailureError:
     """A ``RuntimeFailureError`` for a vfkit that died: vfkit's own output and the guest console attached."""
     how = _exit_status(status)
@@ -271,3 +292,77 @@ def boot_failure(what: str, *, log: Path, status: Path, console: Path | None) ->
     if console is not None:
         runtime += f"\n\nguest console (tail):\n{tail(console).strip() or '(empty)'}"
     return RuntimeFailureError(message, runtime_message=runtime[-8000:], details={"log": str(log)})
+
+
+class ReadyListener:
+    """The host end of the readiness channel (vsock ``listen`` mode): vfkit connects to it for the guest.
+
+    The guest agent connects to host vsock port ``READY_VSOCK_PORT`` and writes ``ready\\n`` once it serves;
+    vfkit forwards that connection to this Unix socket. Created before vfkit starts (vfkit dials it).
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._server: asyncio.AbstractServer | None = None
+        self._ready: asyncio.Future[None] | None = None
+
+    async def __aenter__(self) -> ReadyListener:
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+        self._ready = asyncio.get_running_loop().create_future()
+        self._server = await asyncio.start_unix_server(self._handle, path=str(self.path))
+        os.chmod(self.path, 0o600)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            line = await asyncio.wait_for(reader.readline(), 30)
+            if line.strip() == b"ready" and self._ready is not None and not self._ready.done():
+                self._ready.set_result(None)
+        except (TimeoutError, OSError, ValueError):
+            pass
+        finally:
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+
+    async def wait(self) -> None:
+        assert self._ready is not None, "use ReadyListener as an async context manager"
+        await asyncio.shield(self._ready)
+
+
+async def wait_ready(
+    ready: ReadyListener,
+    process: VfkitProcess,
+    *,
+    timeout: float,  # noqa: ASYNC109
+    what: str,
+    log: Path,
+    status: Path,
+    console: Path,
+) -> None:
+    """Return once the guest reported ready; raise when vfkit dies first (with its output) or at ``timeout``."""
+    ready_task = asyncio.ensure_future(ready.wait())
+    gone_task = asyncio.ensure_future(wait_gone(process.pid, process.start_time))
+    try:
+        done, _ = await asyncio.wait({ready_task, gone_task}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (ready_task, gone_task):
+            task.cancel()
+        for task in (ready_task, gone_task):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    if ready_task in done and not ready_task.cancelled() and ready_task.exception() is None:
+        return
+    if gone_task in done:
+        await exit_status(status)
+        raise boot_failure(f"vfkit exited unexpectedly while booting {what}", log=log, status=status, console=console)
+    error = boot_failure(f"{what} did not report ready within {timeout:g} s", log=log, status=status, console=console)
+    raise RuntimeTimeoutError(error.message, runtime_message=error.runtime_message)

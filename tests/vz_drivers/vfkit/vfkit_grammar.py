@@ -137,7 +137,7 @@ def parse_restful_uri(value: str) -> str:
         raise GrammarError(f"invalid unix uri: {value!r}")
     if parts.query or parts.fragment:
         raise GrammarError(f"unix uri with a query or fragment: {value!r}")
-    if any(c in value for c in " \t\n\""):
+    if any(c in value for c in ' \t\n"'):
         raise GrammarError(f"uri is not percent-encoded: {value!r}")
     return urllib.parse.unquote(parts.path)
 
