@@ -11,9 +11,10 @@ import it (see ``vz_core.env._discover.read_header``).
 from __future__ import annotations
 
 import json
+import posixpath
 import re
 from collections.abc import Mapping
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from types import UnionType
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
@@ -31,7 +32,7 @@ from pydantic import (
 )
 
 from vz_core.env._errors import DefinitionError
-from vz_core.env._ids import NAME_RE, PROJECT_ID_RE
+from vz_core.env._ids import DRIVER_NAME_RE, NAME_RE, PROJECT_ID_RE
 
 __all__ = [
     "DEFINITION_FILE",
@@ -56,6 +57,103 @@ SCHEMA_ID = "urn:vz:schema:project-definition:1"
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 RESERVED_ENV = frozenset({"VZ_PROJECT_ID", "VZ_ENVIRONMENT_ID", "VZ_MACHINE_ID"})
 """Environment variables vz sets in every Machine; a definition may not set them."""
+RESERVED_TARGETS = ("/.vz", "/proc", "/sys", "/dev")
+"""Machine paths no workspace, mount or volume may cover (they belong to the Machine runtime)."""
+INT64_MAX = 2**63 - 1
+
+_CONTROL_RE = re.compile(r"[\x00-\x20\x7f]")
+_IMAGE_NAME_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,127}")
+_TAG_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+_DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}")
+_PATH_COMPONENT_RE = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*")
+_HOST_RE = re.compile(
+    r"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*)"
+    r"(?::[0-9]{1,5})?"
+)
+_IMAGE_FORMS = (
+    "use vz:NAME, oci:/abs/layout[:tag|@sha256:...], docker-archive:/abs/file.tar[:repo:tag] or "
+    "host[:port]/repo[:tag|@sha256:...] (docs/images.md)"
+)
+
+
+def _check_abs_path(text: str) -> None:
+    if not text.startswith("/"):
+        raise ValueError(f"the path {text!r} is not absolute; {_IMAGE_FORMS}")
+    if ".." in text.split("/"):
+        raise ValueError(f"the path {text!r} contains '..'; {_IMAGE_FORMS}")
+
+
+def check_image_reference(ref: str) -> str:
+    """The syntax of an image reference (docs/images.md), checked before anything is created.
+
+    Only the syntax: whether an image exists (or a ``vz:`` name is embedded) is the driver's answer.
+    """
+    if len(ref) > 1024:
+        raise ValueError("an image reference is at most 1024 characters")
+    if _CONTROL_RE.search(ref):
+        raise ValueError(f"an image reference contains no whitespace or control characters; {_IMAGE_FORMS}")
+    if ref.startswith("vz:"):
+        if not _IMAGE_NAME_RE.fullmatch(ref[3:]):
+            raise ValueError(f"{ref!r}: the name after 'vz:' is lowercase letters, digits, '.', '_' or '-'")
+        return ref
+    if ref.startswith("oci:"):
+        rest = ref[4:]
+        if "@" in rest:
+            rest, _, digest = rest.rpartition("@")
+            if not _DIGEST_RE.fullmatch(digest):
+                raise ValueError(f"{ref!r}: the digest is not sha256:<64 hex digits>")
+        else:
+            head, _, last = rest.rpartition("/")
+            if ":" in last:
+                name, _, tag = last.partition(":")
+                if not _TAG_RE.fullmatch(tag):
+                    raise ValueError(f"{ref!r}: the tag {tag!r} is not valid (letters, digits, '_', '.', '-')")
+                rest = f"{head}/{name}"
+        _check_abs_path(rest)
+        return ref
+    if ref.startswith("docker-archive:"):
+        path, sep, image = ref[len("docker-archive:") :].partition(":")
+        if sep and not image:
+            raise ValueError(f"{ref!r}: the image name after the archive path is empty")
+        _check_abs_path(path)
+        return ref
+    text = ref[len("docker://") :] if ref.startswith("docker://") else ref
+    name, at, digest = text.partition("@")
+    if at and not _DIGEST_RE.fullmatch(digest):
+        raise ValueError(f"{ref!r}: the digest is not sha256:<64 hex digits>")
+    host, slash, path = name.partition("/")
+    if not slash or not ("." in host or ":" in host or host == "localhost" or host.startswith("[")):
+        raise ValueError(f"{ref!r} names no registry host (vz has no default registry); {_IMAGE_FORMS}")
+    if not _HOST_RE.fullmatch(host):
+        raise ValueError(f"{ref!r}: the registry host {host!r} is not a valid host[:port]")
+    last = path.rsplit("/", 1)[-1]
+    if ":" in last:
+        path, _, tag = path.rpartition(":")
+        if not _TAG_RE.fullmatch(tag):
+            raise ValueError(f"{ref!r}: the tag {tag!r} is not valid (letters, digits, '_', '.', '-')")
+    for component in path.split("/"):
+        if not _PATH_COMPONENT_RE.fullmatch(component):
+            raise ValueError(
+                f"{ref!r}: the repository component {component!r} is not valid (lowercase letters, digits, '._-')"
+            )
+    return ref
+
+
+def normalize_target(target: str) -> str:
+    """A Machine path as Linux resolves it (``//proc`` is ``/proc``); refuse '..', NUL, '/' and reserved paths."""
+    if "\x00" in target:
+        raise ValueError("a target must not contain NUL characters")
+    if ".." in target.split("/"):
+        raise ValueError(f"target {target!r} must not contain '..' components")
+    # posixpath.normpath keeps a leading "//" (POSIX leaves it implementation-defined); Linux does not.
+    norm = "/" + posixpath.normpath(target).lstrip("/")
+    if norm == "/":
+        raise ValueError("a target must not be the root directory '/'")
+    for reserved in RESERVED_TARGETS:
+        if norm == reserved or norm.startswith(reserved + "/"):
+            raise ValueError(f"target {target!r} is reserved ({reserved} belongs to the Machine runtime)")
+    return norm
+
 
 _SIZE_RE = re.compile(r"^\s*(\d+)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
 _SIZE_UNITS = {
@@ -94,12 +192,12 @@ def _parse_size(value: object) -> object:
 Size = Annotated[
     int,
     BeforeValidator(_parse_size),
-    Field(gt=0),
+    Field(gt=0, le=INT64_MAX),
     WithJsonSchema(
         {
             "description": "bytes, or a string with a unit: 512MiB, 2GiB, 10GB",
             "anyOf": [
-                {"type": "integer", "minimum": 1},
+                {"type": "integer", "minimum": 1, "maximum": INT64_MAX},
                 {"type": "string", "pattern": r"^\s*\d+\s*([KMGTkmgt][iI]?[bB]?|[bB])?\s*$"},
             ],
         }
@@ -109,7 +207,32 @@ Name = Annotated[
     str,
     Field(pattern=NAME_RE.pattern, description="lowercase letters, digits and inner dashes, 1..40 characters"),
 ]
-AbsolutePath = Annotated[str, Field(pattern=r"^/", description="an absolute POSIX path inside the Machine")]
+
+
+def _target(value: object) -> object:
+    if isinstance(value, str) and value.startswith("/"):
+        normalize_target(value)
+    return value
+
+
+AbsolutePath = Annotated[
+    str,
+    Field(pattern=r"^/", max_length=4096, description="an absolute POSIX path inside the Machine"),
+    BeforeValidator(_target),
+]
+DriverName = Annotated[
+    str,
+    Field(
+        pattern=DRIVER_NAME_RE.pattern,
+        description="driver name (see `vz driver list`): lowercase letters, digits, '_' or '-', never a path",
+    ),
+]
+ImageReference = Annotated[
+    str,
+    Field(min_length=1, description="image reference, e.g. vz:default (docs/images.md)"),
+    BeforeValidator(lambda v: check_image_reference(v) if isinstance(v, str) and v else v),
+]
+OptionValue = str | Annotated[int, Field(ge=-INT64_MAX - 1, le=INT64_MAX)] | bool
 
 
 class _Model(BaseModel):
@@ -208,9 +331,9 @@ class Machine(_Model):
     profile: Literal["developer", "hardened"] = Field(
         description="developer: a normal development Machine; hardened: the driver's locked-down profile"
     )
-    driver: Annotated[str, Field(min_length=1, description="driver name (see `vz driver list`)")]
-    driver_options: dict[str, str | int | bool] = Field(default_factory=dict, description="options for the driver")
-    image: Annotated[str, Field(min_length=1, description="image reference, e.g. vz:default")]
+    driver: DriverName
+    driver_options: dict[str, OptionValue] = Field(default_factory=dict, description="options for the driver")
+    image: ImageReference
     resources: Resources = Field(default_factory=Resources)
     workspace: Workspace = Field(default_factory=Workspace)
     mounts: list[Mount] = Field(default_factory=list)
@@ -223,11 +346,13 @@ class Machine(_Model):
     @field_validator("environment")
     @classmethod
     def _env_names(cls, value: dict[str, str | SecretRef]) -> dict[str, str | SecretRef]:
-        for key in value:
-            if not _ENV_NAME_RE.match(key):
+        for key, item in value.items():
+            if not _ENV_NAME_RE.fullmatch(key):
                 raise ValueError(f"{key!r} is not an environment variable name (letters, digits, '_')")
             if key in RESERVED_ENV:
                 raise ValueError(f"{key} is set by vz itself and cannot be defined")
+            if isinstance(item, str) and "\x00" in item:
+                raise ValueError(f"the value of {key} contains a NUL character, which no environment can hold")
         return value
 
     @model_validator(mode="after")
@@ -237,7 +362,7 @@ class Machine(_Model):
         places += [(m.target, f"mounts[{i}]") for i, m in enumerate(self.mounts)]
         places += [(v.target, f"volumes[{i}]") for i, v in enumerate(self.volumes)]
         for target, where in places:
-            key = str(PurePosixPath(target))
+            key = normalize_target(target)
             if key in seen:
                 raise ValueError(f"{where} uses target {target!r}, already used by {seen[key]}")
             seen[key] = where
@@ -337,7 +462,7 @@ def _json_path(loc: tuple[int | str, ...], data: object) -> str:
             out += f"[{part}]"
             node = node[part] if isinstance(node, list) and 0 <= part < len(node) else None
         else:
-            out += f".{part}" if re.match(r"^[A-Za-z_$][A-Za-z0-9_]*$", part) else f"[{json.dumps(part)}]"
+            out += f".{part}" if re.fullmatch(r"[A-Za-z_$][A-Za-z0-9_]*", part) else f"[{json.dumps(part)}]"
             node = node.get(part) if isinstance(node, dict) else None
     return out
 
@@ -419,6 +544,8 @@ def _problems(error: ValidationError, data: object) -> list[tuple[str, str]]:
             message = "must be lowercase letters, digits, '.', '_' or '-', 1..64 characters"
         elif kind == "string_pattern_mismatch" and loc and loc[-1] == "target":
             message = "must be an absolute path (starting with '/')"
+        elif kind == "string_pattern_mismatch" and loc and loc[-1] == "driver":
+            message = "must be a driver name: lowercase letters, digits, '_' or '-', at most 63 (see `vz driver list`)"
         path = _json_path(loc, data)
         line = (path, message + _machine_label(loc, data))
         if line not in problems:

@@ -10,6 +10,7 @@ import re
 import secrets
 
 __all__ = [
+    "DRIVER_NAME_RE",
     "ENV_ID_RE",
     "MACHINE_ID_RE",
     "NAME_RE",
@@ -25,12 +26,16 @@ __all__ = [
 _ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"  # Crockford base32, lowercase: no i, l, o, u
 _ID_LEN = 12
 
+# The patterns are also JSON Schema / pydantic patterns, where "$" means the end of the text. In Python "$" also
+# matches before a trailing newline, so Python code always uses ``fullmatch`` with them.
 NAME_RE = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,38}[a-z0-9])?$")
 """Environment and Machine names: lowercase letters, digits and inner dashes, 1..40 characters."""
 PROJECT_ID_RE = re.compile(r"^[a-z0-9](?:[a-z0-9._-]{0,62}[a-z0-9])?$")
 """A project id: lowercase letters, digits, '.', '_' and '-', 1..64 characters, alphanumeric at both ends."""
 ENV_ID_RE = re.compile(rf"^env_[{_ALPHABET}]{{{_ID_LEN}}}$")
 MACHINE_ID_RE = re.compile(rf"^mch_[{_ALPHABET}]{{{_ID_LEN}}}$")
+DRIVER_NAME_RE = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+"""A driver name as a Machine's ``driver`` may give it (the registry's grammar): a name, never a path."""
 
 
 def _random(prefix: str) -> str:
@@ -53,11 +58,11 @@ def new_operation_id() -> str:
 
 
 def looks_like_env_id(value: str) -> bool:
-    return ENV_ID_RE.match(value) is not None
+    return ENV_ID_RE.fullmatch(value) is not None
 
 
 def looks_like_machine_id(value: str) -> bool:
-    return MACHINE_ID_RE.match(value) is not None
+    return MACHINE_ID_RE.fullmatch(value) is not None
 
 
 def workspace_id(project_id: str, env_id: str, machine_id: str) -> str:

@@ -29,6 +29,11 @@ def resolve_environment(
                 missing.append(f"{json_path}.{key} needs ${value.from_env}")
                 continue
             redactor.add(secret)
+            if "\x00" in secret:  # the value itself is never shown
+                raise UserError(
+                    f"{json_path}.{key}: ${value.from_env} contains a NUL character, which no environment can hold; "
+                    "fix the variable in the environment that runs `vz up`"
+                )
             out[key] = secret
         else:
             out[key] = value

@@ -71,7 +71,7 @@ def select_environment(
                 f"{_elsewhere(explicit, all_environments)}; Environments: {_listing(environments)}"
             )
         if for_up:
-            if not NAME_RE.match(explicit):
+            if not NAME_RE.fullmatch(explicit):
                 raise SelectionNotFoundError(
                     f"--environment {explicit!r} is not a valid Environment name (lowercase letters, digits and "
                     "inner dashes, 1..40 characters) nor an Environment id"

@@ -41,6 +41,7 @@ from vz_core.env._errors import ConflictError, PlanError
 from vz_core.env._ids import new_env_id, new_machine_id, workspace_id
 from vz_core.env._locks import FileLock, env_lock_path, project_lock_path
 from vz_core.env._plan import Observed, Plan, RecordedMachine, Step, compute_plan
+from vz_core.env._progress import Progress
 from vz_core.env._store import EnvironmentRecord, MachineRecord, Store
 from vz_core.errors import NotFoundError, RuntimeFailureError, UserError
 from vz_core.redact import Redactor
@@ -54,7 +55,35 @@ __all__ = ["up"]
 # --- capability checks (before any mutation) ---------------------------------------------------------------
 
 
-def _check_machine(machine: Machine, facts: DriverFacts, native_arch: str, worktree: Path, where: str) -> None:
+def _check_bind_source(progress: Progress, source: Path, worktree: Path, where: str) -> None:
+    """The bind-source policy (docs/user-guide.md): '/' is refused; the home directory itself and anything
+    outside the project directory are allowed with a warning, since the Machine can read (or write) them."""
+    resolved = source.resolve()
+    if resolved == Path("/"):
+        raise UserError(
+            f"{where}: the host root directory '/' cannot be bind-mounted into a Machine (it would expose the whole "
+            "host); mount the directories the Machine needs instead"
+        )
+    home = Path.home().resolve()
+    project = worktree.resolve()
+    if resolved == home:
+        progress.note(
+            "warning",
+            f"warning: {where}: bind-mounts your whole home directory {home} into the Machine (keys, tokens and "
+            "shell history included); mount only what it needs",
+            field=where,
+        )
+    elif resolved != project and project not in resolved.parents:
+        progress.note(
+            "warning",
+            f"warning: {where}: {resolved} is outside the project directory {project}; the Machine can reach it",
+            field=where,
+        )
+
+
+def _check_machine(
+    machine: Machine, facts: DriverFacts, native_arch: str, worktree: Path, where: str, progress: Progress
+) -> None:
     """Refuse what the driver did not advertise, naming the field and what to do."""
     driver = f"driver {facts.name!r}"
     caps = facts.info.capabilities
@@ -107,6 +136,7 @@ def _check_machine(machine: Machine, facts: DriverFacts, native_arch: str, workt
             source = _bind_source(worktree, mount.source or "")
             if not source.exists():
                 raise UserError(f"{where}.mounts[{index}].source: {source} does not exist on this host")
+            _check_bind_source(progress, source, worktree, f"{where}.mounts[{index}].source")
     if machine.volumes and MountType.VOLUME not in mount_types:
         raise UserError(f"{where}.volumes: {driver} does not support named volumes; remove them")
     res = machine.resources
@@ -233,7 +263,7 @@ async def _prepare(ctx: Context, pool: DriverPool) -> _Prepared:
                 await pool.preflight(machine.driver, machine.driver_options)
                 checked[key] = await driver.target_architecture(probe)
         native[machine.name] = checked[key]
-        _check_machine(machine, facts, native[machine.name], path.parent, where)
+        _check_machine(machine, facts, native[machine.name], path.parent, where, ctx.progress)
     return _Prepared(definition, path, environments, native, redactor)
 
 

@@ -90,7 +90,7 @@ def test_invalid_json_points_at_the_line(vz: Vz, tmp_path: Path) -> None:
 
 
 def test_schema_errors_list_json_paths(vz: Vz, tmp_path: Path) -> None:
-    write_project(tmp_path, {"name": "web", "driver": "fake", "image": "i", "workspace": {"projection": "rw"}})
+    write_project(tmp_path, {"name": "web", "driver": "fake", "image": "vz:default", "workspace": {"projection": "rw"}})
     err = vz.fails(2, "up", cwd=tmp_path)
     assert "is not a valid project definition (2 problems)" in err
     assert "$.machines[0].profile: required field is missing (machine 'web')" in err
