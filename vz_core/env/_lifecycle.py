@@ -13,6 +13,8 @@ from vz_core.env._context import (
     converge_stale,
     delete_owned,
     fail_operation,
+    learn_definition_secrets,
+    learn_recorded_secrets,
     lock_environment,
     open_store,
     resolve_project,
@@ -51,6 +53,9 @@ async def _mutate(ctx: Context, environment: str | None, kind: str) -> dict[str,
         env = store.environment(env.env_id) or env
         converge_stale(ctx, store, env, lock)
         machines = store.machines(env.env_id)
+        # Before any driver call: a driver error quoting any of this Environment's secrets is masked.
+        learn_definition_secrets(ctx, project.header.path if project.header else None)
+        learn_recorded_secrets(ctx, machines)
         with store.transaction() as db:
             op_id = store.begin_operation(db, env_id=env.env_id, project_id=env.project_id, kind=kind)
             if kind == "delete":

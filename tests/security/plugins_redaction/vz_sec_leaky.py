@@ -1,0 +1,62 @@
+"""Test-only driver "sec_leaky": the fake driver, except that the calls named in ``$VZ_SEC_LEAK`` (comma
+separated: find, delete, stop, exec) fail with a message quoting ``$VZ_SEC_VALUE``, as a careless backend that
+kept a Machine's secret might. Installed for a subprocess by putting this directory on PYTHONPATH.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from typing import Any
+
+from vz_conformance.fake import FakeDriver
+
+from vz_core import ExecSpec
+from vz_core.errors import FailedPreconditionError, RuntimeFailureError
+from vz_core.registry import BuiltinDriver, hookimpl
+
+
+def _leaks(call: str) -> bool:
+    return call in os.environ.get("VZ_SEC_LEAK", "").split(",")
+
+
+def _error(call: str) -> RuntimeFailureError:
+    value = os.environ.get("VZ_SEC_VALUE", "")
+    return RuntimeFailureError(
+        f"{call} failed: backend said token={value} was refused (and {value})",
+        runtime_message=f"diagnostic: {value}",
+    )
+
+
+class LeakyDriver(FakeDriver):
+    async def find(self, workspace_id: str) -> Any:
+        if _leaks("find"):
+            raise _error("find")
+        return await super().find(workspace_id)
+
+    async def delete(self, workspace_id: str) -> None:
+        if _leaks("delete"):
+            raise _error("delete")
+        await super().delete(workspace_id)
+
+    async def stop(self, workspace_id: str) -> None:
+        if _leaks("stop"):
+            raise _error("stop")
+        await super().stop(workspace_id)
+
+    def exec(self, spec: ExecSpec, stdin: AsyncIterator[bytes]) -> Any:
+        if _leaks("exec"):
+            value = os.environ.get("VZ_SEC_VALUE", "")
+            raise FailedPreconditionError(f"exec refused: token={value}")
+        return super().exec(spec, stdin)
+
+
+@hookimpl
+def vz_builtin_drivers() -> list[BuiltinDriver]:
+    return [
+        BuiltinDriver(
+            name="sec_leaky",
+            summary="test only: the fake driver whose errors quote a secret",
+            factory="vz_sec_leaky:LeakyDriver",
+        )
+    ]
