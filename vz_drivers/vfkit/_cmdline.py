@@ -80,6 +80,8 @@ class VfkitSpec:
     rosetta_tag: str = ""
     nested: bool = False
     rng: bool = True
+    network: bool = True
+    """A virtio-net NAT device; without it nothing leaves the guest (egress deny)."""
     extra_devices: tuple[str, ...] = field(default_factory=tuple)
     """Further ``--device`` values, already in vfkit syntax (validated like the others)."""
 
@@ -167,7 +169,8 @@ def build_argv(vfkit: str, spec: VfkitSpec) -> list[str]:
         if not _MAC.match(spec.mac):
             raise InvalidArgumentError(f"mac {spec.mac!r} is not a MAC address (xx:xx:xx:xx:xx:xx)")
         net += f",mac={spec.mac.lower()}"
-    argv += ["--device", net]
+    if spec.network:
+        argv += ["--device", net]
     if spec.rng:
         argv += ["--device", "virtio-rng"]
     argv += [

@@ -25,6 +25,7 @@ OPTION_HELP: dict[str, str] = {
     "nested": "off (default) or on: nested virtualization (macOS 15+, M3 or newer)",
     "stop_timeout": "seconds the guest gets to power off after Stop before HardStop (default 30)",
     "boot_timeout": "seconds a boot may take until the guest agent reports ready (default 120)",
+    "insecure_registries": "comma-separated registry hosts reached over plain HTTP",
 }
 
 
@@ -40,6 +41,7 @@ class VfkitOptions:
     nested: bool
     stop_timeout: float
     boot_timeout: float
+    insecure_registries: tuple[str, ...] = ()
 
 
 def _choice(name: str, value: str, allowed: tuple[str, ...]) -> str:
@@ -78,6 +80,7 @@ def parse_options(
     nested: str | bool = "off",
     stop_timeout: float | str = 30.0,
     boot_timeout: float | str = 120.0,
+    insecure_registries: str | tuple[str, ...] | list[str] = (),
     **unknown: Any,
 ) -> VfkitOptions:
     """Every option checked; ``InvalidArgumentError`` naming the culprit (unknown keys included)."""
@@ -98,4 +101,9 @@ def parse_options(
         nested=_choice("nested", nested_text, ("on", "off")) == "on",
         stop_timeout=_seconds("stop_timeout", stop_timeout, positive=False),
         boot_timeout=_seconds("boot_timeout", boot_timeout, positive=True),
+        insecure_registries=tuple(
+            r
+            for r in (insecure_registries.split(",") if isinstance(insecure_registries, str) else insecure_registries)
+            if r
+        ),
     )

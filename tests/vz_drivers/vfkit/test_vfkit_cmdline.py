@@ -40,9 +40,11 @@ def _roundtrip(spec: VfkitSpec) -> None:
     assert blk.options == {"path": spec.disk}
     (serial,) = parsed.of("virtio-serial")
     assert serial.options == {"logFilePath": spec.console_log}
-    (net,) = parsed.of("virtio-net")
-    assert "nat" in net.flags
-    assert net.options == ({"mac": spec.mac.lower()} if spec.mac else {})
+    nets = parsed.of("virtio-net")
+    assert len(nets) == (1 if spec.network else 0)
+    for net in nets:
+        assert "nat" in net.flags
+        assert net.options == ({"mac": spec.mac.lower()} if spec.mac else {})
     vsock = {int(d.options["port"]): d for d in parsed.of("virtio-vsock")}
     assert vsock[AGENT_VSOCK_PORT].options["socketURL"] == spec.agent_socket
     assert vsock[AGENT_VSOCK_PORT].flags == {"connect"}
@@ -94,6 +96,12 @@ def test_every_optional_device_round_trips() -> None:
     )
     _roundtrip(spec)
     assert build_argv("/opt/vfkit", spec)[-1] == "--nested"
+
+
+def test_egress_deny_has_no_network_device() -> None:
+    spec = dataclasses.replace(BASE, network=False)
+    _roundtrip(spec)
+    assert not any(a.startswith("virtio-net") for a in build_argv("/opt/vfkit", spec))
 
 
 def test_the_grammar_parser_is_the_documented_one() -> None:

@@ -1,0 +1,407 @@
+"""The vfkit backend of the shared agent-Machine layer: what a vfkit Machine does differently.
+
+* **Boot**: the private verified vfkit copy with the Machine's command line (``_cmdline``): linux bootloader
+  (uncompressed kernel, the vz initramfs, ``console=hvc0``), raw root disk on virtio-blk, virtio-fs shares
+  (configuration, workspace, bind mounts, volumes), virtio-net NAT, the console on virtio-serial into a log
+  file, virtio-vsock for the agent (``connect``: vfkit listens on the host socket and forwards each connection
+  to guest port 1024) and for readiness (``listen``: the guest connects to host port 1025, vfkit dials our
+  socket), optionally Rosetta and nested virtualization, and the REST API on a private Unix socket.
+* **Readiness** is the guest's ``ready`` line on the readiness socket, raced by the layer against vfkit's death.
+* **Agent**: every host connection to the agent socket is a new vsock connection, i.e. an independent session;
+  the socket's listening peer must be the recorded vfkit process.
+* **Stop**: the agent stops everything and powers off (vfkit exits with the VM); if vfkit is still there, the
+  REST state machine follows (``Stop``, ``HardStop`` after the grace, SIGKILL).
+* **Diagnostics**: a failed start reports vfkit's exit status, its own output and the guest console tail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from vz_core import EgressPolicy, Extensions, RunImageRequest
+from vz_core.errors import DriverError, FailedPreconditionError, UnavailableError, UnsupportedError
+from vz_drivers._machine import (
+    AgentLink,
+    Backend,
+    ImageSource,
+    MachinePlan,
+    Rules,
+    atomic_write,
+    now,
+    open_agent_socket,
+    proc_start_time,
+    validate_common,
+)
+from vz_drivers.vfkit._binary import VfkitBinary
+from vz_drivers.vfkit._cmdline import Share, VfkitSpec, build_argv
+from vz_drivers.vfkit._guest import (
+    CONFIG_TAG,
+    GuestConfig,
+    GuestMount,
+    create_root_disk,
+    disk_size,
+    env_list,
+    find_mke2fs,
+    render,
+)
+from vz_drivers.vfkit._host import HostSupport, host_support
+from vz_drivers.vfkit._options import DRIVER_NAME, parse_options
+from vz_drivers.vfkit._process import (
+    ReadyListener,
+    VfkitProcess,
+    boot_failure,
+    launch,
+    process_alive,
+    stop_vm,
+)
+from vz_drivers.vfkit._records import VfkitBook, VfkitPaths, VfkitRecord, socket_dir
+from vz_drivers.vfkit._rest import VfkitRest
+
+__all__ = ["STATUS", "VfkitBackend"]
+
+STATUS = "DEV (written to vfkit's documented interface; not verified on a Mac)"
+DEFAULT_MEMORY = 1024 * 1024 * 1024
+MIN_MEMORY = 256 * 1024 * 1024
+ROSETTA_TAG = "vz-rosetta"
+_MIB = 1024 * 1024
+
+
+def _tree_bytes(root: Path) -> int:
+    total = 0
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+    return total
+
+
+class VfkitBackend(Backend[VfkitRecord, VfkitPaths]):
+    """vfkit virtual machines (macOS): agent over virtio-vsock, shares over virtio-fs, REST API for state."""
+
+    name = DRIVER_NAME
+    display = "the vfkit driver"
+    runtime_name = "vfkit"
+    keep_log_on_stop = True
+    stop_slack = 15.0
+    book: VfkitBook
+
+    def __init__(
+        self,
+        *,
+        host: HostSupport | None = None,
+        **options: Any,
+    ) -> None:
+        self.options = parse_options(**options)
+        self.book = VfkitBook(self.options.state_root)
+        self.images = ImageSource(self.options.image_dir, self.options.insecure_registries)
+        self.binary = VfkitBinary(
+            self.options.vfkit, state_root=self.options.state_root, pinned_sha256=self.options.vfkit_sha256
+        )
+        # ``host`` is only ever given by tests that run a stand-in vfkit; the driver reads the real host.
+        self.host = host if host is not None else host_support()
+        self.stop_timeout = self.options.stop_timeout
+        self.boot_timeout = self.options.boot_timeout
+        arch = self.host.architecture if self.host.architecture in ("amd64", "arm64") else "arm64"
+        self.rules = Rules(
+            display=self.display,
+            architecture=arch,
+            cpus=os.cpu_count() or 1,
+            memory_bytes=int(psutil.virtual_memory().total),
+            min_memory_bytes=MIN_MEMORY,
+            min_memory_why="256 MiB a Virtualization.framework guest needs",
+            profiles=("developer",),
+            platform_hint=" (vfkit runs guests of the host's architecture)",
+            userns_hint=": a Machine is a whole virtual machine",
+            reserved_why="belongs to the Machine's kernel",
+            bind_dirs_only=True,
+            max_mounts=24,
+        )
+        self._ready: dict[str, ReadyListener] = {}
+
+    # ------------------------------------------------------------------ facts
+
+    async def runtime_version(self) -> str:
+        if not self.host.supported:
+            return ""
+        try:
+            return (await asyncio.to_thread(self.binary.version))[0]
+        except DriverError:
+            return ""
+
+    async def extensions(self) -> Extensions:
+        host = self.host
+        facts: dict[str, str] = {
+            "status": STATUS,
+            "state_dir": str(self.book.root),
+            "host_os": host.system,
+            "host_supported": "yes" if host.supported else f"no: {host.reason}",
+            "agent_transport": "virtio-vsock (vfkit socketURL, connect mode), one session per connection",
+            "shares": "virtio-fs (read-only enforced in the guest)",
+            "egress_allow": "virtio-net NAT (Virtualization.framework)",
+            "egress_deny": "no network device at all (nothing can leave the guest; exec uses vsock)",
+            "rosetta": "available" if host.rosetta else "not available",
+            "nested": "possible" if host.nested else "not available",
+            "kernel": self.options.kernel or "(not set)",
+            "initrd": self.options.initrd or "(not set)",
+        }
+        if host.supported:
+            try:
+                verified = await asyncio.to_thread(self.binary.verify)
+                facts["vfkit"] = verified.source
+                facts["vfkit_sha256"] = verified.sha256
+                facts["vfkit_version"] = (await asyncio.to_thread(self.binary.version))[0]
+            except DriverError as exc:
+                facts["vfkit"] = f"unavailable: {exc.message}"
+        return Extensions(
+            target_os=("linux",),
+            profiles=("developer",),
+            accelerator="virtualization.framework" if host.supported else "",
+            accelerator_reason="" if host.supported else host.reason,
+            egress_policies=(EgressPolicy.ALLOW, EgressPolicy.DENY),
+            facts=facts,
+        )
+
+    async def preflight(self) -> None:
+        if not self.host.supported:
+            raise UnsupportedError(self.host.reason, details={"driver": DRIVER_NAME, "host_os": self.host.system})
+        await asyncio.to_thread(self.binary.check_version)
+
+    async def provisioning_preflight(self) -> None:
+        await self.preflight()
+        for name, value in (("kernel", self.options.kernel), ("initrd", self.options.initrd)):
+            if not value:
+                raise UnavailableError(
+                    f"the vfkit driver needs the option {name}=<absolute path> (an uncompressed Linux kernel and the "
+                    "vz guest initramfs built for it; see docs/drivers/vfkit.md)",
+                    details={"option": name},
+                )
+            if not await asyncio.to_thread(os.path.isfile, value):
+                raise UnavailableError(f"the {name} {value} does not exist", details={"option": name})
+        if self.options.rosetta == "on" and not self.host.rosetta:
+            raise UnavailableError(
+                "rosetta=on, but Rosetta for Linux is not installed (Apple silicon: `softwareupdate "
+                "--install-rosetta`)",
+                details={"option": "rosetta"},
+            )
+        if self.options.nested and not self.host.nested:
+            raise UnsupportedError(
+                "nested=on needs macOS 15 or newer on an M3 or newer chip", details={"option": "nested"}
+            )
+        await asyncio.to_thread(find_mke2fs)
+        await asyncio.to_thread(self.book.ensure)
+
+    # ------------------------------------------------------------------ create
+
+    async def plan(self, request: RunImageRequest, key: str) -> MachinePlan[VfkitRecord]:
+        # Host first: on a host that cannot run vfkit nothing else is looked at, and nothing is created.
+        await self.provisioning_preflight()
+        valid = validate_common(request, self.rules)
+        image = await self.images.resolve(request, architecture=self.rules.architecture, display=self.display)
+        size = disk_size(await asyncio.to_thread(_tree_bytes, image.rootfs), valid.storage_bytes)
+        record = VfkitRecord(
+            workspace_id=request.workspace_id,
+            key=key,
+            machine_id=uuid.uuid4().hex,
+            created_at=now(),
+            image_ref=request.image,
+            image_digest=image.digest,
+            argv=image.argv,
+            environment=dict(request.environment),
+            image_env=image.env,
+            working_dir=image.working_dir,
+            user=image.user,
+            developer_identity=image.identity_name,
+            identity_uid=image.identity.uid,
+            identity_gid=image.identity.gid,
+            labels=valid.labels,
+            mounts=list(valid.mounts),
+            cpus=valid.cpus or min(2, self.rules.cpus),
+            memory_bytes=valid.memory_bytes or DEFAULT_MEMORY,
+            disk_bytes=size,
+            egress=valid.egress,
+            extra={"workspace_target": valid.mounts[0].target if request.workspace_mount and valid.mounts else ""},
+        )
+        return MachinePlan(record, staged={"rootfs": image.rootfs})
+
+    async def stage(self, plan: MachinePlan[VfkitRecord]) -> None:
+        record = plan.record
+        await asyncio.to_thread(self.book.staging.mkdir, parents=True, exist_ok=True, mode=0o700)
+        disk = self.book.staging / f"{record.key}-{uuid.uuid4().hex[:8]}.img"
+        plan.staged["disk"] = disk
+        await create_root_disk(plan.staged["rootfs"], disk, record.disk_bytes)
+
+    def unstage(self, plan: MachinePlan[VfkitRecord]) -> None:
+        disk = plan.staged.get("disk")
+        if disk is not None:
+            with contextlib.suppress(FileNotFoundError):
+                disk.unlink()
+
+    def make_machine_dir(self, record: VfkitRecord, plan: MachinePlan[VfkitRecord]) -> None:
+        paths = self.book.paths(record.key)
+        paths.cfg.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.replace(plan.staged["disk"], paths.disk)
+
+    # ------------------------------------------------------------------ boot
+
+    def _write_config(self, record: VfkitRecord, paths: VfkitPaths) -> list[Share]:
+        shares: list[Share] = [Share(tag=CONFIG_TAG, path=str(paths.cfg), read_only=True)]
+        mounts: list[GuestMount] = []
+        for m in record.mounts:
+            if m.type == "tmpfs":
+                mounts.append(GuestMount(target=m.target, read_only=m.read_only, options=m.options))
+                continue
+            if not os.path.isdir(m.host_path):
+                raise FailedPreconditionError(
+                    f"Machine {record.workspace_id!r}: the {m.target} mount source {m.source!r} no longer exists on "
+                    "the host; restore it or recreate the Machine",
+                    details={"workspace_id": record.workspace_id, "mount": m.target},
+                )
+            tag = f"vzm{len(shares) - 1}"
+            shares.append(Share(tag=tag, path=m.host_path, read_only=m.read_only))
+            mounts.append(GuestMount(target=m.guest_target or m.target, tag=tag, read_only=m.read_only))
+        hostname = "vz-" + record.key[:12]
+        config = GuestConfig(
+            hostname=hostname,
+            mounts=tuple(mounts),
+            env=env_list(record.image_env, record.environment),
+            argv=tuple(record.argv),
+            user=record.user,
+            workdir=record.working_dir or "/",
+            stop_timeout=self.stop_timeout,
+            rosetta_tag=ROSETTA_TAG if self._rosetta() else "",
+            network=record.egress != "deny",
+        )
+        paths.cfg.mkdir(parents=True, exist_ok=True, mode=0o700)
+        atomic_write(paths.cfg / "config.sh", render(config).encode(), 0o600)
+        atomic_write(
+            paths.cfg / "hosts", f"127.0.0.1\tlocalhost\n::1\tlocalhost\n127.0.1.1\t{hostname}\n".encode(), 0o644
+        )
+        # Virtualization.framework's NAT hands out the host as gateway and DNS forwarder.
+        atomic_write(paths.cfg / "resolv.conf", b"nameserver 192.168.64.1\n", 0o644)
+        paths.run.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return shares
+
+    def _rosetta(self) -> bool:
+        return self.options.rosetta == "on" or (self.options.rosetta == "auto" and self.host.rosetta)
+
+    def _sockets(self, record: VfkitRecord) -> Path:
+        return Path(record.socket_dir) if record.socket_dir else self.book.paths(record.key).run
+
+    async def boot(self, record: VfkitRecord) -> None:
+        verified = await asyncio.to_thread(self.binary.verify)
+        paths = self.book.paths(record.key)
+        shares = await asyncio.to_thread(self._write_config, record, paths)
+        sockets = await asyncio.to_thread(socket_dir, paths, record.key)
+        record.socket_dir = str(sockets)
+        for name in ("rest.sock", "agent.sock", "ready.sock"):
+            with contextlib.suppress(FileNotFoundError):
+                (sockets / name).unlink()  # vfkit cannot listen where a stale socket file remains
+        for stale in (paths.console, paths.vfkit_status):
+            with contextlib.suppress(FileNotFoundError):
+                stale.unlink()
+        spec = VfkitSpec(
+            cpus=record.cpus,
+            memory_mib=max(record.memory_bytes // _MIB, 1),
+            kernel=self.options.kernel,
+            initrd=self.options.initrd,
+            cmdline=("console=hvc0", "quiet", "panic=-1", f"vz.cfg={CONFIG_TAG}"),
+            disk=str(paths.disk),
+            console_log=str(paths.console),
+            rest_socket=str(sockets / "rest.sock"),
+            agent_socket=str(sockets / "agent.sock"),
+            ready_socket=str(sockets / "ready.sock"),
+            shares=tuple(shares),
+            rosetta_tag=ROSETTA_TAG if self._rosetta() else "",
+            nested=self.options.nested,
+            network=record.egress != "deny",
+        )
+        argv = build_argv(verified.path, spec)
+        listener = ReadyListener(sockets / "ready.sock")
+        await listener.__aenter__()
+        try:
+            process = await launch(argv, run_dir=paths.run, log=paths.vfkit_log, status=paths.vfkit_status)
+        except BaseException:
+            await listener.__aexit__(None, None, None)
+            raise
+        self._ready[record.key] = listener
+        record.vfkit, record.vfkit_sha256 = verified.path, verified.sha256
+        record.pid = process.pid
+        start = proc_start_time(process.pid)
+        if start is None:
+            raise boot_failure(
+                f"vfkit exited unexpectedly while booting Machine {record.workspace_id!r}",
+                log=paths.vfkit_log,
+                status=paths.vfkit_status,
+                console=paths.console,
+            )
+        record.pid_start = start
+
+    async def connect(self, record: VfkitRecord, *, booting: bool) -> AgentLink:
+        from vz_drivers._agent import AgentClient
+
+        if booting:
+            listener = self._ready.pop(record.key, None)
+            if listener is not None:
+                try:
+                    await listener.wait()  # the layer bounds this with boot_timeout and vfkit's death
+                finally:
+                    await listener.__aexit__(None, None, None)
+        what = f"Machine {record.workspace_id!r}"
+        reader, writer = await open_agent_socket(self._sockets(record) / "agent.sock", record.pid, what=what)
+        client = await AgentClient.from_streams(reader, writer, wait_ready=True, timeout=30.0)
+        return AgentLink(client=client, pid=record.pid, pid_start=record.pid_start)
+
+    def diagnose(self, record: VfkitRecord) -> tuple[str, str]:
+        paths = self.book.paths(record.key)
+        alive = bool(record.pid) and proc_start_time(record.pid) == record.pid_start
+        what = "vfkit is running but the guest agent did not answer" if alive else "vfkit exited unexpectedly"
+        error = boot_failure(what, log=paths.vfkit_log, status=paths.vfkit_status, console=paths.console)
+        return error.message, error.runtime_message
+
+    # ------------------------------------------------------------------ stop and remove
+
+    def _process(self, record: VfkitRecord) -> VfkitProcess | None:
+        if not record.pid or proc_start_time(record.pid) != record.pid_start:
+            return None
+        try:
+            started = psutil.Process(record.pid).create_time()
+        except psutil.Error:
+            return None
+        return VfkitProcess(pid=record.pid, start_time=started, executable=record.vfkit)
+
+    async def shutdown(self, record: VfkitRecord, link: AgentLink) -> None:
+        """The agent stops everything and powers the guest off; vfkit exits with the VM. Whatever remains is
+        stopped through the REST API (Stop, then HardStop after the grace) and finally killed."""
+        with contextlib.suppress(DriverError, TimeoutError):
+            async with asyncio.timeout(self.stop_timeout + 5):
+                await link.client.shutdown(grace=self.stop_timeout)
+        process = self._process(record)
+        if process is not None and process_alive(process.pid, process.start_time):
+            rest = VfkitRest(str(self._sockets(record) / "rest.sock"))
+            await stop_vm(process, rest, grace=5.0, hard_grace=5.0)
+
+    async def vm_state(self, record: VfkitRecord) -> str:
+        """vfkit's own view of a running Machine (``GET /vm/state``)."""
+        return (await VfkitRest(str(self._sockets(record) / "rest.sock")).state()).state
+
+    async def release(self, record: VfkitRecord) -> None:
+        listener = self._ready.pop(record.key, None)
+        if listener is not None:
+            await listener.__aexit__(None, None, None)
+
+    def remove_tree(self, paths: VfkitPaths) -> None:
+        record = self.book.load(paths.root.name)
+        if record is not None and record.socket_dir and Path(record.socket_dir) != paths.run:
+            shutil.rmtree(record.socket_dir, ignore_errors=True)
+        shutil.rmtree(paths.root, ignore_errors=True)
+
+    async def remove_host_state(self) -> None:
+        shutil.rmtree(self.book.staging, ignore_errors=True)
