@@ -80,8 +80,8 @@ def _disk_full(directory: Path) -> bool:
 
 def _full_error(directory: Path) -> StoreError:
     return StoreError(
-        f"the state directory {directory} is full (no space left for the state database); free space there, "
-        "or set VZ_HOME to a directory with space, then run the command again"
+        f"the state directory {directory} is full (no space left for the state database); free space on that "
+        "filesystem and run the command again"
     )
 
 

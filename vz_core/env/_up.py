@@ -136,7 +136,6 @@ def _check_machine(
             source = _bind_source(worktree, mount.source or "")
             if not source.exists():
                 raise UserError(f"{where}.mounts[{index}].source: {source} does not exist on this host")
-            _check_bind_source(progress, source, worktree, f"{where}.mounts[{index}].source")
     if machine.volumes and MountType.VOLUME not in mount_types:
         raise UserError(f"{where}.volumes: {driver} does not support named volumes; remove them")
     res = machine.resources
@@ -249,6 +248,12 @@ async def _prepare(ctx: Context, pool: DriverPool) -> _Prepared:
         environments[machine.name] = resolve_environment(
             machine, ctx.environ, json_path=f"{where}.environment", redactor=redactor
         )
+    # The bind-source policy depends on the host alone: checked before any driver is asked anything.
+    for index, machine in enumerate(definition.machines):
+        for number, mount in enumerate(machine.mounts):
+            if mount.type == "bind":
+                where = f"$.machines[{index}].mounts[{number}].source"
+                _check_bind_source(ctx.progress, _bind_source(path.parent, mount.source or ""), path.parent, where)
     probe = f"vz-{definition.project_id}-probe"
     checked: dict[tuple[str, str], str] = {}
     for index, machine in enumerate(definition.machines):
