@@ -64,6 +64,7 @@ from vz_drivers._images._reference import (
 )
 from vz_drivers._images._registry import MAX_MANIFEST, BlobSink, RegistryClient
 from vz_drivers._images._unpack import BlobCorruptError, unpack_layers
+from vz_drivers._machine import atomic_write, subpath
 
 __all__ = ["ImageStore", "RegistryCredentials", "default_store_root"]
 
@@ -282,20 +283,6 @@ class _Staging:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def _fsync_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-
-
 class ImageStore:
     """Local, content-addressed image store shared by drivers.
 
@@ -328,30 +315,12 @@ class ImageStore:
         return f"ImageStore(root={str(self.root)!r})"
 
     # -- paths --------------------------------------------------------------------------------------------
-    @property
-    def blobs_dir(self) -> Path:
-        """``root/blobs/sha256``."""
-        return self.root / "blobs" / "sha256"
-
-    @property
-    def rootfs_dir(self) -> Path:
-        """``root/rootfs``."""
-        return self.root / "rootfs"
-
-    @property
-    def tmp_dir(self) -> Path:
-        """``root/tmp``: staging area on the store's filesystem."""
-        return self.root / "tmp"
-
-    @property
-    def locks_dir(self) -> Path:
-        """``root/locks``."""
-        return self.root / "locks"
-
-    @property
-    def index_path(self) -> Path:
-        """``root/index.json``."""
-        return self.root / "index.json"
+    blobs_dir = subpath("blobs", "sha256")
+    rootfs_dir = subpath("rootfs")
+    tmp_dir = subpath("tmp")
+    """Staging area on the store's filesystem."""
+    locks_dir = subpath("locks")
+    index_path = subpath("index.json")
 
     def blob_path(self, digest: str) -> Path:
         """Where the blob ``digest`` lives (whether or not it is present)."""
@@ -410,7 +379,7 @@ class ImageStore:
             refs = self._read_index()
             change(refs)
             data = json.dumps({"version": _INDEX_VERSION, "refs": refs}, indent=1, sort_keys=True).encode()
-            await asyncio.to_thread(_fsync_write, self.index_path, data)
+            await asyncio.to_thread(atomic_write, self.index_path, data)
 
     def _entry(self, ref: str, platform: Platform) -> dict[str, str] | None:
         entry = self._read_index().get(ref, {}).get(str(platform))

@@ -12,7 +12,9 @@ See docs/drivers/linux_native.md.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from vz_drivers._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from vz_drivers.linux_native._driver import LinuxNativeDriver
@@ -21,18 +23,4 @@ __all__ = ["DRIVER_NAME", "LinuxNativeDriver", "cleanup_state"]
 
 DRIVER_NAME = "linux_native"
 
-
-async def cleanup_state(state_dir: str, **options: Any) -> None:
-    """Delete every Machine recorded under ``state_dir`` and everything the host holds for them."""
-    from vz_drivers.linux_native._driver import LinuxNativeDriver
-
-    driver = LinuxNativeDriver(state_dir=state_dir, **options)
-    await driver.remove_everything()
-
-
-def __getattr__(name: str) -> Any:
-    if name == "LinuxNativeDriver":
-        from vz_drivers.linux_native._driver import LinuxNativeDriver
-
-        return LinuxNativeDriver
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__, cleanup_state = lazy_exports(__name__, "vz_drivers.linux_native._driver", ("LinuxNativeDriver",))

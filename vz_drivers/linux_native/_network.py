@@ -21,7 +21,7 @@ from pathlib import Path
 
 from vz_core.errors import RuntimeFailureError, UnavailableError
 
-__all__ = ["NetworkConfig", "host_table_name", "remove_host_table", "setup_network"]
+__all__ = ["NetworkConfig", "check_subnet", "host_routes", "host_table_name", "remove_host_table", "setup_network"]
 
 DENY_RULES = """
 table inet vz_egress {
@@ -46,6 +46,7 @@ class NetworkConfig:
         self.nat_ready = False
         if self.subnet.prefixlen > 28:
             raise ValueError("the Machine subnet must be /28 or larger")
+        check_subnet(self.subnet)
 
     @property
     def slots(self) -> int:
@@ -67,6 +68,54 @@ class NetworkConfig:
         if egress == "allow" and not self.nft:
             missing.append("nft (apt-get install nftables)")
         return missing
+
+
+_SPECIAL = (
+    (ipaddress.IPv4Network("0.0.0.0/8"), "'this network' (0.0.0.0/8)"),
+    (ipaddress.IPv4Network("127.0.0.0/8"), "loopback (127.0.0.0/8)"),
+    (ipaddress.IPv4Network("169.254.0.0/16"), "link-local (169.254.0.0/16)"),
+    (ipaddress.IPv4Network("224.0.0.0/4"), "multicast (224.0.0.0/4)"),
+    (ipaddress.IPv4Network("240.0.0.0/4"), "reserved (240.0.0.0/4, broadcast included)"),
+)
+
+
+def host_routes(path: Path = Path("/proc/net/route")) -> list[tuple[str, ipaddress.IPv4Network]]:
+    """The host's IPv4 routes as (interface, destination), the default route left out."""
+    routes: list[tuple[str, ipaddress.IPv4Network]] = []
+    try:
+        lines = path.read_text().splitlines()[1:]
+    except OSError:
+        return routes
+    for line in lines:
+        parts = line.split()
+        if len(parts) < 8:
+            continue
+        try:
+            dest = ipaddress.IPv4Address(int(parts[1], 16).to_bytes(4, "little"))
+            mask = ipaddress.IPv4Address(int(parts[7], 16).to_bytes(4, "little"))
+            net = ipaddress.IPv4Network(f"{dest}/{mask}", strict=False)
+        except ValueError:
+            continue
+        if net.prefixlen:
+            routes.append((parts[0], net))
+    return routes
+
+
+def check_subnet(subnet: ipaddress.IPv4Network) -> None:
+    """Refuse a Machine subnet that is special-purpose or that the host already routes elsewhere.
+
+    Runs before anything is created (no table, no link). Routes through vz's own veth ends (``vz...``) are
+    Machines of this or another state directory on the same subnet: those are fine.
+    """
+    for special, what in _SPECIAL:
+        if subnet.overlaps(special):
+            raise ValueError(f"it overlaps the {what} range; choose a private range such as 10.231.0.0/16")
+    for dev, net in host_routes():
+        if dev.startswith("vz") or not subnet.overlaps(net):
+            continue
+        raise ValueError(
+            f"it overlaps the host route {net} on {dev}; Machines would shadow it; choose an unused private range"
+        )
 
 
 def host_table_name(subnet: ipaddress.IPv4Network) -> str:

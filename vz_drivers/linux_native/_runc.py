@@ -26,7 +26,7 @@ from vz_core.errors import (
     RuntimeTimeoutError,
     UnavailableError,
 )
-from vz_drivers.linux_native._state import atomic_write
+from vz_drivers._machine import atomic_write
 
 __all__ = ["Runc", "RuncResult", "file_sha256"]
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import resource
 from typing import Any
 
-from vz_drivers.linux_native._state import MachinePaths, MachineRecord
+from vz_drivers.linux_native._records import LinuxNativePaths, LinuxNativeRecord
+from vz_drivers.linux_native._seccomp import seccomp_profile
 
 __all__ = [
     "AGENT_PATH",
@@ -102,7 +103,7 @@ def normalize_capability(name: str) -> str | None:
     return upper if upper in ALL_CAPABILITIES else None
 
 
-def _capabilities(record: MachineRecord) -> list[str]:
+def _capabilities(record: LinuxNativeRecord) -> list[str]:
     if record.privileged:
         return list(ALL_CAPABILITIES)
     base = DEVELOPER_CAPABILITIES if record.profile == "developer" else HARDENED_CAPABILITIES
@@ -116,8 +117,8 @@ def _capabilities(record: MachineRecord) -> list[str]:
 
 
 def build_spec(
-    record: MachineRecord,
-    paths: MachinePaths,
+    record: LinuxNativeRecord,
+    paths: LinuxNativePaths,
     *,
     agent_binary: str,
     agent_args: list[str],
@@ -247,6 +248,8 @@ def build_spec(
         "cgroupsPath": cgroups_path,
         "resources": resources,
     }
+    if record.seccomp:
+        linux["seccomp"] = seccomp_profile(caps)
     if not record.privileged:
         linux["maskedPaths"] = [
             "/proc/acpi",

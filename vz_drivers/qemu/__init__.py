@@ -5,13 +5,16 @@
     from vz_drivers.qemu import QemuDriver
     driver = QemuDriver(state_dir="/var/lib/vz/qemu", accelerator="auto")
 
-``cleanup_state(state_dir)`` removes every Machine and volume a state directory owns (tests, uninstall). The
-driver code is imported on first use, so importing this package stays cheap. See docs/drivers/qemu.md.
+``cleanup_state(state_dir)`` removes every Machine (its VM included) and volume a state directory owns (tests,
+uninstall). The driver code is imported on first use, so importing this package stays cheap. See
+docs/drivers/qemu.md.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from vz_drivers._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from vz_drivers.qemu._driver import QemuDriver
@@ -20,18 +23,4 @@ __all__ = ["DRIVER_NAME", "QemuDriver", "cleanup_state"]
 
 DRIVER_NAME = "qemu"
 
-
-async def cleanup_state(state_dir: str, **options: Any) -> None:
-    """Delete every Machine recorded under ``state_dir`` (its VM included) and every volume."""
-    from vz_drivers.qemu._driver import QemuDriver
-
-    driver = QemuDriver(state_dir=state_dir, **options)
-    await driver.remove_everything()
-
-
-def __getattr__(name: str) -> Any:
-    if name == "QemuDriver":
-        from vz_drivers.qemu._driver import QemuDriver
-
-        return QemuDriver
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__, cleanup_state = lazy_exports(__name__, "vz_drivers.qemu._driver", ("QemuDriver",))

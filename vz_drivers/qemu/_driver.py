@@ -8,98 +8,57 @@ over virtio-9p, and networking is QEMU user networking (``restrict=on`` under ``
 
 QEMU runs detached (``-daemonize``, own session) and is found again through the Machine's record (pid plus
 kernel start time), its QMP socket and its agent sockets: a relaunched driver finds every Machine in its real
-state. See docs/drivers/qemu.md.
+state. The agent sockets are created by QEMU in a host directory the guest cannot reach, and are used only when
+QEMU itself listens on them. See docs/drivers/qemu.md.
+
+Everything every agent-Machine driver does the same way lives in ``vz_drivers._machine``; this module is the
+QEMU backend.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
 import fcntl
+import functools
 import os
 import shutil
-import signal
 import uuid
-import weakref
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from vz_core import (
-    Capabilities,
-    Driver,
-    DriverInfo,
-    EgressPolicy,
-    ExecEvent,
-    ExecSpec,
-    Extensions,
-    MachineConfig,
-    MachineDetails,
-    MachineMount,
-    MachineState,
-    MountType,
-    RecreateMode,
-    RunImageRequest,
-)
-from vz_core.errors import (
-    AlreadyExistsError,
-    DriverError,
-    FailedPreconditionError,
-    InvalidArgumentError,
-    NotFoundError,
-    RuntimeFailureError,
-    RuntimeTimeoutError,
-    UnavailableError,
-    UnsupportedError,
-)
+from vz_core import ExecSpec, RunImageRequest
+from vz_core.errors import DriverError, FailedPreconditionError, InvalidArgumentError, UnavailableError
 from vz_core.paths import cache_dir
-from vz_core.paths import state_dir as default_state_root
+from vz_drivers._agent import AgentClient
+from vz_drivers._machine import (
+    AgentLink,
+    AgentMachineDriver,
+    Backend,
+    MachinePlan,
+    atomic_write,
+    no_input,
+    open_agent_socket,
+    record_fields,
+    tail,
+)
 from vz_drivers.qemu._accel import ACCELERATORS, Accelerator, choose_accelerator
 from vz_drivers.qemu._disk import create_root_disk, default_disk_size, find_mke2fs, minimum_disk_size, tree_usage
 from vz_drivers.qemu._guestconfig import GuestConfig, GuestMount, env_list, hosts_file, render, resolv_file
-from vz_drivers.qemu._identity import resolve_user
 from vz_drivers.qemu._initramfs import Initramfs, build_initramfs, find_busybox
 from vz_drivers.qemu._kernel import Kernel, extract_vmlinux, find_kernel, resolve_modules
-from vz_drivers.qemu._qemu import QemuBinary, Share, VmSpec, find_qemu, launch, proc_start_time
-from vz_drivers.qemu._qmp import QmpClient, open_unix
-from vz_drivers.qemu._state import MachinePaths, MachineRecord, StateStore, atomic_write, machine_key
-from vz_drivers.qemu._validate import HostLimits, check_workspace_id, guest_path, validate_request
+from vz_drivers.qemu._qemu import QemuBinary, Share, VmSpec, find_qemu, launch
+from vz_drivers.qemu._qmp import QmpClient
+from vz_drivers.qemu._records import QemuBook, QemuPaths, QemuRecord
+from vz_drivers.qemu._validate import HostLimits, guest_path, rules_for, validate_request
 
-__all__ = ["DRIVER_NAME", "QemuDriver"]
+__all__ = ["DRIVER_NAME", "QemuBackend", "QemuDriver"]
 
 DRIVER_NAME = "qemu"
 DEFAULT_MEMORY = 512 * 1024 * 1024
 DEFAULT_CPUS = 2
 _MIB = 1024 * 1024
-_OPTIONS = (
-    "state_dir",
-    "image_dir",
-    "qemu",
-    "kernel",
-    "modules",
-    "busybox",
-    "accelerator",
-    "sessions",
-    "stop_timeout",
-    "boot_timeout",
-    "insecure_registries",
-    "agent_binary",
-)
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
-
-
-def _version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("vz")
-    except Exception:
-        return "0.0.0"
 
 
 def _meminfo_total() -> int:
@@ -110,31 +69,6 @@ def _meminfo_total() -> int:
     except (OSError, ValueError, IndexError):
         pass
     return 0
-
-
-@dataclass
-class _Conn:
-    """This event loop's connection to one Machine's agent, on one virtio-serial port (flock-ed)."""
-
-    pid: int
-    start: int
-    port: int
-    client: Any
-    lock_fd: int
-
-    async def close(self) -> None:
-        try:
-            await self.client.close()
-        finally:
-            if self.lock_fd >= 0:
-                os.close(self.lock_fd)
-                self.lock_fd = -1
-
-
-@dataclass
-class _LoopState:
-    conns: dict[str, _Conn] = field(default_factory=dict)
-    locks: dict[str, asyncio.Lock] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -148,135 +82,47 @@ class _Host:
     accel: Accelerator
 
 
-class QemuDriver(Driver):
-    """Linux Machines as QEMU virtual machines.
+class QemuBackend(Backend[QemuRecord, QemuPaths]):
+    """QEMU virtual machines booting the vz initramfs, agent over virtio-serial, shares over virtio-9p."""
 
-    Options (all optional; strings are accepted so the plugin can pass them from its command line):
+    name = DRIVER_NAME
+    display = "the qemu driver"
+    runtime_name = "qemu"
+    stop_slack = 15.0
+    boot_timeout = 300.0
+    keep_log_on_stop = True
+    storage_limits = True
+    book: QemuBook
 
-    * ``state_dir``: where Machines are recorded (default ``<vz state>/drivers/qemu``).
-    * ``image_dir``: image store root (default: the shared vz image cache).
-    * ``qemu``: path of ``qemu-system-x86_64`` (default: found on PATH).
-    * ``kernel``: the guest kernel (default: the newest ``/boot/vmlinuz-*`` with a module tree);
-      ``modules``: its module tree (default ``/lib/modules/<release>``).
-    * ``busybox``: a statically linked busybox for the initramfs (default ``/bin/busybox``).
-    * ``accelerator``: ``auto`` (KVM when it can run the guest kernel, else TCG), ``kvm`` (fail when KVM cannot)
-      or ``tcg``.
-    * ``sessions``: virtio-serial agent ports per Machine, i.e. how many host processes can talk to one Machine
-      at the same time (default 3).
-    * ``stop_timeout``: seconds the main process gets after SIGTERM on Stop (default 10); the VM is forced off
-      15 s after that.
-    * ``boot_timeout``: seconds a boot may take until the agent answers (default 300; TCG is slow).
-    * ``insecure_registries``: comma-separated registry hosts reached over plain HTTP (loopback tests).
-    * ``agent_binary``: a prebuilt guest agent (default: built from the bundled sources once).
-    """
+    own_options = ("qemu", "kernel", "modules", "busybox", "accelerator", "sessions", "boot_timeout")
 
-    def __init__(
-        self,
-        *,
-        state_dir: str | os.PathLike[str] | None = None,
-        image_dir: str | os.PathLike[str] | None = None,
-        qemu: str = "",
-        kernel: str = "",
-        modules: str = "",
-        busybox: str = "",
-        accelerator: str = "auto",
-        sessions: int | str = 3,
-        stop_timeout: float | str = 10.0,
-        boot_timeout: float | str = 300.0,
-        insecure_registries: str | tuple[str, ...] | list[str] = (),
-        agent_binary: str = "",
-        **unknown: Any,
-    ) -> None:
-        if unknown:
-            raise InvalidArgumentError(
-                f"unknown qemu option(s): {', '.join(sorted(unknown))}; known: {', '.join(_OPTIONS)}"
-            )
+    def __init__(self, **options: Any) -> None:
+        super().__init__(options)
+        self.book = QemuBook(self.state_root)
+        accelerator = str(options.get("accelerator", "auto"))
         if accelerator not in ACCELERATORS:
             raise InvalidArgumentError(
                 f"accelerator={accelerator!r} is unknown; use one of {', '.join(ACCELERATORS)}",
                 details={"option": "accelerator"},
             )
-        try:
-            self._sessions = int(sessions)
-            self._stop_timeout = float(stop_timeout)
-            self._boot_timeout = float(boot_timeout)
-        except ValueError as exc:
-            raise InvalidArgumentError(f"qemu options sessions/stop_timeout/boot_timeout: {exc}") from None
-        if not 1 <= self._sessions <= 7:
+        self.boot_timeout = self.number(options, "boot_timeout", self.boot_timeout)
+        sessions = self.number(options, "sessions", 3)
+        if not (sessions == int(sessions) and 1 <= sessions <= 7):
             raise InvalidArgumentError("sessions must be between 1 and 7", details={"option": "sessions"})
-        if self._stop_timeout < 0 or self._boot_timeout <= 0:
-            raise InvalidArgumentError("stop_timeout must be >= 0 and boot_timeout > 0")
-        root = Path(state_dir) if state_dir else default_state_root() / "drivers" / DRIVER_NAME
-        self._store = StateStore(root.absolute())
-        self._image_dir = Path(image_dir).absolute() if image_dir else None
-        if isinstance(insecure_registries, str):
-            insecure_registries = tuple(r for r in insecure_registries.split(",") if r)
-        self._insecure = tuple(insecure_registries)
-        self._qemu_opt = qemu
-        self._kernel_opt = kernel
-        self._modules_opt = modules
-        self._busybox_opt = busybox
+        self.sessions = int(sessions)
+        if self.boot_timeout <= 0:
+            raise InvalidArgumentError("boot_timeout must be > 0", details={"option": "boot_timeout"})
+        self._qemu_opt = str(options.get("qemu") or "")
+        self._kernel_opt = str(options.get("kernel") or "")
+        self._modules_opt = str(options.get("modules") or "")
+        self._busybox_opt = str(options.get("busybox") or "")
         self._accel_opt = accelerator
-        self._agent_opt = agent_binary
-        self._images: Any = None
         self._qemu: QemuBinary | None = None
         self._kernel: Kernel | None = None
         self._accel: Accelerator | None = None
         self._host_cache: _Host | None = None
-        self._limits = HostLimits(cpus=os.cpu_count() or 1, memory_bytes=_meminfo_total())
-        self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = weakref.WeakKeyDictionary()
-
-    # ------------------------------------------------------------------ helpers
-
-    @property
-    def state_root(self) -> Path:
-        return self._store.root
-
-    def _ls(self) -> _LoopState:
-        loop = asyncio.get_running_loop()
-        state = self._loops.get(loop)
-        if state is None:
-            state = self._loops[loop] = _LoopState()
-        return state
-
-    def _image_store(self) -> Any:
-        if self._images is None:
-            from vz_drivers._images import ImageStore
-
-            self._images = ImageStore(self._image_dir, insecure_registries=self._insecure)
-        return self._images
-
-    @contextlib.asynccontextmanager
-    async def _locked(self, key: str) -> AsyncIterator[None]:
-        lock = self._ls().locks.setdefault(key, asyncio.Lock())
-        async with lock:
-            cm = self._store.locked(key)
-            await asyncio.to_thread(cm.__enter__)
-            try:
-                yield
-            finally:
-                cm.__exit__(None, None, None)
-
-    def _alive(self, record: MachineRecord) -> bool:
-        if record.status != "running" or not record.qemu_pid:
-            return False
-        return proc_start_time(record.qemu_pid) == record.qemu_start_time
-
-    def _load(self, workspace_id: str) -> MachineRecord | None:
-        check_workspace_id(workspace_id)
-        record = self._store.load(machine_key(workspace_id))
-        if record is not None and record.workspace_id != workspace_id:
-            raise RuntimeFailureError("machine key collision; refusing to touch another Machine's state")
-        return record
-
-    def _require(self, workspace_id: str) -> MachineRecord:
-        record = self._load(workspace_id)
-        if record is None:
-            raise NotFoundError(
-                f"Machine {workspace_id!r} does not exist; create it with RunImage (`vz up`)",
-                details={"workspace_id": workspace_id},
-            )
-        return record
+        self.limits = HostLimits(cpus=os.cpu_count() or 1, memory_bytes=_meminfo_total())
+        self.rules = rules_for(self.limits)
 
     # ------------------------------------------------------------------ host resources (qemu, kernel, initramfs)
 
@@ -301,19 +147,12 @@ class QemuDriver(Driver):
             )
         return self._accel
 
-    async def _agent_binary(self) -> Path:
-        if self._agent_opt:
-            return await asyncio.to_thread(_checked_executable, self._agent_opt)
-        from vz_drivers._agent import ensure_agent_binary
-
-        return Path(await asyncio.to_thread(ensure_agent_binary))
-
-    async def _host(self) -> _Host:
+    async def host(self) -> _Host:
         if self._host_cache is None:
             accel = await self._accelerator()
             qemu = self._find_qemu()
             kernel = self._find_kernel()
-            agent = await self._agent_binary()
+            agent = await self.agent_binary()
             busybox = await asyncio.to_thread(find_busybox, self._busybox_opt or None)
             await asyncio.to_thread(find_mke2fs)
             base = cache_dir() / "qemu"
@@ -328,36 +167,21 @@ class QemuDriver(Driver):
         # Under TCG every vCPU is a host thread emulating a CPU: a second one speeds up little (boots are no
         # faster) and competes with everything else on the host. Under KVM vCPUs are nearly free.
         wanted = DEFAULT_CPUS if host.accel.name == "kvm" else 1
-        return min(wanted, self._limits.cpus)
+        return min(wanted, self.limits.cpus)
 
-    # ------------------------------------------------------------------ discovery
+    # ------------------------------------------------------------------ facts
 
-    async def info(self, *, supports_recreate_on_run: bool = False) -> DriverInfo:
+    async def runtime_version(self) -> str:
         runtime_version = ""
         with contextlib.suppress(DriverError):
             qemu = await asyncio.to_thread(self._find_qemu)
             runtime_version = qemu.version
             accel = await self._accelerator()
             runtime_version = f"{qemu.version} ({accel.name})"
-        return DriverInfo(
-            driver_name=DRIVER_NAME,
-            driver_version=_version(),
-            runtime_name="qemu",
-            runtime_version=runtime_version,
-            capabilities=Capabilities(
-                mount_types=(MountType.BIND, MountType.VOLUME, MountType.TMPFS),
-                requires_mount_streaming=False,
-                requires_workspace_chown=False,
-                recreate_mode=RecreateMode.ON_RUN if supports_recreate_on_run else RecreateMode.DELETE,
-                provisioning_preflight=True,
-                reprovision=False,
-                logs=True,
-                reuse_preflight=True,
-            ),
-        )
+        return runtime_version
 
-    async def extensions(self) -> Extensions | None:
-        facts: dict[str, str] = {"state_dir": str(self._store.root), "machine": "q35", "shares": "virtio-9p"}
+    async def extension_facts(self) -> tuple[dict[str, str], str, str]:
+        facts: dict[str, str] = {"state_dir": str(self.book.root), "machine": "q35", "shares": "virtio-9p"}
         accel_name, reason = "", ""
         try:
             qemu = await asyncio.to_thread(self._find_qemu)
@@ -373,23 +197,12 @@ class QemuDriver(Driver):
         if self._host_cache is not None:
             facts["boot_kernel"] = str(self._host_cache.boot_kernel)
             facts["initramfs"] = self._host_cache.initramfs.digest
-        facts["agent_transport"] = f"virtio-serial, {self._sessions} port(s) per Machine"
+        facts["agent_transport"] = f"virtio-serial, {self.sessions} port(s) per Machine"
         facts["egress_allow"] = "QEMU user networking (NAT through the host's sockets)"
         facts["egress_deny"] = "QEMU user networking with restrict=on (nothing leaves the guest)"
-        return Extensions(
-            target_os=("linux",),
-            profiles=("developer",),
-            tty=False,
-            accelerator=accel_name,
-            accelerator_reason=reason,
-            snapshots=False,
-            egress_policies=(EgressPolicy.ALLOW, EgressPolicy.DENY),
-            facts=facts,
-            resource_limits=True,
-            storage_limits=True,
-        )
+        return facts, accel_name, reason
 
-    async def preflight(self, *, disable_auto_start: bool = False) -> None:
+    async def preflight(self) -> None:
         await asyncio.to_thread(self._find_qemu)
         await asyncio.to_thread(self._find_kernel)
         await asyncio.to_thread(find_busybox, self._busybox_opt or None)
@@ -398,74 +211,16 @@ class QemuDriver(Driver):
 
     async def provisioning_preflight(self) -> None:
         await self.preflight()
-        await self._host()
-        await asyncio.to_thread(self._store.ensure)
-
-    async def target_architecture(self, workspace_id: str) -> str:
-        return "amd64"
-
-    # ------------------------------------------------------------------ find / reuse
-
-    async def find(self, workspace_id: str) -> MachineDetails | None:
-        record = self._load(workspace_id)
-        if record is None:
-            return None
-        alive = self._alive(record)
-        state = MachineState(
-            status="running" if alive else "stopped",
-            started_at=record.started_at,
-            exit_code=0 if alive else record.exit_code,
-            error="" if alive else record.error,
-        )
-        mounts = tuple(MachineMount(type=m.type, source=m.source, destination=m.target) for m in record.mounts)
-        return MachineDetails(
-            id=record.machine_id,
-            created_at=record.created_at,
-            state=state,
-            config=MachineConfig(labels=dict(record.labels), working_dir=record.working_dir, user=record.user),
-            mounts=mounts,
-        )
-
-    async def reuse_preflight(self, workspace_id: str, remote_user: str) -> None:
-        record = self._require(workspace_id)
-        identity = remote_user or "root"
-        if identity != record.developer_identity:
-            raise FailedPreconditionError(
-                f"Machine {workspace_id!r} was created for developer identity {record.developer_identity!r} "
-                f"(workspace owned by it), not {identity!r}; recreate it with `vz up --recreate` to change the "
-                "identity",
-                details={"workspace_id": workspace_id, "created_for": record.developer_identity, "requested": identity},
-            )
-        for mount in record.mounts:
-            if mount.type == "bind" and not await asyncio.to_thread(os.path.isdir, mount.host_path):
-                raise FailedPreconditionError(
-                    f"Machine {workspace_id!r}: the {mount.target} mount source {mount.source!r} no longer exists "
-                    "on the host; restore it or recreate the Machine with `vz up --recreate`",
-                    details={"workspace_id": workspace_id, "mount": mount.target},
-                )
+        await self.host()
+        await asyncio.to_thread(self.book.ensure)
 
     # ------------------------------------------------------------------ create
 
-    async def run_image(self, request: RunImageRequest) -> None:
-        check_workspace_id(request.workspace_id)
-        key = machine_key(request.workspace_id)
-        valid = validate_request(request, self._limits)
-        host = await self._host()
-        # Image, users, disk size: resolved before anything of the Machine is touched.
-        store = self._image_store()
-        image = await store.resolve(request.image, platform=request.platform or "linux/amd64")
-        if image.os != "linux" or image.architecture != "amd64":
-            raise UnsupportedError(
-                f"image {request.image!r} is for {image.os}/{image.architecture}; the qemu driver runs linux/amd64 "
-                "Machines",
-                details={"field": "image"},
-            )
-        rootfs = Path(await store.rootfs(image))
-        user = request.user or image.config.user
-        resolve_user(rootfs, user, field="user")
-        identity_name = request.developer_identity()
-        identity = resolve_user(rootfs, identity_name, field="remote_user" if request.remote_user else "user")
-        usage = await asyncio.to_thread(tree_usage, rootfs)
+    async def plan(self, request: RunImageRequest, key: str) -> MachinePlan[QemuRecord]:
+        valid = validate_request(request, self.limits)
+        host = await self.host()
+        image = await self.images.resolve(request, architecture="amd64", display=self.display)
+        usage = await asyncio.to_thread(tree_usage, image.rootfs)
         if valid.storage_bytes:
             needed = minimum_disk_size(usage)
             if valid.storage_bytes < needed:
@@ -478,109 +233,40 @@ class QemuDriver(Driver):
         else:
             disk_bytes = default_disk_size(usage)
         mounts = [
-            replace(m, guest_target=guest_path(rootfs, m.target) if m.type != "tmpfs" else m.target)
+            replace(m, guest_target=guest_path(image.rootfs, m.target) if m.type != "tmpfs" else m.target)
             for m in valid.mounts
         ]
-        argv: list[str]
-        if request.entrypoint:
-            argv = [request.entrypoint, *request.args]
-        else:
-            argv = [*image.config.entrypoint, *(request.args or image.config.cmd)]
+        fields = record_fields(request, key, image, valid)
+        fields.update(
+            mounts=mounts,
+            cpus=valid.cpus or self._default_cpus(host),
+            memory_bytes=valid.memory_bytes or DEFAULT_MEMORY,
+        )
+        fields["extra"]["sessions"] = self.sessions
+        record = QemuRecord(**fields, disk_bytes=disk_bytes)
+        return MachinePlan(record, staged={"rootfs": image.rootfs})
 
-        await asyncio.to_thread(self._store.ensure)
-        async with self._locked(key):
-            existing = self._load(request.workspace_id)
-            if existing is not None and not request.allow_recreate:
-                raise AlreadyExistsError(
-                    f"Machine {request.workspace_id!r} already exists; use it, delete it, or recreate it with "
-                    "`vz up --recreate`",
-                    details={"workspace_id": request.workspace_id},
-                )
-            staging = self._store.root / "staging"
-            await asyncio.to_thread(staging.mkdir, parents=True, exist_ok=True)
-            new_disk = staging / f"{key}-{uuid.uuid4().hex[:8]}.img"
-            try:
-                await create_root_disk(rootfs, new_disk, disk_bytes, image=request.image)
-                if existing is not None:
-                    # The whole new configuration is valid and its disk exists: now the old Machine goes.
-                    await self._halt(existing, graceful=False)
-                    await asyncio.to_thread(self._remove_machine_dir, existing)
-                record = MachineRecord(
-                    workspace_id=request.workspace_id,
-                    key=key,
-                    machine_id=uuid.uuid4().hex,
-                    created_at=_now(),
-                    image_ref=request.image,
-                    image_digest=image.digest,
-                    argv=argv,
-                    environment=dict(request.environment),
-                    image_env=list(image.config.env),
-                    working_dir=image.config.working_dir or "/",
-                    user=user,
-                    developer_identity=identity_name,
-                    labels=valid.labels,
-                    mounts=mounts,
-                    cpus=valid.cpus or self._default_cpus(host),
-                    memory_bytes=valid.memory_bytes or DEFAULT_MEMORY,
-                    disk_bytes=disk_bytes,
-                    egress=valid.egress,
-                    extra={
-                        "sessions": self._sessions,
-                        "workspace_target": mounts[0].target if request.workspace_mount else "",
-                        "identity_uid": identity.uid,
-                        "identity_gid": identity.gid,
-                    },
-                )
-                await asyncio.to_thread(self._create_machine_dir, record, new_disk)
-            finally:
-                with contextlib.suppress(FileNotFoundError):
-                    new_disk.unlink()
-            try:
-                await self._boot(record, host)
-            except BaseException:
-                with contextlib.suppress(Exception):
-                    await self._halt(record, graceful=False)
-                with contextlib.suppress(Exception):
-                    await asyncio.to_thread(self._remove_machine_dir, record)
-                raise
+    async def stage(self, plan: MachinePlan[QemuRecord]) -> None:
+        record = plan.record
+        await asyncio.to_thread(self.book.staging.mkdir, parents=True, exist_ok=True)
+        disk = self.book.staging / f"{record.key}-{uuid.uuid4().hex[:8]}.img"
+        plan.staged["disk"] = disk
+        await create_root_disk(plan.staged["rootfs"], disk, record.disk_bytes, image=record.image_ref)
 
-    def _create_machine_dir(self, record: MachineRecord, disk: Path) -> None:
-        paths = self._store.paths(record.key)
-        if paths.root.exists():
-            # Leftovers of a crashed creation (no record): nothing there belongs to a live Machine.
-            shutil.rmtree(paths.root, ignore_errors=True)
-        for d in (paths.root, paths.cfg, paths.run):
-            d.mkdir(parents=True, exist_ok=True, mode=0o700)
-        os.replace(disk, paths.disk)
-        uid, gid = int(record.extra.get("identity_uid", 0)), int(record.extra.get("identity_gid", 0))
-        mounts = []
-        for m in record.mounts:
-            if m.type == "volume":
-                vdir = self._store.volume_dir(m.source)
-                data = vdir / "data"
-                if not data.exists():
-                    data.mkdir(parents=True, mode=0o755)
-                    (vdir / "name").write_text(m.source)
-                    if uid or gid:
-                        os.chown(data, uid, gid)
-                m = replace(m, host_path=str(data))
-            mounts.append(m)
-        record.mounts = mounts
-        ws_target = record.extra.get("workspace_target")
-        for m in mounts:
-            if m.target == ws_target and m.type == "bind" and not m.read_only and (uid or gid):
-                _chown_tree(Path(m.host_path), uid, gid)
-        self._store.save(record)
+    def unstage(self, plan: MachinePlan[QemuRecord]) -> None:
+        disk = plan.staged.get("disk")
+        if disk is not None:
+            with contextlib.suppress(FileNotFoundError):
+                disk.unlink()
 
-    def _remove_machine_dir(self, record: MachineRecord) -> None:
-        paths = self._store.paths(record.key)
-        with contextlib.suppress(FileNotFoundError):
-            paths.record.unlink()
-        shutil.rmtree(paths.root, ignore_errors=True)
+    def make_machine_dir(self, record: QemuRecord, plan: MachinePlan[QemuRecord]) -> None:
+        paths = self.book.paths(record.key)
+        paths.cfg.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.replace(plan.staged["disk"], paths.disk)
 
     # ------------------------------------------------------------------ boot
 
-    def _write_config(self, record: MachineRecord, paths: MachinePaths) -> list[Share]:
+    def _write_config(self, record: QemuRecord, paths: QemuPaths) -> list[Share]:
         shares: list[Share] = []
         guest_mounts: list[GuestMount] = []
         for m in record.mounts:
@@ -604,7 +290,7 @@ class QemuDriver(Driver):
             argv=tuple(record.argv),
             user=record.user,
             workdir=record.working_dir or "/",
-            stop_timeout=self._stop_timeout,
+            stop_timeout=self.stop_timeout,
             sessions=int(record.extra.get("sessions", 1)),
             network=True,
             resolv_conf=record.egress == "allow",
@@ -619,9 +305,9 @@ class QemuDriver(Driver):
             stale.unlink()
         return shares
 
-    async def _boot(self, record: MachineRecord, host: _Host) -> None:
-        paths = self._store.paths(record.key)
-        await self._drop_conn(record.key)
+    async def boot(self, record: QemuRecord) -> None:
+        host = await self.host()
+        paths = self.book.paths(record.key)
         shares = await asyncio.to_thread(self._write_config, record, paths)
         spec = VmSpec(
             name="vz-" + record.key[:12],
@@ -636,67 +322,23 @@ class QemuDriver(Driver):
             egress=record.egress,
             sessions=int(record.extra.get("sessions", 1)),
         )
-        pid, start = await launch(host.qemu.path, spec, paths.run)
-        record.qemu_pid, record.qemu_start_time = pid, start
+        record.pid, record.pid_start = await launch(host.qemu.path, spec, paths.run)
         record.accelerator = host.accel.name
-        record.status = "running"
-        record.started_at = _now()
-        record.exit_code = 0
-        record.error = ""
-        await asyncio.to_thread(self._store.save, record)
-        try:
-            await self._wait_ready(record, paths)
-        except BaseException as exc:
-            with contextlib.suppress(Exception):
-                await self._kill(record)
-            record.status = "stopped"
-            record.qemu_pid = 0
-            record.qemu_start_time = 0
-            record.error = exc.message if isinstance(exc, DriverError) else "boot failed"
-            with contextlib.suppress(Exception):
-                await asyncio.to_thread(self._store.save, record)
-            raise
 
-    async def _wait_ready(self, record: MachineRecord, paths: MachinePaths) -> None:
-        """Wait for the agent's answer on a port (its READY/HELLO), or for QEMU to die, whichever comes first."""
-        connect = asyncio.ensure_future(self._connect(record, timeout=self._boot_timeout))
-        died = asyncio.ensure_future(_wait_gone(record.qemu_pid, record.qemu_start_time))
-        try:
-            await asyncio.wait({connect, died}, return_when=asyncio.FIRST_COMPLETED)
-            if connect.done() and not connect.cancelled() and connect.exception() is None:
-                self._ls().conns[record.key] = connect.result()
-                return
-            if not connect.done():
-                connect.cancel()
-                with contextlib.suppress(BaseException):
-                    await connect
-            elif not died.done():
-                # The connection broke: when the VM is going down, its console says why.
-                await asyncio.wait({died}, timeout=5)
-        finally:
-            died.cancel()
-        console = await asyncio.to_thread(_tail, paths.console)
-        if died.done() and not died.cancelled():
-            failed = [line for line in console.splitlines() if "VZ-INIT-FAILED:" in line]
-            detail = failed[-1].split("VZ-INIT-FAILED:", 1)[1].strip() if failed else "see the console log"
-            raise RuntimeFailureError(
-                f"Machine {record.workspace_id!r} stopped while booting: {detail} ({paths.console})",
-                runtime_message=console,
-            )
-        exc = connect.exception()
-        assert exc is not None
-        if isinstance(exc, UnavailableError) and "did not answer the handshake" in exc.message:
-            raise RuntimeTimeoutError(
-                f"Machine {record.workspace_id!r} did not become ready within {self._boot_timeout:g} s "
-                f"(console log: {paths.console})",
-                runtime_message=console,
-            ) from None
-        raise exc
+    def diagnose(self, record: QemuRecord) -> tuple[str, str]:
+        paths = self.book.paths(record.key)
+        console = tail(paths.console)
+        failed = [line for line in console.splitlines() if "VZ-INIT-FAILED:" in line]
+        detail = failed[-1].split("VZ-INIT-FAILED:", 1)[1].strip() if failed else "see the console log"
+        return f"{detail} ({paths.console})", console
 
-    async def _connect(self, record: MachineRecord, *, timeout: float) -> _Conn:  # noqa: ASYNC109
-        """Take the first free agent port of the Machine (a cross-process flock) and complete the handshake."""
-        paths = self._store.paths(record.key)
+    async def connect(self, record: QemuRecord, *, booting: bool) -> AgentLink:
+        """Take the first free agent port of the Machine (a cross-process flock) and complete the handshake.
+
+        While booting the agent may not serve yet: the handshake waits for it (the driver bounds the wait)."""
+        paths = self.book.paths(record.key)
         ports = int(record.extra.get("sessions", 1))
+        what = f"Machine {record.workspace_id!r}"
         for port in range(ports):
             fd = os.open(paths.port_lock(port), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
             try:
@@ -705,249 +347,78 @@ class QemuDriver(Driver):
                 os.close(fd)
                 continue
             try:
-                from vz_drivers._agent import AgentClient
-
-                reader, writer = await open_unix(paths.agent_socket(port))
-                client = await AgentClient.from_streams(reader, writer, wait_ready=True, timeout=timeout)
-            except OSError as exc:
-                os.close(fd)
-                raise UnavailableError(
-                    f"cannot reach the guest agent of Machine {record.workspace_id!r}: {exc.strerror or exc}"
-                ) from None
+                reader, writer = await open_agent_socket(paths.agent_socket(port), record.pid, what=what)
+                client = await AgentClient.from_streams(
+                    reader, writer, wait_ready=True, timeout=None if booting else 30.0
+                )
             except BaseException:
                 os.close(fd)
                 raise
-            return _Conn(pid=record.qemu_pid, start=record.qemu_start_time, port=port, client=client, lock_fd=fd)
+            return AgentLink(
+                client=client,
+                pid=record.pid,
+                pid_start=record.pid_start,
+                port=port,
+                release=functools.partial(os.close, fd),
+            )
         raise UnavailableError(
             f"all {ports} agent sessions of Machine {record.workspace_id!r} are held by other vz processes; retry "
             "when one finishes (the driver option sessions sets how many a new Machine gets)",
             details={"workspace_id": record.workspace_id},
         )
 
-    async def _conn(self, record: MachineRecord) -> _Conn:
-        state = self._ls()
-        conn = state.conns.get(record.key)
-        if conn is not None and self._current(conn, record):
-            return conn
-        lock = state.locks.setdefault("conn:" + record.key, asyncio.Lock())
-        async with lock:
-            conn = state.conns.get(record.key)
-            if conn is not None:
-                if self._current(conn, record):
-                    return conn
-                state.conns.pop(record.key, None)
-                await conn.close()
-            conn = await self._connect(record, timeout=30.0)
-            state.conns[record.key] = conn
-            return conn
+    # ------------------------------------------------------------------ stop and remove
 
-    @staticmethod
-    def _current(conn: _Conn, record: MachineRecord) -> bool:
-        return conn.pid == record.qemu_pid and conn.start == record.qemu_start_time and not conn.client.closed
-
-    async def _drop_conn(self, key: str) -> None:
-        conn = self._ls().conns.pop(key, None)
-        if conn is not None:
-            await conn.close()
-
-    # ------------------------------------------------------------------ start / stop / delete
-
-    async def start(self, workspace_id: str) -> None:
-        record = self._require(workspace_id)
-        async with self._locked(record.key):
-            record = self._require(workspace_id)
-            if self._alive(record):
-                return
-            host = await self._host()
-            await self._halt(record, graceful=False)
-            await self._boot(record, host)
-
-    async def stop(self, workspace_id: str) -> None:
-        record = self._require(workspace_id)
-        async with self._locked(record.key):
-            record = self._require(workspace_id)
-            await self._halt(record, graceful=True)
-
-    async def delete(self, workspace_id: str) -> None:
-        record = self._load(workspace_id)
-        if record is None:
+    async def shutdown(self, record: QemuRecord, link: AgentLink) -> None:
+        if link.port == 0:
+            await link.client.shutdown(grace=self.stop_timeout)
             return
-        async with self._locked(record.key):
-            record = self._load(workspace_id)
-            if record is None:
-                return
-            await self._halt(record, graceful=False)
-            await asyncio.to_thread(self._remove_machine_dir, record)
+        # Only the agent on port 0 is PID 1; SIGTERM makes it stop everything and power off.
+        spec = ExecSpec(workspace_id=record.workspace_id, argv=("/bin/busybox", "kill", "-TERM", "1"))
+        async with contextlib.aclosing(link.client.exec(spec, no_input(), root_override="/")) as events:
+            async for _ in events:
+                pass
 
-    async def _halt(self, record: MachineRecord, *, graceful: bool) -> None:
-        """Stop the VM (cleanly when ``graceful``: the agent stops everything, syncs, unmounts and powers off),
-        then make sure QEMU is gone; the root disk stays."""
-        if self._alive(record):
-            if graceful:
-                await self._graceful(record)
-            await self._kill(record)
-        await self._drop_conn(record.key)
-        if record.status != "stopped" or record.qemu_pid:
-            record.status = "stopped"
-            record.qemu_pid = 0
-            record.qemu_start_time = 0
-            if self._store.paths(record.key).record.exists():
-                await asyncio.to_thread(self._store.save, record)
+    async def remove_host_state(self) -> None:
+        shutil.rmtree(self.book.staging, ignore_errors=True)
 
-    async def _graceful(self, record: MachineRecord) -> None:
-        pid, start = record.qemu_pid, record.qemu_start_time
-        try:
-            async with asyncio.timeout(self._stop_timeout + 15):
-                conn = await self._conn(record)
-                with contextlib.suppress(DriverError):
-                    status = await conn.client.status()
-                    if status.main_exit is not None:
-                        record.exit_code = status.main_exit.exit_code
-                if conn.port == 0:
-                    await conn.client.shutdown(grace=self._stop_timeout)
-                else:
-                    # Only the agent on port 0 is PID 1; SIGTERM makes it stop everything and power off.
-                    spec = ExecSpec(workspace_id=record.workspace_id, argv=("/bin/busybox", "kill", "-TERM", "1"))
-                    async with contextlib.aclosing(conn.client.exec(spec, _no_input(), root_override="/")) as ev:
-                        async for _ in ev:
-                            pass
-                await _wait_gone(pid, start)
-        except (DriverError, TimeoutError):
-            pass
-        finally:
-            await self._drop_conn(record.key)
+    # ------------------------------------------------------------------ diagnostics
 
-    async def _kill(self, record: MachineRecord) -> None:
-        """Force QEMU off (SIGKILL to the recorded process, after checking it is still that process)."""
-        pid, start = record.qemu_pid, record.qemu_start_time
-        if not pid or proc_start_time(pid) != start:
-            return
-        try:
-            pidfd = os.pidfd_open(pid)
-        except ProcessLookupError:
-            return
-        try:
-            if proc_start_time(pid) == start:
-                with contextlib.suppress(ProcessLookupError):
-                    signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-        finally:
-            os.close(pidfd)
-        await _wait_gone(pid, start)
+    async def qmp_status(self, record: QemuRecord) -> dict[str, Any]:
+        async with await QmpClient.connect(self.book.paths(record.key).qmp) as qmp:
+            status: dict[str, Any] = await qmp.execute("query-status")
+            return status
 
-    # ------------------------------------------------------------------ exec / logs
 
-    async def exec(self, spec: ExecSpec, stdin: AsyncIterator[bytes]) -> AsyncIterator[ExecEvent]:
-        if not spec.argv:
-            raise InvalidArgumentError("exec needs a non-empty argv", details={"field": "argv"})
-        if spec.tty:
-            raise UnsupportedError(
-                "the qemu driver does not run tty execs (the extension service does not advertise tty)"
-            )
-        record = self._require(spec.workspace_id)
-        if not self._alive(record):
-            raise FailedPreconditionError(
-                f"Machine {spec.workspace_id!r} is stopped; start it first (`vz up`)",
-                details={"workspace_id": spec.workspace_id},
-            )
-        conn = await self._conn(record)
-        full = replace(spec, user=spec.user or record.user, workdir=spec.workdir or record.working_dir)
-        # aclosing: a caller that stops early (cancellation) kills the command now, not at garbage collection.
-        async with contextlib.aclosing(conn.client.exec(full, stdin)) as events:
-            async for event in events:
-                yield event
+class QemuDriver(AgentMachineDriver[QemuRecord, QemuPaths]):
+    """Linux Machines as QEMU virtual machines.
 
-    async def logs(self, workspace_id: str) -> AsyncIterator[bytes]:
-        record = self._require(workspace_id)
-        if not self._alive(record):
-            raise FailedPreconditionError(
-                f"Machine {workspace_id!r} is stopped; start it to read its logs",
-                details={"workspace_id": workspace_id},
-            )
-        conn = await self._conn(record)
-        async with contextlib.aclosing(conn.client.logs()) as chunks:
-            async for chunk in chunks:
-                yield chunk
+    Options (all optional; strings are accepted so the plugin can pass them from its command line):
 
-    async def close(self) -> None:
-        state = self._ls()
-        conns = list(state.conns.values())
-        state.conns.clear()
-        for conn in conns:
-            await conn.close()
+    * ``state_dir``: where Machines are recorded (default ``<vz state>/drivers/qemu``).
+    * ``image_dir``: image store root (default: the shared vz image cache).
+    * ``qemu``: path of ``qemu-system-x86_64`` (default: found on PATH).
+    * ``kernel``: the guest kernel (default: the newest ``/boot/vmlinuz-*`` with a module tree);
+      ``modules``: its module tree (default ``/lib/modules/<release>``).
+    * ``busybox``: a statically linked busybox for the initramfs (default ``/bin/busybox``).
+    * ``accelerator``: ``auto`` (KVM when it can run the guest kernel, else TCG), ``kvm`` (fail when KVM cannot)
+      or ``tcg``.
+    * ``sessions``: virtio-serial agent ports per Machine, i.e. how many host processes can talk to one Machine
+      at the same time (default 3).
+    * ``stop_timeout``: seconds the main process gets after SIGTERM on Stop (default 10); the VM is forced off
+      15 s after that.
+    * ``boot_timeout``: seconds a boot may take until the agent answers (default 300; TCG is slow).
+    * ``insecure_registries``: comma-separated registry hosts reached over plain HTTP (loopback tests).
+    * ``agent_binary``: a prebuilt guest agent (default: built from the bundled sources once).
+    """
 
-    # ------------------------------------------------------------------ diagnostics, cleanup
+    def __init__(self, **options: Any) -> None:
+        self._qemu_backend = QemuBackend(**options)
+        super().__init__(self._qemu_backend)
 
     async def qmp_status(self, workspace_id: str) -> dict[str, Any]:
         """QEMU's own view of a running Machine (QMP ``query-status``); ``FailedPreconditionError`` when stopped."""
         record = self._require(workspace_id)
         if not self._alive(record):
             raise FailedPreconditionError(f"Machine {workspace_id!r} is stopped")
-        async with await QmpClient.connect(self._store.paths(record.key).qmp) as qmp:
-            status: dict[str, Any] = await qmp.execute("query-status")
-            return status
-
-    async def remove_everything(self) -> None:
-        """Delete every Machine of this state directory and its volumes (tests, uninstall)."""
-        for record in list(self._store.records()):
-            await self.delete(record.workspace_id)
-        if self._store.machines_dir.is_dir():
-            shutil.rmtree(self._store.machines_dir, ignore_errors=True)
-        shutil.rmtree(self._store.volumes_dir, ignore_errors=True)
-        shutil.rmtree(self._store.root / "staging", ignore_errors=True)
-        await self.close()
-
-
-async def _no_input() -> AsyncIterator[bytes]:
-    return
-    yield b""  # pragma: no cover - makes this an async generator
-
-
-async def _wait_gone(pid: int, start: int) -> None:
-    """Wait (on a pidfd, no polling) until process ``pid`` with start time ``start`` has exited."""
-    if proc_start_time(pid) != start:
-        return
-    try:
-        pidfd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return
-    loop = asyncio.get_running_loop()
-    done: asyncio.Future[None] = loop.create_future()
-
-    def _exited() -> None:
-        if not done.done():
-            done.set_result(None)
-
-    loop.add_reader(pidfd, _exited)
-    try:
-        if proc_start_time(pid) == start:
-            await done
-    finally:
-        loop.remove_reader(pidfd)
-        os.close(pidfd)
-
-
-def _tail(path: Path, limit: int = 4000) -> str:
-    try:
-        return path.read_bytes()[-limit:].decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def _checked_executable(path: str) -> Path:
-    p = Path(path)
-    if not p.is_file() or not os.access(p, os.X_OK):
-        raise UnavailableError(f"agent_binary {path} is not an executable file")
-    return p.absolute()
-
-
-def _chown_tree(root: Path, uid: int, gid: int) -> None:
-    """Give the workspace to the developer identity (no symlink following, one filesystem)."""
-    dev = os.lstat(root).st_dev
-    os.chown(root, uid, gid, follow_symlinks=False)
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in dirnames + filenames:
-            path = os.path.join(dirpath, name)
-            st = os.lstat(path)
-            if st.st_dev == dev:
-                os.chown(path, uid, gid, follow_symlinks=False)
-        dirnames[:] = [d for d in dirnames if os.lstat(os.path.join(dirpath, d)).st_dev == dev]
+        return await self._qemu_backend.qmp_status(record)

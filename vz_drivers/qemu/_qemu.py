@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vz_core.errors import RuntimeFailureError, UnavailableError
+from vz_drivers._machine import proc_start_time, tail
 
 __all__ = [
     "QemuBinary",
@@ -27,7 +28,6 @@ __all__ = [
     "build_command",
     "find_qemu",
     "launch",
-    "proc_start_time",
 ]
 
 INSTALL_HINT = "install QEMU (Debian/Ubuntu: `apt-get install qemu-system-x86`) or pass the driver option qemu=<path>"
@@ -191,19 +191,6 @@ def _escape(value: str) -> str:
     return value.replace(",", ",,")
 
 
-def proc_start_time(pid: int) -> int | None:
-    """Start time (clock ticks since boot) of a live, non-zombie process; None when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            data = fh.read()
-    except OSError:
-        return None
-    fields = data[data.rfind(b")") + 2 :].split()
-    if not fields or fields[0] in (b"Z", b"X"):
-        return None
-    return int(fields[19])
-
-
 async def launch(qemu: str, spec: VmSpec, run_dir: Path) -> tuple[int, int]:
     """Start the Machine's QEMU detached; return (pid, start time) once it has set up every device.
 
@@ -237,13 +224,6 @@ async def launch(qemu: str, spec: VmSpec, run_dir: Path) -> tuple[int, int]:
     start = proc_start_time(pid)
     if start is None:
         raise RuntimeFailureError(
-            "QEMU exited right after starting the Machine", runtime_message=_tail(run_dir / CONSOLE_LOG)
+            "QEMU exited right after starting the Machine", runtime_message=tail(run_dir / CONSOLE_LOG)
         )
     return pid, start
-
-
-def _tail(path: Path, limit: int = 4000) -> str:
-    try:
-        return path.read_bytes()[-limit:].decode(errors="replace")
-    except OSError:
-        return ""

@@ -19,7 +19,7 @@ from vz_core.errors import (
 )
 from vz_drivers.linux_native import LinuxNativeDriver
 from vz_drivers.linux_native._mounts import mounts_under
-from vz_drivers.linux_native._state import machine_key
+from vz_drivers._machine import machine_key
 
 pytestmark = pytest.mark.root
 
@@ -96,8 +96,8 @@ async def test_a_new_driver_instance_finds_machines_and_dead_processes_mean_stop
         assert (await run(other, "persist", "cat", "/var/tmp/marker")).stdout == b"kept\n"
         record = other._store.load(machine_key("persist"))
         assert record is not None
-        os.kill(record.init_pid, signal.SIGKILL)
-        await wait_pid_exit(record.init_pid)
+        os.kill(record.pid, signal.SIGKILL)
+        await wait_pid_exit(record.pid)
         assert (await other.find("persist")).state.status == "stopped"  # type: ignore[union-attr]
         assert (await driver.find("persist")).state.status == "stopped"  # type: ignore[union-attr]
         with pytest.raises(FailedPreconditionError):

@@ -15,7 +15,7 @@ from ln_testlib import process_gone, request, run, sh
 from vz_core import ExecExit, ExecOutput, ExecSpec, HostRequirements, Mount, MountType
 from vz_core.errors import FailedPreconditionError, NotFoundError, UnsupportedError
 from vz_drivers.linux_native import LinuxNativeDriver
-from vz_drivers.linux_native._state import machine_key
+from vz_drivers._machine import machine_key
 
 pytestmark = pytest.mark.root
 
@@ -177,8 +177,23 @@ async def test_logs_are_finite_merged_and_exact(driver: LinuxNativeDriver) -> No
         await asyncio.sleep(0.02)
     assert sorted([data[:9], data[9:]]) == [b"err-bytes", b"out-bytes"]
     await driver.stop("logs")
-    with pytest.raises(FailedPreconditionError):
-        _ = [chunk async for chunk in driver.logs("logs")]
+    # A stopped Machine's completed log comes from the host, and reading it does not start the Machine.
+    stopped = b"".join([chunk async for chunk in driver.logs("logs")])
+    assert stopped == data
+    found = await driver.find("logs")
+    assert found is not None and found.state.status == "stopped"
+
+
+async def test_logs_of_a_stopped_machine_never_follow_a_planted_link(driver: LinuxNativeDriver, tmp_path: Path) -> None:
+    secret = tmp_path / "host-secret"
+    secret.write_bytes(b"host-only bytes")
+    await driver.run_image(request("planted", entrypoint="sh", args=("-c", "echo mine; exec sleep 100000")))
+    await driver.stop("planted")
+    # The log lives in /.vz/run, which the Machine can write: it could leave a link there.
+    log = driver._store.paths(machine_key("planted")).log
+    log.unlink()
+    log.symlink_to(secret)
+    assert b"".join([chunk async for chunk in driver.logs("planted")]) == b""
 
 
 def _listen(netns: str) -> subprocess.Popen[bytes]:
@@ -237,7 +252,7 @@ async def test_stop_ends_every_process_of_the_machine(driver: LinuxNativeDriver)
     await driver.run_image(request("stop-all", entrypoint="sh", args=("-c", "trap '' TERM; sleep 100000 & wait")))
     record = driver._store.load(machine_key("stop-all"))
     assert record is not None
-    pid = record.init_pid
+    pid = record.pid
     started = time.monotonic()
     await driver.stop("stop-all")
     assert time.monotonic() - started < 5 + 3, "stop waits at most stop_timeout before killing"

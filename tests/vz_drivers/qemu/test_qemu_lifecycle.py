@@ -13,7 +13,7 @@ from qemu_testlib import make_driver, qemu_processes, run
 from vz_core import Mount, MountType, RunImageRequest
 from vz_core.errors import FailedPreconditionError, RuntimeFailureError, UnsupportedError
 from vz_drivers.qemu import QemuDriver
-from vz_drivers.qemu._state import machine_key
+from vz_drivers._machine import machine_key
 
 pytestmark = pytest.mark.slow
 

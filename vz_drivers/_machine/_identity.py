@@ -1,4 +1,9 @@
-"""Resolve ``user[:group]`` strings against an image's /etc/passwd and /etc/group (never the host's)."""
+"""Resolve ``user[:group]`` against the image's /etc/passwd and /etc/group (never the host's).
+
+The guest agent resolves users again inside the Machine for every command; the host resolves them before
+creating anything, so an unknown user fails RunImage before any mutation, and so the workspace can be given to
+the developer identity's uid/gid.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +15,7 @@ from vz_core.errors import InvalidArgumentError
 
 __all__ = ["ResolvedUser", "check_user_syntax", "resolve_user"]
 
-_NAME_RE = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_.@-]{0,63}\$?$")
+_NAME_RE = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_.@-]{0,63}\$?\Z")
 
 
 @dataclass(frozen=True)

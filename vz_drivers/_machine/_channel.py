@@ -1,0 +1,76 @@
+"""The host end of a Machine's agent channel: opened without following links, its peer checked first.
+
+A Machine must never be able to point the host at another Machine's agent. So the host side of every channel
+lives in a directory of the Machine's record that no Machine can see (``MachinePaths.chan`` or the backend's
+run directory); the socket is opened with ``O_PATH | O_NOFOLLOW`` (a symlink is refused, it is never followed)
+and must be a socket; and before a single byte is sent, the kernel's credentials of the listening peer
+(``SO_PEERCRED``) must name the process the record says serves this Machine (its agent, or the VM process
+that owns the channel). Anything else is ``UnavailableError`` saying what was found.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import stat
+import struct
+from pathlib import Path
+
+from vz_core.errors import UnavailableError
+
+__all__ = ["open_agent_socket", "peer_pid"]
+
+_UCRED = struct.Struct("3i")
+
+
+def peer_pid(sock: socket.socket) -> int:
+    """The pid (in our pid namespace) of the process that listened on the other end of ``sock``."""
+    pid, _uid, _gid = _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
+    return int(pid)
+
+
+def _connect_nofollow(path: Path) -> socket.socket:
+    try:
+        fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise UnavailableError(f"the agent channel {path} cannot be opened: {exc.strerror or exc}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISSOCK(mode):
+            kind = "a symbolic link" if stat.S_ISLNK(mode) else "not a socket"
+            raise UnavailableError(f"the agent channel {path} is {kind}; refusing to use it")
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            # Connecting through the O_PATH descriptor reaches exactly the inode checked above.
+            sock.connect(f"/proc/self/fd/{fd}")
+        except OSError as exc:
+            sock.close()
+            raise UnavailableError(f"cannot connect to the agent channel {path}: {exc.strerror or exc}") from None
+        return sock
+    finally:
+        os.close(fd)
+
+
+async def open_agent_socket(
+    path: Path, expected_pid: int, *, what: str
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """Connect to the Unix socket ``path`` if ``expected_pid`` listens on it; streams for ``AgentClient``.
+
+    ``what`` names the Machine in errors. Raises ``UnavailableError`` when the path is missing, a link or not
+    a socket, when nothing listens, and when another process than ``expected_pid`` does.
+    """
+    sock = await asyncio.to_thread(_connect_nofollow, path)
+    try:
+        found = peer_pid(sock)
+        if found != expected_pid:
+            raise UnavailableError(
+                f"the agent channel of {what} is served by process {found}, not by the Machine's process "
+                f"{expected_pid}; refusing to send it anything (recreate the Machine if this persists)",
+                details={"path": str(path), "expected_pid": str(expected_pid), "peer_pid": str(found)},
+            )
+        sock.setblocking(False)
+        return await asyncio.open_unix_connection(sock=sock)
+    except BaseException:
+        sock.close()
+        raise

@@ -1,0 +1,849 @@
+"""The Driver contract, implemented once for every driver whose Machines run the vz guest agent.
+
+``AgentMachineDriver`` owns what every such driver does the same way: the record book and per-Machine locks,
+Find, ReusePreflight, RunImage's order (validate and resolve everything, then replace the old Machine, then
+create), Start/Stop/Delete, readiness (the agent answers, or the backend process dies: whichever comes
+first, no polling), Exec and Logs through the agent, and cleanup. A ``Backend`` supplies only what differs:
+how a Machine is created and booted, how its agent is reached, how it is shut down, and its facts.
+
+Who closes what: the driver owns the agent connections it opens (one per Machine per event loop, closed by
+``close()``, by Stop/Delete, and when the backend process changes); an exec's event stream is closed with
+``aclosing`` so that a caller who stops early (cancellation) kills the command at once.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import contextlib
+import datetime
+import os
+import shutil
+import uuid
+import weakref
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from vz_core import (
+    Capabilities,
+    Driver,
+    DriverInfo,
+    EgressPolicy,
+    ExecEvent,
+    ExecSpec,
+    Extensions,
+    MachineConfig,
+    MachineDetails,
+    MachineMount,
+    MachineState,
+    MountType,
+    RecreateMode,
+    RunImageRequest,
+)
+from vz_core.errors import (
+    AlreadyExistsError,
+    DriverError,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    NotFoundError,
+    RuntimeFailureError,
+    RuntimeTimeoutError,
+    UnavailableError,
+    UnsupportedError,
+)
+from vz_core.paths import state_dir as default_state_root
+from vz_drivers._machine._book import MachinePaths, MachineRecord, RecordBook, machine_key
+from vz_drivers._machine._files import atomic_write, read_chunks_nofollow
+from vz_drivers._machine._identity import ResolvedUser, resolve_user
+from vz_drivers._machine._procs import kill_process, proc_start_time, wait_gone
+from vz_drivers._machine._validate import CommonRequest, Rules, check_workspace_id
+
+if TYPE_CHECKING:
+    from vz_drivers._agent import AgentClient
+
+__all__ = [
+    "AgentLink",
+    "AgentMachineDriver",
+    "Backend",
+    "ImageSource",
+    "MachinePlan",
+    "ResolvedImage",
+    "checked_executable",
+    "chown_tree",
+    "no_input",
+    "now",
+    "record_fields",
+    "tail",
+]
+
+R = TypeVar("R", bound=MachineRecord)
+P = TypeVar("P", bound=MachinePaths)
+
+
+def now() -> str:
+    """The current UTC time as RFC 3339 with microseconds (record timestamps)."""
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("vz")
+    except Exception:
+        return "0.0.0"
+
+
+def tail(path: Path, limit: int = 4000) -> str:
+    """The last ``limit`` bytes of a host log file, as text ("" when unreadable)."""
+    try:
+        return path.read_bytes()[-limit:].decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def checked_executable(path: str, *, option: str = "agent_binary") -> Path:
+    """``path`` made absolute when it is an executable file; ``UnavailableError`` naming ``option`` otherwise."""
+    p = Path(path)
+    if not p.is_file() or not os.access(p, os.X_OK):
+        raise UnavailableError(f"{option} {path} is not an executable file")
+    return p.absolute()
+
+
+def chown_tree(root: Path, uid: int, gid: int) -> None:
+    """Give the workspace to the developer identity (no symlink following, one filesystem)."""
+    dev = os.lstat(root).st_dev
+    os.chown(root, uid, gid, follow_symlinks=False)
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            path = os.path.join(dirpath, name)
+            st = os.lstat(path)
+            if st.st_dev == dev:
+                os.chown(path, uid, gid, follow_symlinks=False)
+        dirnames[:] = [d for d in dirnames if os.lstat(os.path.join(dirpath, d)).st_dev == dev]
+
+
+@dataclass
+class AgentLink:
+    """An open, checked connection of this event loop to one Machine's agent (made by ``Backend.connect``)."""
+
+    client: AgentClient
+    pid: int
+    """The backend process (``MachineRecord.pid``/``pid_start``) this connection belongs to."""
+    pid_start: int
+    port: int = 0
+    """Which of the Machine's channels it uses (backends with several)."""
+    release: Callable[[], None] | None = None
+    """Called once after the client closed (a backend's port lock)."""
+
+    async def close(self) -> None:
+        try:
+            await self.client.close()
+        finally:
+            release, self.release = self.release, None
+            if release is not None:
+                release()
+
+
+@dataclass(frozen=True)
+class ResolvedImage:
+    """An image resolved for a RunImage request, with its users and main command."""
+
+    digest: str
+    rootfs: Path
+    env: list[str]
+    user: str
+    """The Machine's user (request or image)."""
+    user_ids: ResolvedUser
+    identity_name: str
+    identity: ResolvedUser
+    argv: list[str]
+    working_dir: str
+
+
+class ImageSource:
+    """The shared image store, opened on first use."""
+
+    def __init__(
+        self, image_dir: str | os.PathLike[str] | None, insecure_registries: str | tuple[str, ...] | list[str]
+    ):
+        self._dir = Path(image_dir).absolute() if image_dir else None
+        if isinstance(insecure_registries, str):
+            insecure_registries = tuple(r for r in insecure_registries.split(",") if r)
+        self._insecure = tuple(insecure_registries)
+        self._store: Any = None
+
+    def store(self) -> Any:
+        if self._store is None:
+            from vz_drivers._images import ImageStore
+
+            self._store = ImageStore(self._dir, insecure_registries=self._insecure)
+        return self._store
+
+    async def resolve(self, request: RunImageRequest, *, architecture: str, display: str) -> ResolvedImage:
+        """Resolve the image, unpack its root filesystem and resolve the request's users in it."""
+        store = self.store()
+        image = await store.resolve(request.image, platform=request.platform or f"linux/{architecture}")
+        if image.os != "linux" or image.architecture != architecture:
+            raise UnsupportedError(
+                f"image {request.image!r} is for {image.os}/{image.architecture}; {display} runs linux/{architecture} "
+                "Machines here",
+                details={"field": "image"},
+            )
+        rootfs = Path(await store.rootfs(image))
+        user = request.user or image.config.user
+        user_ids = resolve_user(rootfs, user, field="user")
+        identity_name = request.developer_identity()
+        identity = resolve_user(rootfs, identity_name, field="remote_user" if request.remote_user else "user")
+        if request.entrypoint:
+            argv = [request.entrypoint, *request.args]
+        else:
+            argv = [*image.config.entrypoint, *(request.args or image.config.cmd)]
+        return ResolvedImage(
+            digest=image.digest,
+            rootfs=rootfs,
+            env=list(image.config.env),
+            user=user,
+            user_ids=user_ids,
+            identity_name=identity_name,
+            identity=identity,
+            argv=argv,
+            working_dir=image.config.working_dir or "/",
+        )
+
+
+def record_fields(request: RunImageRequest, key: str, image: ResolvedImage, common: CommonRequest) -> dict[str, Any]:
+    """The ``MachineRecord`` fields every backend fills the same way for a new Machine (a backend adds its own,
+    or overrides these, when it constructs its record type)."""
+    return {
+        "workspace_id": request.workspace_id,
+        "key": key,
+        "machine_id": uuid.uuid4().hex,
+        "created_at": now(),
+        "image_ref": request.image,
+        "image_digest": image.digest,
+        "argv": image.argv,
+        "environment": dict(request.environment),
+        "image_env": image.env,
+        "working_dir": image.working_dir,
+        "user": image.user,
+        "developer_identity": image.identity_name,
+        "identity_uid": image.identity.uid,
+        "identity_gid": image.identity.gid,
+        "labels": common.labels,
+        "mounts": list(common.mounts),
+        "cpus": common.cpus,
+        "memory_bytes": common.memory_bytes,
+        "egress": common.egress,
+        "extra": {"workspace_target": common.mounts[0].target if request.workspace_mount else ""},
+    }
+
+
+@dataclass
+class MachinePlan(Generic[R]):
+    """What ``Backend.plan`` decided for a RunImage: the new record plus whatever the backend staged for it."""
+
+    record: R
+    staged: dict[str, Any] = field(default_factory=dict)
+
+
+class Backend(abc.ABC, Generic[R, P]):
+    """What one kind of agent Machine does differently. Everything else is ``AgentMachineDriver``'s.
+
+    A backend owns its ``book`` (record and path types) and its host resources; it never keeps Machine state
+    in memory that a relaunched driver could not rebuild from the records. Methods that touch one Machine are
+    called with that Machine's lock held.
+    """
+
+    name: str
+    """The driver name ("qemu")."""
+    display: str
+    """How messages name the driver ("the qemu driver")."""
+    runtime_name: str
+    book: RecordBook[R, P]
+    rules: Rules
+    stop_timeout: float = 10.0
+    """Seconds the main process gets after SIGTERM on Stop."""
+    stop_slack: float = 10.0
+    """How much longer than ``stop_timeout`` a graceful stop may take before the process is killed."""
+    boot_timeout: float = 30.0
+    """Seconds a start may take until the agent answers."""
+    graceful_replace: bool = False
+    """Whether Delete and recreation stop a running Machine gracefully (else it is killed)."""
+    keep_log_on_stop: bool = False
+    """Whether a graceful Stop copies the main log through the agent to ``MachinePaths.kept_log`` (backends
+    whose log lives only inside the Machine)."""
+
+    COMMON_OPTIONS = ("state_dir", "image_dir", "stop_timeout", "insecure_registries", "agent_binary")
+    """Options every agent-Machine driver takes; ``own_options`` are the backend's."""
+    own_options: tuple[str, ...] = ()
+
+    def __init__(self, options: dict[str, Any]) -> None:
+        """Take the common options out of ``options`` (the driver's keyword arguments) and refuse unknown ones.
+
+        A backend calls this first, then reads its ``own_options`` from the dict (strings are accepted so that a
+        plugin can pass them from its command line).
+        """
+        known = (*self.COMMON_OPTIONS, *self.own_options)
+        unknown = sorted(set(options) - set(known))
+        if unknown:
+            raise InvalidArgumentError(
+                f"unknown {self.name} option(s): {', '.join(unknown)}; known: {', '.join(known)}",
+                details={"option": unknown[0]},
+            )
+        state_dir = options.get("state_dir")
+        root = Path(state_dir) if state_dir else default_state_root() / "drivers" / self.name
+        self.state_root = root.absolute()
+        self.images = ImageSource(options.get("image_dir"), options.get("insecure_registries", ()))
+        self.stop_timeout = self.number(options, "stop_timeout", self.stop_timeout)
+        if self.stop_timeout < 0:
+            raise InvalidArgumentError("stop_timeout must be >= 0", details={"option": "stop_timeout"})
+        self._agent_option = str(options.get("agent_binary") or "")
+        self._agent_path: Path | None = None
+
+    @staticmethod
+    def number(options: dict[str, Any], name: str, default: float) -> float:
+        """Option ``name`` as a number (``InvalidArgumentError`` naming it otherwise)."""
+        value = options.get(name, default)
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise InvalidArgumentError(f"option {name}={value!r} is not a number", details={"option": name}) from None
+
+    async def agent_binary(self) -> Path:
+        """The guest agent binary: the ``agent_binary`` option checked, or the bundled sources built once."""
+        if self._agent_path is None:
+            if self._agent_option:
+                self._agent_path = await asyncio.to_thread(checked_executable, self._agent_option)
+            else:
+                from vz_drivers._agent import ensure_agent_binary
+
+                self._agent_path = Path(await asyncio.to_thread(ensure_agent_binary))
+        return self._agent_path
+
+    # -- facts
+
+    @abc.abstractmethod
+    async def runtime_version(self) -> str:
+        """The backend's version for Info ("" when unknown); never raises."""
+
+    storage_limits: bool = False
+    """Whether ``host_requirements.storage_bytes`` is enforced."""
+
+    @abc.abstractmethod
+    async def extension_facts(self) -> tuple[dict[str, str], str, str]:
+        """Extensions facts: (free-form facts, accelerator name, why that accelerator); never raises."""
+
+    @abc.abstractmethod
+    async def preflight(self) -> None:
+        """Raise ``UnavailableError`` when this host cannot run Machines."""
+
+    @abc.abstractmethod
+    async def provisioning_preflight(self) -> None:
+        """``preflight`` plus everything creating a Machine needs (tools, the agent binary)."""
+
+    # -- create and boot
+
+    @abc.abstractmethod
+    async def plan(self, request: RunImageRequest, key: str) -> MachinePlan[R]:
+        """Validate ``request`` and resolve everything it needs; touch no Machine. Raise naming the field."""
+
+    async def stage(self, plan: MachinePlan[R]) -> None:
+        """Build what the new Machine needs while the old one (if any) still exists (e.g. a root disk)."""
+
+    def unstage(self, plan: MachinePlan[R]) -> None:
+        """Discard what ``stage`` built and ``make_machine_dir`` did not take (runs in a thread)."""
+
+    @abc.abstractmethod
+    def make_machine_dir(self, record: R, plan: MachinePlan[R]) -> None:
+        """Create the backend's part of a new Machine's directory (runs in a thread; the record is saved after)."""
+
+    @abc.abstractmethod
+    async def boot(self, record: R) -> None:
+        """Start the Machine and set ``record.pid``/``pid_start`` to the process whose life is the Machine's.
+
+        Returns once that process runs; readiness is awaited by the driver through ``connect``.
+        """
+
+    @abc.abstractmethod
+    async def connect(self, record: R, *, booting: bool) -> AgentLink:
+        """Open and check a connection to the Machine's agent (``booting``: the first one after ``boot``, which
+        may wait for the agent to come up; the driver bounds it with ``boot_timeout`` and races it against the
+        process's death). Use ``open_agent_socket`` for Unix sockets."""
+
+    @abc.abstractmethod
+    def diagnose(self, record: R) -> tuple[str, str]:
+        """A short reason why a start failed (for the message) and the log tail that explains it (runs in a thread)."""
+
+    # -- stop and remove
+
+    async def shutdown(self, record: R, link: AgentLink) -> None:
+        """Ask the agent to stop everything (SIGTERM, ``stop_timeout`` of grace, then kill) and end."""
+        await link.client.shutdown(grace=self.stop_timeout)
+
+    async def release(self, record: R) -> None:
+        """Release the host resources of a start once the process is gone (idempotent)."""
+
+    def stopped_log(self, record: R) -> Path:
+        """Where the main process's log of a stopped Machine is on the host (read without following links)."""
+        return self.book.paths(record.key).kept_log
+
+    def remove_tree(self, paths: P) -> None:
+        """Remove one Machine's directory (runs in a thread; the Machine is stopped)."""
+        shutil.rmtree(paths.root, ignore_errors=True)
+
+    async def remove_host_state(self) -> None:
+        """Remove what the backend holds on the host besides Machine directories and volumes (tests, uninstall)."""
+
+
+@dataclass
+class _LoopState:
+    links: dict[str, AgentLink] = field(default_factory=dict)
+    locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+
+
+async def _no_input() -> AsyncIterator[bytes]:
+    return
+    yield b""  # pragma: no cover - makes this an async generator
+
+
+class AgentMachineDriver(Driver, Generic[R, P]):
+    """A ``vz_core.Driver`` for Machines that run the vz guest agent, over a ``Backend``."""
+
+    def __init__(self, backend: Backend[R, P]) -> None:
+        self._backend = backend
+        self._store: RecordBook[R, P] = backend.book
+        # Agent connections and locks belong to one event loop; a driver object may outlive a loop.
+        self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = weakref.WeakKeyDictionary()
+
+    @property
+    def state_root(self) -> Path:
+        return self._store.root
+
+    # ------------------------------------------------------------------ helpers
+
+    def _ls(self) -> _LoopState:
+        loop = asyncio.get_running_loop()
+        state = self._loops.get(loop)
+        if state is None:
+            state = self._loops[loop] = _LoopState()
+        return state
+
+    @contextlib.asynccontextmanager
+    async def _locked(self, key: str) -> AsyncIterator[None]:
+        lock = self._ls().locks.setdefault(key, asyncio.Lock())
+        async with lock:
+            cm = self._store.locked(key)
+            await asyncio.to_thread(cm.__enter__)
+            try:
+                yield
+            finally:
+                cm.__exit__(None, None, None)
+
+    @staticmethod
+    def _alive(record: MachineRecord) -> bool:
+        if record.status != "running" or not record.pid:
+            return False
+        return proc_start_time(record.pid) == record.pid_start
+
+    def _load(self, workspace_id: str) -> R | None:
+        check_workspace_id(workspace_id)
+        record = self._store.load(machine_key(workspace_id))
+        if record is not None and record.workspace_id != workspace_id:
+            # A hash prefix collision would be astronomically unlikely; never confuse two Machines.
+            raise RuntimeFailureError("machine key collision; refusing to touch another Machine's state")
+        return record
+
+    def _require(self, workspace_id: str) -> R:
+        record = self._load(workspace_id)
+        if record is None:
+            raise NotFoundError(
+                f"Machine {workspace_id!r} does not exist; create it with RunImage (`vz up`)",
+                details={"workspace_id": workspace_id},
+            )
+        return record
+
+    def _require_running(self, workspace_id: str) -> R:
+        record = self._require(workspace_id)
+        if not self._alive(record):
+            raise FailedPreconditionError(
+                f"Machine {workspace_id!r} is stopped; start it first (`vz up`)",
+                details={"workspace_id": workspace_id},
+            )
+        return record
+
+    # ------------------------------------------------------------------ discovery
+
+    async def info(self, *, supports_recreate_on_run: bool = False) -> DriverInfo:
+        return DriverInfo(
+            driver_name=self._backend.name,
+            driver_version=_version(),
+            runtime_name=self._backend.runtime_name,
+            runtime_version=await self._backend.runtime_version(),
+            capabilities=Capabilities(
+                mount_types=(MountType.BIND, MountType.VOLUME, MountType.TMPFS),
+                requires_mount_streaming=False,
+                requires_workspace_chown=False,
+                recreate_mode=RecreateMode.ON_RUN if supports_recreate_on_run else RecreateMode.DELETE,
+                provisioning_preflight=True,
+                reprovision=False,
+                logs=True,
+                reuse_preflight=True,
+            ),
+        )
+
+    async def extensions(self) -> Extensions | None:
+        facts, accelerator, reason = await self._backend.extension_facts()
+        return Extensions(
+            target_os=("linux",),
+            profiles=self._backend.rules.profiles,
+            tty=False,
+            accelerator=accelerator,
+            accelerator_reason=reason,
+            snapshots=False,
+            egress_policies=(EgressPolicy.ALLOW, EgressPolicy.DENY),
+            facts=facts,
+            resource_limits=True,
+            storage_limits=self._backend.storage_limits,
+        )
+
+    async def preflight(self, *, disable_auto_start: bool = False) -> None:
+        await self._backend.preflight()
+
+    async def provisioning_preflight(self) -> None:
+        await self._backend.provisioning_preflight()
+
+    async def target_architecture(self, workspace_id: str) -> str:
+        return self._backend.rules.architecture
+
+    # ------------------------------------------------------------------ find / reuse
+
+    async def find(self, workspace_id: str) -> MachineDetails | None:
+        record = self._load(workspace_id)
+        if record is None:
+            return None
+        alive = self._alive(record)
+        state = MachineState(
+            status="running" if alive else "stopped",
+            started_at=record.started_at,
+            exit_code=0 if alive else record.exit_code,
+            error="" if alive else record.error,
+        )
+        mounts = tuple(MachineMount(type=m.type, source=m.source, destination=m.target) for m in record.mounts)
+        return MachineDetails(
+            id=record.machine_id,
+            created_at=record.created_at,
+            state=state,
+            config=MachineConfig(labels=dict(record.labels), working_dir=record.working_dir, user=record.user),
+            mounts=mounts,
+        )
+
+    async def reuse_preflight(self, workspace_id: str, remote_user: str) -> None:
+        record = self._require(workspace_id)
+        identity = remote_user or "root"
+        if identity != record.developer_identity:
+            raise FailedPreconditionError(
+                f"Machine {workspace_id!r} was created for developer identity {record.developer_identity!r} "
+                f"(workspace owned by it), not {identity!r}; recreate it with `vz up --recreate` to change the "
+                "identity",
+                details={"workspace_id": workspace_id, "created_for": record.developer_identity, "requested": identity},
+            )
+        present = os.path.isdir if self._backend.rules.bind_dirs_only else os.path.exists
+        for mount in record.mounts:
+            if mount.type == "bind" and not await asyncio.to_thread(present, mount.host_path):
+                raise FailedPreconditionError(
+                    f"Machine {workspace_id!r}: the {mount.target} mount source {mount.source!r} no longer exists "
+                    "on the host; restore it or recreate the Machine with `vz up --recreate`",
+                    details={"workspace_id": workspace_id, "mount": mount.target},
+                )
+
+    # ------------------------------------------------------------------ create
+
+    async def run_image(self, request: RunImageRequest) -> None:
+        check_workspace_id(request.workspace_id)
+        key = machine_key(request.workspace_id)
+        # Everything is validated and resolved before anything of a Machine is touched.
+        plan = await self._backend.plan(request, key)
+        record = plan.record
+        await asyncio.to_thread(self._store.ensure)
+        async with self._locked(key):
+            existing = self._load(request.workspace_id)
+            if existing is not None and not request.allow_recreate:
+                raise AlreadyExistsError(
+                    f"Machine {request.workspace_id!r} already exists; use it, delete it, or recreate it with "
+                    "`vz up --recreate`",
+                    details={"workspace_id": request.workspace_id},
+                )
+            created = False
+            try:
+                try:
+                    await self._backend.stage(plan)
+                    if existing is not None:
+                        # The whole new configuration is valid: now, and only now, the old Machine goes.
+                        await self._halt(existing, graceful=self._backend.graceful_replace)
+                        await asyncio.to_thread(self._remove_machine_dir, existing)
+                    created = True
+                    await asyncio.to_thread(self._create_machine_dir, record, plan)
+                finally:
+                    await asyncio.to_thread(self._backend.unstage, plan)
+                await self._boot(record)
+            except BaseException:
+                if created:
+                    with contextlib.suppress(Exception):
+                        await self._halt(record, graceful=False)
+                    with contextlib.suppress(Exception):
+                        await asyncio.to_thread(self._remove_machine_dir, record)
+                raise
+
+    def _create_machine_dir(self, record: R, plan: MachinePlan[R]) -> None:
+        paths = self._store.paths(record.key)
+        if paths.root.exists():
+            # Leftovers of a crashed creation (no record): nothing there belongs to a live Machine.
+            self._backend.remove_tree(paths)
+        for d in (paths.root, paths.chan, paths.run):
+            d.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._backend.make_machine_dir(record, plan)
+        uid, gid = record.identity_uid, record.identity_gid
+        mounts = []
+        for m in record.mounts:
+            if m.type == "volume":
+                vdir = self._store.volume_dir(m.source)
+                data = vdir / "data"
+                if not data.exists():
+                    data.mkdir(parents=True, mode=0o755)
+                    (vdir / "name").write_text(m.source)
+                    if uid or gid:
+                        os.chown(data, uid, gid)
+                m = replace(m, host_path=str(data))
+            mounts.append(m)
+        record.mounts = mounts
+        ws_target = record.extra.get("workspace_target")
+        for m in mounts:
+            if m.target == ws_target and m.type == "bind" and not m.read_only and (uid or gid):
+                chown_tree(Path(m.host_path), uid, gid)
+        self._store.save(record)
+
+    def _remove_machine_dir(self, record: R) -> None:
+        paths = self._store.paths(record.key)
+        with contextlib.suppress(FileNotFoundError):
+            paths.record.unlink()
+        self._backend.remove_tree(paths)
+
+    # ------------------------------------------------------------------ boot and readiness
+
+    async def _boot(self, record: R) -> None:
+        await self._drop_link(record.key)
+        with contextlib.suppress(FileNotFoundError):
+            self._store.paths(record.key).kept_log.unlink()
+        try:
+            await self._backend.boot(record)
+            record.status = "running"
+            record.started_at = now()
+            record.exit_code = 0
+            record.error = ""
+            await asyncio.to_thread(self._store.save, record)
+            await self._wait_ready(record)
+        except BaseException as exc:
+            with contextlib.suppress(Exception):
+                await kill_process(record.pid, record.pid_start)
+            with contextlib.suppress(Exception):
+                await self._backend.release(record)
+            record.status = "stopped"
+            record.pid = 0
+            record.pid_start = 0
+            record.error = exc.message if isinstance(exc, DriverError) else "start failed"
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(self._store.save, record)
+            raise
+
+    async def _wait_ready(self, record: R) -> None:
+        """Wait for the agent's answer, or for the backend process to die, whichever comes first."""
+        limit = self._backend.boot_timeout
+        connect = asyncio.ensure_future(self._backend.connect(record, booting=True))
+        died = asyncio.ensure_future(wait_gone(record.pid, record.pid_start))
+        timed_out = False
+        try:
+            done, _ = await asyncio.wait({connect, died}, timeout=limit, return_when=asyncio.FIRST_COMPLETED)
+            if connect in done and not connect.cancelled() and connect.exception() is None:
+                self._ls().links[record.key] = connect.result()
+                return
+            if not connect.done():
+                timed_out = not done
+                connect.cancel()
+                with contextlib.suppress(BaseException):
+                    await connect
+            elif not died.done():
+                # The connection broke: when the Machine is going down, its log says why.
+                await asyncio.wait({died}, timeout=5)
+        finally:
+            if not connect.done():
+                connect.cancel()
+            died.cancel()
+            with contextlib.suppress(BaseException):
+                await died
+        detail, log = await asyncio.to_thread(self._backend.diagnose, record)
+        if died.done() and not died.cancelled():
+            raise RuntimeFailureError(
+                f"Machine {record.workspace_id!r} stopped while starting: {detail}", runtime_message=log
+            )
+        if timed_out:
+            raise RuntimeTimeoutError(
+                f"Machine {record.workspace_id!r} did not become ready within {limit:g} s ({detail})",
+                runtime_message=log,
+            )
+        exc = connect.exception()
+        assert exc is not None
+        raise exc
+
+    async def _link(self, record: R) -> AgentLink:
+        state = self._ls()
+        link = state.links.get(record.key)
+        if link is not None and self._current(link, record):
+            return link
+        lock = state.locks.setdefault("link:" + record.key, asyncio.Lock())
+        async with lock:
+            link = state.links.get(record.key)
+            if link is not None:
+                if self._current(link, record):
+                    return link
+                state.links.pop(record.key, None)
+                await link.close()
+            link = await self._backend.connect(record, booting=False)
+            state.links[record.key] = link
+            return link
+
+    @staticmethod
+    def _current(link: AgentLink, record: MachineRecord) -> bool:
+        return link.pid == record.pid and link.pid_start == record.pid_start and not link.client.closed
+
+    async def _drop_link(self, key: str) -> None:
+        link = self._ls().links.pop(key, None)
+        if link is not None:
+            await link.close()
+
+    # ------------------------------------------------------------------ start / stop / delete
+
+    async def start(self, workspace_id: str) -> None:
+        record = self._require(workspace_id)
+        async with self._locked(record.key):
+            record = self._require(workspace_id)
+            if self._alive(record):
+                return
+            await self._halt(record, graceful=False)
+            await self._boot(record)
+
+    async def stop(self, workspace_id: str) -> None:
+        record = self._require(workspace_id)
+        async with self._locked(record.key):
+            record = self._require(workspace_id)
+            await self._halt(record, graceful=True)
+
+    async def delete(self, workspace_id: str) -> None:
+        record = self._load(workspace_id)
+        if record is None:
+            return
+        async with self._locked(record.key):
+            record = self._load(workspace_id)
+            if record is None:
+                return
+            await self._halt(record, graceful=self._backend.graceful_replace)
+            await asyncio.to_thread(self._remove_machine_dir, record)
+
+    async def _halt(self, record: R, *, graceful: bool) -> None:
+        """Stop the Machine (cleanly when ``graceful``), make sure its process is gone, release the start's host
+        resources; the Machine's data stays."""
+        if self._alive(record):
+            if graceful:
+                await self._graceful(record)
+            await kill_process(record.pid, record.pid_start)
+        await self._drop_link(record.key)
+        await self._backend.release(record)
+        if record.status != "stopped" or record.pid:
+            record.status = "stopped"
+            record.pid = 0
+            record.pid_start = 0
+            if self._store.paths(record.key).record.exists():
+                await asyncio.to_thread(self._store.save, record)
+
+    async def _graceful(self, record: R) -> None:
+        pid, start = record.pid, record.pid_start
+        try:
+            async with asyncio.timeout(self._backend.stop_timeout + self._backend.stop_slack):
+                link = await self._link(record)
+                with contextlib.suppress(DriverError):
+                    status = await link.client.status()
+                    if status.main_exit is not None:
+                        record.exit_code = status.main_exit.exit_code
+                if self._backend.keep_log_on_stop:
+                    await self._keep_log(record, link)
+                await self._backend.shutdown(record, link)
+                await wait_gone(pid, start)
+        except (DriverError, TimeoutError):
+            pass
+        finally:
+            await self._drop_link(record.key)
+
+    async def _keep_log(self, record: R, link: AgentLink) -> None:
+        chunks: list[bytes] = []
+        with contextlib.suppress(DriverError):
+            async with contextlib.aclosing(link.client.logs()) as stream:
+                async for chunk in stream:
+                    chunks.append(chunk)
+            await asyncio.to_thread(atomic_write, self._store.paths(record.key).kept_log, b"".join(chunks), 0o600)
+
+    # ------------------------------------------------------------------ exec / logs
+
+    async def exec(self, spec: ExecSpec, stdin: AsyncIterator[bytes]) -> AsyncIterator[ExecEvent]:
+        if not spec.argv:
+            raise InvalidArgumentError("exec needs a non-empty argv", details={"field": "argv"})
+        if spec.tty:
+            raise UnsupportedError(
+                f"{self._backend.display} does not run tty execs (the extension service does not advertise tty)"
+            )
+        record = self._require_running(spec.workspace_id)
+        link = await self._link(record)
+        full = replace(spec, user=spec.user or record.user, workdir=spec.workdir or record.working_dir)
+        # aclosing: a caller that stops early (cancellation) kills the command now, not at garbage collection.
+        async with contextlib.aclosing(link.client.exec(full, stdin)) as events:
+            async for event in events:
+                yield event
+
+    async def logs(self, workspace_id: str) -> AsyncIterator[bytes]:
+        record = self._require(workspace_id)
+        if not self._alive(record):
+            # A stopped Machine's completed log, from the host; the Machine is not started for it.
+            path = self._backend.stopped_log(record)
+            for chunk in await asyncio.to_thread(lambda: list(read_chunks_nofollow(path))):
+                yield chunk
+            return
+        link = await self._link(record)
+        async with contextlib.aclosing(link.client.logs()) as chunks:
+            async for chunk in chunks:
+                yield chunk
+
+    async def close(self) -> None:
+        state = self._ls()
+        links = list(state.links.values())
+        state.links.clear()
+        for link in links:
+            await link.close()
+
+    # ------------------------------------------------------------------ cleanup for tests and uninstall
+
+    async def remove_everything(self) -> None:
+        """Delete every Machine of this state directory, its volumes and the backend's host state."""
+        for record in list(self._store.records()):
+            await self.delete(record.workspace_id)
+        await self._backend.remove_host_state()
+        if self._store.machines_dir.is_dir():
+            for entry in list(self._store.machines_dir.iterdir()):
+                await asyncio.to_thread(self._backend.remove_tree, self._store.paths(entry.name))
+        shutil.rmtree(self._store.volumes_dir, ignore_errors=True)
+        await self.close()
+
+
+def no_input() -> AsyncIterator[bytes]:
+    """An empty stdin for execs the driver runs itself."""
+    return _no_input()
