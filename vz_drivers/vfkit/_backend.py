@@ -26,7 +26,7 @@ from typing import Any
 
 import psutil
 
-from vz_core import EgressPolicy, Extensions, RunImageRequest
+from vz_core import RunImageRequest
 from vz_core.errors import DriverError, FailedPreconditionError, UnavailableError, UnsupportedError
 from vz_drivers._machine import (
     AgentLink,
@@ -136,7 +136,7 @@ class VfkitBackend(Backend[VfkitRecord, VfkitPaths]):
         except DriverError:
             return ""
 
-    async def extensions(self) -> Extensions:
+    async def extension_facts(self) -> tuple[dict[str, str], str, str]:
         host = self.host
         facts: dict[str, str] = {
             "status": STATUS,
@@ -160,14 +160,8 @@ class VfkitBackend(Backend[VfkitRecord, VfkitPaths]):
                 facts["vfkit_version"] = (await asyncio.to_thread(self.binary.version))[0]
             except DriverError as exc:
                 facts["vfkit"] = f"unavailable: {exc.message}"
-        return Extensions(
-            target_os=("linux",),
-            profiles=("developer",),
-            accelerator="virtualization.framework" if host.supported else "",
-            accelerator_reason="" if host.supported else host.reason,
-            egress_policies=(EgressPolicy.ALLOW, EgressPolicy.DENY),
-            facts=facts,
-        )
+            return facts, "virtualization.framework", "vfkit (Apple Virtualization.framework)"
+        return facts, "", host.reason
 
     async def preflight(self) -> None:
         if not self.host.supported:

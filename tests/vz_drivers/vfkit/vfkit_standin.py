@@ -12,14 +12,22 @@ refuse), writes a console line, serves the REST API on ``--restful-uri``, report
 * ``ignore-stop``: Stop is accepted but nothing happens; HardStop exits;
 * ``ignore-all``: nothing stops it but a signal;
 * ``crash``: prints an error to stderr and exits 1 before serving;
-* ``never-ready``: serves REST but never reports ready.
+* ``never-ready``: serves REST but never reports ready;
+* ``agent AGENT_BINARY``: plays the guest too. It reads the Machine's ``config.sh`` from the ``vzcfg`` virtio-fs
+  share, runs the real vz guest agent on this host with the arguments of its ``vz_agent_vsock`` line (never
+  ``--poweroff``, never as another user), proxies every connection to the agent socket to it (vfkit's
+  ``connect`` mode: one vsock connection per host connection), reports ready when the agent does, and ends when
+  the agent ends (the guest powered off). Stop sends the agent SIGTERM; HardStop kills it and its processes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import shlex
+import signal
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,8 +46,13 @@ class StandinVm:
     requests: list[tuple[str, str, bytes]] = field(default_factory=list)
     stopped: asyncio.Event = field(default_factory=asyncio.Event)
     chunked: bool = False
+    agent_pid: int = 0
 
     def change(self, new: str) -> tuple[int, dict[str, Any] | None]:
+        if self.agent_pid and new in ("Stop", "HardStop"):
+            _signal_agent(self.agent_pid, hard=new == "HardStop")
+            self.state = "VirtualMachineStateStopping"
+            return 202, None
         if new == "Stop":
             if self.behaviour in ("obey", "never-ready"):
                 self.state = "VirtualMachineStateStopping"
@@ -135,6 +148,128 @@ def _write(path: Path, line: str) -> None:
         fh.write(line)
 
 
+def _signal_agent(pid: int, *, hard: bool) -> None:
+    import psutil
+
+    try:
+        agent = psutil.Process(pid)
+        victims = [*agent.children(recursive=True), agent] if hard else [agent]
+    except psutil.Error:
+        return
+    for proc in victims:
+        with contextlib.suppress(psutil.Error):
+            proc.send_signal(signal.SIGKILL if hard else signal.SIGTERM)
+
+
+def _die_with_parent() -> None:
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+
+
+def _agent_args(config_sh: Path, run: Path) -> list[str]:
+    """The agent arguments of config.sh's ``vz_agent_vsock`` line, made safe to run on a test host."""
+    line = next(ln for ln in config_sh.read_text().splitlines() if ln.startswith("vz_agent_vsock "))
+    words = shlex.split(line)[3:]  # function name, agent port, ready port
+    out: list[str] = []
+    index = 0
+    while index < len(words):
+        word = words[index]
+        if word == "--":
+            out += words[index:]
+            break
+        if word == "--poweroff":
+            index += 1
+            continue
+        if word in ("--main-user", "--main-workdir"):
+            index += 2
+            continue
+        if word == "--log":
+            out += ["--log", str(run / "main.log")]
+            index += 2
+            continue
+        out.append(word)
+        index += 1
+    return out
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+    except ConnectionError:
+        pass
+    finally:
+        with contextlib.suppress(OSError):
+            writer.write_eof()
+
+
+_PROXIES: set[asyncio.Task[Any]] = set()
+
+
+async def _proxy(inner: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    task = asyncio.current_task()
+    if task is not None:
+        _PROXIES.add(task)
+        task.add_done_callback(_PROXIES.discard)
+    try:
+        in_reader, in_writer = await asyncio.open_unix_connection(inner)
+    except OSError:
+        writer.close()  # what vfkit does when the guest port does not listen yet
+        return
+    await asyncio.gather(_pipe(reader, in_writer), _pipe(in_reader, writer))
+    in_writer.close()
+    writer.close()
+
+
+async def _run_guest(parsed: Any, vm: StandinVm, agent_binary: str) -> None:
+    run = Path(parsed.of("virtio-serial")[0].options["logFilePath"]).parent
+    cfg = next(d for d in parsed.of("virtio-fs") if d.options["mountTag"] == "vzcfg")
+    inner = str(run / "inner.sock")
+    read_fd, write_fd = os.pipe()
+    # The guest lives in a PID namespace of its own, tied to this process: when the stand-in dies (even by
+    # SIGKILL), the kernel kills every process of the "guest", as a VM's processes end with the VM.
+    agent = await asyncio.create_subprocess_exec(
+        "unshare",
+        "--pid",
+        "--fork",
+        "--kill-child",
+        "--mount-proc",
+        agent_binary,
+        "serve",
+        "--listen",
+        f"unix:{inner}",
+        "--ready-fd",
+        str(write_fd),
+        *_agent_args(Path(cfg.options["sharedDir"]) / "config.sh", run),
+        pass_fds=(write_fd,),
+        stdin=asyncio.subprocess.DEVNULL,
+        start_new_session=True,
+        preexec_fn=_die_with_parent,
+    )
+    os.close(write_fd)
+    vm.agent_pid = agent.pid
+    agent_sock = next(d for d in parsed.of("virtio-vsock") if "connect" in d.flags).options["socketURL"]
+    proxy = await asyncio.start_unix_server(lambda r, w: _proxy(inner, r, w), path=agent_sock)
+    ready_line = await asyncio.to_thread(os.read, read_fd, 64)
+    os.close(read_fd)
+    if ready_line.strip() == b"ready":
+        ready = next(d for d in parsed.of("virtio-vsock") if "listen" in d.flags)
+        _, writer = await asyncio.open_unix_connection(ready.options["socketURL"])
+        writer.write(b"ready\n")
+        await writer.drain()
+        writer.close()
+    await agent.wait()
+    proxy.close()
+    for task in list(_PROXIES):
+        task.cancel()
+    await asyncio.gather(*_PROXIES, return_exceptions=True)
+    vm.state = "VirtualMachineStateStopped"
+    vm.stopped.set()
+
+
 async def _run(argv: list[str], behaviour: str) -> int:
     from vfkit_grammar import parse_argv
 
@@ -155,7 +290,9 @@ async def _run(argv: list[str], behaviour: str) -> int:
     vm.devices = [{"kind": d.kind, **d.options} for d in parsed.devices]
     server = await serve_rest(parsed.restful_path, vm)
     print("INFO[0000] stand-in vfkit serving", flush=True, file=sys.stderr)
-    if behaviour != "never-ready":
+    if behaviour.startswith("agent "):
+        await _run_guest(parsed, vm, behaviour.split(" ", 1)[1])
+    elif behaviour != "never-ready":
         ready = next(d for d in parsed.of("virtio-vsock") if "listen" in d.flags)
         _, writer = await asyncio.open_unix_connection(ready.options["socketURL"])
         writer.write(b"ready\n")
