@@ -559,8 +559,10 @@ class DriverRegistry:
             self._pm.register(plugin, name)
             self._pm.check_pending()
         except pluggy.PluginValidationError as exc:
-            self._pm.unregister(plugin)
-            raise RegistrationError(f"{label}: {exc}") from None
+            if self._pm.is_registered(plugin):
+                self._pm.unregister(plugin)
+            message = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+            raise RegistrationError(f"{label}: {message}") from None
         except ValueError as exc:  # the same name or object registered twice
             raise RegistrationError(f"{label}: {exc}") from None
         if not self._pm.get_hookcallers(plugin):

@@ -1,25 +1,94 @@
+"""The capability matrix is assembled from the drivers' declarations (plus the drivers without a package yet)
+and docs/capability-matrix.md holds exactly the generated tables."""
+
 from __future__ import annotations
 
+import subprocess
+import sys
+import types
 from pathlib import Path
 
+import pytest
+
 from vz_core import capability_matrix as cm
+from vz_core.registry import DriverDeclaration, DriverRegistry, MatrixRow, Option, hookimpl
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "capability-matrix.md"
+REGENERATE = "run: python -m vz_core.capability_matrix --write docs/capability-matrix.md"
 
 
-def test_doc_table_matches_the_data() -> None:
+def test_doc_tables_match_the_declarations() -> None:
     text = DOC.read_text()
+    assert cm.sync_doc(text) == text, REGENERATE
     table = text.split("<!-- matrix:start -->\n", 1)[1].split("<!-- matrix:end -->", 1)[0]
-    assert table == cm.render_markdown(), "run: python -m vz_core.capability_matrix and paste into the doc"
+    assert table == cm.render_markdown(cm.shipped_registry())
+    for name in ("fake", "linux_native", "qemu"):
+        assert f"### {name}\n" in text
+
+
+def test_the_doc_generator_rewrites_a_stale_doc(tmp_path: Path) -> None:
+    stale = tmp_path / "matrix.md"
+    stale.write_text(
+        DOC.read_text().replace("| linux_native | linux | linux | ACTIVE |", "| linux_native | linux | linux | DEV |")
+    )
+    assert cm.sync_doc(stale.read_text()) != stale.read_text()
+    subprocess.run([sys.executable, "-m", "vz_core.capability_matrix", "--write", str(stale)], check=True, timeout=60)
+    assert stale.read_text() == DOC.read_text()
+    with pytest.raises(ValueError, match="no <!-- options:start -->"):
+        cm.sync_doc("<!-- matrix:start -->\n<!-- matrix:end -->\n")
 
 
 def test_each_triple_is_listed_once() -> None:
-    triples = [(e.driver, e.host_os, e.target_os) for e in cm.MATRIX]
+    triples = [(e.driver, e.host_os, e.target_os) for e in cm.entries()]
     assert len(triples) == len(set(triples))
+    assert triples == [(e.driver, e.host_os, e.target_os) for e in cm.MATRIX]
+
+
+def test_rows_come_from_declarations_and_planned_drivers() -> None:
+    registry = DriverRegistry(distribution="vz")
+    declared = {(d.name, r.host_os, r.target_os, r.status) for d in registry.declarations() for r in d.matrix}
+    rows = {(e.driver, e.host_os, e.target_os, e.status) for e in cm.entries(registry)}
+    assert declared <= rows
+    planned = {(p.name, r.host_os, r.target_os, r.status) for p in cm.PLANNED_WITHOUT_PACKAGE for r in p.matrix}
+    assert rows == declared | planned
+    assert {p.name for p in cm.PLANNED_WITHOUT_PACKAGE} == {"vfkit", "hyperv", "macos_vm"}
+    assert all(r.status == "PLANNED" for p in cm.PLANNED_WITHOUT_PACKAGE for r in p.matrix)
+
+
+def test_a_new_driver_package_adds_its_rows_and_takes_over_a_planned_driver() -> None:
+    @hookimpl
+    def vz_builtin_drivers() -> list[DriverDeclaration]:
+        return [
+            DriverDeclaration(
+                name="vfkit",
+                summary="Linux Machines on macOS through vfkit",
+                factory="acme_vfkit:Driver",
+                options=(Option("vfkit", "path of vfkit", "found on PATH", "path", "host"),),
+                matrix=(MatrixRow("darwin", "linux", "DEV", "vfkit 0.6"),),
+            )
+        ]
+
+    registry = DriverRegistry(load_entry_points=False)
+    module = types.ModuleType("acme_vfkit_registration")
+    module.vz_builtin_drivers = vz_builtin_drivers  # type: ignore[attr-defined]
+    registry.register(module)
+    vfkit = [e for e in cm.entries(registry) if e.driver == "vfkit"]
+    assert vfkit == [cm.Entry("vfkit", "darwin", "linux", "DEV", "vfkit 0.6")]
+    assert cm.lookup("vfkit", "darwin", "linux", registry=registry) == vfkit[0]
+    assert "| `vfkit` | host | path | `found on PATH` | path of vfkit |" in cm.render_options_markdown(registry)
 
 
 def test_lookup() -> None:
     entry = cm.lookup("qemu", "linux", "linux")
     assert entry is not None and entry.status in ("ACTIVE", "DEV")
     assert cm.lookup("qemu", "linux", "windows") is None
+    assert cm.lookup("hyperv", "windows", "windows") == cm.Entry(
+        "hyperv", "windows", "windows", "PLANNED", "Hyper-V cmdlets, hvsocket agent"
+    )
     assert cm.current_host_os() == "linux"
+
+
+def test_this_module_names_no_registered_driver() -> None:
+    source = Path(cm.__file__).read_text()
+    for name in ("fake", "linux_native", "qemu"):
+        assert f'"{name}"' not in source, f"capability_matrix.py names {name}; it belongs in its declaration"

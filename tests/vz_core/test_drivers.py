@@ -4,13 +4,28 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from vz_core.drivers import ManifestStore, add_manifest, builtin_manifest, list_drivers, remote_driver, resolve, verify
+from vz_core.drivers import (
+    HostConfig,
+    ManifestStore,
+    add_manifest,
+    builtin_manifest,
+    configure,
+    effective_options,
+    host_config_path,
+    list_drivers,
+    open_driver,
+    remote_driver,
+    resolve,
+    validate_project_options,
+    verify,
+)
 from vz_core.errors import NotFoundError, TrustError, UserError
 from vz_core.trust import host_platform
 
@@ -164,3 +179,214 @@ def test_a_damaged_record_is_reported_not_trusted(store: ManifestStore) -> None:
     (store.root / "broken.json").write_text('{"manifest": {}}')
     with pytest.raises(TrustError, match=r"record of driver 'broken' .* is unreadable"):
         resolve("broken", store=store)
+
+
+# Names are names: a record is found only among the drivers the user added (issue #18 item 1) -------------
+
+
+def _planted_record(tmp_path: Path, name: str = "acme") -> Path:
+    """An external-driver record written by hand (not by `vz driver add`) outside the store."""
+    manifest, _ = _plugin_dir(tmp_path, name)
+    record = tmp_path / f"{name}-record.json"
+    record.write_text(
+        json.dumps(
+            {
+                "manifest": json.loads(manifest.read_text()),
+                "driver_dir": str(manifest.parent),
+                "manifest_path": str(manifest),
+                "added_at": "2026-01-01T00:00:00+00:00",
+            }
+        )
+    )
+    return record
+
+
+@pytest.mark.parametrize("shape", ["absolute", "dotdot", "newline", "upper", "empty", "slash"])
+def test_a_name_that_is_not_a_driver_name_is_refused_before_any_lookup(
+    tmp_path: Path, store: ManifestStore, shape: str
+) -> None:
+    record = _planted_record(tmp_path)
+    store.root.mkdir(parents=True)
+    name = {
+        "absolute": str(record.with_suffix("")),
+        "dotdot": os.path.relpath(record.with_suffix(""), store.root),
+        "newline": "acme\n",
+        "upper": "Acme",
+        "empty": "",
+        "slash": "acme/x",
+    }[shape]
+    with pytest.raises(UserError, match="is not a driver name"):
+        resolve(name, store=store)
+    assert store.get(name) is None
+    with pytest.raises(UserError, match="is not a driver name"):
+        validate_project_options(name, {}, store=store)
+
+
+def test_a_symlinked_or_renamed_record_in_the_store_is_not_a_driver(tmp_path: Path, store: ManifestStore) -> None:
+    record = _planted_record(tmp_path)
+    store.root.mkdir(parents=True)
+    (store.root / "linked.json").symlink_to(record)
+    (store.root / "other.json").write_text(record.read_text())  # its manifest says "acme"
+    (store.root / "Bad.json").write_text(record.read_text())
+    assert store.names() == ["other"]
+    with pytest.raises(NotFoundError, match="unknown driver 'linked'"):
+        resolve("linked", store=store)
+    with pytest.raises(TrustError, match="does not describe driver 'other'"):
+        resolve("other", store=store)
+
+
+def test_an_oversized_record_is_refused(store: ManifestStore) -> None:
+    store.root.mkdir(parents=True)
+    (store.root / "huge.json").write_bytes(b" " * (2 << 20) + b"{}")
+    with pytest.raises(TrustError, match="record of driver 'huge'"):
+        resolve("huge", store=store)
+
+
+def test_a_builtin_plugin_is_launched_through_the_shared_plugin_main(store: ManifestStore) -> None:
+    spec = resolve("qemu", store=store).launch_spec({"accelerator": "tcg"})()
+    assert spec.argv == [sys.executable, "-m", "vz_core.registry", "qemu"]
+    assert json.loads(spec.env["VZ_DRIVER_OPTIONS"]) == {"accelerator": "tcg"}
+
+
+# Project options and the host configuration -----------------------------------------------------------------
+
+
+@pytest.fixture
+def host_config(tmp_path: Path) -> HostConfig:
+    return HostConfig(tmp_path / "home" / "config" / "drivers.json")
+
+
+@pytest.mark.parametrize(
+    ("driver", "options"),
+    [
+        ("fake", {"state_dir": "/elsewhere"}),
+        ("linux_native", {"state_dir": "/elsewhere"}),
+        ("linux_native", {"image_dir": "/elsewhere"}),
+        ("linux_native", {"subnet": "127.0.0.0/8"}),
+        ("linux_native", {"runc": "/tmp/runc"}),
+        ("linux_native", {"runc_sha256": "0" * 64}),
+        ("linux_native", {"cgroup_parent": "/"}),
+        ("linux_native", {"agent_binary": "/tmp/agent"}),
+        ("qemu", {"qemu": "/tmp/qemu"}),
+        ("qemu", {"kernel": "/tmp/k"}),
+        ("qemu", {"busybox": "/tmp/bb"}),
+    ],
+)
+def test_host_options_from_a_project_are_refused_naming_the_key(
+    store: ManifestStore, driver: str, options: dict[str, str]
+) -> None:
+    (key,) = options
+    with pytest.raises(UserError) as info:
+        validate_project_options(driver, options, where="machines[0].driver_options", store=store)
+    message = str(info.value)
+    assert message.startswith(f"machines[0].driver_options.{key}: ")
+    assert f"vz driver configure {driver} {key}=VALUE" in message and "drivers.json" in message
+
+
+def test_project_options_are_checked_for_unknown_keys(store: ManifestStore) -> None:
+    assert validate_project_options("qemu", {"accelerator": "tcg", "sessions": 2}, store=store) == {
+        "accelerator": "tcg",
+        "sessions": 2,
+    }
+    assert validate_project_options("fake", {"faults": "failing-run"}, store=store) == {"faults": "failing-run"}
+    with pytest.raises(
+        UserError, match=r"driver_options: unknown qemu option\(s\): bogus; valid options: .*accelerator"
+    ):
+        validate_project_options("qemu", {"bogus": 1}, store=store)
+    with pytest.raises(NotFoundError):
+        validate_project_options("nope", {}, store=store)
+
+
+def test_external_drivers_take_no_options_from_a_project(tmp_path: Path, store: ManifestStore) -> None:
+    manifest, _ = _plugin_dir(tmp_path)
+    add_manifest(manifest, store=store)
+    assert validate_project_options("acme", {}, store=store) == {}
+    with pytest.raises(UserError, match="driver 'acme' is external"):
+        validate_project_options("acme", {"state_dir": "/x"}, store=store)
+
+
+def test_the_host_configuration_supplies_host_options(
+    tmp_path: Path, store: ManifestStore, host_config: HostConfig
+) -> None:
+    state = tmp_path / "fake-state"
+    result = configure("fake", [f"state_dir={state}", "faults=failing-run"], host_config=host_config, store=store)
+    assert result == {
+        "name": "fake",
+        "path": str(host_config.path),
+        "options": {"state_dir": str(state), "faults": ["failing-run"]},
+    }
+    assert json.loads(host_config.path.read_text()) == {"fake": {"faults": ["failing-run"], "state_dir": str(state)}}
+    merged = effective_options("fake", {"faults": "exec-empty-chunk"}, host_config=host_config, store=store)
+    assert merged == {"state_dir": str(state), "faults": "exec-empty-chunk"}  # the project wins for its own options
+    driver = open_driver("fake", None, host_config=host_config, store=store)
+    assert Path(driver.state_dir) == state  # type: ignore[attr-defined]
+    assert configure("fake", unset=["faults"], host_config=host_config, store=store)["options"] == {
+        "state_dir": str(state)
+    }
+    assert configure("fake", host_config=host_config, store=store)["options"] == {"state_dir": str(state)}
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        pytest.param(
+            {"assignments": ["bogus=1"]}, r"unknown fake option\(s\): bogus; valid options: faults, state_dir", id="key"
+        ),
+        pytest.param({"assignments": ["novalue"]}, "must look like KEY=VALUE", id="shape"),
+        pytest.param({"unset": ["state_dir"]}, "has no 'state_dir'", id="unset-missing"),
+    ],
+)
+def test_configure_refuses_bad_input(
+    store: ManifestStore, host_config: HostConfig, args: dict[str, Any], fragment: str
+) -> None:
+    with pytest.raises(UserError, match=fragment):
+        configure("fake", host_config=host_config, store=store, **args)
+    assert not host_config.path.exists()
+
+
+def test_configure_parses_by_kind_and_refuses_external_drivers(
+    tmp_path: Path, store: ManifestStore, host_config: HostConfig
+) -> None:
+    assert configure("qemu", ["sessions=2", "stop_timeout=1.5"], host_config=host_config, store=store)["options"] == {
+        "sessions": 2,
+        "stop_timeout": 1.5,
+    }
+    with pytest.raises(UserError, match="takes a number"):
+        configure("qemu", ["sessions=many"], host_config=host_config, store=store)
+    manifest, _ = _plugin_dir(tmp_path)
+    add_manifest(manifest, store=store)
+    with pytest.raises(UserError, match="is external"):
+        configure("acme", ["x=1"], host_config=host_config, store=store)
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        pytest.param("{nope", "not valid JSON", id="json"),
+        pytest.param("[]", "must be a JSON object", id="shape"),
+        pytest.param('{"../x": {}}', "is not a driver name", id="name"),
+        pytest.param('{"fake": 3}', "must map option names", id="options"),
+        pytest.param('{"fake": {"state_dir": {"a": 1}}}', "must be a string", id="value"),
+        pytest.param("[" * 100_000, "not valid JSON", id="deep"),
+    ],
+)
+def test_a_broken_host_configuration_is_a_clear_error(
+    store: ManifestStore, host_config: HostConfig, text: str, fragment: str
+) -> None:
+    host_config.path.parent.mkdir(parents=True)
+    host_config.path.write_text(text)
+    with pytest.raises(UserError, match=fragment):
+        effective_options("fake", None, host_config=host_config, store=store)
+
+
+def test_unknown_keys_in_the_host_configuration_are_refused(store: ManifestStore, host_config: HostConfig) -> None:
+    host_config.path.parent.mkdir(parents=True)
+    host_config.path.write_text('{"fake": {"colour": "blue"}}')
+    with pytest.raises(UserError, match=r"drivers.json: fake: unknown fake option\(s\): colour"):
+        open_driver("fake", None, host_config=host_config, store=store)
+
+
+def test_host_config_path_follows_vz_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("VZ_HOME", str(tmp_path))
+    assert host_config_path() == tmp_path / "config" / "drivers.json"
+    assert HostConfig().path == tmp_path / "config" / "drivers.json"

@@ -6,9 +6,11 @@ import json
 from pathlib import Path
 
 import psutil
+import pytest
 from vzcli import Vz, fake_machine, write_project
 
 from vz_core.drivers import builtin_manifest
+from vz_core.errors import UserError
 
 
 def test_list_and_verify(vz: Vz, tmp_path: Path) -> None:
@@ -44,3 +46,38 @@ def _ours(proc: psutil.Process, home: Path) -> bool:
         return "vz-driver-fake" in " ".join(proc.info["cmdline"] or []) and proc.environ().get("VZ_HOME") == str(home)
     except psutil.Error:
         return False
+
+
+def _driver_command(*argv: str) -> int:
+    import argparse
+
+    from vz_core.cli._driver_cmd import add_driver_arguments, run_driver_command
+
+    parser = argparse.ArgumentParser(prog="vz driver")
+    add_driver_arguments(parser)
+    return run_driver_command(parser.parse_args(list(argv)))
+
+
+def test_configure_sets_shows_and_unsets_host_options(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("VZ_HOME", str(tmp_path / "home"))
+    config = tmp_path / "home" / "config" / "drivers.json"
+    assert _driver_command("configure", "linux_native", "subnet=10.77.0.0/16", "stop_timeout=3") == 0
+    out = capsys.readouterr().out
+    assert out.splitlines() == [
+        f"linux_native host configuration ({config}):",
+        "  stop_timeout = 3.0",
+        '  subnet = "10.77.0.0/16"',
+    ]
+    assert json.loads(config.read_text()) == {"linux_native": {"stop_timeout": 3.0, "subnet": "10.77.0.0/16"}}
+    assert _driver_command("configure", "linux_native", "--unset", "stop_timeout", "--json") == 0
+    assert json.loads(capsys.readouterr().out) == {
+        "name": "linux_native",
+        "path": str(config),
+        "options": {"subnet": "10.77.0.0/16"},
+    }
+    with pytest.raises(UserError, match=r"unknown linux_native option\(s\): colour; valid options: agent_binary"):
+        _driver_command("configure", "linux_native", "colour=blue")
+    with pytest.raises(UserError, match="is not a driver name"):
+        _driver_command("configure", "../etc", "x=1")
