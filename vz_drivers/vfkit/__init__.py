@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from vz_drivers.vfkit._driver import VfkitDriver
 
-__all__ = ["DRIVER_NAME", "OPTION_HELP", "VfkitDriver"]
+__all__ = ["DRIVER_NAME", "VfkitDriver"]
 
 DRIVER_NAME = "vfkit"
 
@@ -26,8 +26,4 @@ def __getattr__(name: str) -> Any:
         from vz_drivers.vfkit._driver import VfkitDriver
 
         return VfkitDriver
-    if name == "OPTION_HELP":
-        from vz_drivers.vfkit._options import OPTION_HELP
-
-        return OPTION_HELP
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -27,9 +27,9 @@ __all__ = ["DRIVER_NAME", "STATUS", "VfkitDriver"]
 class VfkitDriver(AgentMachineDriver[VfkitRecord, VfkitPaths]):
     """Linux Machines as vfkit virtual machines (macOS).
 
-    Options (all optional strings, see ``vz_drivers.vfkit.OPTION_HELP``): ``state_dir``, ``image_dir``, ``vfkit``,
-    ``vfkit_sha256``, ``kernel``, ``initrd``, ``rosetta`` (auto/on/off), ``nested`` (on/off), ``stop_timeout``,
-    ``boot_timeout``, ``insecure_registries``. Unknown options are refused.
+    Options (all optional, each described once in ``vz_drivers.vfkit.registration``): ``state_dir``,
+    ``image_dir``, ``vfkit``, ``vfkit_sha256``, ``kernel``, ``initrd``, ``rosetta`` (auto/on/off), ``nested``
+    (on/off), ``stop_timeout``, ``boot_timeout``, ``insecure_registries``. Unknown options are refused.
     """
 
     def __init__(self, **options: Any) -> None:

@@ -10,23 +10,24 @@ from typing import Any
 from vz_core.errors import InvalidArgumentError
 from vz_core.paths import state_dir as default_state_root
 
-__all__ = ["OPTION_HELP", "VfkitOptions", "parse_options"]
+__all__ = ["DRIVER_NAME", "OPTION_NAMES", "VfkitOptions", "parse_options"]
 
 DRIVER_NAME = "vfkit"
 
-OPTION_HELP: dict[str, str] = {
-    "state_dir": "where Machines are recorded (default <vz state>/drivers/vfkit)",
-    "image_dir": "image store root (default: the shared vz image cache)",
-    "vfkit": "absolute path of vfkit (default: found on PATH)",
-    "vfkit_sha256": "SHA-256 vfkit must have (default: recorded on first use in <state>/trust.json)",
-    "kernel": "uncompressed Linux kernel (arm64 Image / x86_64 vmlinux) the Machines boot",
-    "initrd": "the vz guest initramfs built for that kernel (agent as init)",
-    "rosetta": "auto (when installed), on (required) or off: run amd64 binaries in arm64 guests",
-    "nested": "off (default) or on: nested virtualization (macOS 15+, M3 or newer)",
-    "stop_timeout": "seconds the guest gets to power off after Stop before HardStop (default 30)",
-    "boot_timeout": "seconds a boot may take until the guest agent reports ready (default 120)",
-    "insecure_registries": "comma-separated registry hosts reached over plain HTTP",
-}
+OPTION_NAMES = (
+    "state_dir",
+    "image_dir",
+    "vfkit",
+    "vfkit_sha256",
+    "kernel",
+    "initrd",
+    "rosetta",
+    "nested",
+    "stop_timeout",
+    "boot_timeout",
+    "insecure_registries",
+)
+"""The options ``parse_options`` takes; each is described once, in ``vz_drivers.vfkit.registration``."""
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,7 @@ def parse_options(
     """Every option checked; ``InvalidArgumentError`` naming the culprit (unknown keys included)."""
     if unknown:
         raise InvalidArgumentError(
-            f"unknown vfkit option(s): {', '.join(sorted(unknown))}; known: {', '.join(OPTION_HELP)}"
+            f"unknown vfkit option(s): {', '.join(sorted(unknown))}; known: {', '.join(OPTION_NAMES)}"
         )
     nested_text = ("on" if nested else "off") if isinstance(nested, bool) else nested
     root = Path(state_dir) if state_dir else default_state_root() / "drivers" / DRIVER_NAME

@@ -1,0 +1,41 @@
+"""vfkit's declaration: valid, DEV in the matrix, and in step with the options the driver takes."""
+
+from __future__ import annotations
+
+import platform
+from pathlib import Path
+
+import pytest
+
+from vz_core.errors import UnsupportedError
+from vz_drivers.vfkit._options import OPTION_NAMES
+from vz_drivers.vfkit.registration import DECLARATION, vz_builtin_drivers
+
+
+def test_the_declaration_is_valid_and_dev() -> None:
+    assert DECLARATION.problems() == []
+    assert vz_builtin_drivers() == [DECLARATION]
+    assert [(r.host_os, r.target_os, r.status) for r in DECLARATION.matrix] == [("darwin", "linux", "DEV")]
+    assert "not verified on a Mac" in DECLARATION.matrix[0].note
+
+
+def test_declared_options_are_exactly_the_driver_options() -> None:
+    assert sorted(DECLARATION.declared_options) == sorted(OPTION_NAMES)
+    host_only = set(DECLARATION.option_names("host"))
+    assert {"vfkit", "vfkit_sha256", "kernel", "initrd", "state_dir", "nested"} <= host_only
+
+
+@pytest.mark.skipif(platform.system() == "Darwin", reason="describes a host that is not macOS")
+async def test_the_declared_factory_builds_the_driver(tmp_path: Path) -> None:
+    driver = DECLARATION.create(state_dir=str(tmp_path / "s"), rosetta="off", stop_timeout=5.0)
+    assert (await driver.info()).driver_name == "vfkit"
+    with pytest.raises(UnsupportedError):
+        await driver.preflight()
+
+
+def test_the_plugin_command_line_is_generated() -> None:
+    from vz_drivers.vfkit.plugin import build_parser
+
+    help_text = build_parser().format_help()
+    for flag in ("--vfkit", "--vfkit-sha256", "--kernel", "--initrd", "--rosetta", "--nested", "--boot-timeout"):
+        assert flag in help_text

@@ -1,0 +1,55 @@
+"""vfkit's one declaration (cheap to import: no driver code is loaded here).
+
+Its plugin (``vz-driver-vfkit``), ``--help``, option checks, docs tables and capability-matrix rows are all
+generated from ``DECLARATION``. Status DEV: written to vfkit 0.6's documented interface, tested on Linux
+against that interface, not yet verified on a Mac (the macOS CI lane turns it ACTIVE).
+"""
+
+from __future__ import annotations
+
+from vz_core.registry import DriverDeclaration, MatrixRow, Option, hookimpl
+
+__all__ = ["DECLARATION", "vz_builtin_drivers"]
+
+DECLARATION = DriverDeclaration(
+    name="vfkit",
+    summary="Linux Machines on macOS through vfkit (Virtualization.framework); guest agent over virtio-vsock",
+    factory="vz_drivers.vfkit:VfkitDriver",
+    plugin_command=("vz-driver-vfkit",),
+    targets=("linux",),
+    options=(
+        Option("state_dir", "where Machines are recorded", "<vz state>/drivers/vfkit", "path", "host"),
+        Option("image_dir", "image store root", "the shared vz image cache", "path", "host"),
+        Option("vfkit", "absolute path of vfkit", "found on PATH", "path", "host"),
+        Option("vfkit_sha256", "SHA-256 vfkit must have", "recorded on first use in <state>/trust.json", "str", "host"),
+        Option(
+            "kernel",
+            "uncompressed Linux kernel the Machines boot (arm64 Image / x86_64 vmlinux)",
+            "none",
+            "path",
+            "host",
+        ),
+        Option("initrd", "the vz guest initramfs built for that kernel (agent as init)", "none", "path", "host"),
+        Option("rosetta", "auto (when installed), on (required) or off: amd64 binaries in arm64 guests", "auto"),
+        Option("nested", "on or off: nested virtualization (macOS 15+, M3 or newer)", "off", "str", "host"),
+        Option("stop_timeout", "seconds the main process gets after SIGTERM on Stop, then HardStop", "30", "float"),
+        Option("boot_timeout", "seconds a boot may take until the guest agent reports ready", "120", "float"),
+        Option("insecure_registries", "registry hosts reached over plain HTTP (comma-separated)", "none", "list"),
+    ),
+    matrix=(
+        MatrixRow(
+            "darwin",
+            "linux",
+            "DEV",
+            "vfkit (Virtualization.framework), vsock agent; not verified on a Mac yet (the macOS CI lane makes it "
+            "ACTIVE)",
+        ),
+    ),
+    # The same vz guest image and busybox userland as qemu: the qemu adapter's commands apply unchanged.
+    adapter="vz_conformance.adapters.qemu:ADAPTER",
+)
+
+
+@hookimpl
+def vz_builtin_drivers() -> list[DriverDeclaration]:
+    return [DECLARATION]
