@@ -101,7 +101,7 @@ def host_routes(path: Path = Path("/proc/net/route")) -> list[tuple[str, ipaddre
     return routes
 
 
-def check_subnet(subnet: ipaddress.IPv4Network) -> None:
+def check_subnet(subnet: ipaddress.IPv4Network, routes: list[tuple[str, ipaddress.IPv4Network]] | None = None) -> None:
     """Refuse a Machine subnet that is special-purpose or that the host already routes elsewhere.
 
     Runs before anything is created (no table, no link). Routes through vz's own veth ends (``vz...``) are
@@ -110,7 +110,7 @@ def check_subnet(subnet: ipaddress.IPv4Network) -> None:
     for special, what in _SPECIAL:
         if subnet.overlaps(special):
             raise ValueError(f"it overlaps the {what} range; choose a private range such as 10.231.0.0/16")
-    for dev, net in host_routes():
+    for dev, net in host_routes() if routes is None else routes:
         if dev.startswith("vz") or not subnet.overlaps(net):
             continue
         raise ValueError(

@@ -7,7 +7,7 @@ import signal
 from pathlib import Path
 
 import pytest
-from ln_testlib import request, run, sh, wait_pid_exit
+from machine_testlib import request, run, sh, wait_pid_exit
 
 from vz_core import HostRequirements, Mount, MountType, RecreateMode
 from vz_core.errors import (
@@ -17,9 +17,9 @@ from vz_core.errors import (
     NotFoundError,
     UnsupportedError,
 )
+from vz_drivers._machine import machine_key
 from vz_drivers.linux_native import LinuxNativeDriver
 from vz_drivers.linux_native._mounts import mounts_under
-from vz_drivers._machine import machine_key
 
 pytestmark = pytest.mark.root
 

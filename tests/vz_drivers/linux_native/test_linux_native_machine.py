@@ -10,12 +10,12 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from ln_testlib import process_gone, request, run, sh
+from machine_testlib import process_gone, request, run, sh
 
 from vz_core import ExecExit, ExecOutput, ExecSpec, HostRequirements, Mount, MountType
 from vz_core.errors import FailedPreconditionError, NotFoundError, UnsupportedError
-from vz_drivers.linux_native import LinuxNativeDriver
 from vz_drivers._machine import machine_key
+from vz_drivers.linux_native import LinuxNativeDriver
 
 pytestmark = pytest.mark.root
 

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from ln_testlib import request, run
+from machine_testlib import request, run
 
 from vz_core import Driver
 from vz_core.remote import RemoteDriver

@@ -33,18 +33,6 @@ def image_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("qemu-images")
 
 
-@pytest.fixture(scope="session")
-def agent_binary() -> str:
-    from vz_drivers._agent import ensure_agent_binary
-
-    return str(ensure_agent_binary())
-
-
-@pytest.fixture
-def state_dir(tmp_path: Path) -> Path:
-    return tmp_path / "state"
-
-
 @pytest.fixture
 async def driver(state_dir: Path, image_dir: Path, agent_binary: str) -> AsyncIterator[QemuDriver]:
     """A driver on a private state directory; every Machine it leaves is deleted afterwards."""

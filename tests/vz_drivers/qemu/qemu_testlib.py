@@ -1,49 +1,14 @@
-"""Helpers shared by the qemu driver tests."""
+"""Helpers of the qemu driver tests (the shared ones are in ``machine_testlib``)."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 
-from vz_core import Driver, ExecExit, ExecOutput, ExecSpec
 from vz_drivers.qemu import QemuDriver
-
-
-@dataclass
-class Result:
-    stdout: bytes = b""
-    stderr: bytes = b""
-    exit: ExecExit | None = None
-    frames: list[int] = field(default_factory=list)
-
-
-async def chunks(data: bytes | Iterable[bytes] = b"") -> AsyncIterator[bytes]:
-    parts = [data] if isinstance(data, bytes) else list(data)
-    for part in parts:
-        if part:
-            yield part
-
-
-async def run(driver: Driver, workspace_id: str, *argv: str, stdin: bytes = b"", **spec: object) -> Result:
-    """Exec ``argv`` and collect everything."""
-    result = Result()
-    events = driver.exec(ExecSpec(workspace_id=workspace_id, argv=argv, **spec), chunks(stdin))  # type: ignore[arg-type]
-    async for event in events:
-        if isinstance(event, ExecOutput):
-            result.frames.append(len(event.data))
-            if event.stream == "stdout":
-                result.stdout += event.data
-            else:
-                result.stderr += event.data
-        else:
-            assert result.exit is None, "a second exit event"
-            result.exit = event
-    assert result.exit is not None, "the exec ended without an exit event"
-    return result
 
 
 def qemu_processes(state_dir: Path) -> list[psutil.Process]:

@@ -8,12 +8,13 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from qemu_testlib import make_driver, qemu_processes, run
+from machine_testlib import run
+from qemu_testlib import make_driver, qemu_processes
 
 from vz_core import Mount, MountType, RunImageRequest
 from vz_core.errors import FailedPreconditionError, RuntimeFailureError, UnsupportedError
-from vz_drivers.qemu import QemuDriver
 from vz_drivers._machine import machine_key
+from vz_drivers.qemu import QemuDriver
 
 pytestmark = pytest.mark.slow
 

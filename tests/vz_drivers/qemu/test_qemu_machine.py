@@ -11,7 +11,8 @@ import os
 from collections.abc import AsyncGenerator
 
 import pytest
-from qemu_testlib import Booted, chunks, run
+from machine_testlib import chunks, run
+from qemu_testlib import Booted
 
 from vz_core import ExecSpec
 from vz_core.errors import InvalidArgumentError, UnsupportedError

@@ -6,7 +6,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from qemu_testlib import qemu_processes, run
+from machine_testlib import run
+from qemu_testlib import qemu_processes
 
 import vz_drivers.qemu as package
 from vz_core import Driver, RunImageRequest

@@ -1,25 +1,30 @@
-"""Helpers shared by the linux_native tests."""
+"""Helpers shared by the tests of agent-Machine drivers (linux_native, qemu) and the security tests using them."""
 
 from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Iterable, Mapping
+from dataclasses import dataclass, field
 
 from vz_core import Driver, ExecExit, ExecOutput, ExecSpec, RunImageRequest
 
 
-@dataclass(frozen=True)
+@dataclass
 class Result:
     stdout: bytes
     stderr: bytes
     exit: ExecExit
+    frames: list[int] = field(default_factory=list)
+    """Sizes of the output frames, in order."""
 
 
-async def _chunks(data: bytes) -> AsyncIterator[bytes]:
-    for i in range(0, len(data), 32768):
-        yield data[i : i + 32768]
+async def chunks(data: bytes | Iterable[bytes] = b"") -> AsyncIterator[bytes]:
+    """``data`` as an exec's stdin: 32 KiB pieces of one bytes object, or the given pieces."""
+    parts = [data[i : i + 32768] for i in range(0, len(data), 32768)] if isinstance(data, bytes) else list(data)
+    for part in parts:
+        if part:
+            yield part
 
 
 async def run(
@@ -27,23 +32,24 @@ async def run(
     workspace_id: str,
     *argv: str,
     stdin: bytes = b"",
-    user: str = "",
-    workdir: str = "",
     env: Mapping[str, str] | None = None,
+    **spec: object,
 ) -> Result:
-    """Run a command to completion and collect its output."""
+    """Run a command to completion and collect its output; exactly one exit, nothing after it."""
     out, err = bytearray(), bytearray()
+    frames: list[int] = []
     exits: list[ExecExit] = []
-    spec = ExecSpec(workspace_id, tuple(argv), user=user, workdir=workdir, environment=dict(env or {}))
-    async for event in driver.exec(spec, _chunks(stdin)):
+    request = ExecSpec(workspace_id=workspace_id, argv=tuple(argv), environment=dict(env or {}), **spec)  # type: ignore[arg-type]
+    async for event in driver.exec(request, chunks(stdin)):
         assert not exits, "an event arrived after the exit"
         if isinstance(event, ExecOutput):
             assert 1 <= len(event.data) <= 32768
+            frames.append(len(event.data))
             (out if event.stream == "stdout" else err).extend(event.data)
         else:
             exits.append(event)
     assert len(exits) == 1, "exactly one exit expected"
-    return Result(bytes(out), bytes(err), exits[0])
+    return Result(bytes(out), bytes(err), exits[0], frames)
 
 
 async def sh(driver: Driver, workspace_id: str, script: str, *args: str, **kw: object) -> Result:
