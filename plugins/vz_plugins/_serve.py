@@ -225,7 +225,7 @@ async def _run(
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     from vz_core.redact import Redactor
-    from vz_core.rpc import SERVER_OPTIONS, add_servicers
+    from vz_core.rpc import SERVER_OPTIONS, add_servicers, stop_server
     from vz_core.rpc.pb import grpc_broker_pb2_grpc, grpc_controller_pb2_grpc, grpc_stdio_pb2_grpc
     from vz_plugins._control import BrokerServicer, ControllerServicer, StdioServicer
 
@@ -259,7 +259,7 @@ async def _run(
             on_serving()
         await stopping.wait()
         log.debug("stopping")
-        await server.stop(_STOP_GRACE)
+        await stop_server(server, _STOP_GRACE)
         with contextlib.suppress(Exception):
             await asyncio.wait_for(driver.close(), 2.0)
     finally:
@@ -301,7 +301,12 @@ def serve(
     )
     chosen: Network = network or ("tcp" if sys.platform == "win32" else "unix")
     try:
-        code = asyncio.run(_run(driver, handshake_fd, chosen, cert_curve, on_serving))
+        # Not asyncio.run(): its teardown cancels every task still pending, and grpcio prints a CancelledError
+        # traceback for each RPC whose close it was still waiting for (a host that closes its connection right
+        # after Shutdown, as go-plugin's Kill() does). The process exits right after, so nothing needs it.
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        code = loop.run_until_complete(_run(driver, handshake_fd, chosen, cert_curve, on_serving))
     except _Fatal as exc:
         log.error("%s", exc)
         code = 1

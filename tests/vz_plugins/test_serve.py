@@ -133,7 +133,7 @@ async def test_prints_after_the_handshake_go_to_stderr(
 
 
 async def test_shutdown_rpc_exits_the_process_promptly(conn: PluginConnection) -> None:
-    from vz_core._proto.plugin import grpc_controller_pb2, grpc_controller_pb2_grpc
+    from vz_core.rpc.pb import grpc_controller_pb2, grpc_controller_pb2_grpc
 
     stub = grpc_controller_pb2_grpc.GRPCControllerStub(conn.channel)  # type: ignore[no-untyped-call]
     started = time.monotonic()
@@ -142,6 +142,66 @@ async def test_shutdown_rpc_exits_the_process_promptly(conn: PluginConnection) -
     elapsed = time.monotonic() - started
     assert status.code == 0
     assert elapsed < 1.0, f"{elapsed:.2f}s from Shutdown to exit"
+
+
+def _launcher(kind: str) -> PluginLauncher:
+    return PluginLauncher(lambda: LaunchSpec(kind, [sys.executable, str(TESTDRIVERS), kind]), name=kind)
+
+
+async def test_a_shutdown_leaves_pending_tasks_alone_so_grpcio_prints_no_cancelled_error() -> None:
+    # asyncio.run() would cancel every task still pending at the end, grpcio's RPC tasks included, and
+    # grpcio prints a CancelledError traceback for each (the broker stream of a go-plugin Kill()).
+    conn = await _launcher("mini-pending").launch()
+    await conn.shutdown()
+    assert conn.process.status is not None and conn.process.status.code == 0
+    assert "pending task cancelled at exit" not in conn.stderr_tail()
+
+
+async def test_shutdown_with_broker_and_stdio_streams_open_logs_no_traceback() -> None:
+    """go-plugin's Kill(): Shutdown, then the connection is closed at once, with the broker stream open."""
+    from google.protobuf import empty_pb2
+
+    from vz_core.rpc.pb import (
+        grpc_broker_pb2,
+        grpc_broker_pb2_grpc,
+        grpc_controller_pb2,
+        grpc_controller_pb2_grpc,
+        grpc_stdio_pb2_grpc,
+    )
+
+    for attempt in range(12):
+        conn = await _launcher("mini").launch()
+        try:
+            broker = grpc_broker_pb2_grpc.GRPCBrokerStub(conn.channel).StartStream()  # type: ignore[no-untyped-call]
+            await broker.write(grpc_broker_pb2.ConnInfo(service_id=1, network="unix", address="/nowhere"))
+            grpc_stdio_pb2_grpc.GRPCStdioStub(conn.channel).StreamStdio(empty_pb2.Empty())  # type: ignore[no-untyped-call]
+            if attempt % 3 == 1:
+                broker.cancel()
+            await grpc_controller_pb2_grpc.GRPCControllerStub(conn.channel).Shutdown(grpc_controller_pb2.Empty())  # type: ignore[no-untyped-call]
+            if attempt % 3 != 2:
+                await conn.channel.close(grace=None)
+            assert await conn.wait_exited(5.0) is not None
+        finally:
+            await conn.shutdown()
+        tail = conn.stderr_tail()
+        assert "Traceback" not in tail and "ERROR" not in tail, f"attempt {attempt}:\n{tail}"
+
+
+def test_grpcio_shutdown_reports_are_dropped_and_other_errors_kept() -> None:
+    import logging
+
+    from grpc._cython import cygrpc  # type: ignore[attr-defined]
+
+    from vz_core.rpc._server import _QUIET
+
+    def record(exc: BaseException) -> logging.LogRecord:
+        return logging.LogRecord(
+            "grpc._cython.cygrpc", logging.ERROR, __file__, 1, "method [%s]", ("/x",), (type(exc), exc, None)
+        )
+
+    assert not _QUIET.filter(record(asyncio.CancelledError()))
+    assert not _QUIET.filter(record(cygrpc.ExecuteBatchError("Failed execute_batch")))
+    assert _QUIET.filter(record(ValueError("a real bug")))
 
 
 # Unary calls ------------------------------------------------------------------------------------------

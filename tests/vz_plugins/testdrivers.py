@@ -17,6 +17,8 @@ Run as ``python testdrivers.py KIND``; the directory of this file is on ``sys.pa
 * ``hang``: the same, but Info never answers while the file named by ``VZ_TEST_HANG_FILE`` exists, and Find of
   the workspace ``hang`` never answers;
 * ``big-info``: the same, but Info answers with a driver_version of ``VZ_TEST_INFO_BYTES`` bytes;
+* ``mini-pending``: the same, with a background task pending when the plugin exits (it reports on stderr if
+  it is cancelled at exit, as ``asyncio.run``'s teardown would);
 * ``flood``: writes ``VZ_TEST_FLOOD_BYTES`` bytes to stderr without a newline, then serves ``mini``.
 """
 
@@ -187,6 +189,20 @@ def _flood(total: int) -> None:
         total -= n
 
 
+def _pending_task() -> None:
+    async def pending() -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            os.write(2, b"pending task cancelled at exit\n")
+            raise
+
+    _PENDING.append(asyncio.get_running_loop().create_task(pending()))
+
+
+_PENDING: list[asyncio.Task[None]] = []
+
+
 def main() -> None:
     from vz_plugins import serve
 
@@ -197,6 +213,8 @@ def main() -> None:
         serve(MiniDriver(), cert_curve="P-521")
     elif kind == "mini-tcp":
         serve(MiniDriver(), network="tcp")
+    elif kind == "mini-pending":
+        serve(MiniDriver(), on_serving=_pending_task)
     elif kind == "hang":
         serve(HangDriver())
     elif kind == "big-info":

@@ -57,7 +57,7 @@ if TYPE_CHECKING:
         stdin_problem,
     )
     from vz_core.rpc._pair import connect_in_process, serve_in_process
-    from vz_core.rpc._server import ExtensionsServicer, RuntimeServicer, add_servicers
+    from vz_core.rpc._server import ExtensionsServicer, RuntimeServicer, add_servicers, stop_server
     from vz_core.rpc._server_exec import DRAIN_TIMEOUT
     from vz_core.rpc._wire import (
         DETAILS_TRAILER,
@@ -116,6 +116,7 @@ _WHERE = {
     "ExtensionsServicer": "_server",
     "RuntimeServicer": "_server",
     "add_servicers": "_server",
+    "stop_server": "_server",
     "DRAIN_TIMEOUT": "_server_exec",
     **dict.fromkeys(
         [
@@ -179,6 +180,7 @@ __all__ = [
     "serve_in_process",
     "start_problem",
     "stdin_problem",
+    "stop_server",
 ]
 
 

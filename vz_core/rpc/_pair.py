@@ -22,7 +22,7 @@ from vz_core._driver import Driver
 from vz_core.redact import Redactor
 from vz_core.rpc._client import RemoteDriver
 from vz_core.rpc._frames import CHANNEL_OPTIONS, SERVER_OPTIONS
-from vz_core.rpc._server import add_servicers
+from vz_core.rpc._server import add_servicers, stop_server
 
 __all__ = ["connect_in_process", "serve_in_process"]
 
@@ -52,7 +52,7 @@ async def serve_in_process(
         async with grpc.aio.insecure_channel(address, options=options) as channel:
             yield channel
     finally:
-        await server.stop(grace)
+        await stop_server(server, grace)
         shutil.rmtree(directory, ignore_errors=True)
 
 

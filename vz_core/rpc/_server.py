@@ -13,6 +13,7 @@ advertised capabilities.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
@@ -20,6 +21,7 @@ from typing import Any, NoReturn, TypeVar
 
 import grpc
 import grpc.aio
+from grpc._cython import cygrpc  # type: ignore[attr-defined]
 
 from vz_core._driver import Driver
 from vz_core._proto.devsy.runtime.v1 import runtime_pb2 as pb
@@ -34,7 +36,7 @@ from vz_core.rpc._frames import start_problem
 from vz_core.rpc._server_exec import DRAIN_TIMEOUT, ExecStream
 from vz_core.rpc._wire import error_to_status
 
-__all__ = ["ExtensionsServicer", "RuntimeServicer", "add_servicers"]
+__all__ = ["ExtensionsServicer", "RuntimeServicer", "add_servicers", "stop_server"]
 
 _EOF: object = grpc.aio.EOF  # type: ignore[attr-defined]  # end-of-stream marker of context.read()
 
@@ -260,3 +262,36 @@ def add_servicers(
     runtime = RuntimeServicer(driver, redactor, exec_drain_timeout=exec_drain_timeout)
     pb_grpc.add_RuntimeDriverServicer_to_server(runtime, server)  # type: ignore[no-untyped-call]
     ext_grpc.add_MachineExtensionsServicer_to_server(ExtensionsServicer(driver, redactor), server)  # type: ignore[no-untyped-call]
+
+
+class _ShutdownReports(logging.Filter):
+    """Drops grpcio's ERROR reports about calls that our own server stop ends.
+
+    While a server stops, a stream still open (a host's idle broker or stdio stream, an exec past the grace
+    period) is cancelled, and a host may close its connection at the same moment (go-plugin's ``Kill()``
+    closes it right after Shutdown answers). grpcio then logs, with a traceback from its own code, either the
+    CancelledError of the task that waited for the call's close, or the ExecuteBatchError of a final status
+    that can no longer be delivered, although nothing failed. Installed only once ``stop_server`` begins;
+    only those two exception types from grpcio's server logger are dropped, every other report still shows.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not isinstance(exc, _SHUTDOWN_NOISE)
+
+
+_SHUTDOWN_NOISE: tuple[type[BaseException], ...] = (
+    asyncio.CancelledError,
+    *((cls,) if isinstance(cls := getattr(cygrpc, "ExecuteBatchError", None), type) else ()),
+)
+_QUIET = _ShutdownReports()
+
+
+async def stop_server(server: grpc.aio.Server, grace: float | None) -> None:
+    """``server.stop(grace)`` without grpcio's tracebacks for the calls the stop ends (``_ShutdownReports``).
+
+    The filter stays on grpcio's logger afterwards (the reports come from callbacks that may run later): call
+    this only when the process, or the test, is done serving.
+    """
+    logging.getLogger("grpc._cython.cygrpc").addFilter(_QUIET)  # idempotent
+    await server.stop(grace)
