@@ -61,11 +61,6 @@ class PlannedDriver:
 
 PLANNED_WITHOUT_PACKAGE: tuple[PlannedDriver, ...] = (
     PlannedDriver(
-        "vfkit",
-        "Linux Machines on macOS through vfkit",
-        (MatrixRow("darwin", "linux", "PLANNED", "Virtualization.framework through vfkit"),),
-    ),
-    PlannedDriver(
         "hyperv",
         "Windows and Linux Machines on Windows through Hyper-V",
         (

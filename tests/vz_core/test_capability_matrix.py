@@ -51,7 +51,8 @@ def test_rows_come_from_declarations_and_planned_drivers() -> None:
     assert declared <= rows
     planned = {(p.name, r.host_os, r.target_os, r.status) for p in cm.PLANNED_WITHOUT_PACKAGE for r in p.matrix}
     assert rows == declared | planned
-    assert {p.name for p in cm.PLANNED_WITHOUT_PACKAGE} == {"vfkit", "hyperv", "macos_vm"}
+    assert {p.name for p in cm.PLANNED_WITHOUT_PACKAGE} <= {"hyperv", "macos_vm"}
+    assert not {p.name for p in cm.PLANNED_WITHOUT_PACKAGE} & {d.name for d in registry.declarations()}
     assert all(r.status == "PLANNED" for p in cm.PLANNED_WITHOUT_PACKAGE for r in p.matrix)
 
 
@@ -60,22 +61,24 @@ def test_a_new_driver_package_adds_its_rows_and_takes_over_a_planned_driver() ->
     def vz_builtin_drivers() -> list[DriverDeclaration]:
         return [
             DriverDeclaration(
-                name="vfkit",
-                summary="Linux Machines on macOS through vfkit",
-                factory="acme_vfkit:Driver",
-                options=(Option("vfkit", "path of vfkit", "found on PATH", "path", "host"),),
-                matrix=(MatrixRow("darwin", "linux", "DEV", "vfkit 0.6"),),
+                name="macos_vm",
+                summary="macOS Machines on macOS",
+                factory="acme_macos:Driver",
+                targets=("darwin",),
+                options=(Option("vmtool", "path of the VM tool", "found on PATH", "path", "host"),),
+                matrix=(MatrixRow("darwin", "darwin", "DEV", "macOS guests"),),
             )
         ]
 
     registry = DriverRegistry(load_entry_points=False)
-    module = types.ModuleType("acme_vfkit_registration")
+    module = types.ModuleType("acme_macos_registration")
     module.vz_builtin_drivers = vz_builtin_drivers  # type: ignore[attr-defined]
     registry.register(module)
-    vfkit = [e for e in cm.entries(registry) if e.driver == "vfkit"]
-    assert vfkit == [cm.Entry("vfkit", "darwin", "linux", "DEV", "vfkit 0.6")]
-    assert cm.lookup("vfkit", "darwin", "linux", registry=registry) == vfkit[0]
-    assert "| `vfkit` | host | path | `found on PATH` | path of vfkit |" in cm.render_options_markdown(registry)
+    assert cm.lookup("macos_vm", "darwin", "darwin", registry=DriverRegistry(load_entry_points=False)) is not None
+    macos = [e for e in cm.entries(registry) if e.driver == "macos_vm"]
+    assert macos == [cm.Entry("macos_vm", "darwin", "darwin", "DEV", "macOS guests")]  # the PLANNED row is gone
+    assert cm.lookup("macos_vm", "darwin", "darwin", registry=registry) == macos[0]
+    assert "| `vmtool` | host | path | `found on PATH` | path of the VM tool |" in cm.render_options_markdown(registry)
 
 
 def test_lookup() -> None:
@@ -90,5 +93,5 @@ def test_lookup() -> None:
 
 def test_this_module_names_no_registered_driver() -> None:
     source = Path(cm.__file__).read_text()
-    for name in ("fake", "linux_native", "qemu"):
+    for name in ("fake", "linux_native", "qemu", "vfkit"):
         assert f'"{name}"' not in source, f"capability_matrix.py names {name}; it belongs in its declaration"

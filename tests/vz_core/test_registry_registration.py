@@ -26,7 +26,7 @@ from vz_core.registry import (
     load_reference,
 )
 
-SHIPPED = ("fake", "linux_native", "qemu")
+SHIPPED = ("fake", "linux_native", "qemu", "vfkit")
 
 
 def _declaration(**changes: Any) -> DriverDeclaration:
