@@ -26,25 +26,10 @@ from vz_conformance._checks import (
     resources,
     storage,
 )
+from vz_conformance._labels import LABELS
 from vz_conformance._providers import ProviderMode
 
 __all__ = ["CATALOGUE", "LABELS", "by_id", "digest", "select", "unknown_labels"]
-
-LABELS: tuple[str, ...] = (
-    "discovery",
-    "lifecycle",
-    "exec",
-    "cancel",
-    "malformed",
-    "logs",
-    "mounts",
-    "storage",
-    "resources",
-    "identity",
-    "recreate",
-    "egress",
-    "crash",
-)
 
 CATALOGUE: tuple[Case, ...] = (
     *discovery.CASES,

@@ -33,6 +33,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from vz_conformance._labels import LABELS
+
 if TYPE_CHECKING:
     from vz_conformance._adapter import Adapter
     from vz_conformance._case import Case
@@ -81,27 +83,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "vz_conformance: a case of the vz conformance suite")
-    for label in _LABEL_NAMES:
+    for label in LABELS:
         config.addinivalue_line("markers", f"{LABEL_MARKER_PREFIX}{label}: vz conformance cases of label {label!r}")
-
-
-# The catalogue's labels, spelled out so that loading this plugin imports nothing of the suite (a test checks
-# they equal vz_conformance.LABELS).
-_LABEL_NAMES = (
-    "discovery",
-    "lifecycle",
-    "exec",
-    "cancel",
-    "malformed",
-    "logs",
-    "mounts",
-    "storage",
-    "resources",
-    "identity",
-    "recreate",
-    "egress",
-    "crash",
-)
 
 
 def _opt(config: pytest.Config, name: str) -> Any:
