@@ -22,7 +22,7 @@ import grpc
 from vz_conformance import _capabilities as _cap
 from vz_conformance._adapter import Adapter
 from vz_conformance._exec import ExecResult, close_iterator, collect
-from vz_conformance._expect import describe, expect_ok, fail
+from vz_conformance._expect import describe, ensure, expect_error, expect_ok, fail
 from vz_conformance._outcome import NotApplicable
 from vz_conformance._providers import DriverProvider, ProviderMode
 from vz_core import (
@@ -214,6 +214,11 @@ class CheckContext:
                 "Find", f"found=false after {after}", f"found=true, status {details.state.status!r}", note=workspace_id
             )
 
+    async def require_unchanged(self, workspace_id: str, before: MachineDetails | None, what: str) -> None:
+        """Find must answer exactly ``before`` (taken earlier); ``what`` says what must not have changed it."""
+        after = await self.find(workspace_id)
+        ensure(after == before, "Find", what, f"{before!r} became {after!r}")
+
     async def on_run_mode(self) -> RecreateMode | int:
         """The recreate mode answered to a host that opted in to recreate-on-run (API 1.3)."""
         if self._on_run_mode is None:
@@ -292,6 +297,11 @@ class CheckContext:
             await close_iterator(stream)
         return chunks
 
+    async def require_stdout(self, workspace_id: str, argv: tuple[str, ...], expected: bytes, what: str) -> None:
+        """Exec ``argv`` successfully and require exactly ``expected`` on stdout; ``what`` names the content."""
+        result = await self.run_ok(workspace_id, argv)
+        ensure(result.stdout == expected, "Exec", what, result.stdout)
+
     # -- not applicable -------------------------------------------------------------------------------------
 
     async def not_applicable(
@@ -301,6 +311,20 @@ class CheckContext:
         (it raises AssertionError otherwise, which fails the case)."""
         await verify()
         return NotApplicable(capability=capability, refusal=refusal)
+
+    async def run_image_refused(
+        self, capability: str, request: RunImageRequest, what: str, *, note: str
+    ) -> NotApplicable:
+        """Not applicable: ``capability`` is declared absent, so RunImage of ``request`` (which needs it: ``what``
+        says how) must fail UNSUPPORTED and create nothing."""
+
+        async def verify() -> None:
+            await expect_error("RunImage", lambda: self.driver.run_image(request), "UNSUPPORTED", note=note)
+            await self.require_absent(request.workspace_id, after=f"RunImage with {what} was refused")
+
+        return await self.not_applicable(
+            capability, f"RunImage with {what} refused as UNSUPPORTED, nothing created", verify
+        )
 
     # -- more drivers, the wire -----------------------------------------------------------------------------
 

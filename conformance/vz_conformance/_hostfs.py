@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["names", "read", "write"]
+from vz_conformance._expect import ensure
+
+__all__ = ["names", "read", "require", "write"]
 
 
 def write(path: str | Path, text: str) -> None:
@@ -23,3 +25,9 @@ def read(path: str | Path) -> str | None:
 
 def names(directory: str | Path) -> list[str]:
     return sorted(p.name for p in Path(directory).iterdir())
+
+
+def require(path: Path, text: str, what: str) -> None:
+    """Fail unless the host file ``path`` holds exactly ``text``; ``what`` names the content."""
+    found = read(path)
+    ensure(found == text, "host filesystem", f"{path} with {what}", found if found is not None else "no such file")

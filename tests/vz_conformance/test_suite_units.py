@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from suite_testlib import EXTENSIONS, INFO, ON_RUN
 from vz_conformance import _capabilities as cap
+from vz_conformance import _hostfs
 from vz_conformance._adapter import Adapter
 from vz_conformance._exec import ExecResult
 from vz_conformance._expect import category_of, ensure, expect_error, expect_ok
@@ -221,3 +222,14 @@ def test_adapters_by_name_and_by_spec() -> None:
         load_adapter("vz_conformance.adapters:adapter_for")
     with pytest.raises(TypeError, match=r"is a list, not a vz_conformance\.Adapter"):
         load_adapter("vz_conformance.adapters:__all__")
+
+
+def test_host_file_requirement_names_the_file_and_what_was_found(tmp_path: Path) -> None:
+    path = tmp_path / "shared" / "data.txt"
+    with pytest.raises(AssertionError, match=r"host filesystem: expected .*data.txt with the data; got no such file"):
+        _hostfs.require(path, "data", "the data")
+    _hostfs.write(path, "other")
+    with pytest.raises(AssertionError, match="got other"):
+        _hostfs.require(path, "data", "the data")
+    _hostfs.write(path, "data")
+    _hostfs.require(path, "data", "the data")

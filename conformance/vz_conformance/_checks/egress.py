@@ -9,7 +9,7 @@ from dataclasses import replace
 from vz_conformance import _capabilities as cap
 from vz_conformance._case import Case
 from vz_conformance._context import CheckContext
-from vz_conformance._expect import ensure, expect_error, expect_ok
+from vz_conformance._expect import ensure, expect_ok
 from vz_conformance._netdest import Destination, destination
 from vz_conformance._outcome import Outcome, Passed
 from vz_core import RunImageRequest
@@ -25,19 +25,11 @@ def _deny(ctx: CheckContext, purpose: str) -> RunImageRequest:
 
 
 async def _refusal(ctx: CheckContext) -> Outcome:
-    req = _deny(ctx, "noegress")
-
-    async def verify() -> None:
-        await expect_error(
-            "RunImage",
-            lambda: ctx.driver.run_image(req),
-            "UNSUPPORTED",
-            note=f"label {DENY!r} without extensions.egress_policies DENY",
-        )
-        await ctx.require_absent(req.workspace_id, after=f"RunImage with {DENY!r} was refused")
-
-    return await ctx.not_applicable(
-        cap.EGRESS, f"RunImage with label {DENY!r} refused as UNSUPPORTED, nothing created", verify
+    return await ctx.run_image_refused(
+        cap.EGRESS,
+        _deny(ctx, "noegress"),
+        f"label {DENY!r}",
+        note=f"label {DENY!r} without extensions.egress_policies DENY",
     )
 
 

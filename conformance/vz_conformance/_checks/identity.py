@@ -67,12 +67,7 @@ async def _refusal(ctx: CheckContext) -> Outcome:
             "UNSUPPORTED",
             note="capabilities.reuse_preflight=false",
         )
-        ensure(
-            await ctx.find(req.workspace_id) == before,
-            "Find",
-            "no change from a refused ReusePreflight",
-            "the Machine changed",
-        )
+        await ctx.require_unchanged(req.workspace_id, before, "no change from a refused ReusePreflight")
 
     return await ctx.not_applicable(cap.REUSE_PREFLIGHT, "ReusePreflight refused as UNSUPPORTED", verify)
 
@@ -96,10 +91,7 @@ async def check_reuse_same(ctx: CheckContext) -> Outcome:
             functools.partial(ctx.driver.reuse_preflight, req.workspace_id, identity),
             note=f"same identity {identity!r}",
         )
-        after = await ctx.find(req.workspace_id)
-        ensure(
-            after == before, "Find", "byte-identical details before and after ReusePreflight", f"{before} -> {after}"
-        )
+        await ctx.require_unchanged(req.workspace_id, before, "byte-identical details before and after ReusePreflight")
     return Passed()
 
 
@@ -119,10 +111,7 @@ async def check_reuse_changed(ctx: CheckContext) -> Outcome:
             note=f"created for {identity!r}, asked for {other!r}",
         )
         ensure("--recreate" in str(exc), "ReusePreflight", "a message with '--recreate' guidance", str(exc))
-        after = await ctx.find(req.workspace_id)
-        ensure(
-            after == before, "Find", "byte-identical details before and after ReusePreflight", f"{before} -> {after}"
-        )
+        await ctx.require_unchanged(req.workspace_id, before, "byte-identical details before and after ReusePreflight")
     return Passed()
 
 
@@ -156,10 +145,7 @@ async def check_reuse_cancelled(ctx: CheckContext) -> Outcome:
             # Success is acceptable only because the call may have finished before the cancellation landed.
             if exc is not None and category_of(exc) != "CANCELLED":
                 fail("ReusePreflight", "CANCELLED for a cancelled call (same identity)", describe(exc))
-        after = await ctx.find(req.workspace_id)
-        ensure(
-            after == before, "Find", "byte-identical details after a cancelled ReusePreflight", f"{before} -> {after}"
-        )
+        await ctx.require_unchanged(req.workspace_id, before, "byte-identical details after a cancelled ReusePreflight")
     return Passed()
 
 

@@ -115,8 +115,7 @@ async def check_already_exists(ctx: CheckContext) -> Outcome:
         "ALREADY_EXISTS",
         note="second RunImage of the same workspace_id, allow_recreate=false",
     )
-    after = await ctx.find(req.workspace_id)
-    ensure(after == before, "Find", "the Machine unchanged by the refused RunImage", f"{before!r} became {after!r}")
+    await ctx.require_unchanged(req.workspace_id, before, "the Machine unchanged by the refused RunImage")
     return Passed()
 
 

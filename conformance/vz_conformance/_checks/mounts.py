@@ -29,18 +29,8 @@ async def refuse_mount(ctx: CheckContext, kind: MountType, capability: str) -> O
     """Not applicable: RunImage with a ``kind`` mount must be UNSUPPORTED and create nothing."""
     source = ctx.adapter.mount_source(kind, ctx.scratch, secrets.token_hex(4))
     req = ctx.adapter.with_mounts(ctx.request("refuse"), Mount(kind, source, ctx.adapter.mount_target("refused")))
-
-    async def verify() -> None:
-        await expect_error(
-            "RunImage",
-            lambda: ctx.driver.run_image(req),
-            "UNSUPPORTED",
-            note=f"a {kind.label} mount while capabilities.mount_types lacks it",
-        )
-        await ctx.require_absent(req.workspace_id, after=f"RunImage with a {kind.label} mount was refused")
-
-    return await ctx.not_applicable(
-        capability, f"RunImage with a {kind.label} mount refused as UNSUPPORTED, nothing created", verify
+    return await ctx.run_image_refused(
+        capability, req, f"a {kind.label} mount", note=f"a {kind.label} mount while capabilities.mount_types lacks it"
     )
 
 
@@ -62,16 +52,14 @@ async def check_bind_read_write(ctx: CheckContext) -> Outcome:
     req = await ctx.create(
         request=ctx.adapter.with_mounts(ctx.request("bind"), Mount(MountType.BIND, str(source), target))
     )
-    read = await ctx.run_ok(req.workspace_id, ctx.adapter.read_file(f"{target}/from-host.txt"))
-    ensure(read.stdout == b"written on the host", "Exec", "the host file's content through the bind mount", read.stdout)
-    await ctx.run_ok(req.workspace_id, ctx.adapter.write_file(f"{target}/from-machine.txt", "written inside"))
-    written = _hostfs.read(source / "from-machine.txt")
-    ensure(
-        written == "written inside",
-        "host filesystem",
-        f"{source}/from-machine.txt with the content written inside the Machine",
-        written if written is not None else "no such file",
+    await ctx.require_stdout(
+        req.workspace_id,
+        ctx.adapter.read_file(f"{target}/from-host.txt"),
+        b"written on the host",
+        "the host file's content through the bind mount",
     )
+    await ctx.run_ok(req.workspace_id, ctx.adapter.write_file(f"{target}/from-machine.txt", "written inside"))
+    _hostfs.require(source / "from-machine.txt", "written inside", "the content written inside the Machine")
     return Passed()
 
 
@@ -84,8 +72,12 @@ async def check_bind_read_only(ctx: CheckContext) -> Outcome:
     target = ctx.adapter.mount_target("ro")
     mount = Mount(MountType.BIND, str(source), target, read_only=True)
     req = await ctx.create(request=ctx.adapter.with_mounts(ctx.request("bind-ro"), mount))
-    read = await ctx.run_ok(req.workspace_id, ctx.adapter.read_file(f"{target}/kept.txt"))
-    ensure(read.stdout == b"original", "Exec", "the host file readable through the read-only mount", read.stdout)
+    await ctx.require_stdout(
+        req.workspace_id,
+        ctx.adapter.read_file(f"{target}/kept.txt"),
+        b"original",
+        "the host file readable through the read-only mount",
+    )
     for name in ("kept.txt", "new.txt"):
         result = await expect_ok(
             "Exec",
@@ -114,11 +106,10 @@ async def check_volume_persists(ctx: CheckContext) -> Outcome:
     await ctx.run_ok(req.workspace_id, ctx.adapter.write_file(f"{target}/kept.txt", "volume data"))
     await expect_ok("Stop", lambda: ctx.driver.stop(req.workspace_id))
     await expect_ok("Start", lambda: ctx.driver.start(req.workspace_id))
-    after_restart = await ctx.run_ok(req.workspace_id, ctx.adapter.read_file(f"{target}/kept.txt"))
-    ensure(after_restart.stdout == b"volume data", "Exec", "the volume file after Stop/Start", after_restart.stdout)
+    read = ctx.adapter.read_file(f"{target}/kept.txt")
+    await ctx.require_stdout(req.workspace_id, read, b"volume data", "the volume file after Stop/Start")
     await ctx.recreate(req)
-    after_recreate = await ctx.run_ok(req.workspace_id, ctx.adapter.read_file(f"{target}/kept.txt"))
-    ensure(after_recreate.stdout == b"volume data", "Exec", "the volume file after recreation", after_recreate.stdout)
+    await ctx.require_stdout(req.workspace_id, read, b"volume data", "the volume file after recreation")
     return Passed()
 
 

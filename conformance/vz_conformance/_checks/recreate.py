@@ -54,12 +54,7 @@ async def _refusal(ctx: CheckContext) -> Outcome:
             {"ALREADY_EXISTS", "UNSUPPORTED"},
             note="recreate_mode is not ON_RUN",
         )
-        ensure(
-            await ctx.find(req.workspace_id) == before,
-            "Find",
-            "the Machine untouched by the refused RunImage",
-            "it changed",
-        )
+        await ctx.require_unchanged(req.workspace_id, before, "the Machine untouched by the refused RunImage")
 
     return await ctx.not_applicable(
         cap.RECREATE_ON_RUN,
@@ -100,18 +95,20 @@ async def _invalid_keeps(ctx: CheckContext, *, stopped: bool) -> Outcome:
             categories,
             note=f"a replacement with {what}",
         )
-        after = await ctx.find(req.workspace_id)
-        ensure(
-            after == before,
-            "Find",
+        await ctx.require_unchanged(
+            req.workspace_id,
+            before,
             f"the old Machine exactly as it was ({state}, same id and created_at) after "
             f"a rejected replacement with {what}",
-            after,
         )
     if stopped:
         await expect_ok("Start", lambda: ctx.driver.start(req.workspace_id))
-    marker = await ctx.run_ok(req.workspace_id, ctx.adapter.read_local("root-marker"))
-    ensure(marker.stdout == b"old root", "Exec", "the old root data intact after rejected replacements", marker.stdout)
+    await ctx.require_stdout(
+        req.workspace_id,
+        ctx.adapter.read_local("root-marker"),
+        b"old root",
+        "the old root data intact after rejected replacements",
+    )
     return Passed()
 
 
@@ -159,8 +156,9 @@ async def check_valid_replaces(ctx: CheckContext) -> Outcome:
         marker.require_exit().exit_code == 3, "Exec", "root data reset by recreation (marker absent)", marker.where()
     )
     for what, path in kept:
-        got = await ctx.run_ok(req.workspace_id, ctx.adapter.read_file(path))
-        ensure(got.stdout == b"kept", "Exec", f"the {what} content kept across recreation", got.stdout)
+        await ctx.require_stdout(
+            req.workspace_id, ctx.adapter.read_file(path), b"kept", f"the {what} content kept across recreation"
+        )
     return Passed()
 
 

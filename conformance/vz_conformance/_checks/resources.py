@@ -18,18 +18,11 @@ REFUSALS = {"INVALID_ARGUMENT", "FAILED_PRECONDITION", "UNSUPPORTED", "UNAVAILAB
 async def _refusal(ctx: CheckContext) -> Outcome:
     cpus, memory = ctx.adapter.resource_request
     req = ctx.adapter.with_resources(ctx.request("limits"), cpus=cpus, memory=memory)
-
-    async def verify() -> None:
-        await expect_error(
-            "RunImage",
-            lambda: ctx.driver.run_image(req),
-            "UNSUPPORTED",
-            note="host_requirements.cpus/memory_bytes without extensions.resource_limits",
-        )
-        await ctx.require_absent(req.workspace_id, after="RunImage with cpus/memory was refused")
-
-    return await ctx.not_applicable(
-        cap.RESOURCE_LIMITS, "cpus/memory_bytes refused as UNSUPPORTED, nothing created", verify
+    return await ctx.run_image_refused(
+        cap.RESOURCE_LIMITS,
+        req,
+        "cpus/memory_bytes",
+        note="host_requirements.cpus/memory_bytes without extensions.resource_limits",
     )
 
 

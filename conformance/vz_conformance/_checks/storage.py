@@ -10,7 +10,7 @@ from vz_conformance import _hostfs
 from vz_conformance._case import Case
 from vz_conformance._checks.mounts import refuse_mount
 from vz_conformance._context import CheckContext
-from vz_conformance._expect import category_of, describe, ensure, expect_error, expect_ok, fail
+from vz_conformance._expect import category_of, describe, ensure, expect_ok, fail
 from vz_conformance._outcome import Outcome, Passed
 from vz_core import Mount, MountType
 
@@ -71,15 +71,9 @@ async def check_workspace_survives(ctx: CheckContext) -> Outcome:
             await expect_ok("Start", lambda: ctx.driver.start(req.workspace_id))
         else:
             await ctx.recreate(req)
-        inside = await ctx.run_ok(req.workspace_id, ctx.adapter.read_file(f"{target}/project.txt"))
-        ensure(inside.stdout == b"workspace data", "Exec", f"the workspace file inside after {step}", inside.stdout)
-        on_host = _hostfs.read(source / "project.txt")
-        ensure(
-            on_host == "workspace data",
-            "host filesystem",
-            f"{source}/project.txt with the workspace data after {step}",
-            on_host if on_host is not None else "no such file",
-        )
+        read = ctx.adapter.read_file(f"{target}/project.txt")
+        await ctx.require_stdout(req.workspace_id, read, b"workspace data", f"the workspace file inside after {step}")
+        _hostfs.require(source / "project.txt", "workspace data", f"the workspace data after {step}")
     return Passed()
 
 
@@ -88,18 +82,11 @@ async def check_size(ctx: CheckContext) -> Outcome:
     size = ctx.adapter.storage_request
     req = ctx.adapter.with_resources(ctx.request("size"), storage=size)
     if not ctx.ext.storage_limits:
-
-        async def verify() -> None:
-            await expect_error(
-                "RunImage",
-                lambda: ctx.driver.run_image(req),
-                "UNSUPPORTED",
-                note="host_requirements.storage_bytes without extensions.storage_limits",
-            )
-            await ctx.require_absent(req.workspace_id, after="RunImage with storage_bytes was refused")
-
-        return await ctx.not_applicable(
-            cap.STORAGE_LIMITS, "storage_bytes refused as UNSUPPORTED, nothing created", verify
+        return await ctx.run_image_refused(
+            cap.STORAGE_LIMITS,
+            req,
+            "storage_bytes",
+            note="host_requirements.storage_bytes without extensions.storage_limits",
         )
     try:
         await ctx.driver.run_image(req)
