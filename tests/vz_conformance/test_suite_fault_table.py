@@ -23,54 +23,6 @@ from vz_conformance.fake import FAULT_MODES
 
 ALL_EXTERNAL = frozenset(c.id for c in _catalogue.select("external"))
 
-# Every case that works on a Machine it created: a RunImage that always fails breaks all of them.
-NEEDS_A_MACHINE = frozenset(
-    {
-        "cancel.blocked_stdin",
-        "cancel.cancelled",
-        "cancel.deadline",
-        "exec.argv_verbatim",
-        "exec.binary_roundtrip",
-        "exec.duplex_backpressure",
-        "exec.early_exit",
-        "exec.empty_stdin",
-        "exec.environment",
-        "exec.nonzero_exit",
-        "exec.output_frames",
-        "exec.shell_command",
-        "exec.signal_exit",
-        "exec.stdin_to_stderr",
-        "exec.user",
-        "exec.workdir",
-        "identity.reuse_cancelled",
-        "identity.reuse_changed",
-        "identity.reuse_same",
-        "lifecycle.already_exists",
-        "lifecycle.delete_idempotent",
-        "lifecycle.odd_ids",
-        "lifecycle.run_find_running",
-        "lifecycle.start_idempotent",
-        "lifecycle.stop_idempotent",
-        "lifecycle.stopped_exec_refused",
-        "logs.chunk_sizes",
-        "logs.kept_after_stop",
-        "logs.merged_exact",
-        "malformed.data_after_close",
-        "malformed.empty_argv",
-        "malformed.empty_data_frame",
-        "malformed.eof_before_close",
-        "malformed.missing_start",
-        "malformed.second_start",
-        "malformed.tty",
-        "malformed.unset_payload",
-        "recreate.invalid_keeps_running",
-        "recreate.invalid_keeps_stopped",
-        "recreate.valid_replaces",
-        "storage.local_gone_after_recreate",
-        "storage.local_survives_restart",
-    }
-)
-
 # Every case that needs a command's exit frame (the malformed cases judge refusals, not exits).
 NEEDS_AN_EXIT = frozenset(
     {
@@ -96,6 +48,32 @@ NEEDS_AN_EXIT = frozenset(
         "recreate.valid_replaces",
         "storage.local_gone_after_recreate",
         "storage.local_survives_restart",
+    }
+)
+
+# Every case that works on a Machine it created: a RunImage that always fails breaks all of them.
+NEEDS_A_MACHINE = NEEDS_AN_EXIT | frozenset(
+    {
+        "identity.reuse_cancelled",
+        "identity.reuse_changed",
+        "identity.reuse_same",
+        "lifecycle.already_exists",
+        "lifecycle.delete_idempotent",
+        "lifecycle.run_find_running",
+        "lifecycle.start_idempotent",
+        "lifecycle.stop_idempotent",
+        "lifecycle.stopped_exec_refused",
+        "logs.chunk_sizes",
+        "logs.kept_after_stop",
+        "logs.merged_exact",
+        "malformed.data_after_close",
+        "malformed.empty_argv",
+        "malformed.empty_data_frame",
+        "malformed.eof_before_close",
+        "malformed.missing_start",
+        "malformed.second_start",
+        "malformed.tty",
+        "malformed.unset_payload",
     }
 )
 

@@ -211,15 +211,8 @@ class FakeDriver(Driver):
             self._start_main_process(key, record)
 
     async def start(self, workspace_id: str) -> None:
-        _require_id(workspace_id, "Start")
-        key = self._store.key(workspace_id)
-        async with self._store.locked(key):
-            record = self._store.read(key)
-            if record is None:
-                if "missing-not-found" in self.faults:
-                    return
-                raise _not_found(workspace_id, "Start")
-            if record.status == "running":
+        async with self._locked_record(workspace_id, "Start") as (key, record):
+            if record is None or record.status == "running":
                 return
             record.status = "running"
             record.started_at = _now()
@@ -228,14 +221,9 @@ class FakeDriver(Driver):
             self._start_main_process(key, record)
 
     async def stop(self, workspace_id: str) -> None:
-        _require_id(workspace_id, "Stop")
-        key = self._store.key(workspace_id)
-        async with self._store.locked(key):
-            record = self._store.read(key)
+        async with self._locked_record(workspace_id, "Stop") as (key, record):
             if record is None:
-                if "missing-not-found" in self.faults:
-                    return
-                raise _not_found(workspace_id, "Stop")
+                return
             if record.status == "stopped":
                 if "stop-not-idempotent" in self.faults:
                     raise FailedPreconditionError(
@@ -328,6 +316,18 @@ class FakeDriver(Driver):
             yield data[offset : offset + size]
 
     # Helpers ---------------------------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def _locked_record(self, workspace_id: str, rpc: str) -> AsyncIterator[tuple[str, MachineRecord | None]]:
+        """The Machine's key and record under its lock (Start/Stop); NOT_FOUND when it is missing, except under
+        the ``missing-not-found`` fault, where the record is None."""
+        _require_id(workspace_id, rpc)
+        key = self._store.key(workspace_id)
+        async with self._store.locked(key):
+            record = self._store.read(key)
+            if record is None and "missing-not-found" not in self.faults:
+                raise _not_found(workspace_id, rpc)
+            yield key, record
 
     def _running_record(self, key: str, workspace_id: str, rpc: str) -> MachineRecord:
         record = self._store.read(key)
