@@ -392,9 +392,10 @@ class VfkitBackend(Backend[VfkitRecord, VfkitPaths]):
             await listener.__aexit__(None, None, None)
 
     def remove_tree(self, paths: VfkitPaths) -> None:
-        record = self.book.load(paths.root.name)
-        if record is not None and record.socket_dir and Path(record.socket_dir) != paths.run:
-            shutil.rmtree(record.socket_dir, ignore_errors=True)
+        # The record may already be gone: the socket directory is derived from the paths, not read from it.
+        sockets = socket_dir(paths, paths.root.name, create=False)
+        if sockets != paths.run:
+            shutil.rmtree(sockets, ignore_errors=True)
         shutil.rmtree(paths.root, ignore_errors=True)
 
     async def remove_host_state(self) -> None:

@@ -86,9 +86,12 @@ def _private_dir(path: Path) -> Path:
     return path
 
 
-def socket_dir(paths: VfkitPaths, key: str) -> Path:
-    """Where a Machine's sockets live: ``run/`` when short enough, else a private directory in the temp dir."""
+def socket_dir(paths: VfkitPaths, key: str, *, create: bool = True) -> Path:
+    """Where a Machine's sockets live: ``run/`` when short enough, else a private directory in the temp dir
+    (created and checked when ``create``)."""
     if len(os.fsencode(paths.run / "ready.sock")) <= SOCKET_LIMIT:
         return paths.run
-    base = _private_dir(Path(tempfile.gettempdir()) / f"vz-{os.geteuid()}-vfkit")
-    return _private_dir(base / key[:16])
+    base = Path(tempfile.gettempdir()) / f"vz-{os.geteuid()}-vfkit"
+    if not create:
+        return base / key[:16]
+    return _private_dir(_private_dir(base) / key[:16])

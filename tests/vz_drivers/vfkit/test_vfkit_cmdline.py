@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import shutil
+import stat
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -186,3 +190,21 @@ def test_any_value_either_round_trips_or_is_refused(
     else:
         with pytest.raises(InvalidArgumentError):
             build_argv("/opt/vfkit", spec)
+
+
+def test_sockets_move_out_of_a_deep_state_directory(tmp_path: Path) -> None:
+    from vz_drivers.vfkit._records import SOCKET_LIMIT, VfkitPaths, socket_dir
+
+    key = "0123456789abcdef" * 2
+    shallow = VfkitPaths(Path("/s") / key)
+    assert socket_dir(shallow, key) == shallow.run
+    deep = VfkitPaths(tmp_path / ("d" * 80) / key)
+    moved = socket_dir(deep, key)
+    try:
+        assert moved != deep.run and len(os.fsencode(moved / "ready.sock")) <= SOCKET_LIMIT
+        assert stat.S_IMODE(moved.stat().st_mode) == 0o700 and moved.stat().st_uid == os.geteuid()
+        assert socket_dir(deep, key, create=False) == moved
+    finally:
+        shutil.rmtree(moved, ignore_errors=True)
+        if not any(moved.parent.iterdir()):
+            moved.parent.rmdir()
