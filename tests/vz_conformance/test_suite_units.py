@@ -224,6 +224,17 @@ def test_adapters_by_name_and_by_spec() -> None:
         load_adapter("vz_conformance.adapters:__all__")
 
 
+def test_every_adapter_subclasses_the_one_public_adapter_class() -> None:
+    import vz_conformance
+    import vz_conformance.adapters as adapters
+    from vz_conformance.adapters.linux_native import ADAPTER as LINUX_NATIVE
+    from vz_conformance.adapters.qemu import ADAPTER as QEMU
+
+    assert vz_conformance.Adapter is adapters.Adapter is Adapter
+    for adapter in (LINUX_NATIVE, QEMU, FakeAdapter()):
+        assert isinstance(adapter, vz_conformance.Adapter)
+
+
 def test_host_file_requirement_names_the_file_and_what_was_found(tmp_path: Path) -> None:
     path = tmp_path / "shared" / "data.txt"
     with pytest.raises(AssertionError, match=r"host filesystem: expected .*data.txt with the data; got no such file"):
