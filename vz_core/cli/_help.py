@@ -17,7 +17,8 @@ Environments (made from the nearest vz.json upward from here):
   delete   delete an Environment and its Machines
 
 Other:
-  driver   list, add or verify drivers (vz driver list | add MANIFEST | verify [NAME])
+  driver   list, add, verify or configure drivers (vz driver list | add MANIFEST | verify [NAME] |
+           configure NAME [KEY=VALUE ...])
   version  print the vz version
   help     this text, or `vz help <command>` for a command's options
 

@@ -41,7 +41,7 @@ def _parser(command: str) -> argparse.ArgumentParser:
         "status": "Show Environments, Machines, their drivers, observed state and drift from vz.json.",
         "stop": "Stop every Machine of an Environment (Machine-local data survives).",
         "delete": "Delete an Environment: its Machines and its records. Other Environments are untouched.",
-        "driver": "List, add or verify drivers.",
+        "driver": "List, add, verify or configure drivers.",
     }
     parser = _Parser(prog=f"vz {command}", description=summaries.get(command), allow_abbrev=False)
     if command in ("up", "exec", "status", "stop", "delete"):
@@ -64,16 +64,9 @@ def _parser(command: str) -> argparse.ArgumentParser:
         parser.add_argument("--all", action="store_true", help="every Environment of the project")
         parser.add_argument("--machine", metavar="NAME|ID", help="only this Machine")
     if command == "driver":
-        sub = parser.add_subparsers(dest="action", metavar="{list,add,verify}")
-        sub.required = True
-        listing = sub.add_parser("list", help="installed drivers")
-        listing.add_argument("--json", action="store_true")
-        add = sub.add_parser("add", help="record an external driver from its manifest (verifies its checksum)")
-        add.add_argument("manifest", type=Path)
-        add.add_argument("--json", action="store_true")
-        verify = sub.add_parser("verify", help="re-hash driver binaries against their manifests")
-        verify.add_argument("name", nargs="?")
-        verify.add_argument("--json", action="store_true")
+        from vz_core.cli._driver_cmd import add_driver_arguments
+
+        add_driver_arguments(parser)
     return parser
 
 

@@ -32,7 +32,8 @@ from pydantic import (
 )
 
 from vz_core.env._errors import DefinitionError
-from vz_core.env._ids import DRIVER_NAME_RE, NAME_RE, PROJECT_ID_RE
+from vz_core.env._ids import NAME_RE, PROJECT_ID_RE
+from vz_core.registry import DRIVER_NAME_PATTERN
 
 __all__ = [
     "DEFINITION_FILE",
@@ -223,7 +224,7 @@ AbsolutePath = Annotated[
 DriverName = Annotated[
     str,
     Field(
-        pattern=DRIVER_NAME_RE.pattern,
+        pattern=DRIVER_NAME_PATTERN,
         description="driver name (see `vz driver list`): lowercase letters, digits, '_' or '-', never a path",
     ),
 ]

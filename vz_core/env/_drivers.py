@@ -16,7 +16,7 @@ from typing import Any
 
 from vz_core._driver import Driver
 from vz_core._types import DriverInfo, Extensions, RecreateMode
-from vz_core.errors import NotFoundError, UnsupportedError, UserError
+from vz_core.errors import NotFoundError, UnsupportedError
 
 __all__ = ["DriverFacts", "DriverPool", "acquire_driver", "installed_driver_names"]
 
@@ -28,27 +28,18 @@ def installed_driver_names() -> list[str]:
     return DriverRegistry().names()
 
 
-def acquire_driver(name: str, options: Mapping[str, Any] | None = None) -> Driver:
-    """A ready-to-use Driver named ``name`` configured with ``options`` (the Machine's ``driver_options``).
+def acquire_driver(name: str, options: Mapping[str, Any] | None = None, *, where: str = "driver_options") -> Driver:
+    """A ready-to-use Driver named ``name`` for a Machine whose vz.json gave ``options`` (its ``driver_options``).
 
-    Built-in drivers run in-process. A name that is not built-in is looked up among external drivers
-    (``vz driver add``) and served out-of-process, its binary verified at each launch. Raises ``NotFoundError``
-    for an unknown name (listing what is installed) and ``UserError`` for options the driver does not accept.
-    The caller closes the driver (``await driver.close()``).
+    ``vz_core.drivers.open_driver`` does the work: project options are validated (unknown and host-scoped keys
+    refused naming ``where``), merged over the user's host configuration (``vz driver configure``); built-in
+    drivers run in-process, external ones (``vz driver add``) out-of-process with their binary verified at each
+    launch. Raises ``NotFoundError`` for an unknown name (listing what is installed) and ``UserError`` for a bad
+    name or options. The caller closes the driver (``await driver.close()``).
     """
-    from vz_core.registry import DriverRegistry
+    from vz_core import drivers
 
-    registry = DriverRegistry()
-    if name not in registry.names():
-        from vz_core import drivers
-
-        resolved = drivers.resolve(name, registry=registry)  # NotFoundError lists built-in and external drivers
-        return drivers.remote_driver(resolved.name, options=dict(options or {}) or None)
-    factory = registry.get(name).load()
-    try:
-        return factory(**dict(options or {}))
-    except TypeError as exc:
-        raise UserError(f"driver {name!r} rejected its options {sorted(options or {})}: {exc}") from None
+    return drivers.open_driver(name, dict(options or {}), where=where)
 
 
 @dataclass(frozen=True)

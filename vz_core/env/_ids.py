@@ -10,7 +10,6 @@ import re
 import secrets
 
 __all__ = [
-    "DRIVER_NAME_RE",
     "ENV_ID_RE",
     "MACHINE_ID_RE",
     "NAME_RE",
@@ -34,8 +33,6 @@ PROJECT_ID_RE = re.compile(r"^[a-z0-9](?:[a-z0-9._-]{0,62}[a-z0-9])?$")
 """A project id: lowercase letters, digits, '.', '_' and '-', 1..64 characters, alphanumeric at both ends."""
 ENV_ID_RE = re.compile(rf"^env_[{_ALPHABET}]{{{_ID_LEN}}}$")
 MACHINE_ID_RE = re.compile(rf"^mch_[{_ALPHABET}]{{{_ID_LEN}}}$")
-DRIVER_NAME_RE = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
-"""A driver name as a Machine's ``driver`` may give it (the registry's grammar): a name, never a path."""
 
 
 def _random(prefix: str) -> str:

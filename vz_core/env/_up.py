@@ -256,6 +256,15 @@ async def _prepare(ctx: Context, pool: DriverPool) -> _Prepared:
                 _check_bind_source(ctx.progress, _bind_source(path.parent, mount.source or ""), path.parent, where)
     probe = f"vz-{definition.project_id}-probe"
     checked: dict[tuple[str, str], str] = {}
+    from vz_core.drivers import validate_project_options
+
+    for index, machine in enumerate(definition.machines):
+        where = f"$.machines[{index}]"
+        try:
+            # Host-scoped and unknown options are refused here, naming the key, before any driver is built.
+            validate_project_options(machine.driver, machine.driver_options, where=f"{where}.driver_options")
+        except NotFoundError as exc:
+            raise UserError(f"{where}.driver: {exc.message}") from None
     for index, machine in enumerate(definition.machines):
         where = f"$.machines[{index}]"
         try:
