@@ -35,11 +35,15 @@ async def run(
     env: Mapping[str, str] | None = None,
     **spec: object,
 ) -> Result:
-    """Run a command to completion and collect its output; exactly one exit, nothing after it."""
+    """Run a command to completion and collect its output; exactly one exit, nothing after it.
+
+    ``spec`` holds further ``ExecSpec`` fields (``user``, ``workdir``, ``tty``; ``environment`` like ``env``).
+    """
     out, err = bytearray(), bytearray()
     frames: list[int] = []
     exits: list[ExecExit] = []
-    request = ExecSpec(workspace_id=workspace_id, argv=tuple(argv), environment=dict(env or {}), **spec)  # type: ignore[arg-type]
+    environment = dict(env or spec.pop("environment", None) or {})  # type: ignore[call-overload]
+    request = ExecSpec(workspace_id=workspace_id, argv=tuple(argv), environment=environment, **spec)  # type: ignore[arg-type]
     async for event in driver.exec(request, chunks(stdin)):
         assert not exits, "an event arrived after the exit"
         if isinstance(event, ExecOutput):

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
 import hashlib
 import json
 import os
@@ -26,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
-from vz_drivers._machine._files import atomic_write
+from vz_drivers._machine._files import atomic_write, host_write_error
 
 __all__ = ["MachinePaths", "MachineRecord", "MountRecord", "RecordBook", "machine_key", "subpath", "volume_key"]
 
@@ -159,7 +158,10 @@ class RecordBook(Generic[R, P]):
 
     def ensure(self, *extra: Path) -> None:
         for d in (self.root, self.machines_dir, self.volumes_dir, self.locks_dir, *extra):
-            d.mkdir(parents=True, exist_ok=True, mode=0o700)
+            try:
+                d.mkdir(parents=True, exist_ok=True, mode=0o700)
+            except OSError as exc:
+                raise host_write_error(d, exc) from None
 
     def paths(self, key: str) -> P:
         return self._paths_type(self.machines_dir / key)
@@ -175,8 +177,12 @@ class RecordBook(Generic[R, P]):
         return record
 
     def save(self, record: R) -> None:
+        """Write the record atomically; ``UnavailableError`` naming the file when the host cannot."""
         paths = self.paths(record.key)
-        paths.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        try:
+            paths.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        except OSError as exc:
+            raise host_write_error(paths.root, exc) from None
         atomic_write(paths.record, json.dumps(record.to_json(), sort_keys=True, indent=1).encode())
 
     def records(self) -> Iterator[R]:
@@ -194,6 +200,8 @@ class RecordBook(Generic[R, P]):
     @contextlib.contextmanager
     def locked(self, key: str) -> Iterator[None]:
         """Hold the cross-process lock ``key`` (blocking; callers run it in a thread)."""
+        import fcntl  # here, not at the top: the record book is imported on hosts without fcntl too
+
         self.locks_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         fd = os.open(self.locks_dir / f"{key}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:

@@ -24,13 +24,22 @@ __all__ = ["open_agent_socket", "peer_pid"]
 _UCRED = struct.Struct("3i")
 
 
+_SOL_LOCAL = 0
+_LOCAL_PEERPID = 2
+
+
 def peer_pid(sock: socket.socket) -> int:
     """The pid (in our pid namespace) of the process that listened on the other end of ``sock``."""
-    pid, _uid, _gid = _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
-    return int(pid)
+    if hasattr(socket, "SO_PEERCRED"):
+        pid, _uid, _gid = _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
+        return int(pid)
+    # macOS: LOCAL_PEERPID at SOL_LOCAL.
+    return int.from_bytes(sock.getsockopt(_SOL_LOCAL, _LOCAL_PEERPID, 4), "little", signed=True)
 
 
 def _connect_nofollow(path: Path) -> socket.socket:
+    if not hasattr(os, "O_PATH"):
+        return _connect_checked(path)
     try:
         fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
@@ -50,6 +59,25 @@ def _connect_nofollow(path: Path) -> socket.socket:
         return sock
     finally:
         os.close(fd)
+
+
+def _connect_checked(path: Path) -> socket.socket:
+    """Where there is no ``O_PATH`` (macOS): lstat, then connect by path. The directory is private to the host,
+    and the peer check that follows catches a swap between the two."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError as exc:
+        raise UnavailableError(f"the agent channel {path} cannot be opened: {exc.strerror or exc}") from None
+    if not stat.S_ISSOCK(mode):
+        kind = "a symbolic link" if stat.S_ISLNK(mode) else "not a socket"
+        raise UnavailableError(f"the agent channel {path} is {kind}; refusing to use it")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(str(path))
+    except OSError as exc:
+        sock.close()
+        raise UnavailableError(f"cannot connect to the agent channel {path}: {exc.strerror or exc}") from None
+    return sock
 
 
 async def open_agent_socket(

@@ -55,7 +55,7 @@ from vz_core.errors import (
 )
 from vz_core.paths import state_dir as default_state_root
 from vz_drivers._machine._book import MachinePaths, MachineRecord, RecordBook, machine_key
-from vz_drivers._machine._files import atomic_write, read_chunks_nofollow
+from vz_drivers._machine._files import STORAGE_ERRNOS, atomic_write, host_write_error, read_chunks_nofollow
 from vz_drivers._machine._identity import ResolvedUser, resolve_user
 from vz_drivers._machine._procs import kill_process, proc_start_time, wait_gone
 from vz_drivers._machine._validate import CommonRequest, Rules, check_workspace_id
@@ -377,6 +377,22 @@ class Backend(abc.ABC, Generic[R, P]):
     def diagnose(self, record: R) -> tuple[str, str]:
         """A short reason why a start failed (for the message) and the log tail that explains it (runs in a thread)."""
 
+    # -- liveness (the Machine's life is its backend process's, by default)
+
+    def alive(self, record: R) -> bool:
+        """Whether the Machine runs: by default, whether its process (``pid`` with ``pid_start``) still lives."""
+        if record.status != "running" or not record.pid:
+            return False
+        return proc_start_time(record.pid) == record.pid_start
+
+    async def wait_gone(self, record: R, limit: float | None = None) -> None:
+        """Wait (on a signal, no polling) until the Machine is gone; force it off first at ``limit`` seconds."""
+        await wait_gone(record.pid, record.pid_start, limit=limit)
+
+    async def kill(self, record: R) -> None:
+        """Force the Machine off now and wait until it is gone (idempotent)."""
+        await kill_process(record.pid, record.pid_start)
+
     # -- stop and remove
 
     async def shutdown(self, record: R, link: AgentLink) -> None:
@@ -442,11 +458,8 @@ class AgentMachineDriver(Driver, Generic[R, P]):
             finally:
                 cm.__exit__(None, None, None)
 
-    @staticmethod
-    def _alive(record: MachineRecord) -> bool:
-        if record.status != "running" or not record.pid:
-            return False
-        return proc_start_time(record.pid) == record.pid_start
+    def _alive(self, record: R) -> bool:
+        return self._backend.alive(record)
 
     def _load(self, workspace_id: str) -> R | None:
         check_workspace_id(workspace_id)
@@ -598,6 +611,13 @@ class AgentMachineDriver(Driver, Generic[R, P]):
                 raise
 
     def _create_machine_dir(self, record: R, plan: MachinePlan[R]) -> None:
+        try:
+            self._make_machine_dir(record, plan)
+        except OSError as exc:
+            # A full or read-only state disk is the host's condition, not a bug: say which file and what to do.
+            raise host_write_error(exc.filename or self._store.paths(record.key).root, exc) from None
+
+    def _make_machine_dir(self, record: R, plan: MachinePlan[R]) -> None:
         paths = self._store.paths(record.key)
         if paths.root.exists():
             # Leftovers of a crashed creation (no record): nothing there belongs to a live Machine.
@@ -638,7 +658,12 @@ class AgentMachineDriver(Driver, Generic[R, P]):
         with contextlib.suppress(FileNotFoundError):
             self._store.paths(record.key).kept_log.unlink()
         try:
-            await self._backend.boot(record)
+            try:
+                await self._backend.boot(record)
+            except OSError as exc:
+                if exc.errno not in STORAGE_ERRNOS:
+                    raise
+                raise host_write_error(exc.filename or self._store.paths(record.key).root, exc) from None
             record.status = "running"
             record.started_at = now()
             record.exit_code = 0
@@ -647,7 +672,7 @@ class AgentMachineDriver(Driver, Generic[R, P]):
             await self._wait_ready(record)
         except BaseException as exc:
             with contextlib.suppress(Exception):
-                await kill_process(record.pid, record.pid_start)
+                await self._backend.kill(record)
             with contextlib.suppress(Exception):
                 await self._backend.release(record)
             record.status = "stopped"
@@ -662,7 +687,7 @@ class AgentMachineDriver(Driver, Generic[R, P]):
         """Wait for the agent's answer, or for the backend process to die, whichever comes first."""
         limit = self._backend.boot_timeout
         connect = asyncio.ensure_future(self._backend.connect(record, booting=True))
-        died = asyncio.ensure_future(wait_gone(record.pid, record.pid_start))
+        died = asyncio.ensure_future(self._backend.wait_gone(record))
         timed_out = False
         try:
             done, _ = await asyncio.wait({connect, died}, timeout=limit, return_when=asyncio.FIRST_COMPLETED)
@@ -757,7 +782,7 @@ class AgentMachineDriver(Driver, Generic[R, P]):
         if self._alive(record):
             if graceful:
                 await self._graceful(record)
-            await kill_process(record.pid, record.pid_start)
+            await self._backend.kill(record)
         await self._drop_link(record.key)
         await self._backend.release(record)
         if record.status != "stopped" or record.pid:
@@ -768,7 +793,6 @@ class AgentMachineDriver(Driver, Generic[R, P]):
                 await asyncio.to_thread(self._store.save, record)
 
     async def _graceful(self, record: R) -> None:
-        pid, start = record.pid, record.pid_start
         try:
             async with asyncio.timeout(self._backend.stop_timeout + self._backend.stop_slack):
                 link = await self._link(record)
@@ -779,7 +803,7 @@ class AgentMachineDriver(Driver, Generic[R, P]):
                 if self._backend.keep_log_on_stop:
                     await self._keep_log(record, link)
                 await self._backend.shutdown(record, link)
-                await wait_gone(pid, start)
+                await self._backend.wait_gone(record)
         except (DriverError, TimeoutError):
             pass
         finally:

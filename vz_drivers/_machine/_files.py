@@ -17,9 +17,11 @@ from pathlib import Path
 
 from vz_core.errors import UnavailableError
 
-__all__ = ["atomic_write", "host_write_error", "read_chunks_nofollow"]
+__all__ = ["STORAGE_ERRNOS", "atomic_write", "host_write_error", "read_chunks_nofollow"]
 
 _CHUNK = 32768
+STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG})
+"""errno values that mean "the host's storage cannot take this write" wherever they come from."""
 
 
 def host_write_error(path: Path | str, exc: OSError) -> UnavailableError:
