@@ -53,6 +53,17 @@ __all__ = [
 ]
 
 
+class _Malformed:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "MALFORMED"
+
+
+MALFORMED: Any = _Malformed()
+"""Stands for a message that did not decode (a server refuses it with INVALID_ARGUMENT)."""
+
+
 def _wire_enum(value: int) -> Any:
     # Unknown values pass through as ints: a fault-injecting or newer peer must be seen as it is.
     return int(value)

@@ -201,6 +201,8 @@ class RuntimeServicer(_Base, pb_grpc.RuntimeDriverServicer):
         first = await context.read()
         if first is _EOF:
             await _abort(context, InvalidArgumentError("exec stream ended before its start frame"))
+        if first is MALFORMED:
+            await _abort(context, InvalidArgumentError("the first exec frame is not a valid ExecClientMessage"))
         which = first.WhichOneof("payload")
         if which != "start":
             await _abort(
@@ -255,13 +257,71 @@ class ExtensionsServicer(_Base, ext_grpc.MachineExtensionsServicer):
         await _abort(context, UnsupportedError("ExecPty is not served by this plugin SDK yet"))
 
 
+MALFORMED: Any = _convert.MALFORMED
+"""What a request or frame that is not a valid protobuf message of its type decodes to (see ``add_servicers``)."""
+
+
+def _lenient(cls: Any) -> Callable[[bytes], Any]:
+    from_string = cls.FromString
+
+    def decode(raw: bytes) -> Any:
+        try:
+            return from_string(raw)
+        except Exception:  # google.protobuf.message.DecodeError, or a RuntimeWarning-free variant of it
+            return MALFORMED
+
+    return decode
+
+
+def _checked(method: Callable[[Any, Any], Awaitable[Any]], rpc: str, cls: Any) -> Callable[[Any, Any], Awaitable[Any]]:
+    async def handler(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        if request is MALFORMED:
+            await _abort(context, InvalidArgumentError(f"{rpc}: the request is not a valid {cls.DESCRIPTOR.name}"))
+        return await method(request, context)
+
+    return handler
+
+
+def _register(server: grpc.aio.Server, module: Any, service: str, servicer: object) -> None:
+    """Like the generated ``add_*Servicer_to_server``, but an undecodable request is INVALID_ARGUMENT.
+
+    grpcio answers a request its deserializer cannot decode with INTERNAL and no RuntimeError detail; the
+    protocol wants INVALID_ARGUMENT with exactly one. So requests decode to ``MALFORMED`` instead, refused by
+    the handler (unary requests) or by the exec frame rules (stream frames).
+    """
+    handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
+    for method in module.DESCRIPTOR.services_by_name[service.rpartition(".")[2]].methods:
+        request_cls = getattr(module, method.input_type.name)
+        response_cls = getattr(module, method.output_type.name)
+        implementation = getattr(servicer, method.name)
+        decode, encode = _lenient(request_cls), response_cls.SerializeToString
+        if method.client_streaming:
+            factory = (
+                grpc.stream_stream_rpc_method_handler
+                if method.server_streaming
+                else grpc.stream_unary_rpc_method_handler
+            )
+            handlers[method.name] = factory(implementation, request_deserializer=decode, response_serializer=encode)
+        else:
+            factory = (
+                grpc.unary_stream_rpc_method_handler if method.server_streaming else grpc.unary_unary_rpc_method_handler
+            )
+            handlers[method.name] = factory(
+                _checked(implementation, method.name, request_cls),
+                request_deserializer=decode,
+                response_serializer=encode,
+            )
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
+    server.add_registered_method_handlers(service, handlers)  # type: ignore[attr-defined]
+
+
 def add_servicers(
     server: grpc.aio.Server, driver: Driver, redactor: Redactor, *, exec_drain_timeout: float = DRAIN_TIMEOUT
 ) -> None:
     """Serve ``driver`` on ``server``: ``devsy.runtime.v1.RuntimeDriver`` and ``vz.machine.v1.MachineExtensions``."""
     runtime = RuntimeServicer(driver, redactor, exec_drain_timeout=exec_drain_timeout)
-    pb_grpc.add_RuntimeDriverServicer_to_server(runtime, server)  # type: ignore[no-untyped-call]
-    ext_grpc.add_MachineExtensionsServicer_to_server(ExtensionsServicer(driver, redactor), server)  # type: ignore[no-untyped-call]
+    _register(server, pb, "devsy.runtime.v1.RuntimeDriver", runtime)
+    _register(server, ext_pb, "vz.machine.v1.MachineExtensions", ExtensionsServicer(driver, redactor))
 
 
 class _ShutdownReports(logging.Filter):

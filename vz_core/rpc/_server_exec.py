@@ -90,7 +90,7 @@ class ClientInput:
                 if not self._stdin_closed:
                     self._violate("the exec stream ended before close_stdin")
                 return
-            kind = msg.WhichOneof("payload")
+            kind = "malformed" if msg is _convert.MALFORMED else msg.WhichOneof("payload")
             if kind == "stdin":
                 data: bytes = msg.stdin
                 problem = stdin_problem(data, self._stdin_closed)
@@ -112,6 +112,8 @@ class ClientInput:
                 problem = "a close_stdin frame after close_stdin"
             elif kind == "start":
                 problem = "a second start frame"
+            elif kind == "malformed":
+                problem = "a frame that is not a valid ExecClientMessage"
             else:
                 problem = "a frame with no payload"
             self._violate(f"exec protocol violation: {problem}")
