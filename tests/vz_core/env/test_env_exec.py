@@ -1,0 +1,67 @@
+"""The exec flow of the Environment layer: select (prepare_exec), then execute (driver, ExecSpec, stream), with
+driver errors translated once into messages naming the Machine and the fix. No terminal involved."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from vz_core.env import Context, ExecTarget, execute, prepare_exec, stop, up
+from vz_core.errors import FailedPreconditionError, NotFoundError
+
+
+async def _no_stdin() -> AsyncIterator[bytes]:
+    return
+    yield b""  # pragma: no cover
+
+
+@pytest.fixture
+def ctx(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Context:
+    monkeypatch.setenv("VZ_HOME", str(tmp_path / "home"))
+    root = tmp_path / "proj"
+    root.mkdir()
+    machine = {"name": "web", "profile": "developer", "driver": "fake", "image": "vz:default"}
+    data = {"version": 1, "project_id": "demo", "machines": [{**machine, "workspace": {"projection": "none"}}]}
+    (root / "vz.json").write_text(json.dumps(data))
+    context = Context(cwd=root, environ={})
+    asyncio.run(up(context))
+    return Context(cwd=root, environ={})
+
+
+def _run(target: ExecTarget, argv: list[str]) -> tuple[int, dict[str, bytes]]:
+    chunks: dict[str, bytes] = {"stdout": b"", "stderr": b""}
+
+    def sink(stream: str, data: bytes) -> None:
+        chunks[stream] += data
+
+    event = asyncio.run(execute(target, argv, _no_stdin(), sink))
+    return event.exit_code, chunks
+
+
+def test_execute_streams_output_to_the_sink_and_returns_the_exit(ctx: Context) -> None:
+    target = prepare_exec(ctx)
+    assert target.machine.name == "web" and target.workdir == ""
+    code, chunks = _run(target, ["sh", "-c", "echo out; echo err >&2; exit 3"])
+    assert (code, chunks) == (3, {"stdout": b"out\n", "stderr": b"err\n"})
+
+
+def test_a_stopped_machine_is_translated_once_with_the_fix(ctx: Context) -> None:
+    target = prepare_exec(ctx)
+    asyncio.run(stop(Context(cwd=ctx.cwd, environ={})))
+    with pytest.raises(
+        FailedPreconditionError, match=r"machine web of Environment default .* is not running; run `vz up"
+    ):
+        _run(target, ["true"])
+
+
+def test_a_machine_its_driver_lost_is_translated_once_with_the_fix(ctx: Context) -> None:
+    target = prepare_exec(ctx)
+    from vz_conformance.fake import FakeDriver
+
+    asyncio.run(FakeDriver().delete(target.machine.workspace_id))
+    with pytest.raises(NotFoundError, match=r"does not exist in driver 'fake'; run `vz up --environment default`"):
+        _run(target, ["true"])
