@@ -170,6 +170,8 @@ class ResolvedDriver:
     name: str
     builtin: DriverDeclaration | None = None
     external: ExternalRecord | None = None
+    builtin_module: str | None = None
+    """The registration module that declared a built-in (``DriverRegistry.module_of``)."""
 
     def launch_spec(self, options: dict[str, Any] | None = None) -> Callable[[], LaunchSpec]:
         """A ``prepare`` callable for ``PluginLauncher``: external binaries are verified on every call."""
@@ -177,9 +179,13 @@ class ResolvedDriver:
             builtin = self.builtin
             env = {OPTIONS_ENV: json.dumps(options)} if options else {}
 
+            # The shared plugin main of every built-in (what its console script runs too); naming the registration
+            # module spares the plugin an entry-point scan before its handshake.
+            where = ["--module", self.builtin_module] if self.builtin_module else []
+            argv = [sys.executable, "-m", "vz_core.registry", *where, builtin.name]
+
             def prepare_builtin() -> LaunchSpec:
-                # The shared plugin main of every built-in (what its console script runs too).
-                return LaunchSpec(self.name, [sys.executable, "-m", "vz_core.registry", builtin.name], env=env)
+                return LaunchSpec(self.name, list(argv), env=env)
 
             return prepare_builtin
         record = self.external
@@ -211,7 +217,7 @@ def resolve(name: str, *, registry: DriverRegistry | None = None, store: Manifes
     registry = registry if registry is not None else DriverRegistry()
     store = store if store is not None else ManifestStore()
     if name in registry.names():
-        return ResolvedDriver(name, builtin=registry.get(name))
+        return ResolvedDriver(name, builtin=registry.get(name), builtin_module=registry.module_of(name))
     record = store.get(name)
     if record is not None:
         return ResolvedDriver(name, external=record)

@@ -59,9 +59,8 @@ from vz_core.errors import NotFoundError, UserError, VzError
 if TYPE_CHECKING:
     import argparse
 
-    import pluggy
-
     from vz_core._driver import Driver
+    from vz_core._registry import DriverRegistry
 
 __all__ = [
     "DRIVER_NAME_PATTERN",
@@ -308,52 +307,9 @@ class DriverDeclaration:
 
     def problems(self) -> list[str]:
         """Everything wrong with this declaration, one "field: problem" each (empty when it is valid)."""
-        found: list[str] = []
-        if not is_driver_name(self.name):
-            found.append(f"name: {self.name!r} does not match {DRIVER_NAME_PATTERN}")
-        if not isinstance(self.summary, str) or not self.summary.strip():
-            found.append("summary: must be a non-empty sentence")
-        for label, ref, required in (
-            ("factory", self.factory, True),
-            ("adapter", self.adapter, False),
-            ("plugin_hooks", self.plugin_hooks, False),
-        ):
-            if (required or ref) and not (isinstance(ref, str) and _REFERENCE.fullmatch(ref)):
-                found.append(f"{label}: {ref!r} must look like 'module:attribute'")
-        if not isinstance(self.plugin_command, tuple) or not all(isinstance(a, str) for a in self.plugin_command):
-            found.append("plugin_command: must be a tuple of strings")
-        if not self.targets or not all(t in HOST_OSES for t in self.targets):
-            found.append(f"targets: {self.targets!r}: each must be one of {', '.join(HOST_OSES)}")
-        for option in self.declared_options.values():
-            where = f"options.{option.name}"
-            if not _OPTION_NAME.fullmatch(option.name):
-                found.append(f"{where}: the name must be lowercase letters, digits and '_'")
-            if not option.help.strip():
-                found.append(f"{where}.help: must describe the option")
-            if option.scope not in _SCOPES:
-                found.append(f"{where}.scope: {option.scope!r} is not one of {', '.join(_SCOPES)}")
-            if option.kind not in _KINDS:
-                found.append(f"{where}.kind: {option.kind!r} is not one of {', '.join(_KINDS)}")
-            if option.repeat and option.kind != "list":
-                found.append(f"{where}.repeat: only a 'list' option can repeat its flag")
-            if option.flag and not re.fullmatch(r"--[a-z][a-z0-9-]*", option.flag):
-                found.append(f"{where}.flag: {option.flag!r} must look like --some-flag")
-        seen: set[tuple[str, str]] = set()
-        for i, row in enumerate(self.matrix):
-            where = f"matrix[{i}]"
-            if not isinstance(row, MatrixRow):
-                found.append(f"{where}: must be a vz_core.registry.MatrixRow, not {type(row).__name__}")
-                continue
-            if row.host_os not in HOST_OSES:
-                found.append(f"{where}.host_os: {row.host_os!r} is not one of {', '.join(HOST_OSES)}")
-            if row.target_os not in self.targets:
-                found.append(f"{where}.target_os: {row.target_os!r} is not among the targets {self.targets!r}")
-            if row.status not in _STATUSES:
-                found.append(f"{where}.status: {row.status!r} is not one of {', '.join(_STATUSES)}")
-            if (row.host_os, row.target_os) in seen:
-                found.append(f"{where}: host {row.host_os} / target {row.target_os} is listed twice")
-            seen.add((row.host_os, row.target_os))
-        return found
+        from vz_core._registry import declaration_problems
+
+        return declaration_problems(self)
 
     # The plugin ----------------------------------------------------------------------------------------
 
@@ -477,181 +433,57 @@ def hookimpl(function: _T) -> _T:
     return function
 
 
-def _spec_class() -> type:
-    import pluggy
-
-    hookspec = pluggy.HookspecMarker(PROJECT)
-
-    class _Specs:
-        @hookspec
-        def vz_builtin_drivers(self) -> Sequence[DriverDeclaration]:  # type: ignore[empty-body]
-            """Return the drivers a package declares."""
-
-    return _Specs
-
-
-def _manager() -> pluggy.PluginManager:
-    import pluggy
-
-    class _Manager(pluggy.PluginManager):
-        def parse_hookimpl_opts(self, plugin: Any, name: str) -> pluggy.HookimplOpts | None:
-            method = getattr(plugin, name, None)
-            if callable(method) and getattr(method, "_vz_hookimpl", False) is True:
-                return {
-                    "wrapper": False,
-                    "hookwrapper": False,
-                    "optionalhook": False,
-                    "tryfirst": False,
-                    "trylast": False,
-                    "specname": None,
-                }
-            return super().parse_hookimpl_opts(plugin, name)
-
-    pm = _Manager(PROJECT)
-    pm.add_hookspecs(_spec_class())
-    return pm
-
-
-def _describe_plugin(plugin: object, name: str | None) -> str:
-    module = getattr(plugin, "__name__", None) or type(plugin).__module__ + "." + type(plugin).__qualname__
-    return f"plugin {name!r} ({module})" if name and name != module else f"plugin {module}"
-
-
-class DriverRegistry:
-    """Name → DriverDeclaration, loaded from ``vz.drivers`` entry points (and any module registered by hand).
-
-    Construction imports every registration module (cheap by contract) and validates its hooks; the
-    declarations are collected and validated on first use. Errors are ``RegistrationError`` naming the plugin.
-    """
-
-    def __init__(self, *, load_entry_points: bool = True, distribution: str | None = None) -> None:
-        """``distribution`` limits the entry points to one installed distribution (``"vz"``: the drivers shipped
-        with vz, e.g. for generating its docs)."""
-        self._pm = _manager()
-        self._labels: dict[int, str] = {}
-        self._cache: dict[str, tuple[DriverDeclaration, str]] | None = None
-        if load_entry_points:
-            self._load_entry_points(distribution)
-
-    def _load_entry_points(self, distribution: str | None) -> None:
-        from importlib.metadata import entry_points
-
-        for ep in entry_points(group=ENTRY_POINT_GROUP):
-            if distribution is not None and (ep.dist is None or ep.dist.name != distribution):
-                continue
-            if self._pm.get_plugin(ep.name) is not None or self._pm.is_blocked(ep.name):
-                continue
-            label = f"plugin {ep.name!r} (entry point {ep.value} in group {ENTRY_POINT_GROUP})"
-            try:
-                plugin = ep.load()
-            except Exception as exc:
-                raise RegistrationError(f"{label} failed to import: {type(exc).__name__}: {exc}") from exc
-            self._register(plugin, ep.name, label)
-
-    def register(self, plugin: object, name: str | None = None) -> None:
-        """Register a module or object implementing ``vz_builtin_drivers`` (tests, embedding)."""
-        self._register(plugin, name, _describe_plugin(plugin, name))
-
-    def _register(self, plugin: object, name: str | None, label: str) -> None:
-        import pluggy
-
-        try:
-            self._pm.register(plugin, name)
-            self._pm.check_pending()
-        except pluggy.PluginValidationError as exc:
-            if self._pm.is_registered(plugin):
-                self._pm.unregister(plugin)
-            message = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
-            raise RegistrationError(f"{label}: {message}") from None
-        except ValueError as exc:  # the same name or object registered twice
-            raise RegistrationError(f"{label}: {exc}") from None
-        if not self._pm.get_hookcallers(plugin):
-            self._pm.unregister(plugin)
-            raise RegistrationError(
-                f"{label} implements no hook: it needs a function `vz_builtin_drivers` marked with "
-                "@vz_core.registry.hookimpl (a misspelt or unmarked name registers nothing)"
-            )
-        self._labels[id(plugin)] = label
-        self._cache = None
-
-    def _all(self) -> dict[str, tuple[DriverDeclaration, str]]:
-        if self._cache is None:
-            found: dict[str, tuple[DriverDeclaration, str]] = {}
-            for impl in self._pm.hook.vz_builtin_drivers.get_hookimpls():
-                label = self._labels.get(id(impl.plugin), _describe_plugin(impl.plugin, impl.plugin_name))
-                try:
-                    batch = impl.function()
-                except Exception as exc:
-                    failure = f"{type(exc).__name__}: {exc}"
-                    raise RegistrationError(f"{label}: vz_builtin_drivers() failed: {failure}") from exc
-                if isinstance(batch, DriverDeclaration) or not isinstance(batch, Sequence):
-                    raise RegistrationError(
-                        f"{label}: vz_builtin_drivers() must return a list of DriverDeclaration, "
-                        f"not {type(batch).__name__}"
-                    )
-                for i, spec in enumerate(batch):
-                    if not isinstance(spec, DriverDeclaration):
-                        raise RegistrationError(
-                            f"{label}: vz_builtin_drivers()[{i}] is a {type(spec).__name__}, not a DriverDeclaration"
-                        )
-                    problems = spec.problems()
-                    if problems:
-                        raise RegistrationError(
-                            f"{label}: the declaration of driver {spec.name!r} is invalid: {'; '.join(problems)}"
-                        )
-                    if spec.name in found and found[spec.name][0] != spec:
-                        raise RegistrationError(
-                            f"driver name {spec.name!r} is registered twice ({found[spec.name][1]}: "
-                            f"{found[spec.name][0].factory}; {label}: {spec.factory}); a name must resolve to one "
-                            "driver"
-                        )
-                    found[spec.name] = (spec, label)
-            self._cache = found
-        return self._cache
-
-    def names(self) -> list[str]:
-        return sorted(self._all())
-
-    def declarations(self) -> list[DriverDeclaration]:
-        """Every registered declaration, by name."""
-        drivers = self._all()
-        return [drivers[name][0] for name in sorted(drivers)]
-
-    def registered_by(self, name: str) -> str:
-        """Which plugin declared driver ``name`` (for messages)."""
-        self.get(name)
-        return self._all()[name][1]
-
-    def get(self, name: str) -> DriverDeclaration:
-        """The driver registered as ``name``; an unknown name lists what is installed."""
-        drivers = self._all()
-        try:
-            return drivers[name][0]
-        except KeyError:
-            installed = ", ".join(sorted(drivers)) or "none"
-            raise NotFoundError(
-                f"unknown driver {name!r}; installed built-in drivers: {installed} "
-                "(external drivers are added with `vz driver add <manifest>`)"
-            ) from None
+def _declared_in(module_name: str, name: str) -> DriverDeclaration:
+    """Driver ``name`` as declared by registration module ``module_name`` (its hook called directly)."""
+    module = importlib.import_module(module_name)
+    for attr in dir(module):
+        function = getattr(module, attr)
+        if callable(function) and getattr(function, "_vz_hookimpl", False) is True:
+            for declaration in function():
+                if isinstance(declaration, DriverDeclaration) and declaration.name == name:
+                    return declaration
+    raise NotFoundError(f"registration module {module_name} declares no driver {name!r}")
 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
-    """``python -m vz_core.registry NAME [FLAGS]``: serve built-in driver NAME as a plugin (how the host
-    launches a built-in; its console script calls ``serve_plugin`` of the same declaration directly)."""
+    """``python -m vz_core.registry [--module REGISTRATION_MODULE] NAME [FLAGS]``: serve built-in driver NAME as
+    a plugin. This is how the host launches a built-in (its console script calls ``serve_plugin`` of the same
+    declaration directly). With ``--module`` (what the host passes) only that module is imported: no entry-point
+    scan before the handshake."""
     args = list(sys.argv[1:] if argv is None else argv)
+    module_name = ""
+    if len(args) >= 2 and args[0] == "--module":
+        module_name, args = args[1], args[2:]
     if not args or args[0].startswith("-"):
-        sys.stderr.write("usage: python -m vz_core.registry DRIVER [driver flags...]\n")
+        sys.stderr.write("usage: python -m vz_core.registry [--module REGISTRATION_MODULE] DRIVER [driver flags]\n")
         sys.exit(2)
     try:
-        declaration = DriverRegistry().get(check_driver_name(args[0]))
-    except VzError as exc:
+        name = check_driver_name(args[0])
+        declaration = _declared_in(module_name, name) if module_name else _registry_class()().get(name)
+    except (VzError, ImportError) as exc:
         sys.stderr.write(f"{exc}\n")
         sys.exit(2)
     declaration.serve_plugin(args[1:])
 
 
+def _registry_class() -> type[DriverRegistry]:
+    from vz_core._registry import DriverRegistry
+
+    return DriverRegistry
+
+
+def __getattr__(name: str) -> Any:
+    # The registry proper (pluggy, entry points, validation) lives in vz_core._registry, imported on first use:
+    # a plugin process serving one declaration never needs it before its handshake.
+    if name == "DriverRegistry":
+        from vz_core import _registry
+
+        return getattr(_registry, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 if __name__ == "__main__":
-    # Run as a script this file is module "__main__"; serve through the real module so that registration
+    # Run as a script this file is module "__main__"; serve through the real modules so that registration
     # modules and this code share one DriverDeclaration class.
     from vz_core.registry import main as _main
 

@@ -71,7 +71,14 @@ def test_builtin_drivers_are_listed_and_resolve(store: ManifestStore) -> None:
     resolved = resolve("fake", store=store)
     assert resolved.builtin is not None and resolved.external is None
     spec = resolved.launch_spec({"state_dir": "/x"})()
-    assert spec.argv == [sys.executable, "-m", "vz_core.registry", "fake"]
+    assert spec.argv == [
+        sys.executable,
+        "-m",
+        "vz_core.registry",
+        "--module",
+        "vz_conformance.fake.registration",
+        "fake",
+    ]
     assert json.loads(spec.env["VZ_DRIVER_OPTIONS"]) == {"state_dir": "/x"}
     assert verify("fake", store=store) == [
         {
@@ -244,7 +251,7 @@ def test_an_oversized_record_is_refused(store: ManifestStore) -> None:
 
 def test_a_builtin_plugin_is_launched_through_the_shared_plugin_main(store: ManifestStore) -> None:
     spec = resolve("qemu", store=store).launch_spec({"accelerator": "tcg"})()
-    assert spec.argv == [sys.executable, "-m", "vz_core.registry", "qemu"]
+    assert spec.argv == [sys.executable, "-m", "vz_core.registry", "--module", "vz_drivers.qemu.registration", "qemu"]
     assert json.loads(spec.env["VZ_DRIVER_OPTIONS"]) == {"accelerator": "tcg"}
 
 
