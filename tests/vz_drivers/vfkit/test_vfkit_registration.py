@@ -39,3 +39,29 @@ def test_the_plugin_command_line_is_generated() -> None:
     help_text = build_parser().format_help()
     for flag in ("--vfkit", "--vfkit-sha256", "--kernel", "--initrd", "--rosetta", "--nested", "--boot-timeout"):
         assert flag in help_text
+
+
+def test_registered_it_is_dev_in_the_matrix_on_macos() -> None:
+    import vz_drivers.vfkit.registration as registration
+    from vz_core.capability_matrix import entries, lookup
+    from vz_core.registry import DriverRegistry
+
+    registry = DriverRegistry(load_entry_points=False)
+    registry.register(registration, "vfkit")
+    rows = [e for e in entries(registry) if e.driver == "vfkit"]
+    assert [(e.host_os, e.target_os, e.status) for e in rows] == [("darwin", "linux", "DEV")]
+    found = lookup("vfkit", "darwin", registry=registry)
+    assert found is not None and found.status == "DEV"
+
+
+@pytest.mark.skipif(platform.system() == "Darwin", reason="describes a host that is not macOS")
+async def test_over_the_runtime_protocol_info_answers_and_preflight_is_unimplemented(tmp_path: Path) -> None:
+    from vz_core.rpc import connect_in_process
+
+    driver = DECLARATION.create(state_dir=str(tmp_path / "s"))
+    async with connect_in_process(driver) as remote:
+        info = await remote.info()
+        assert (info.driver_name, info.runtime_name) == ("vfkit", "vfkit")
+        with pytest.raises(UnsupportedError, match=r"needs macOS .* this host is Linux"):
+            await remote.preflight()
+        assert await remote.find("never created") is None
