@@ -81,7 +81,10 @@ class VfkitSpec:
     nested: bool = False
     rng: bool = True
     network: bool = True
-    """A virtio-net NAT device; without it nothing leaves the guest (egress deny)."""
+    """A virtio-net device; without it nothing leaves the guest (egress deny)."""
+    network_socket: str = ""
+    """Attach the NIC to this host Unix datagram socket instead of NAT (``unixSocketPath``): the seam for a
+    user-space network stack that realizes exports, imports and allowlists (the network topology work)."""
     extra_devices: tuple[str, ...] = field(default_factory=tuple)
     """Further ``--device`` values, already in vfkit syntax (validated like the others)."""
 
@@ -164,7 +167,10 @@ def build_argv(vfkit: str, spec: VfkitSpec) -> list[str]:
         "--device",
         f"virtio-serial,logFilePath={_check_path('console log', spec.console_log)}",
     ]
-    net = "virtio-net,nat"
+    if spec.network_socket:
+        net = f"virtio-net,unixSocketPath={_check_path('network socket', spec.network_socket)}"
+    else:
+        net = "virtio-net,nat"
     if spec.mac:
         if not _MAC.match(spec.mac):
             raise InvalidArgumentError(f"mac {spec.mac!r} is not a MAC address (xx:xx:xx:xx:xx:xx)")

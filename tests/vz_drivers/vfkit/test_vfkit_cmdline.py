@@ -47,8 +47,9 @@ def _roundtrip(spec: VfkitSpec) -> None:
     nets = parsed.of("virtio-net")
     assert len(nets) == (1 if spec.network else 0)
     for net in nets:
-        assert "nat" in net.flags
-        assert net.options == ({"mac": spec.mac.lower()} if spec.mac else {})
+        attachment = {"unixSocketPath": spec.network_socket} if spec.network_socket else {}
+        assert net.flags == (set() if spec.network_socket else {"nat"})  # nat and unixSocketPath are exclusive
+        assert net.options == {**attachment, **({"mac": spec.mac.lower()} if spec.mac else {})}
     vsock = {int(d.options["port"]): d for d in parsed.of("virtio-vsock")}
     assert vsock[AGENT_VSOCK_PORT].options["socketURL"] == spec.agent_socket
     assert vsock[AGENT_VSOCK_PORT].flags == {"connect"}
@@ -100,6 +101,12 @@ def test_every_optional_device_round_trips() -> None:
     )
     _roundtrip(spec)
     assert build_argv("/opt/vfkit", spec)[-1] == "--nested"
+
+
+def test_a_user_space_network_attaches_through_a_unix_socket() -> None:
+    spec = dataclasses.replace(BASE, network_socket="/Users/dev/vz/m/net.sock", mac="5a:94:ef:e4:0c:ee")
+    _roundtrip(spec)
+    assert "virtio-net,unixSocketPath=/Users/dev/vz/m/net.sock,mac=5a:94:ef:e4:0c:ee" in build_argv("/v", spec)
 
 
 def test_egress_deny_has_no_network_device() -> None:
