@@ -24,6 +24,7 @@ from vz_drivers.vfkit._cmdline import AGENT_VSOCK_PORT, READY_VSOCK_PORT
 
 __all__ = [
     "CONFIG_TAG",
+    "GUEST_MODULES",
     "GuestConfig",
     "GuestMount",
     "create_root_disk",
@@ -34,6 +35,18 @@ __all__ = [
 ]
 
 CONFIG_TAG = "vzcfg"
+GUEST_MODULES: tuple[str, ...] = (
+    "virtio_pci",
+    "virtio_mmio",
+    "virtio_console",  # hvc0: vfkit's virtio-serial console
+    "virtio_blk",  # the raw root disk
+    "virtio_net",
+    "crc32c_generic",  # ext4/jbd2 checksums ask the crypto layer for "crc32c" at mount time
+    "ext4",
+    "virtiofs",  # the configuration share, the workspace, bind mounts, volumes, Rosetta
+    "vmw_vsock_virtio_transport",  # the agent and the readiness report
+)
+"""Kernel modules the vfkit guest's initramfs loads (when not built in), by module name."""
 ROOT_DEVICE = "/dev/vda"
 LOG_PATH = "/run/vz/main.log"
 MKE2FS_HINT = "install e2fsprogs (macOS: `brew install e2fsprogs`; Debian: `apt-get install e2fsprogs`)"

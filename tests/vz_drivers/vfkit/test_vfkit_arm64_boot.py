@@ -91,14 +91,18 @@ async def test_the_arm64_guest_boots_and_answers_the_agent(tmp_path: Path) -> No
     from vz_drivers._agent import AgentClient, ensure_agent_binary
     from vz_drivers.qemu._initramfs import build_initramfs
     from vz_drivers.qemu._kernel import Kernel
+    from vz_drivers.vfkit._guest import GUEST_MODULES
 
     root = _require()
     agent = await asyncio.to_thread(ensure_agent_binary, "arm64")
     kernel = Kernel(
         image=root / "boot" / f"vmlinuz-{RELEASE}", release=RELEASE, modules_dir=root / "lib/modules" / RELEASE
     )
+    # vfkit's module set (virtio-fs, virtio-vsock, hvc0, ...) plus 9p, which carries the configuration under QEMU
+    # here: every module must resolve in the pinned kernel and load in the guest, or the init stops.
+    modules = (*GUEST_MODULES, "9pnet_virtio", "9p")
     initramfs = await asyncio.to_thread(
-        build_initramfs, kernel, agent, tmp_path / "initramfs", busybox=root / "bin" / "busybox"
+        build_initramfs, kernel, agent, tmp_path / "initramfs", busybox=root / "bin" / "busybox", modules=modules
     )
 
     disk, cfg = await asyncio.to_thread(_machine_files, tmp_path, root)
@@ -174,6 +178,14 @@ async def test_the_arm64_guest_boots_and_answers_the_agent(tmp_path: Path) -> No
             elif isinstance(event, ExecExit):
                 code = event.exit_code
         assert (out, code) == (b"aarch64\n", 0)
+        loaded = b""
+        async for event in client.exec(
+            ExecSpec(workspace_id="arm64", argv=("/bin/busybox", "cat", "/proc/modules")), _nothing()
+        ):
+            if isinstance(event, ExecOutput):
+                loaded += event.data
+        for name in (b"virtiofs", b"vmw_vsock_virtio_transport", b"virtio_console"):
+            assert name in loaded
         async with asyncio.timeout(60):
             await client.shutdown(grace=5)
             await qemu.wait()  # the agent powered the guest off: QEMU ends by itself
