@@ -21,7 +21,7 @@ import os
 import shutil
 import uuid
 import weakref
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -398,6 +398,10 @@ class Backend(abc.ABC, Generic[R, P]):
     async def shutdown(self, record: R, link: AgentLink) -> None:
         """Ask the agent to stop everything (SIGTERM, ``stop_timeout`` of grace, then kill) and end."""
         await link.client.shutdown(grace=self.stop_timeout)
+
+    def read_log(self, record: R, link: AgentLink) -> AsyncGenerator[bytes, None]:
+        """The main process's log of a running Machine, through ``link`` (the driver closes the iterator)."""
+        return link.client.logs()
 
     async def release(self, record: R) -> None:
         """Release the host resources of a start once the process is gone (idempotent)."""
@@ -812,7 +816,7 @@ class AgentMachineDriver(Driver, Generic[R, P]):
     async def _keep_log(self, record: R, link: AgentLink) -> None:
         chunks: list[bytes] = []
         with contextlib.suppress(DriverError):
-            async with contextlib.aclosing(link.client.logs()) as stream:
+            async with contextlib.aclosing(self._backend.read_log(record, link)) as stream:
                 async for chunk in stream:
                     chunks.append(chunk)
             await asyncio.to_thread(atomic_write, self._store.paths(record.key).kept_log, b"".join(chunks), 0o600)
@@ -843,7 +847,7 @@ class AgentMachineDriver(Driver, Generic[R, P]):
                 yield chunk
             return
         link = await self._link(record)
-        async with contextlib.aclosing(link.client.logs()) as chunks:
+        async with contextlib.aclosing(self._backend.read_log(record, link)) as chunks:
             async for chunk in chunks:
                 yield chunk
 

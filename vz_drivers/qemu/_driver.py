@@ -24,11 +24,12 @@ import functools
 import os
 import shutil
 import uuid
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from vz_core import ExecSpec, RunImageRequest
+from vz_core import ExecOutput, ExecSpec, RunImageRequest
 from vz_core.errors import DriverError, FailedPreconditionError, InvalidArgumentError, UnavailableError
 from vz_core.paths import cache_dir
 from vz_drivers._agent import AgentClient
@@ -45,7 +46,7 @@ from vz_drivers._machine import (
 )
 from vz_drivers.qemu._accel import ACCELERATORS, Accelerator, choose_accelerator
 from vz_drivers.qemu._disk import create_root_disk, default_disk_size, find_mke2fs, minimum_disk_size, tree_usage
-from vz_drivers.qemu._guestconfig import GuestConfig, GuestMount, env_list, hosts_file, render, resolv_file
+from vz_drivers.qemu._guestconfig import LOG_PATH, GuestConfig, GuestMount, env_list, hosts_file, render, resolv_file
 from vz_drivers.qemu._initramfs import Initramfs, build_initramfs, find_busybox
 from vz_drivers.qemu._kernel import Kernel, extract_vmlinux, find_kernel, resolve_modules
 from vz_drivers.qemu._qemu import QemuBinary, Share, VmSpec, find_qemu, launch
@@ -366,6 +367,20 @@ class QemuBackend(Backend[QemuRecord, QemuPaths]):
             "when one finishes (the driver option sessions sets how many a new Machine gets)",
             details={"workspace_id": record.workspace_id},
         )
+
+    async def read_log(self, record: QemuRecord, link: AgentLink) -> AsyncGenerator[bytes, None]:
+        if link.port == 0:
+            async with contextlib.aclosing(link.client.logs()) as chunks:
+                async for chunk in chunks:
+                    yield chunk
+            return
+        # Only the PID-1 agent (port 0) keeps the log; the others read its files in the initramfs root.
+        script = f"cat {LOG_PATH}.1 2>/dev/null; cat {LOG_PATH} 2>/dev/null; true"
+        spec = ExecSpec(workspace_id=record.workspace_id, argv=("/bin/busybox", "sh", "-c", script))
+        async with contextlib.aclosing(link.client.exec(spec, no_input(), root_override="/")) as events:
+            async for event in events:
+                if isinstance(event, ExecOutput) and event.stream == "stdout":
+                    yield event.data
 
     # ------------------------------------------------------------------ stop and remove
 

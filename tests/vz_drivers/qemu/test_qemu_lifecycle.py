@@ -3,6 +3,7 @@ resets it and keeps volumes and the workspace, Delete removes everything, and bo
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 from dataclasses import replace
 from pathlib import Path
@@ -34,6 +35,7 @@ async def test_stop_start_recreate_delete(
         image="vz:default",
         workspace_mount=Mount(MountType.BIND, str(workspace), "/workspace"),
         mounts=(Mount(MountType.VOLUME, "life-volume", "/data"), Mount(MountType.TMPFS, "", "/scratch")),
+        args=("sh", "-c", "echo main-started; exec sleep 1000000"),
     )
     await driver.run_image(request)
     first = await driver.find("life")
@@ -45,6 +47,14 @@ async def test_stop_start_recreate_delete(
     write = "echo local > /var/tmp/local; echo vol > /data/v; echo ws > /workspace/w; echo tmp > /scratch/t"
     assert (await run(driver, "life", "sh", "-c", write)).exit.success  # type: ignore[union-attr]
 
+    running_log = b""
+    for _ in range(100):
+        running_log = b"".join([chunk async for chunk in driver.logs("life")])
+        if running_log:
+            break
+        await asyncio.sleep(0.05)
+    assert running_log == b"main-started\n"
+
     # Stop from another driver object: the first one still holds port 0 (the PID-1 agent), so this one talks to
     # a session agent on another port and has the PID-1 agent stop everything with SIGTERM.
     other = make_driver(state_dir, image_dir, agent_binary)
@@ -55,6 +65,9 @@ async def test_stop_start_recreate_delete(
     await driver.stop("life")  # idempotent
     stopped = await driver.find("life")
     assert stopped is not None and stopped.state.status == "stopped" and stopped.id == first.id
+    assert qemu_processes(state_dir) == []
+    # Logs of the stopped Machine: the completed log kept at Stop, read without booting the VM.
+    assert b"".join([chunk async for chunk in driver.logs("life")]) == running_log
     assert qemu_processes(state_dir) == []
     disk = state_dir / "machines" / machine_key("life") / "disk.img"
     assert _fs_state(disk) == "clean", "Stop must unmount the root disk before the VM powers off"
