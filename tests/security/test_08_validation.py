@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "vz_core" / "cli"))
 from vzcli import Vz, fake_machine, write_project
 
 from vz_core.env import Context, DefinitionError, parse_definition, up
+from vz_core.env._definition import check_image_reference
 from vz_core.env._discover import read_header
 from vz_core.env._ids import looks_like_env_id, new_env_id
 from vz_core.errors import UserError
@@ -113,6 +114,15 @@ def test_refused_by_vz_up_before_any_record_exists(vz: Vz, tmp_path: Path, machi
 )
 def test_valid_image_references_still_pass(image: str) -> None:
     assert parse_definition(_definition(image=image)).machines[0].image == image
+    assert check_image_reference(image) == image
+
+
+def test_an_external_driver_may_name_its_images_its_own_way() -> None:
+    # The definition refuses only what no driver could read; vz's grammar applies to built-in drivers at `vz up`.
+    assert parse_definition(_definition(image="host")).machines[0].image == "host"
+    for bad in ("two words", "tab\there", "nul\x00", "x" * 1025):
+        with pytest.raises(DefinitionError, match=r"\$\.machines\[0\]\.image"):
+            parse_definition(_definition(image=bad))
 
 
 def test_a_nul_in_a_resolved_secret_is_refused_before_anything_is_created(tmp_path: Path) -> None:

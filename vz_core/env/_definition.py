@@ -85,9 +85,11 @@ def _check_abs_path(text: str) -> None:
 
 
 def check_image_reference(ref: str) -> str:
-    """The syntax of an image reference (docs/images.md), checked before anything is created.
+    """The syntax of a vz image reference (docs/images.md), which every built-in driver reads; raises ValueError.
 
-    Only the syntax: whether an image exists (or a ``vz:`` name is embedded) is the driver's answer.
+    The definition itself only refuses what no driver could read (whitespace, control characters, length): an
+    external driver may name its images its own way. ``vz up`` applies this grammar to Machines of built-in
+    drivers before anything is created. Only the syntax: whether an image exists is the driver's answer.
     """
     if len(ref) > 1024:
         raise ValueError("an image reference is at most 1024 characters")
@@ -228,10 +230,21 @@ DriverName = Annotated[
         description="driver name (see `vz driver list`): lowercase letters, digits, '_' or '-', never a path",
     ),
 ]
+
+
+def _image_text(value: object) -> object:
+    if isinstance(value, str):
+        if len(value) > 1024:
+            raise ValueError("an image reference is at most 1024 characters")
+        if _CONTROL_RE.search(value):
+            raise ValueError("an image reference contains no whitespace or control characters")
+    return value
+
+
 ImageReference = Annotated[
     str,
-    Field(min_length=1, description="image reference, e.g. vz:default (docs/images.md)"),
-    BeforeValidator(lambda v: check_image_reference(v) if isinstance(v, str) and v else v),
+    Field(min_length=1, max_length=1024, description="image reference, e.g. vz:default (docs/images.md)"),
+    BeforeValidator(_image_text),
 ]
 OptionValue = str | Annotated[int, Field(ge=-INT64_MAX - 1, le=INT64_MAX)] | bool
 

@@ -257,6 +257,10 @@ async def _prepare(ctx: Context, pool: DriverPool) -> _Prepared:
     probe = f"vz-{definition.project_id}-probe"
     checked: dict[tuple[str, str], str] = {}
     from vz_core.drivers import validate_project_options
+    from vz_core.env._definition import check_image_reference
+    from vz_core.registry import DriverRegistry
+
+    builtin = set(DriverRegistry().names())  # built-in drivers read vz's image references (docs/images.md)
 
     for index, machine in enumerate(definition.machines):
         where = f"$.machines[{index}]"
@@ -265,6 +269,11 @@ async def _prepare(ctx: Context, pool: DriverPool) -> _Prepared:
             validate_project_options(machine.driver, machine.driver_options, where=f"{where}.driver_options")
         except NotFoundError as exc:
             raise UserError(f"{where}.driver: {exc.message}") from None
+        if machine.driver in builtin:
+            try:
+                check_image_reference(machine.image)
+            except ValueError as exc:
+                raise UserError(f"{where}.image: {exc}") from None
     for index, machine in enumerate(definition.machines):
         where = f"$.machines[{index}]"
         try:
