@@ -106,6 +106,10 @@ class PluginProcess:
         # End of the control socket: the supervisor has finished (it reports the plugin's status first).
         # Process.wait() is not used: it also waits for our stdout/stderr pipes to close, which a deliberately
         # detached descendant may keep open indefinitely. asyncio's child watcher reaps the supervisor.
+        if reported is None and self.pid:
+            # The supervisor died without reporting (killed on its own): the plugin died with it
+            # (PR_SET_PDEATHSIG), but what the plugin started may still run in its session.
+            _kill_session(self.pid)
         rc = await self._exit_code()
         self._finish(reported or ExitStatus(rc, _signame(-rc) if rc < 0 else ""))
 
@@ -239,6 +243,17 @@ class PluginProcess:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.pid, signal.SIGKILL)
         return await self.wait()
+
+
+def _kill_session(sid: int) -> None:
+    """SIGKILL every process of session ``sid`` (the plugin's; Linux, through /proc) and its process group."""
+    from vz_core.transport import _supervise
+
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(sid, signal.SIGKILL)
+    for pid in _supervise._session_members(sid):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def _signame(num: int) -> str:

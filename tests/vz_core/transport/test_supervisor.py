@@ -116,23 +116,26 @@ def test_host_killed_with_sigkill_mid_exec_leaves_nothing(tmp_path: Path, group:
             host.stdout.close()
 
 
-def test_the_supervisor_runs_outside_the_hosts_process_group_and_the_plugin_dies_with_it() -> None:
-    async def main() -> None:
-        driver = RemoteDriver(_mini())
-        try:
-            await driver.find("w")
-            conn = driver.connection
-            assert conn is not None
-            supervisor = conn.process.supervisor_pid
-            assert os.getpgid(supervisor) != os.getpgid(0), "a group-wide signal to the host must miss it"
-            plugin = _identity(conn.pid)
-            os.kill(supervisor, signal.SIGKILL)
-            assert not _wait_gone([plugin], 5.0), "PR_SET_PDEATHSIG: the plugin dies with its supervisor"
-            await conn.wait_exited(5.0)
-        finally:
-            await driver.close()
-
-    asyncio.run(main())
+async def test_the_supervisor_runs_outside_the_hosts_process_group_and_the_plugin_tree_dies_with_it() -> None:
+    driver = RemoteDriver(_mini())
+    events = driver.exec(ExecSpec("w", ("spawn", "sh", "-c", "sleep 300 & echo started; wait")), _no_stdin())
+    try:
+        first = await events.__anext__()
+        assert isinstance(first, ExecOutput)
+        conn = driver.connection
+        assert conn is not None
+        supervisor = conn.process.supervisor_pid
+        assert os.getpgid(supervisor) != os.getpgid(0), "a group-wide signal to the host must miss it"
+        tree = [_identity(conn.pid)] + [_identity(p.pid) for p in psutil.Process(conn.pid).children(recursive=True)]
+        assert len(tree) >= 3, "the plugin, sh and its sleep"
+        os.kill(supervisor, signal.SIGKILL)
+        # the plugin dies with its supervisor (PR_SET_PDEATHSIG); the host kills what it left in its session
+        assert await conn.wait_exited(5.0) is not None
+        assert not _wait_gone(tree, 5.0)
+    finally:
+        with contextlib.suppress(Exception):
+            await events.aclose()
+        await driver.close()
 
 
 async def test_plugin_crash_mid_exec_kills_its_orphans_and_reports_stderr() -> None:
