@@ -1,0 +1,39 @@
+"""Fixtures of the hyperv driver tests: a stand-in Hyper-V host (scripts checked against the documented
+parameter sets), a backend that believes it runs on Windows, and the real guest-disk tools of this host."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hyperv_standin import StandInHyperV
+
+from vz_drivers.hyperv._driver import HypervBackend
+from vz_drivers.hyperv._host import HostSupport
+
+WINDOWS = HostSupport(system="Windows", architecture="amd64", reason="")
+
+
+@pytest.fixture
+def standin() -> StandInHyperV:
+    return StandInHyperV()
+
+
+@pytest.fixture
+def backend(tmp_path: Path, standin: StandInHyperV) -> HypervBackend:
+    """A backend on a private state directory, on a (stand-in) Windows host with Hyper-V."""
+    b = HypervBackend(state_dir=tmp_path / "state", runner=standin, host=WINDOWS, stop_timeout=0.2)
+    b.stop_slack = 0.2
+    return b
+
+
+@pytest.fixture(scope="session")
+def agent_binary() -> str:
+    from vz_drivers._agent import ensure_agent_binary
+
+    return str(ensure_agent_binary())
+
+
+@pytest.fixture(scope="session")
+def image_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("hyperv-images")

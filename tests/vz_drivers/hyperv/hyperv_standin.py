@@ -1,0 +1,218 @@
+"""A stand-in for Windows PowerShell + Hyper-V: checks every script it is given, answers like the real host.
+
+``StandInHyperV.run`` first checks the complete text the real runner would send (``script_text``): every cmdlet
+call must be documented and fit one of its documented parameter sets (``hyperv_docs``), the arguments must be
+exactly the ones the script reads, and they must survive a JSON round trip (they travel as a JSON document in
+an environment variable). Then it applies the script's documented effect to a model of one Hyper-V host (VMs
+with Id/State/ProcessorCount/MemoryStartup/Generation, the GuestCommunicationServices registry keys) and answers
+the envelope the script's own code would print, decoded the way ``parse_answer`` decodes the real line.
+
+Knobs: ``elevated``/``hyperv_admin``/``module`` (the probe), ``switches``, ``guest_shuts_down`` (whether the guest
+honours a graceful Stop-VM; if not, Stop-VM blocks until the runner's timeout, like the real cmdlet waiting for
+the guest), ``fail`` (script name -> PowerShell error to raise once), and ``calls`` (what ran, in order).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from hyperv_docs import check_text
+
+from vz_core.errors import RuntimeTimeoutError
+from vz_drivers.hyperv._ps import MARKER, Script, check_args, parse_answer, script_text
+from vz_drivers.hyperv._scripts import GCS_KEY
+
+_SERVICE_RE = re.compile(r"^[0-9a-f]{8}-facb-11e6-bd58-64006a7986d3\Z")
+
+
+@dataclass
+class FakeVm:
+    name: str
+    id: str
+    path: str
+    memory: int
+    switch: str
+    state: str = "Off"
+    cpus: int = 1
+    dynamic_memory: bool = True
+    secure_boot: str = "On"
+    template: str = "MicrosoftWindows"
+    disks: list[str] = field(default_factory=list)
+    com1: str = ""
+    first_boot: str = ""
+    notes: str = ""
+    automatic_checkpoints: bool = True
+
+
+@dataclass
+class PsError(Exception):
+    message: str
+    category: str = "InvalidOperation"
+    error_id: str = "Microsoft.HyperV.PowerShell.Commands.Fake"
+
+
+class StandInHyperV:
+    def __init__(
+        self,
+        *,
+        elevated: bool = True,
+        hyperv_admin: bool = True,
+        module: bool = True,
+        switches: tuple[str, ...] = ("Default Switch",),
+        guest_shuts_down: bool = True,
+    ) -> None:
+        self.elevated = elevated
+        self.hyperv_admin = hyperv_admin
+        self.module = module
+        self.switches = switches
+        self.guest_shuts_down = guest_shuts_down
+        self.vms: dict[str, FakeVm] = {}
+        self.registry: dict[str, str] = {}
+        self.fail: dict[str, PsError] = {}
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+        self.checked: dict[str, int] = {}
+
+    # ------------------------------------------------------------------ the runner protocol
+
+    async def run(self, script: Script, args: Mapping[str, Any], *, timeout: float) -> Any:  # noqa: ASYNC109 - bounds the script
+        check_args(script, args)
+        text = script_text(script)
+        self.checked[script.name] = len(check_text(text))
+        decoded = json.loads(json.dumps(dict(args), ensure_ascii=True))
+        assert decoded == dict(args), f"arguments of {script.name} do not survive JSON: {args!r}"
+        self.calls.append((script.name, decoded))
+        await asyncio.sleep(0)
+        try:
+            failure = self.fail.pop(script.name, None)
+            if failure is not None:
+                raise failure
+            value = await getattr(self, "_" + script.name.replace("-", "_"))(decoded, timeout)
+            envelope: dict[str, Any] = {"ok": True, "value": value}
+        except PsError as exc:
+            envelope = {
+                "ok": False,
+                "error": {"message": exc.message, "id": exc.error_id, "category": exc.category, "type": "Fake"},
+            }
+        line = MARKER + json.dumps(envelope, separators=(",", ":"), ensure_ascii=True)
+        return parse_answer(script, b"noise before the answer\r\n" + line.encode() + b"\r\n", b"")
+
+    # ------------------------------------------------------------------ model
+
+    def _find(self, args: Mapping[str, Any]) -> FakeVm | None:
+        if args.get("id"):
+            return next((vm for vm in self.vms.values() if vm.id == args["id"]), None)
+        return self.vms.get(args["name"])
+
+    @staticmethod
+    def _value(vm: FakeVm | None) -> dict[str, Any] | None:
+        if vm is None:
+            return None
+        return {
+            "Name": vm.name,
+            "Id": vm.id,
+            "State": vm.state,
+            "Status": "Operating normally",
+            "UptimeSeconds": 12.5 if vm.state == "Running" else 0,
+            "ProcessorCount": vm.cpus,
+            "MemoryStartup": vm.memory,
+            "Generation": 2,
+        }
+
+    async def _probe(self, args: Mapping[str, Any], timeout: float) -> Any:  # noqa: ASYNC109 - bounds the script
+        allowed = self.module and (self.elevated or self.hyperv_admin)
+        return {
+            "Module": self.module,
+            "ModuleVersion": "2.0.0.0" if self.module else "",
+            "Elevated": self.elevated,
+            "HyperVAdministrator": self.hyperv_admin,
+            "User": "HOST\\developer",
+            # PowerShell 5.1 unrolls one-element arrays in ConvertTo-Json: the parser must take both shapes.
+            "Switches": (self.switches[0] if len(self.switches) == 1 else list(self.switches)) if allowed else [],
+            "PSVersion": "5.1.22621.4249",
+            "MemoryCapacity": 16 * 1024**3 if allowed else 0,
+            "LogicalProcessorCount": 8 if allowed else 0,
+        }
+
+    async def _state(self, args: Mapping[str, Any], timeout: float) -> Any:  # noqa: ASYNC109 - bounds the script
+        return self._value(self._find(args))
+
+    def _require_admin(self) -> None:
+        if not (self.elevated or self.hyperv_admin):
+            raise PsError("You do not have the required permission to complete this task.", "PermissionDenied")
+
+    async def _create(self, args: Mapping[str, Any], timeout: float) -> Any:  # noqa: ASYNC109 - bounds the script
+        self._require_admin()
+        if not _SERVICE_RE.match(args["service_id"]):
+            raise PsError(f"not a vsock service GUID: {args['service_id']}")
+        if args["name"] in self.vms:
+            raise PsError(f"a VM named {args['name']} already exists")
+        if args["memory_bytes"] % (2 * 1024 * 1024):
+            raise PsError("Startup memory must be a multiple of 2 MB", "InvalidArgument")
+        if args["switch"] and args["switch"] not in self.switches:
+            raise PsError(f'Unable to find a virtual switch with name "{args["switch"]}".', "ObjectNotFound")
+        vm = FakeVm(args["name"], str(uuid.uuid4()), args["path"], args["memory_bytes"], args["switch"])
+        self.vms[vm.name] = vm
+        vm.cpus = int(args["cpus"])
+        vm.dynamic_memory = False
+        if args["secure_boot_template"]:
+            vm.secure_boot, vm.template = "On", args["secure_boot_template"]
+        else:
+            vm.secure_boot = "Off"
+        vm.automatic_checkpoints = False
+        vm.notes = args["notes"]
+        vm.com1 = args["com_pipe"]
+        vm.disks.append(args["disk"])
+        vm.first_boot = args["disk"]
+        if not self.elevated:
+            # Hyper-V Administrators may create VMs, but HKLM is for elevated processes only.
+            raise PsError(
+                f"Requested registry access is not allowed. ({GCS_KEY})",
+                "PermissionDenied",
+                "System.Security.SecurityException",
+            )
+        self.registry[args["service_id"]] = args["service_name"]
+        return self._value(vm)
+
+    async def _start(self, args: Mapping[str, Any], timeout: float) -> Any:  # noqa: ASYNC109 - bounds the script
+        vm = self._find(args)
+        if vm is None:
+            raise PsError(f"VM {args['name']} does not exist")
+        vm.state = "Running"
+        return self._value(vm)
+
+    async def _stop(self, args: Mapping[str, Any], timeout: float) -> Any:  # noqa: ASYNC109 - bounds the script
+        vm = self._find(args)
+        if vm is not None and vm.state != "Off":
+            if not self.guest_shuts_down:
+                # Stop-VM waits for the guest; the runner kills PowerShell at its timeout.
+                await asyncio.sleep(timeout)
+                raise RuntimeTimeoutError(f"Hyper-V script 'stop' did not finish within {timeout:g} s")
+            vm.state = "Off"
+        return self._value(vm)
+
+    async def _turn_off(self, args: Mapping[str, Any], timeout: float) -> Any:  # noqa: ASYNC109 - bounds the script
+        vm = self._find(args)
+        if vm is not None:
+            vm.state = "Off"
+        return self._value(vm)
+
+    async def _remove(self, args: Mapping[str, Any], timeout: float) -> Any:  # noqa: ASYNC109 - bounds the script
+        vm = self._find(args)
+        removed_vm = removed_service = False
+        if vm is not None:
+            self._require_admin()
+            vm.state = "Off"
+            del self.vms[vm.name]
+            removed_vm = True
+        if _SERVICE_RE.match(args["service_id"]) and args["service_id"] in self.registry:
+            if not self.elevated:
+                raise PsError("Requested registry access is not allowed.", "PermissionDenied")
+            del self.registry[args["service_id"]]
+            removed_service = True
+        return {"RemovedVm": removed_vm, "RemovedService": removed_service}

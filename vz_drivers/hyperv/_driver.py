@@ -1,0 +1,553 @@
+"""The hyperv driver: Linux Machines on Windows as Hyper-V Generation 2 virtual machines. Status: DEV.
+
+A Machine is a VM named ``vz-<key>`` booting its own VHDX (GPT: an EFI system partition with a unified
+kernel image of the vz guest and the Machine's configuration, plus the image's root filesystem as ext4; see
+``vz_drivers.hyperv._guest``). The guest agent is PID 1 and listens on an AF_VSOCK port; the host reaches it
+over a Hyper-V socket (``AF_HYPERV``, address = the VM's GUID + the port's service GUID
+``<port:08x>-facb-11e6-bd58-64006a7986d3``, registered under GuestCommunicationServices when the VM is created
+and removed with it). Networking is the Hyper-V switch given by the ``switch`` option ("Default Switch": NAT
+with DHCP); ``vz.egress=deny`` leaves the adapter unconnected. Every Hyper-V operation is a fixed PowerShell
+script (``vz_drivers.hyperv._scripts``) run by a ``ScriptRunner``.
+
+Not verified on Windows yet: written to the documented Hyper-V module and tested here with a stand-in runner
+that checks every script against the cmdlets' documented parameter sets; the guest disk is built and booted here
+under QEMU + OVMF. On any other host Info answers and Preflight/RunImage fail with the reason before anything is
+touched. See docs/drivers/hyperv.md.
+
+A Hyper-V VM is not a process of ours. The shared layer keys agent connections on ``pid``/``pid_start``: here
+``pid`` is ``VM_PID`` (a marker: "a VM") and ``pid_start`` the boot's start time in nanoseconds, so a new boot
+never reuses an old connection. Liveness is the VM's state in Hyper-V: the backend hooks ``alive``, ``kill``
+and ``wait_gone`` below.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import socket
+import time
+import uuid
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from vz_core import RunImageRequest
+from vz_core.errors import DriverError, InvalidArgumentError, UnavailableError, UnsupportedError
+from vz_core.paths import cache_dir
+from vz_core.paths import state_dir as default_state_root
+from vz_drivers._agent import AgentClient
+from vz_drivers._machine import (
+    AgentLink,
+    AgentMachineDriver,
+    Backend,
+    ImageSource,
+    MachinePlan,
+    Rules,
+    atomic_write,
+    checked_executable,
+    now,
+    validate_common,
+)
+from vz_drivers.hyperv import _scripts as ps
+from vz_drivers.hyperv._efi import BootTools, find_boot_tools, to_vhdx
+from vz_drivers.hyperv._guest import BootImage, build_boot_disk, build_boot_image, render_config
+from vz_drivers.hyperv._host import HostSupport, check_create_privileges, check_privileges, host_support
+from vz_drivers.hyperv._ps import PowerShellRunner, Script, ScriptRunner
+from vz_drivers.hyperv._records import HypervBook, HypervPaths, HypervRecord
+from vz_drivers.qemu.guest import (
+    GuestConfig,
+    GuestMount,
+    Kernel,
+    default_disk_size,
+    env_list,
+    find_busybox,
+    find_kernel,
+    find_mke2fs,
+    minimum_disk_size,
+    resolve_modules,
+    tree_usage,
+)
+
+__all__ = ["DRIVER_NAME", "STATUS", "VM_PID", "HypervBackend", "HypervDriver"]
+
+DRIVER_NAME = "hyperv"
+STATUS = (
+    "DEV (written to the documented Hyper-V module; guest disk verified under QEMU + OVMF; not verified on Windows)"
+)
+VM_PID = 1
+DEFAULT_MEMORY = 1024 * 1024 * 1024
+DEFAULT_CPUS = 2
+MIN_MEMORY = 256 * 1024 * 1024
+_MEMORY_STEP = 2 * 1024 * 1024  # Hyper-V assigns memory in 2 MiB units
+_SCRIPT_TIMEOUT = 120.0
+_IDS_FILE = "hyperv.json"
+
+
+def _seconds(value: float | str, option: str, *, minimum: float) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise InvalidArgumentError(
+            f"{option}={value!r} is not a number of seconds", details={"option": option}
+        ) from None
+    if seconds < minimum:
+        raise InvalidArgumentError(f"{option} must be at least {minimum:g} s", details={"option": option})
+    return seconds
+
+
+_RULES: dict[str, Any] = {
+    "display": "the hyperv driver",
+    "architecture": "amd64",
+    "min_memory_bytes": MIN_MEMORY,
+    "min_memory_why": "256 MiB a Hyper-V Linux guest needs",
+    "platform_hint": " (Hyper-V Generation 2)",
+    "userns_hint": ": a Machine is a whole virtual machine",
+    "reserved_why": "belongs to the Machine's kernel",
+    "bind_dirs_only": True,
+}
+
+
+class HypervBackend(Backend[HypervRecord, HypervPaths]):
+    """Hyper-V Generation 2 VMs booting the vz guest from their own VHDX; the agent over Hyper-V sockets."""
+
+    name = DRIVER_NAME
+    display = "the hyperv driver"
+    runtime_name = "hyper-v"
+    stop_slack = 20.0
+    keep_log_on_stop = True
+    graceful_replace = False
+    storage_limits = True
+    book: HypervBook
+
+    def __init__(
+        self,
+        *,
+        state_dir: str | os.PathLike[str] | None = None,
+        image_dir: str | os.PathLike[str] | None = None,
+        switch: str = "Default Switch",
+        secure_boot_template: str = "",
+        kernel: str = "",
+        modules: str = "",
+        busybox: str = "",
+        efi_stub: str = "",
+        agent_binary: str = "",
+        powershell: str = "powershell.exe",
+        stop_timeout: float | str = 10.0,
+        boot_timeout: float | str = 180.0,
+        insecure_registries: str | tuple[str, ...] | list[str] = (),
+        runner: ScriptRunner | None = None,
+        host: HostSupport | None = None,
+        **unknown: Any,
+    ) -> None:
+        if unknown:
+            from vz_drivers.hyperv.registration import DECLARATION
+
+            raise InvalidArgumentError(DECLARATION.unknown_keys_message(unknown))
+        self.stop_timeout = _seconds(stop_timeout, "stop_timeout", minimum=0.0)
+        self.boot_timeout = _seconds(boot_timeout, "boot_timeout", minimum=0.001)
+        root = Path(state_dir) if state_dir else default_state_root() / "drivers" / DRIVER_NAME
+        self.book = HypervBook(root.absolute())
+        self.images = ImageSource(image_dir, insecure_registries)
+        self.switch = switch
+        self.secure_boot_template = secure_boot_template
+        self._kernel_opt, self._modules_opt, self._busybox_opt = kernel, modules, busybox
+        self._stub_opt, self._agent_opt = efi_stub, agent_binary
+        self.runner: ScriptRunner = runner if runner is not None else PowerShellRunner(powershell)
+        self.support = host if host is not None else host_support()
+        self._probe: ps.HostProbe | None = None
+        self._boot_image: BootImage | None = None
+        self.rules = Rules(cpus=os.cpu_count() or 1, memory_bytes=0, **_RULES)
+
+    # ------------------------------------------------------------------ scripts
+
+    async def _run(self, script: Script, timeout: float = _SCRIPT_TIMEOUT, **args: Any) -> Any:  # noqa: ASYNC109 - bounds the script
+        return await self.runner.run(script, args, timeout=timeout)
+
+    async def probe(self) -> ps.HostProbe:
+        if self._probe is None:
+            self._probe = ps.parse_probe(await self._run(ps.PROBE))
+        return self._probe
+
+    async def vm_state(self, record: HypervRecord) -> ps.VmState | None:
+        """The Machine's VM as Hyper-V sees it now (None when it does not exist)."""
+        value = await self._run(ps.STATE, name=record.vm_name, id=record.vm_id)
+        return ps.parse_state(ps.STATE.name, value)
+
+    # ------------------------------------------------------------------ facts
+
+    async def runtime_version(self) -> str:
+        if not self.support.supported:
+            return ""
+        with contextlib.suppress(DriverError):
+            return (await self.probe()).module_version
+        return ""
+
+    async def extension_facts(self) -> tuple[dict[str, str], str, str]:
+        support = self.support
+        facts: dict[str, str] = {
+            "status": STATUS,
+            "state_dir": str(self.book.root),
+            "host_os": support.system,
+            "host_supported": "yes" if support.supported else f"no: {support.reason}",
+            "vm": "Hyper-V Generation 2, UEFI, secure boot "
+            + (f"on ({self.secure_boot_template})" if self.secure_boot_template else "off"),
+            "boot_disk": "VHDX: GPT with an EFI system partition (unified kernel image) and an ext4 root",
+            "agent_transport": "Hyper-V socket (AF_HYPERV on the host, AF_VSOCK in the guest)",
+            "network": f"Hyper-V switch {self.switch!r} (egress deny: adapter not connected)",
+            "shares": "not available yet (design: SMB shares of the host, docs/drivers/hyperv.md)",
+        }
+        if support.supported:
+            try:
+                probe = await self.probe()
+                facts["hyperv_module"] = probe.module_version or "missing"
+                facts["user"] = probe.user
+                facts["privileges"] = (
+                    "elevated" if probe.elevated else "Hyper-V Administrators" if probe.hyperv_administrator else "none"
+                )
+                facts["switches"] = ", ".join(probe.switches)
+            except DriverError as exc:
+                facts["hyperv_module"] = f"unavailable: {exc.message}"
+        return facts, "hyper-v" if support.supported else "", support.reason
+
+    async def preflight(self) -> None:
+        if not self.support.supported:
+            raise UnsupportedError(self.support.reason, details={"driver": DRIVER_NAME, "host_os": self.support.system})
+        check_privileges(await self.probe())
+
+    async def provisioning_preflight(self) -> None:
+        await self.preflight()
+        check_create_privileges(await self.probe())
+        await asyncio.to_thread(self._guest_tools)
+        await asyncio.to_thread(self.book.ensure)
+
+    # ------------------------------------------------------------------ the guest
+
+    def _guest_tools(self) -> tuple[BootTools, Kernel, Path]:
+        tools = find_boot_tools(self._stub_opt)
+        kernel = find_kernel(self._kernel_opt or None, self._modules_opt or None)
+        from vz_drivers.hyperv._guest import COMMON_MODULES, HYPERV_MODULES
+
+        resolve_modules(kernel, COMMON_MODULES + HYPERV_MODULES)
+        busybox = find_busybox(self._busybox_opt or None)
+        find_mke2fs()
+        return tools, kernel, busybox
+
+    async def boot_image(self) -> tuple[BootTools, BootImage]:
+        tools, kernel, busybox = await asyncio.to_thread(self._guest_tools)
+        if self._boot_image is None:
+            if self._agent_opt:
+                agent = await asyncio.to_thread(checked_executable, self._agent_opt)
+            else:
+                from vz_drivers._agent import ensure_agent_binary
+
+                agent = Path(await asyncio.to_thread(ensure_agent_binary))
+            self._boot_image = await build_boot_image(tools, kernel, agent, busybox, cache_dir() / "hyperv")
+        return tools, self._boot_image
+
+    # ------------------------------------------------------------------ create
+
+    async def plan(self, request: RunImageRequest, key: str) -> MachinePlan[HypervRecord]:
+        await self.preflight()
+        check_create_privileges(await self.probe())
+        probe = await self.probe()
+        rules = replace(self.rules, cpus=probe.cpus or self.rules.cpus, memory_bytes=probe.memory_bytes)
+        valid = validate_common(request, rules)
+        shared = [m for m in valid.mounts if m.type != "tmpfs"]
+        if shared:
+            raise UnsupportedError(
+                f"{self.display} cannot share host directories into a Machine yet ({shared[0].type} mount at "
+                f"{shared[0].target}); the design (SMB shares, read-only honoured) is in docs/drivers/hyperv.md",
+                details={"field": "workspace_mount" if request.workspace_mount else "mounts"},
+            )
+        if valid.memory_bytes % _MEMORY_STEP:
+            raise InvalidArgumentError(
+                f"host_requirements.memory_bytes={valid.memory_bytes}: Hyper-V assigns memory in 2 MiB steps",
+                details={"field": "host_requirements.memory_bytes"},
+            )
+        if valid.egress == "allow" and self.switch and self.switch not in (await self.probe()).switches:
+            raise UnavailableError(
+                f"the Hyper-V switch {self.switch!r} does not exist (switches: "
+                f"{', '.join((await self.probe()).switches) or 'none'}); set the driver option switch",
+                details={"option": "switch"},
+            )
+        image = await self.images.resolve(request, architecture="amd64", display=self.display)
+        usage = await asyncio.to_thread(tree_usage, image.rootfs)
+        if valid.storage_bytes:
+            needed = minimum_disk_size(usage)
+            if valid.storage_bytes < needed:
+                raise InvalidArgumentError(
+                    f"host_requirements.storage_bytes={valid.storage_bytes} cannot hold the image {request.image!r}; "
+                    f"ask for at least {needed} bytes",
+                    details={"field": "host_requirements.storage_bytes"},
+                )
+            disk_bytes = valid.storage_bytes // 4096 * 4096
+        else:
+            disk_bytes = default_disk_size(usage)
+        port = 0x10000000 + secrets.randbelow(0x60000000)
+        record = HypervRecord(
+            workspace_id=request.workspace_id,
+            key=key,
+            machine_id=uuid.uuid4().hex,
+            created_at=now(),
+            image_ref=request.image,
+            image_digest=image.digest,
+            argv=image.argv,
+            environment=dict(request.environment),
+            image_env=image.env,
+            working_dir=image.working_dir,
+            user=image.user,
+            developer_identity=image.identity_name,
+            identity_uid=image.identity.uid,
+            identity_gid=image.identity.gid,
+            labels=valid.labels,
+            mounts=list(valid.mounts),
+            cpus=valid.cpus or min(DEFAULT_CPUS, rules.cpus),
+            memory_bytes=valid.memory_bytes or DEFAULT_MEMORY,
+            disk_bytes=disk_bytes,
+            egress=valid.egress,
+            vsock_port=port,
+            switch=self.switch if valid.egress == "allow" else "",
+            secure_boot=self.secure_boot_template or "Off",
+            extra={"workspace_target": ""},
+        )
+        return MachinePlan(record, staged={"rootfs": image.rootfs})
+
+    def _config(self, record: HypervRecord) -> str:
+        mounts = tuple(
+            GuestMount(target=m.target, read_only=m.read_only, options=m.options)
+            for m in record.mounts
+            if m.type == "tmpfs"
+        )
+        config = GuestConfig(
+            hostname="vz-" + record.key[:12],
+            mounts=mounts,
+            env=env_list(record.image_env, record.environment),
+            argv=tuple(record.argv),
+            user=record.user,
+            workdir=record.working_dir or "/",
+            stop_timeout=self.stop_timeout,
+            sessions=1,
+            network=bool(record.switch),
+            resolv_conf=record.egress == "allow",
+        )
+        return render_config(config, vsock_port=record.vsock_port)
+
+    async def build_raw_disk(self, record: HypervRecord, rootfs: Path, work: Path) -> Path:
+        """The Machine's raw boot disk ``work/disk.img`` (what becomes its VHDX; QEMU + OVMF boot it as is)."""
+        tools, boot = await self.boot_image()
+        raw = work / "disk.img"
+        await build_boot_disk(
+            tools,
+            uki=boot.path,
+            config=self._config(record),
+            hostname="vz-" + record.key[:12],
+            rootfs=rootfs,
+            root_bytes=record.disk_bytes,
+            image=record.image_ref,
+            work=work,
+            target=raw,
+            seed=record.key,
+        )
+        return raw
+
+    async def stage(self, plan: MachinePlan[HypervRecord]) -> None:
+        record = plan.record
+        tools, _ = await self.boot_image()
+        work = self.book.staging / f"{record.key}-{uuid.uuid4().hex[:8]}"
+        await asyncio.to_thread(work.mkdir, parents=True, mode=0o700)
+        plan.staged["work"] = work
+        raw = await self.build_raw_disk(record, plan.staged["rootfs"], work)
+        vhdx = work / "disk.vhdx"
+        await to_vhdx(tools, raw, vhdx)
+        raw.unlink()
+        plan.staged["disk"] = vhdx
+
+    def unstage(self, plan: MachinePlan[HypervRecord]) -> None:
+        work = plan.staged.get("work")
+        if work is not None:
+            shutil.rmtree(work, ignore_errors=True)
+
+    def make_machine_dir(self, record: HypervRecord, plan: MachinePlan[HypervRecord]) -> None:
+        paths = self.book.paths(record.key)
+        paths.vm_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.replace(plan.staged["disk"], paths.disk)
+        self._write_ids(record)
+
+    def _write_ids(self, record: HypervRecord) -> None:
+        # What deleting needs once the record is gone (the shared layer removes the record first).
+        ids = {"vm_name": record.vm_name, "vm_id": record.vm_id, "service_id": record.service_id}
+        atomic_write(self.book.paths(record.key).root / _IDS_FILE, json.dumps(ids).encode(), 0o600)
+
+    # ------------------------------------------------------------------ the VM
+
+    async def create_vm(self, record: HypervRecord) -> ps.VmState:
+        """Create the Machine's VM (and register its Hyper-V socket service); leftovers of a crash go first."""
+        paths = self.book.paths(record.key)
+        await self.remove_vm(record.vm_name, "", record.service_id)
+        try:
+            value = await self._run(
+                ps.CREATE,
+                name=record.vm_name,
+                path=str(paths.vm_dir),
+                disk=str(paths.disk),
+                memory_bytes=record.memory_bytes,
+                cpus=record.cpus,
+                switch=record.switch,
+                secure_boot_template="" if record.secure_boot == "Off" else record.secure_boot,
+                com_pipe=f"\\\\.\\pipe\\{record.vm_name}-com1",
+                notes=f"vz Machine {record.key} (created by vz; delete it with vz)",
+                service_id=record.service_id,
+                service_name=f"vz agent of {record.vm_name}",
+            )
+            state = ps.parse_state(ps.CREATE.name, value)
+            if state is None:
+                raise UnavailableError(f"Hyper-V created no VM {record.vm_name}")
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await self.remove_vm(record.vm_name, "", record.service_id)
+            raise
+        record.vm_id = state.id
+        await asyncio.to_thread(self._write_ids, record)
+        return state
+
+    async def start_vm(self, record: HypervRecord) -> ps.VmState:
+        state = ps.parse_state(ps.START.name, await self._run(ps.START, name=record.vm_name, id=record.vm_id))
+        if state is None or not state.running:
+            raise UnavailableError(
+                f"Hyper-V did not start VM {record.vm_name} (state {state.state if state else 'missing'})",
+                details={"vm": record.vm_name},
+            )
+        return state
+
+    async def stop_vm(self, record: HypervRecord, *, graceful: bool) -> ps.VmState | None:
+        """Stop the VM: graceful (shutdown integration service) bounded by ``stop_timeout`` + slack, then off."""
+        if graceful:
+            limit = self.stop_timeout + self.stop_slack
+            with contextlib.suppress(DriverError):
+                state = ps.parse_state(
+                    ps.STOP.name, await self._run(ps.STOP, timeout=limit, name=record.vm_name, id=record.vm_id)
+                )
+                if state is None or state.off:
+                    return state
+        value = await self._run(ps.TURN_OFF, name=record.vm_name, id=record.vm_id)
+        return ps.parse_state(ps.TURN_OFF.name, value)
+
+    async def remove_vm(self, name: str, vm_id: str, service_id: str) -> ps.Removal:
+        value = await self._run(ps.REMOVE, name=name, id=vm_id, service_id=service_id)
+        return ps.parse_removal(value)
+
+    # Liveness of a Machine that is not a host process (the shared layer's backend hooks).
+
+    def alive(self, record: HypervRecord) -> bool:
+        """Whether the VM runs, asked from Hyper-V (Get-VM). The hook is synchronous: the query runs on a loop of
+        its own in a helper thread, so this blocks the caller for one PowerShell call."""
+        if record.status != "running" or not record.vm_id:
+            return False
+        with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+            state = pool.submit(asyncio.run, self.vm_state(record)).result()
+        return state is not None and state.running
+
+    async def kill(self, record: HypervRecord) -> None:
+        await self.stop_vm(record, graceful=False)
+
+    async def wait_gone(self, record: HypervRecord, limit: float | None = None) -> None:
+        """Wait until the VM is off (polling Get-VM: Hyper-V offers no exit event to a script); at ``limit``,
+        turn it off."""
+        deadline = None if limit is None else time.monotonic() + limit
+        while True:
+            state = await self.vm_state(record)
+            if state is None or state.off:
+                return
+            if deadline is not None and time.monotonic() >= deadline:
+                await self.kill(record)
+                return
+            await asyncio.sleep(1.0)
+
+    # ------------------------------------------------------------------ boot and the agent
+
+    async def boot(self, record: HypervRecord) -> None:
+        if not record.vm_id:
+            await self.create_vm(record)
+        await self.start_vm(record)
+        record.pid, record.pid_start = VM_PID, time.time_ns()
+
+    async def connect(self, record: HypervRecord, *, booting: bool) -> AgentLink:
+        """Connect to the agent's Hyper-V socket; while booting, retry until it listens (the driver bounds it)."""
+        while True:
+            try:
+                sock = await asyncio.to_thread(_connect_hvsock, record.vm_id, record.service_id)
+                break
+            except OSError as exc:
+                if not booting:
+                    raise UnavailableError(
+                        f"cannot reach the agent of Machine {record.workspace_id!r} over its Hyper-V socket: {exc}",
+                        details={"workspace_id": record.workspace_id, "vm": record.vm_name},
+                    ) from None
+                await asyncio.sleep(0.5)
+        try:
+            reader, writer = await asyncio.open_connection(sock=sock)
+        except BaseException:
+            sock.close()
+            raise
+        client = await AgentClient.from_streams(reader, writer, timeout=None if booting else 30.0)
+        return AgentLink(client=client, pid=record.pid, pid_start=record.pid_start)
+
+    def diagnose(self, record: HypervRecord) -> tuple[str, str]:
+        pipe = f"\\\\.\\pipe\\{record.vm_name}-com1"
+        return (
+            f"see the VM's serial console ({pipe}) and the Hyper-V-Worker event log of VM {record.vm_name}",
+            "",
+        )
+
+    async def shutdown(self, record: HypervRecord, link: AgentLink) -> None:
+        await link.client.close()
+        await self.stop_vm(record, graceful=True)
+
+    # ------------------------------------------------------------------ remove
+
+    def remove_tree(self, paths: HypervPaths) -> None:
+        try:
+            ids = json.loads((paths.root / _IDS_FILE).read_text())
+        except (OSError, ValueError):
+            ids = {}
+        if ids:
+            # Runs in a worker thread: the VM and its Hyper-V socket service go before the directory.
+            asyncio.run(self.remove_vm(ids.get("vm_name", ""), ids.get("vm_id", ""), ids.get("service_id", "")))
+        shutil.rmtree(paths.root, ignore_errors=True)
+
+    async def remove_host_state(self) -> None:
+        shutil.rmtree(self.book.staging, ignore_errors=True)
+
+
+def _connect_hvsock(vm_id: str, service_id: str) -> socket.socket:
+    """A connected Hyper-V socket to service ``service_id`` of VM ``vm_id`` (CPython 3.12+ on Windows)."""
+    family = getattr(socket, "AF_HYPERV", None)
+    if family is None:
+        raise OSError("socket.AF_HYPERV is not available (Windows with Python 3.12 or newer is needed)")
+    sock = socket.socket(family, socket.SOCK_STREAM, getattr(socket, "HV_PROTOCOL_RAW", 1))
+    try:
+        sock.settimeout(10.0)
+        sock.connect((vm_id, service_id))
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+class HypervDriver(AgentMachineDriver[HypervRecord, HypervPaths]):
+    """Linux Machines as Hyper-V Generation 2 VMs (Windows hosts; DEV). Options: see ``registration.py``."""
+
+    def __init__(self, **options: Any) -> None:
+        self.backend = HypervBackend(**options)
+        super().__init__(self.backend)
+
+    async def run_image(self, request: RunImageRequest) -> None:
+        if not request.image:
+            raise InvalidArgumentError("RunImage needs an image", details={"field": "image"})
+        await super().run_image(request)

@@ -1,0 +1,327 @@
+"""The PowerShell scripts of the hyperv driver and their typed answers.
+
+Each script is fixed text reading its arguments from ``$a`` (see ``vz_drivers.hyperv._ps``); the cmdlets are
+those of the documented Hyper-V module (``New-VM -Generation 2``, ``Set-VMProcessor -Count``,
+``Set-VMMemory -StartupBytes -DynamicMemoryEnabled``, ``Set-VMFirmware -EnableSecureBoot`` /
+``-SecureBootTemplate`` / ``-FirstBootDevice``, ``Add-VMHardDiskDrive``, ``Set-VMComPort``, ``Set-VM``,
+``Start-VM``, ``Stop-VM`` (graceful, and ``-TurnOff``), ``Remove-VM``, ``Get-VM``) plus the registry provider for
+the Hyper-V socket service of each Machine. Parameters are always named (never positional) and never splatted,
+so a reader and the tests' stand-in see exactly which parameter set each call uses.
+
+Answers are objects built in the script with explicit string/number fields (``State`` as its name, ``Id`` as a
+GUID string), never PowerShell's own serialization of a VM object, and parsed into the dataclasses below;
+anything else is a ``RuntimeFailureError`` naming the script and the field.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from vz_core.errors import RuntimeFailureError
+from vz_drivers.hyperv._ps import Script
+
+__all__ = [
+    "CREATE",
+    "GCS_KEY",
+    "PROBE",
+    "REMOVE",
+    "SCRIPTS",
+    "START",
+    "STATE",
+    "STOP",
+    "TURN_OFF",
+    "VSOCK_TEMPLATE",
+    "HostProbe",
+    "Removal",
+    "VmState",
+    "parse_probe",
+    "parse_removal",
+    "parse_state",
+    "service_id",
+]
+
+GCS_KEY = r"HKLM:\SOFTWARE\Microsoft\Windows NT\CurrentVersion\Virtualization\GuestCommunicationServices"
+"""Where Hyper-V socket services are registered (one subkey per service GUID, value ``ElementName``)."""
+VSOCK_TEMPLATE = "-facb-11e6-bd58-64006a7986d3"
+"""The tail of the service GUIDs that Linux guests reach as AF_VSOCK ports: ``<port:08x>-facb-11e6-...``."""
+_SERVICE_RE = re.compile(r"^[0-9a-f]{8}-facb-11e6-bd58-64006a7986d3\Z")
+
+
+def service_id(port: int) -> str:
+    """The Hyper-V socket service GUID of AF_VSOCK port ``port`` in a Linux guest."""
+    if not 0 < port < 0xFFFFFFFF:
+        raise ValueError(f"vsock port {port} out of range")
+    return f"{port:08x}{VSOCK_TEMPLATE}"
+
+
+# A VM's state as the driver reads it: explicit fields, State by name (VMState enum), Id as a GUID string.
+_VM_VALUE = """
+function vz_vm($vm) {
+  if ($null -eq $vm) { return $null }
+  return @{ Name = [string]$vm.Name; Id = [string]$vm.Id; State = [string]$vm.State; Status = [string]$vm.Status;
+    UptimeSeconds = [double]$vm.Uptime.TotalSeconds; ProcessorCount = [int]$vm.ProcessorCount;
+    MemoryStartup = [int64]$vm.MemoryStartup; Generation = [int]$vm.Generation }
+}
+"""
+
+_FIND_VM = """
+if ($a.id) {
+  $vm = Get-VM -Id $a.id -ErrorAction SilentlyContinue
+} else {
+  $vm = Get-VM -Name $a.name -ErrorAction SilentlyContinue
+}
+if (@($vm).Count -gt 1) {
+  throw "more than one VM is named $($a.name); remove the duplicates in Hyper-V Manager"
+}
+"""
+
+PROBE = Script(
+    name="probe",
+    body="""
+$identity = [Security.Principal.WindowsIdentity]::GetCurrent()
+$principal = New-Object -TypeName Security.Principal.WindowsPrincipal -ArgumentList $identity
+$elevated = $principal.IsInRole([Security.Principal.WindowsBuiltInRole]::Administrator)
+$hvAdmin = $principal.IsInRole([Security.Principal.SecurityIdentifier]::new('S-1-5-32-578'))
+$module = @(Get-Module -ListAvailable -Name Hyper-V)
+$version = ''
+if ($module.Count -gt 0) { $version = [string]$module[0].Version }
+$switches = @()
+$memory = [int64]0
+$cpus = 0
+if ($module.Count -gt 0 -and ($elevated -or $hvAdmin)) {
+  $switches = @(Get-VMSwitch | ForEach-Object -Process { [string]$_.Name })
+  $vmHost = Get-VMHost
+  $memory = [int64]$vmHost.MemoryCapacity
+  $cpus = [int]$vmHost.LogicalProcessorCount
+}
+@{ Module = ($module.Count -gt 0); ModuleVersion = $version; Elevated = [bool]$elevated
+  HyperVAdministrator = [bool]$hvAdmin; MemoryCapacity = $memory; LogicalProcessorCount = $cpus
+  User = [string]$identity.Name; Switches = $switches; PSVersion = [string]$PSVersionTable.PSVersion }
+""",
+)
+
+STATE = Script(name="state", args=("name", "id"), body=_VM_VALUE + _FIND_VM + "vz_vm $vm\n")
+
+CREATE = Script(
+    name="create",
+    args=(
+        "name",
+        "path",
+        "disk",
+        "memory_bytes",
+        "cpus",
+        "switch",
+        "secure_boot_template",
+        "com_pipe",
+        "notes",
+        "service_id",
+        "service_name",
+    ),
+    body=_VM_VALUE
+    + f"""
+if ($a.service_id -notmatch '^[0-9a-f]{{8}}-facb-11e6-bd58-64006a7986d3$') {{
+  throw "not a vsock service GUID: $($a.service_id)"
+}}
+if (@(Get-VM -Name $a.name -ErrorAction SilentlyContinue).Count -gt 0) {{
+  throw "a VM named $($a.name) already exists"
+}}
+$memory = [int64]$a.memory_bytes
+if ($a.switch) {{
+  $vm = New-VM -Name $a.name -Generation 2 -MemoryStartupBytes $memory -NoVHD -Path $a.path -SwitchName $a.switch
+}} else {{
+  $vm = New-VM -Name $a.name -Generation 2 -MemoryStartupBytes $memory -NoVHD -Path $a.path
+}}
+Set-VMProcessor -VMName $a.name -Count ([int64]$a.cpus)
+Set-VMMemory -VMName $a.name -DynamicMemoryEnabled $false -StartupBytes $memory
+if ($a.secure_boot_template) {{
+  Set-VMFirmware -VMName $a.name -EnableSecureBoot On -SecureBootTemplate $a.secure_boot_template
+}} else {{
+  Set-VMFirmware -VMName $a.name -EnableSecureBoot Off
+}}
+Set-VM -Name $a.name -AutomaticCheckpointsEnabled $false -Notes $a.notes
+Set-VM -Name $a.name -AutomaticStartAction Nothing -AutomaticStopAction ShutDown
+Set-VMComPort -VMName $a.name -Number 1 -Path $a.com_pipe
+$drive = Add-VMHardDiskDrive -VMName $a.name -ControllerType SCSI -Path $a.disk -Passthru
+Set-VMFirmware -VMName $a.name -FirstBootDevice $drive
+$key = Join-Path -Path '{GCS_KEY}' -ChildPath $a.service_id
+New-Item -Path $key -Force | Out-Null
+New-ItemProperty -Path $key -Name ElementName -Value $a.service_name -PropertyType String -Force | Out-Null
+vz_vm (Get-VM -Id $vm.Id)
+""",
+)
+
+START = Script(
+    name="start",
+    args=("name", "id"),
+    body=_VM_VALUE
+    + _FIND_VM
+    + """
+if ($null -eq $vm) { throw "VM $($a.name) does not exist" }
+if ([string]$vm.State -ne 'Running') { Start-VM -Name $vm.Name }
+vz_vm (Get-VM -Id $vm.Id)
+""",
+)
+
+
+def _stop(name: str, flags: str) -> Script:
+    return Script(
+        name=name,
+        args=("name", "id"),
+        body=_VM_VALUE
+        + _FIND_VM
+        + f"""
+if ($null -ne $vm -and [string]$vm.State -ne 'Off') {{ Stop-VM -Name $vm.Name {flags} }}
+if ($null -ne $vm) {{ vz_vm (Get-VM -Id $vm.Id) }} else {{ $null }}
+""",
+    )
+
+
+STOP = _stop("stop", "-Force")
+"""Graceful: the guest's shutdown integration service powers it off (the host bounds the wait, then TURN_OFF)."""
+TURN_OFF = _stop("turn-off", "-TurnOff -Force")
+
+REMOVE = Script(
+    name="remove",
+    args=("name", "id", "service_id"),
+    body=_FIND_VM
+    + f"""
+$removedVm = $false
+if ($null -ne $vm) {{
+  if ([string]$vm.State -ne 'Off') {{ Stop-VM -Name $vm.Name -TurnOff -Force }}
+  Remove-VM -Name $vm.Name -Force
+  $removedVm = $true
+}}
+$removedService = $false
+if ($a.service_id -match '^[0-9a-f]{{8}}-facb-11e6-bd58-64006a7986d3$') {{
+  $key = Join-Path -Path '{GCS_KEY}' -ChildPath $a.service_id
+  if (Test-Path -Path $key) {{ Remove-Item -Path $key -Recurse -Force; $removedService = $true }}
+}}
+@{{ RemovedVm = $removedVm; RemovedService = $removedService }}
+""",
+)
+
+SCRIPTS: tuple[Script, ...] = (PROBE, STATE, CREATE, START, STOP, TURN_OFF, REMOVE)
+
+
+# ---------------------------------------------------------------------------------------------- answers
+
+
+def _bad(script: str, field: str, value: Any) -> RuntimeFailureError:
+    return RuntimeFailureError(
+        f"Hyper-V script {script!r} answered an unexpected {field}: {str(value)[:100]!r}",
+        details={"script": script, "field": field},
+    )
+
+
+def _field(script: str, data: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:
+    value = data.get(name)
+    # JSON has one number type: ints are acceptable where floats are expected; bools are never numbers.
+    if isinstance(value, bool) and kind is not bool:
+        raise _bad(script, name, value)
+    if not isinstance(value, kind):
+        raise _bad(script, name, value)
+    return value
+
+
+@dataclass(frozen=True)
+class VmState:
+    """A VM as ``Get-VM`` describes it (``State``: the VMState name, "Running", "Off", "Saved", ...)."""
+
+    name: str
+    id: str
+    state: str
+    status: str = ""
+    uptime_seconds: float = 0.0
+    cpus: int = 0
+    memory_startup: int = 0
+    generation: int = 0
+
+    @property
+    def running(self) -> bool:
+        return self.state == "Running"
+
+    @property
+    def off(self) -> bool:
+        return self.state == "Off"
+
+
+_GUID_RE = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\Z")
+
+
+def parse_state(script: str, value: Any) -> VmState | None:
+    """The ``vz_vm`` object a script answered (None when the VM does not exist)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise _bad(script, "answer", value)
+    vm_id = _field(script, value, "Id", str)
+    if not _GUID_RE.match(vm_id):
+        raise _bad(script, "Id", vm_id)
+    return VmState(
+        name=_field(script, value, "Name", str),
+        id=vm_id.lower(),
+        state=_field(script, value, "State", str),
+        status=_field(script, value, "Status", str),
+        uptime_seconds=float(_field(script, value, "UptimeSeconds", (int, float))),
+        cpus=_field(script, value, "ProcessorCount", int),
+        memory_startup=_field(script, value, "MemoryStartup", int),
+        generation=_field(script, value, "Generation", int),
+    )
+
+
+@dataclass(frozen=True)
+class HostProbe:
+    """What this Windows host offers: the Hyper-V module, the user's privileges, the virtual switches."""
+
+    module: bool
+    module_version: str
+    elevated: bool
+    hyperv_administrator: bool
+    user: str
+    switches: tuple[str, ...]
+    ps_version: str
+    memory_bytes: int = 0
+    """``Get-VMHost``'s MemoryCapacity (0 when not readable)."""
+    cpus: int = 0
+    """``Get-VMHost``'s LogicalProcessorCount (0 when not readable)."""
+
+
+def parse_probe(value: Any) -> HostProbe:
+    if not isinstance(value, dict):
+        raise _bad("probe", "answer", value)
+    switches = value.get("Switches")
+    # ConvertTo-Json writes a one-element array as that element (PowerShell 5.1 unrolls it).
+    if isinstance(switches, str):
+        switches = [switches]
+    if switches is None:
+        switches = []
+    if not isinstance(switches, list) or not all(isinstance(s, str) for s in switches):
+        raise _bad("probe", "Switches", switches)
+    return HostProbe(
+        module=_field("probe", value, "Module", bool),
+        module_version=_field("probe", value, "ModuleVersion", str),
+        elevated=_field("probe", value, "Elevated", bool),
+        hyperv_administrator=_field("probe", value, "HyperVAdministrator", bool),
+        user=_field("probe", value, "User", str),
+        switches=tuple(switches),
+        ps_version=_field("probe", value, "PSVersion", str),
+        memory_bytes=_field("probe", value, "MemoryCapacity", int),
+        cpus=_field("probe", value, "LogicalProcessorCount", int),
+    )
+
+
+@dataclass(frozen=True)
+class Removal:
+    removed_vm: bool
+    removed_service: bool
+
+
+def parse_removal(value: Any) -> Removal:
+    if not isinstance(value, dict):
+        raise _bad("remove", "answer", value)
+    return Removal(
+        removed_vm=_field("remove", value, "RemovedVm", bool),
+        removed_service=_field("remove", value, "RemovedService", bool),
+    )

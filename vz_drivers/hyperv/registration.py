@@ -1,0 +1,73 @@
+"""hyperv's one declaration (cheap to import: no driver code is loaded here).
+
+Its plugin (``vz-driver-hyperv = "vz_drivers.hyperv.registration:main"``), ``--help``, option checks, docs tables
+and capability-matrix rows are all generated from ``DECLARATION``.
+"""
+
+from __future__ import annotations
+
+from vz_core.registry import DriverDeclaration, MatrixRow, Option, hookimpl
+
+__all__ = ["DECLARATION", "main", "vz_builtin_drivers"]
+
+DECLARATION = DriverDeclaration(
+    name="hyperv",
+    summary="Linux Machines on Windows as Hyper-V Generation 2 VMs booting the vz guest from a VHDX (DEV)",
+    factory="vz_drivers.hyperv:HypervDriver",
+    plugin_command=("vz-driver-hyperv",),
+    targets=("linux",),
+    options=(
+        Option(
+            "state_dir",
+            "where Machines are recorded (their VHDX and Hyper-V files too)",
+            "<vz state>/drivers/hyperv",
+            "path",
+            "host",
+        ),
+        Option("image_dir", "image store root", "the shared vz image cache", "path", "host"),
+        Option(
+            "switch",
+            "the Hyper-V virtual switch Machines are connected to (egress allow)",
+            "Default Switch",
+            scope="host",
+        ),
+        Option(
+            "secure_boot_template",
+            "Secure Boot template for a signed boot image (MicrosoftUEFICertificateAuthority); empty: Secure Boot off",
+            "",
+            scope="host",
+        ),
+        Option(
+            "kernel", "guest kernel image (EFI stub)", "the newest /boot/vmlinuz-* with a module tree", "path", "host"
+        ),
+        Option("modules", "module tree of that kernel", "/lib/modules/<release>", "path", "host"),
+        Option("busybox", "statically linked busybox for the initramfs", "/bin/busybox", "path", "host"),
+        Option(
+            "efi_stub",
+            "systemd's EFI stub the unified kernel image is built on",
+            "/usr/lib/systemd/boot/efi/linuxx64.efi.stub",
+            "path",
+            "host",
+        ),
+        Option("agent_binary", "a prebuilt guest agent", "built from the bundled sources", "path", "host"),
+        Option("powershell", "Windows PowerShell", "powershell.exe", "path", "host"),
+        Option("stop_timeout", "seconds a graceful Stop-VM may take before the VM is turned off", "10", "float"),
+        Option("boot_timeout", "seconds a boot may take until the guest agent answers", "180", "float"),
+        Option("insecure_registries", "registry hosts reached over plain HTTP (comma-separated)", "none", "list"),
+    ),
+    matrix=(
+        MatrixRow(
+            "windows", "linux", "DEV", "Hyper-V Gen 2 VM, EFI VHDX guest, hvsocket agent; not verified on Windows"
+        ),
+        MatrixRow("windows", "windows", "PLANNED", "Windows guests: agent as a service, exec over ConPTY"),
+    ),
+)
+
+
+@hookimpl
+def vz_builtin_drivers() -> list[DriverDeclaration]:
+    return [DECLARATION]
+
+
+main = DECLARATION.serve_plugin
+"""The ``vz-driver-hyperv`` console script: the shared built-in plugin main."""
