@@ -44,8 +44,7 @@ from vz_core import (
     RunImageRequest,
 )
 from vz_core.errors import CATEGORY_TABLE, NotFoundError
-from vz_core.rpc import runtime_errors_in, serve_in_process
-from vz_core.rpc._client import _made_up, _StatusLog
+from vz_core.rpc import StatusLog, is_made_up, runtime_errors_in, serve_in_process
 from vz_core.rpc.pb import extensions_pb2, runtime_pb2
 
 EXAMPLES = int(os.environ.get("VZ_FUZZ_EXAMPLES", "200"))
@@ -311,7 +310,7 @@ async def _run(channels: dict[str, grpc.aio.Channel], case: Case) -> None:
     call = exec_call(timeout=CALL_TIMEOUT)
     # The server refuses a rule break at once, possibly before we finished writing: grpcio's client may then
     # report a made-up INTERNAL (grpc/grpc#36066). Read the server's own status the way RemoteDriver does.
-    statuses = _StatusLog(call)
+    statuses = StatusLog(call)
     with contextlib.suppress(grpc.RpcError, grpc.aio.BaseError, asyncio.InvalidStateError):
         for frame in case.frames:
             await call.write(frame)
@@ -322,7 +321,7 @@ async def _run(channels: dict[str, grpc.aio.Channel], case: Case) -> None:
             got.append(msg)
     except grpc.aio.AioRpcError as err:
         status: Any = err
-        if _made_up(err):
+        if is_made_up(err):
             status = await statuses.peer_status(5.0) or err
         _check_status(case, status)
         return

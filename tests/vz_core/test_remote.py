@@ -482,3 +482,27 @@ async def test_a_ready_channel_can_be_driven_directly() -> None:
         assert conn.alive, "the caller owns a channel it passed in"
     finally:
         await conn.shutdown()
+
+
+# The public surface of vz_core.rpc ---------------------------------------------------------------------
+
+
+def test_every_public_name_of_vz_core_rpc_resolves() -> None:
+    import vz_core.rpc as rpc
+
+    for name in rpc.__all__:
+        assert getattr(rpc, name) is not None, name
+    with pytest.raises(AttributeError):
+        rpc.no_such_name  # noqa: B018
+
+
+async def test_the_in_process_pair_is_a_remote_driver_over_a_real_server(tmp_path: Path) -> None:
+    from vz_core.rpc import connect_in_process
+
+    async with connect_in_process(FakeDriver(tmp_path / "state"), name="fake") as remote:
+        assert isinstance(remote, RemoteDriver)
+        assert (await remote.info()).driver_name == "fake"
+        assert await remote.find("w") is None
+        with pytest.raises(NotFoundError):
+            await remote.start("w")  # a status with its RuntimeError detail, translated back
+    assert remote.known_info is not None

@@ -27,6 +27,8 @@ if TYPE_CHECKING:
         ENV_TIMEOUT,
         Mode,
         RemoteDriver,
+        StatusLog,
+        is_made_up,
     )
     from vz_core.rpc._convert import (
         capabilities_from_pb,
@@ -77,6 +79,8 @@ _WHERE = {
     "ENV_TIMEOUT": "_client",
     "Mode": "_client",
     "RemoteDriver": "_client",
+    "StatusLog": "_client",
+    "is_made_up": "_client",
     **dict.fromkeys(
         [
             "capabilities_from_pb",
@@ -150,6 +154,7 @@ __all__ = [
     "Mode",
     "RemoteDriver",
     "RuntimeServicer",
+    "StatusLog",
     "add_servicers",
     "capabilities_from_pb",
     "capabilities_to_pb",
@@ -169,6 +174,7 @@ __all__ = [
     "extensions_to_pb",
     "info_from_pb",
     "info_to_pb",
+    "is_made_up",
     "mount_from_pb",
     "mount_to_pb",
     "pb",

@@ -83,6 +83,8 @@ __all__ = [
     "ENV_TIMEOUT",
     "Mode",
     "RemoteDriver",
+    "StatusLog",
+    "is_made_up",
 ]
 
 DEFAULT_TIMEOUT = 60.0
@@ -730,3 +732,9 @@ class _ExecPump:
             self._headers.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await self._headers
+
+
+StatusLog = _StatusLog
+"""Public name of ``_StatusLog``: for clients that drive an Exec call themselves (the conformance suite)."""
+is_made_up = _made_up
+"""Public name of ``_made_up``: whether a status was made up by grpcio's client (grpc/grpc#36066)."""
