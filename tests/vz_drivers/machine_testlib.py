@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import importlib
+import json
 import os
-from collections.abc import AsyncIterator, Iterable, Mapping
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 from vz_core import Driver, ExecExit, ExecOutput, ExecSpec, RunImageRequest
 
@@ -91,3 +97,91 @@ def process_gone(pid: int) -> bool:
     except OSError:
         return True
     return data[data.rfind(b")") + 2 : data.rfind(b")") + 3] in (b"Z", b"X")
+
+
+def plugin_driver(tmp_path: Path, name: str, state_dir: Path, image_dir: Path, agent_binary: str) -> Driver:
+    """The built-in driver ``name`` served by its plugin main, as a RemoteDriver (launched on first use)."""
+    from vz_core.rpc import RemoteDriver
+    from vz_core.transport import LaunchSpec, PluginLauncher
+
+    script = tmp_path / f"vz-driver-{name}"
+    script.write_text(f"#!{sys.executable}\nfrom vz_drivers.{name}.plugin import main\nmain()\n")
+    script.chmod(0o755)
+    argv = [str(script), "--state-dir", str(state_dir), "--image-dir", str(image_dir)]
+    argv += ["--option", f"agent_binary={agent_binary}"]
+    return RemoteDriver(PluginLauncher(lambda: LaunchSpec(name, argv), name=name))
+
+
+def parity_run(tmp_path: Path, driver: str, *extra: str, timeout: float) -> dict[str, Any]:
+    """``vz-conformance run --provider-mode parity`` for ``driver`` exactly as CI runs it, gated by
+    ``verify-report``; returns the report."""
+    from vz_conformance._gate import expected_count
+
+    report = tmp_path / f"{driver}-parity.json"
+    command = [
+        "vz-conformance",
+        "run",
+        "--driver",
+        driver,
+        *extra,
+        "--provider-mode",
+        "parity",
+        "--report",
+        str(report),
+    ]
+    run_ = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
+    assert run_.returncode == 0, run_.stdout[-4000:] + run_.stderr[-6000:]
+    count = expected_count("parity")
+    gate = subprocess.run(
+        ["vz-conformance", "verify-report", str(report), "--provider-mode", "parity", "--expect-count", str(count)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert gate.returncode == 0, gate.stdout + gate.stderr
+    doc: dict[str, Any] = json.loads(report.read_text())
+    return doc
+
+
+def not_passed(report: dict[str, Any]) -> list[str]:
+    """Ids of the cases of a report that did not pass (in any run)."""
+    return sorted({c["id"] for r in report["runs"] for c in r["cases"] if c["outcome"] != "passed"})
+
+
+async def check_machines_outlive_the_plugin(
+    tmp_path: Path,
+    name: str,
+    state_dir: Path,
+    image_dir: Path,
+    agent_binary: str,
+    *,
+    while_detached: Callable[[], None] = lambda: None,
+) -> None:
+    """A Machine made through ``name``'s plugin keeps running (and its files) when the plugin exits; a relaunched
+    plugin finds it as it was, execs in it and deletes it. ``while_detached`` checks the host in between."""
+    first = plugin_driver(tmp_path, name, state_dir, image_dir, agent_binary)
+    second: Driver | None = None
+    try:
+        info = await first.info()
+        assert info.driver_name == name
+        await first.run_image(request("plugin-machine"))
+        result = await run(
+            first, "plugin-machine", "sh", "-c", "echo out; echo err >&2; echo kept > /var/tmp/f; exit 3"
+        )
+        assert (result.stdout, result.stderr, result.exit.exit_code) == (b"out\n", b"err\n", 3)
+        before = await first.find("plugin-machine")
+        assert before is not None and before.state.status == "running"
+        await first.close()  # the plugin process exits; the Machine keeps running
+        while_detached()
+        second = plugin_driver(tmp_path, name, state_dir, image_dir, agent_binary)
+        assert await second.find("plugin-machine") == before
+        assert (await run(second, "plugin-machine", "cat", "/var/tmp/f")).stdout == b"kept\n"
+        await second.delete("plugin-machine")
+        assert await second.find("plugin-machine") is None
+    finally:
+        if second is not None:
+            await second.close()
+        await first.close()
+        cleanup = importlib.import_module(f"vz_drivers.{name}").cleanup_state
+        await cleanup(str(state_dir), image_dir=str(image_dir), agent_binary=agent_binary)

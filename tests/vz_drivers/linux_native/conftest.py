@@ -21,12 +21,6 @@ def _require_host() -> None:
             pytest.fail(f"{tool} is missing: apt-get install runc iproute2 nftables util-linux")
 
 
-@pytest.fixture(scope="session")
-def image_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One image store for the whole session (the default image is unpacked once)."""
-    return tmp_path_factory.mktemp("ln-images")
-
-
 @pytest.fixture
 async def driver(state_dir: Path, image_dir: Path, agent_binary: str) -> AsyncIterator[LinuxNativeDriver]:
     _require_host()

@@ -27,12 +27,6 @@ def _require_host() -> None:
         pytest.fail("no guest kernel in /boot: apt-get install linux-image-amd64")
 
 
-@pytest.fixture(scope="session")
-def image_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One image store for the session (the default image is unpacked once)."""
-    return tmp_path_factory.mktemp("qemu-images")
-
-
 @pytest.fixture
 async def driver(state_dir: Path, image_dir: Path, agent_binary: str) -> AsyncIterator[QemuDriver]:
     """A driver on a private state directory; every Machine it leaves is deleted afterwards."""
