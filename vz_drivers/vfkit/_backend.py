@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import os
 import shutil
+import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -81,6 +82,22 @@ def _tree_bytes(root: Path) -> int:
             with contextlib.suppress(OSError):
                 total += os.lstat(os.path.join(dirpath, name)).st_size
     return total
+
+
+def _check_layer() -> None:
+    """Refuse before anything is created when the shared Machine layer cannot track processes here.
+
+    Machines are known by process identity (pid and start time) and their agent channel by its listening peer;
+    the layer implements both for Linux today (``/proc``, pidfds, ``SO_PEERCRED``). Booting a vfkit it could
+    not find again would leave a VM nobody manages.
+    """
+    if proc_start_time(os.getpid()) is None or not hasattr(os, "O_PATH"):
+        raise UnsupportedError(
+            f"the vfkit driver cannot manage Machines on {sys.platform} yet: the shared Machine layer "
+            "(vz_drivers._machine) tracks Machine processes and agent channels only on Linux so far; the driver is "
+            f"{STATUS}",
+            details={"driver": DRIVER_NAME, "platform": sys.platform},
+        )
 
 
 class VfkitBackend(Backend[VfkitRecord, VfkitPaths]):
@@ -170,6 +187,7 @@ class VfkitBackend(Backend[VfkitRecord, VfkitPaths]):
 
     async def provisioning_preflight(self) -> None:
         await self.preflight()
+        _check_layer()
         for name, value in (("kernel", self.options.kernel), ("initrd", self.options.initrd)):
             if not value:
                 raise UnavailableError(

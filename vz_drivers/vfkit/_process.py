@@ -261,7 +261,7 @@ def _exit_status(status: Path) -> str:
     return f"exit code {code}" if code else ""
 
 
-async def exit_status(status: Path, within: float = 1.0) -> str:
+async def exit_status(status: Path, within: float = 5.0) -> str:
     """vfkit's exit status as written by the launcher ("0", "1", "137"), or "" if none appears ``within`` s.
 
     The waiting subshell writes it right after vfkit ends; this bounded wait covers only that moment.
