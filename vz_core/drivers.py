@@ -5,7 +5,8 @@ built-in drivers, external manifests and a Machine's ``driver`` in vz.json, chec
 up. A name resolves to exactly one driver:
 
 * **built-in** (``vz.drivers`` entry points, ``vz_core.registry``): Python code of this vz installation. Its
-  plugin runs as ``<this interpreter> -m vz_core.registry NAME`` (options in ``VZ_DRIVER_OPTIONS``): the shared
+  plugin runs as ``<this interpreter> -c PLUGIN_MAIN --module REGISTRATION NAME`` (options in
+  ``VZ_DRIVER_OPTIONS``), i.e. ``vz_core.registry.main``: the shared
   plugin main its console script uses too, i.e. the same code the host would import in-process, launched
   through the same door (supervisor, handshake, AutoMTLS) as any external driver. It is not checksummed: a
   checksum would be taken from the very installation it is meant to protect, so it would prove nothing the
@@ -79,6 +80,10 @@ __all__ = [
     "verify",
 ]
 
+
+PLUGIN_MAIN = "from vz_core.registry import main; main()"
+"""What a built-in's plugin process runs (``python -c``, like multiprocessing's spawn): the shared plugin main,
+imported once (``-m vz_core.registry`` would execute that module twice)."""
 
 _MAX_RECORD = 1 << 20  # a record is a small JSON file; a larger one is not ours
 
@@ -182,7 +187,7 @@ class ResolvedDriver:
             # The shared plugin main of every built-in (what its console script runs too); naming the registration
             # module spares the plugin an entry-point scan before its handshake.
             where = ["--module", self.builtin_module] if self.builtin_module else []
-            argv = [sys.executable, "-m", "vz_core.registry", *where, builtin.name]
+            argv = [sys.executable, "-c", PLUGIN_MAIN, *where, builtin.name]
 
             def prepare_builtin() -> LaunchSpec:
                 return LaunchSpec(self.name, list(argv), env=env)

@@ -50,9 +50,8 @@ import os
 import re
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Literal, NoReturn, TypeVar, get_args
+from typing import TYPE_CHECKING, Any, Literal, NoReturn, TypeVar, dataclass_transform, get_args
 
 from vz_core.errors import NotFoundError, UserError, VzError
 
@@ -108,6 +107,54 @@ _METAVARS = {"str": "VALUE", "path": "PATH", "int": "N", "float": "N", "bool": "
 _T = TypeVar("_T")
 
 
+@dataclass_transform(frozen_default=True)
+def _record(cls: type[_T]) -> type[_T]:
+    """A frozen record class, like ``@dataclass(frozen=True)`` (init, eq, hash, repr) without its per-class code
+    generation, which would cost a plugin process milliseconds before its handshake."""
+    names = tuple(cls.__annotations__)  # every record class declares its own fields
+    defaults = {n: cls.__dict__[n] for n in names if n in cls.__dict__}
+    title = cls.__name__
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        if len(args) > len(names):
+            raise TypeError(f"{title}() takes {len(names)} arguments, {len(args)} given")
+        values = dict(zip(names, args, strict=False))
+        for key, value in kwargs.items():
+            if key not in names:
+                raise TypeError(f"{title}() got an unexpected keyword argument {key!r}")
+            if key in values:
+                raise TypeError(f"{title}() got multiple values for argument {key!r}")
+            values[key] = value
+        for name in names:
+            if name not in values:
+                if name not in defaults:
+                    raise TypeError(f"{title}() missing required argument {name!r}")
+                values[name] = defaults[name]
+            object.__setattr__(self, name, values[name])
+        post_init = getattr(self, "__post_init__", None)
+        if post_init is not None:
+            post_init()
+
+    def __setattr__(self: Any, name: str, value: Any) -> None:
+        raise AttributeError(f"{title} is immutable (cannot set {name!r})")
+
+    def __eq__(self: Any, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        return all(getattr(self, n) == getattr(other, n) for n in names)
+
+    def __hash__(self: Any) -> int:
+        return hash(tuple(getattr(self, n) for n in names))
+
+    def __repr__(self: Any) -> str:
+        return f"{title}({', '.join(f'{n}={getattr(self, n)!r}' for n in names)})"
+
+    for function in (__init__, __setattr__, __eq__, __hash__, __repr__):
+        function.__qualname__ = f"{title}.{function.__name__}"
+        setattr(cls, function.__name__, function)
+    return cls
+
+
 class RegistrationError(UserError):
     """A driver package registered something invalid; the message names the plugin and the field."""
 
@@ -147,7 +194,7 @@ def load_reference(reference: str, *, what: str = "reference") -> Any:
 # --- the declaration ---------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@_record
 class Option:
     """One driver option, described once.
 
@@ -189,7 +236,7 @@ class Option:
             raise ValueError(f"option {self.name!r} takes a number, not {text[:80]!r}") from None
 
 
-@dataclass(frozen=True)
+@_record
 class MatrixRow:
     """One row of the capability matrix for the declaring driver: host OS x target OS, status and a note."""
 
@@ -199,7 +246,7 @@ class MatrixRow:
     note: str = ""
 
 
-@dataclass(frozen=True)
+@_record
 class PluginStart:
     """What a driver's ``PluginHooks.before_serve`` asks of the shared plugin main."""
 
@@ -226,7 +273,7 @@ class PluginHooks:
         return PluginStart()
 
 
-@dataclass(frozen=True)
+@_record
 class DriverDeclaration:
     """A driver shipped as Python code, declared once (see the module docstring).
 
@@ -347,18 +394,25 @@ class DriverDeclaration:
         )
         return parser
 
+    def environment_options(self) -> dict[str, Any]:
+        """The options the host passed in ``$VZ_DRIVER_OPTIONS`` (a JSON object); ``UserError`` when malformed."""
+        raw = os.environ.get(OPTIONS_ENV)
+        if not raw:
+            return {}
+        try:
+            loaded = json.loads(raw)
+        except (ValueError, RecursionError) as exc:
+            raise UserError(f"${OPTIONS_ENV} is not JSON: {exc}") from None
+        if not isinstance(loaded, dict):
+            raise UserError(f"${OPTIONS_ENV} must be a JSON object")
+        return loaded
+
     def plugin_options(self, parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, Any]:
         """The options of a plugin process: ``$VZ_DRIVER_OPTIONS`` (JSON), then flags; bad input exits 2."""
-        options: dict[str, Any] = {}
-        raw = os.environ.get(OPTIONS_ENV)
-        if raw:
-            try:
-                loaded = json.loads(raw)
-            except ValueError as exc:
-                parser.error(f"${OPTIONS_ENV} is not JSON: {exc}")
-            if not isinstance(loaded, dict):
-                parser.error(f"${OPTIONS_ENV} must be a JSON object")
-            options.update(loaded)
+        try:
+            options = self.environment_options()
+        except UserError as exc:
+            parser.error(str(exc))
         declared = self.declared_options
         for item in args.generic_options:
             key, sep, value = item.partition("=")
@@ -392,9 +446,21 @@ class DriverDeclaration:
     def serve_plugin(self, argv: Sequence[str] | None = None) -> NoReturn:
         """The shared plugin main of every built-in driver: parse the generated command line, then serve.
 
-        Only this module, argparse and the plugin SDK are imported before the handshake; the driver's code is
-        imported after the plugin cookie and versions were checked (unless its hooks ask otherwise).
+        Only this module, argparse (when there is a command line) and the plugin SDK are imported before the
+        handshake; the driver's code is imported after the plugin cookie and versions were checked (unless its
+        hooks ask otherwise).
         """
+        given = list(sys.argv[1:] if argv is None else argv)
+        if not given and not self.plugin_hooks:
+            # How the host launches a built-in: options only in the environment. No command line to parse, so
+            # argparse is not even imported before the handshake.
+            try:
+                options = self.environment_options()
+                self.check_option_keys(options)
+            except UserError as exc:
+                sys.stderr.write(f"{self.plugin_command[0] if self.plugin_command else self.name}: error: {exc}\n")
+                sys.exit(2)
+            self._serve(options, PluginStart())
         parser = self.plugin_parser()
         hooks: PluginHooks | None = None
         if self.plugin_hooks:
@@ -405,10 +471,11 @@ class DriverDeclaration:
                     "not a vz_core.registry.PluginHooks"
                 )
             hooks.add_arguments(parser)
-        args = parser.parse_args(argv)
+        args = parser.parse_args(given)
         options = self.plugin_options(parser, args)
-        start = hooks.before_serve(parser, args, options) if hooks is not None else PluginStart()
+        self._serve(options, hooks.before_serve(parser, args, options) if hooks is not None else PluginStart())
 
+    def _serve(self, options: dict[str, Any], start: PluginStart) -> NoReturn:
         from vz_plugins import serve
 
         if start.build_before_handshake:
@@ -446,7 +513,7 @@ def _declared_in(module_name: str, name: str) -> DriverDeclaration:
 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
-    """``python -m vz_core.registry [--module REGISTRATION_MODULE] NAME [FLAGS]``: serve built-in driver NAME as
+    """``main([--module REGISTRATION_MODULE] NAME [FLAGS])``: serve built-in driver NAME as
     a plugin. This is how the host launches a built-in (its console script calls ``serve_plugin`` of the same
     declaration directly). With ``--module`` (what the host passes) only that module is imported: no entry-point
     scan before the handshake."""
@@ -455,7 +522,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     if len(args) >= 2 and args[0] == "--module":
         module_name, args = args[1], args[2:]
     if not args or args[0].startswith("-"):
-        sys.stderr.write("usage: python -m vz_core.registry [--module REGISTRATION_MODULE] DRIVER [driver flags]\n")
+        sys.stderr.write("usage: vz_core.registry.main [--module REGISTRATION_MODULE] DRIVER [driver flags]\n")
         sys.exit(2)
     try:
         name = check_driver_name(args[0])

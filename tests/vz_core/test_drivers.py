@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from vz_core.drivers import (
+    PLUGIN_MAIN,
     HostConfig,
     ManifestStore,
     add_manifest,
@@ -73,8 +74,8 @@ def test_builtin_drivers_are_listed_and_resolve(store: ManifestStore) -> None:
     spec = resolved.launch_spec({"state_dir": "/x"})()
     assert spec.argv == [
         sys.executable,
-        "-m",
-        "vz_core.registry",
+        "-c",
+        PLUGIN_MAIN,
         "--module",
         "vz_conformance.fake.registration",
         "fake",
@@ -251,7 +252,7 @@ def test_an_oversized_record_is_refused(store: ManifestStore) -> None:
 
 def test_a_builtin_plugin_is_launched_through_the_shared_plugin_main(store: ManifestStore) -> None:
     spec = resolve("qemu", store=store).launch_spec({"accelerator": "tcg"})()
-    assert spec.argv == [sys.executable, "-m", "vz_core.registry", "--module", "vz_drivers.qemu.registration", "qemu"]
+    assert spec.argv == [sys.executable, "-c", PLUGIN_MAIN, "--module", "vz_drivers.qemu.registration", "qemu"]
     assert json.loads(spec.env["VZ_DRIVER_OPTIONS"]) == {"accelerator": "tcg"}
 
 

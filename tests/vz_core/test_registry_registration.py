@@ -366,3 +366,46 @@ def test_the_shared_plugin_main_builds_the_driver_only_when_serving(tmp_path: An
     )
     assert out.returncode == 0, out.stderr
     assert out.stderr.strip().endswith("QemuDriver []"), out.stderr
+
+
+def test_declarations_are_immutable_values() -> None:
+    a, b = _declaration(), _declaration()
+    assert a == b and a != _declaration(name="other")
+    assert Option("x", "y") == Option("x", "y") and hash(Option("x", "y")) == hash(Option("x", "y"))
+    shown = "MatrixRow(host_os='linux', target_os='linux', status='DEV', note='')"
+    assert repr(MatrixRow("linux", "linux", "DEV")) == shown
+    with pytest.raises(AttributeError, match="immutable"):
+        a.name = "changed"  # type: ignore[misc]
+    with pytest.raises(TypeError, match="unexpected keyword argument 'colour'"):
+        Option("x", "y", colour="blue")  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="missing required argument 'help'"):
+        Option("x")  # type: ignore[call-arg]
+    assert dict(a.declared_options)["state_dir"].scope == "host"
+
+
+# How the host launches a built-in: options in the environment only, the registration module named.
+HOST_LAUNCH = """
+import sys, vz_plugins
+def serve(driver, *, on_serving=None):
+    made = driver()
+    print(type(made).__name__, "argparse" in sys.modules, file=sys.stderr)
+    sys.exit(0)
+vz_plugins.serve = serve
+from vz_core.registry import main
+main(sys.argv[1:])
+"""
+
+
+def test_a_host_launch_reads_options_from_the_environment_without_argparse(tmp_path: Any) -> None:
+    import os
+
+    env = {**os.environ, "VZ_DRIVER_OPTIONS": json.dumps({"state_dir": str(tmp_path), "accelerator": "tcg"})}
+    argv = [sys.executable, "-c", HOST_LAUNCH, "--module", "vz_drivers.qemu.registration", "qemu"]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False, env=env)
+    assert (out.returncode, out.stderr.strip().splitlines()[-1]) == (0, "QemuDriver False"), out.stderr
+    env["VZ_DRIVER_OPTIONS"] = '{"bogus": 1}'
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False, env=env)
+    assert out.returncode == 2 and "unknown qemu option(s): bogus; valid options: accelerator" in out.stderr
+    wrong = [sys.executable, "-c", HOST_LAUNCH, "--module", "vz_drivers.qemu.registration", "fake"]
+    out = subprocess.run(wrong, capture_output=True, text=True, timeout=60, check=False, env=env)
+    assert out.returncode == 2 and "declares no driver 'fake'" in out.stderr
