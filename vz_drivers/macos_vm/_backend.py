@@ -22,6 +22,7 @@ import os
 import secrets
 import shutil
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -54,11 +55,12 @@ from vz_drivers._machine import (
     validate_common,
 )
 from vz_drivers.macos_vm._bases import PinPolicy, load_bases, resolve_base
+from vz_drivers.macos_vm._clone import CloneFn
 from vz_drivers.macos_vm._control import decode, encode
 from vz_drivers.macos_vm._host import MacHost, read_host
 from vz_drivers.macos_vm._install import DEFAULT_DISK_BYTES, BaseStore, InstalledBase
 from vz_drivers.macos_vm._macho import check_darwin_arm64
-from vz_drivers.macos_vm._plan import MIB, Share, VmRequest, plan_vm
+from vz_drivers.macos_vm._plan import MIB, Share, VmPlan, VmRequest, plan_vm
 from vz_drivers.macos_vm._provision import (
     AGENT_IN_CONFIG,
     BOOT_SCRIPT,
@@ -70,6 +72,7 @@ from vz_drivers.macos_vm._provision import (
     launchd_plist,
     provision_script,
 )
+from vz_drivers.macos_vm._realize import Frameworks, framework_limits, load_frameworks
 
 __all__ = ["STATUS", "MacosVmBackend", "MacosVmDriver", "MacosVmPaths", "MacosVmRecord"]
 
@@ -169,6 +172,10 @@ class MacosVmBackend(Backend[MacosVmRecord, MacosVmPaths]):
                 f"stop_mode={self.stop_mode!r} is unknown; use shutdown or save", details={"option": "stop_mode"}
             )
         self.python = str(options.get("python") or sys.executable)
+        self.frameworks: Callable[[], Frameworks] = load_frameworks
+        """PyObjC's modules, imported on first use (only on a Mac)."""
+        self.clonefile: CloneFn | None = None
+        """``clonefile(2)`` (None: the C library's)."""
         memory = psutil.virtual_memory().total
         self.rules = Rules(
             display=self.display,
@@ -276,10 +283,8 @@ class MacosVmBackend(Backend[MacosVmRecord, MacosVmPaths]):
         )
         return MachinePlan(record, {"base": base})
 
-    def _vm_plan(self, request: VmRequest, base: InstalledBase) -> Any:
-        from vz_drivers.macos_vm._realize import framework_limits, load_frameworks
-
-        limits = framework_limits(load_frameworks(), base_min_cpus=base.min_cpus, base_min_memory=base.min_memory)
+    def _vm_plan(self, request: VmRequest, base: InstalledBase) -> VmPlan:
+        limits = framework_limits(self.frameworks(), base_min_cpus=base.min_cpus, base_min_memory=base.min_memory)
         return plan_vm(request, limits, host_macos=self.host.macos)
 
     async def stage(self, plan: MachinePlan[MacosVmRecord]) -> None:
@@ -298,9 +303,7 @@ class MacosVmBackend(Backend[MacosVmRecord, MacosVmPaths]):
                 details={"base": installed.base_id, "script": str(script)},
             )
         plan.staged["installed"] = installed
-        from vz_drivers.macos_vm._realize import load_frameworks
-
-        identifier = load_frameworks().vz.VZMacMachineIdentifier.alloc().init()
+        identifier = self.frameworks().vz.VZMacMachineIdentifier.alloc().init()
         plan.staged["identifier"] = bytes(identifier.dataRepresentation())
 
     async def _install(self, base_id: str, ipsw: Path, digest: str) -> InstalledBase:
@@ -346,7 +349,9 @@ class MacosVmBackend(Backend[MacosVmRecord, MacosVmPaths]):
 
     def make_machine_dir(self, record: MacosVmRecord, plan: MachinePlan[MacosVmRecord]) -> None:
         paths = self.book.paths(record.key)
-        self.bases.clone_machine(plan.staged["installed"], paths.root, plan.staged["identifier"])
+        self.bases.clone_machine(
+            plan.staged["installed"], paths.root, plan.staged["identifier"], clonefile=self.clonefile
+        )
 
     # -- boot
 
@@ -360,7 +365,7 @@ class MacosVmBackend(Backend[MacosVmRecord, MacosVmPaths]):
                 shares.append(Share(f"vz{index}", mount.host_path, mount.read_only, mount.target))
         return shares, ram
 
-    def _write_boot(self, record: MacosVmRecord, paths: MacosVmPaths, agent: Path) -> Any:
+    def _write_boot(self, record: MacosVmRecord, paths: MacosVmPaths, agent: Path) -> VmPlan:
         installed = self.bases.installed(record.base_id)
         if installed is None:
             raise FailedPreconditionError(
@@ -536,6 +541,13 @@ class MacosVmDriver(AgentMachineDriver[MacosVmRecord, MacosVmPaths]):
 
     def __init__(self, **options: Any) -> None:
         super().__init__(MacosVmBackend(options))
+
+    @classmethod
+    def with_backend(cls, backend: MacosVmBackend) -> MacosVmDriver:
+        """The driver over an already built backend (one whose host facts or framework loader were chosen)."""
+        driver = cls.__new__(cls)
+        AgentMachineDriver.__init__(driver, backend)
+        return driver
 
     async def extensions(self) -> Extensions | None:
         backend = self._backend
