@@ -65,3 +65,40 @@ async def test_over_the_runtime_protocol_info_answers_and_preflight_is_unimpleme
         with pytest.raises(UnsupportedError, match=r"needs macOS .* this host is Linux"):
             await remote.preflight()
         assert await remote.find("never created") is None
+
+
+@pytest.mark.skipif(platform.system() == "Darwin", reason="describes a host that is not macOS")
+async def test_listed_and_served_as_its_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`vz driver list` and status through the one door: the real plugin process, launched under supervision."""
+    import os
+    import sys
+
+    import vz_drivers.vfkit.registration as registration
+    from vz_core.drivers import list_drivers, remote_driver
+    from vz_core.registry import DriverRegistry
+
+    # The console script pyproject.toml will declare, stood up on PATH for this test.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    script = bin_dir / "vz-driver-vfkit"
+    script.write_text(f"#!{sys.executable}\nfrom vz_drivers.vfkit.plugin import main\nmain()\n")
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+
+    registry = DriverRegistry(load_entry_points=False)
+    registry.register(registration, "vfkit")
+    (row,) = [r for r in list_drivers(registry=registry) if r["name"] == "vfkit"]
+    assert (row["origin"], row["targets"], row["plugin_command"]) == ("builtin", ["linux"], ["vz-driver-vfkit"])
+
+    remote = remote_driver("vfkit", options={"state_dir": str(tmp_path / "s")}, registry=registry)
+    try:
+        info = await remote.info()
+        assert (info.driver_name, info.runtime_name, info.runtime_version) == ("vfkit", "vfkit", "")
+        ext = await remote.extensions()
+        assert ext is not None and ext.facts["status"].startswith("DEV")
+        with pytest.raises(UnsupportedError, match=r"this host is Linux"):
+            await remote.preflight()
+        assert await remote.find("w") is None
+    finally:
+        await remote.close()
+    assert not (tmp_path / "s").exists()
