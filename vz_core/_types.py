@@ -1,8 +1,8 @@
 """Plain typed values of the Machine contract.
 
 These mirror the Runtime Protocol v1 messages (PROTOCOL.md §1) without any protobuf types, so driver authors,
-the CLI and the conformance suite never touch generated code. ``vz_core._convert`` is the one place that
-translates between these and the wire messages.
+the CLI and the conformance suite never touch generated code. ``vz_core.rpc`` (its conversion module) is the
+one place that translates between these and the wire messages.
 """
 
 from __future__ import annotations

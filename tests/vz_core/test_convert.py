@@ -21,8 +21,8 @@ from vz_core import (
     RecreateMode,
     RunImageRequest,
 )
-from vz_core._proto.devsy.runtime.v1 import runtime_pb2 as pb
 from vz_core.rpc import _convert as c
+from vz_core.rpc.pb import runtime_pb2 as pb
 
 
 def test_run_image_round_trip_keeps_every_field() -> None:

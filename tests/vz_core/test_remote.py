@@ -25,10 +25,7 @@ from vz_core import (
     MountType,
     RecreateMode,
     RunImageRequest,
-    _convert,
 )
-from vz_core._proto.devsy.runtime.v1 import runtime_pb2 as pb
-from vz_core._proto.devsy.runtime.v1 import runtime_pb2_grpc as pb_grpc
 from vz_core.drivers import launcher_for
 from vz_core.errors import (
     AlreadyExistsError,
@@ -38,7 +35,9 @@ from vz_core.errors import (
     UnavailableError,
     UnsupportedError,
 )
-from vz_core.rpc import DRAIN_TIMEOUT, Mode, RemoteDriver, error_to_status
+from vz_core.rpc import DRAIN_TIMEOUT, Mode, RemoteDriver, error_to_status, info_to_pb
+from vz_core.rpc.pb import runtime_pb2 as pb
+from vz_core.rpc.pb import runtime_pb2_grpc as pb_grpc
 from vz_core.transport import LaunchSpec, PluginLauncher
 
 TESTDRIVERS = Path(__file__).resolve().parents[1] / "vz_plugins" / "testdrivers.py"
@@ -368,7 +367,7 @@ class _EagerServicer(pb_grpc.RuntimeDriverServicer):
 
     async def Info(self, request: pb.InfoRequest, context: grpc.aio.ServicerContext[Any, Any]) -> pb.InfoResponse:
         caps = Capabilities(mount_types=(MountType.BIND,), recreate_mode=RecreateMode.DELETE)
-        return _convert.info_to_pb(DriverInfo("eager", "0.1", "eager-runtime", capabilities=caps))
+        return info_to_pb(DriverInfo("eager", "0.1", "eager-runtime", capabilities=caps))
 
     async def Exec(self, request_iterator: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
         first = await context.read()

@@ -17,11 +17,11 @@ import psutil
 import pytest
 from vz_plugins import NOT_A_COMMAND
 
-from vz_core._proto.devsy.runtime.v1 import runtime_pb2 as pb
-from vz_core._proto.devsy.runtime.v1 import runtime_pb2_grpc as pb_grpc
-from vz_core._proto.vz.machine.v1 import extensions_pb2 as ext_pb
-from vz_core._proto.vz.machine.v1 import extensions_pb2_grpc as ext_grpc
 from vz_core.rpc import runtime_errors_in
+from vz_core.rpc.pb import extensions_pb2 as ext_pb
+from vz_core.rpc.pb import extensions_pb2_grpc as ext_grpc
+from vz_core.rpc.pb import runtime_pb2 as pb
+from vz_core.rpc.pb import runtime_pb2_grpc as pb_grpc
 from vz_core.transport import COOKIE_KEY, COOKIE_VALUE, LaunchSpec, PluginConnection, PluginLauncher
 
 TESTDRIVERS = Path(__file__).resolve().parent / "testdrivers.py"

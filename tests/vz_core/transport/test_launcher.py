@@ -15,11 +15,11 @@ import psutil
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from vz_core._proto.devsy.runtime.v1 import runtime_pb2 as pb
-from vz_core._proto.devsy.runtime.v1 import runtime_pb2_grpc as pb_grpc
-from vz_core._proto.plugin import grpc_broker_pb2, grpc_broker_pb2_grpc, grpc_stdio_pb2_grpc
 from vz_core.errors import PluginError
 from vz_core.redact import Redactor
+from vz_core.rpc.pb import grpc_broker_pb2, grpc_broker_pb2_grpc, grpc_stdio_pb2_grpc
+from vz_core.rpc.pb import runtime_pb2 as pb
+from vz_core.rpc.pb import runtime_pb2_grpc as pb_grpc
 from vz_core.transport import LaunchSpec, PluginConnection, PluginLauncher
 
 TESTDRIVERS = Path(__file__).resolve().parents[2] / "vz_plugins" / "testdrivers.py"

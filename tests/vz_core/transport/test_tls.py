@@ -15,8 +15,8 @@ import pytest
 from grpc_health.v1 import _async as health_aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from vz_core._proto.devsy.runtime.v1 import runtime_pb2 as pb
-from vz_core._proto.devsy.runtime.v1 import runtime_pb2_grpc as pb_grpc
+from vz_core.rpc.pb import runtime_pb2 as pb
+from vz_core.rpc.pb import runtime_pb2_grpc as pb_grpc
 from vz_core.transport import (
     ClientRelay,
     LaunchSpec,
