@@ -9,7 +9,7 @@ host fails with ``UnsupportedError`` before anything is created.
 
 Backend layout under ``<state>/machines/<key>/`` besides the shared files: ``disk.img``, ``aux.img``,
 ``hardware-model.bin``, ``machine-identifier.bin``, ``state.vzvmsave`` (a saved VM state, ``stop_mode=save``),
-``helper.log``, ``run/plan.json``, ``run/control.sock``, ``run/helper.pid``, ``run/cfg/`` (the start's
+``helper.log``, ``run/plan.json``, ``run/control.sock``, ``run/cfg/`` (the start's
 ``boot.sh`` and agent, shared read-only into the guest), ``chan/agent.sock``.
 """
 
@@ -101,7 +101,6 @@ class MacosVmPaths(MachinePaths):
     helper_log = subpath("helper.log")
     plan = subpath("run", "plan.json")
     control = subpath("run", "control.sock")
-    pidfile = subpath("run", "helper.pid")
     cfg = subpath("run", "cfg")
     agent = subpath("chan", "agent.sock")
 
@@ -408,7 +407,7 @@ class MacosVmBackend(Backend[MacosVmRecord, MacosVmPaths]):
         agent = await self.agent_binary()
         await asyncio.to_thread(check_darwin_arm64, agent)
         await asyncio.to_thread(self._write_boot, record, paths, agent)
-        for stale in (paths.control, paths.agent, paths.pidfile):
+        for stale in (paths.control, paths.agent):
             with contextlib.suppress(FileNotFoundError):
                 stale.unlink()
         argv = [
@@ -422,32 +421,25 @@ class MacosVmBackend(Backend[MacosVmRecord, MacosVmPaths]):
             str(paths.control),
             "--agent",
             str(paths.agent),
-            "--pidfile",
-            str(paths.pidfile),
             "--log",
             str(paths.helper_log),
         ]
         if record.stop_mode == "save" and paths.saved_state.is_file():
             argv += ["--restore", str(paths.saved_state)]
-        # The helper detaches (double fork) once its sockets listen; its parent's exit says whether it did.
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            start_new_session=True,
+        # The helper forks once its sockets listen: the parent prints the child's pid and exits 0, or says why
+        # not on stderr and exits non-zero. The child (the Machine's process) keeps none of our pipes.
+        launcher = await asyncio.create_subprocess_exec(
+            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
         )
-        out, err = await proc.communicate()
-        if proc.returncode != 0:
-            text = (err or out).decode(errors="replace").strip()
+        said, complaint = await launcher.communicate()
+        word = said.decode(errors="replace").strip()
+        if launcher.returncode != 0 or not word.isdigit():
+            why = complaint.decode(errors="replace").strip() or word or "no message"
             raise RuntimeFailureError(
-                f"the macOS VM helper did not start: {text.splitlines()[-1] if text else 'no message'}",
-                runtime_message=text[-4000:] + tail(paths.helper_log),
+                f"the macOS VM helper did not start: {why.splitlines()[-1]}",
+                runtime_message=why[-4000:] + tail(paths.helper_log),
             )
-        try:
-            pid = int(paths.pidfile.read_text().strip())
-        except (OSError, ValueError):
-            raise RuntimeFailureError("the macOS VM helper started but wrote no pid file") from None
+        pid = int(word)
         start = proc_start_time(pid)
         if start is None:
             raise RuntimeFailureError(
@@ -516,7 +508,7 @@ class MacosVmBackend(Backend[MacosVmRecord, MacosVmPaths]):
 
     async def release(self, record: MacosVmRecord) -> None:
         paths = self.book.paths(record.key)
-        for leftover in (paths.control, paths.agent, paths.pidfile):
+        for leftover in (paths.control, paths.agent):
             with contextlib.suppress(FileNotFoundError):
                 leftover.unlink()
 

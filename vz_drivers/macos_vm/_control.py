@@ -30,7 +30,18 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MAX_LINE", "OPS", "STATES", "ControlError", "ControlServer", "VmController", "complete", "decode", "encode"]
+__all__ = [
+    "MAX_LINE",
+    "OPS",
+    "STATES",
+    "ControlError",
+    "ControlServer",
+    "VmController",
+    "complete",
+    "decode",
+    "encode",
+    "listen_private",
+]
 
 MAX_LINE = 64 * 1024
 OPS = ("start", "stop", "state", "save", "restore")
@@ -233,19 +244,25 @@ class VmController:
         return reply
 
 
+def listen_private(path: Path) -> socket.socket:
+    """A listening Unix socket at ``path`` created mode 0600 (only this user can connect)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    old = os.umask(0o177)
+    try:
+        sock.bind(str(path))
+    finally:
+        os.umask(old)
+    sock.listen(8)
+    return sock
+
+
 class ControlServer:
     """Serves ``VmController`` on a Unix socket (mode 0600), one thread per connection."""
 
     def __init__(self, controller: VmController, path: Path) -> None:
         self._controller = controller
         self._path = path
-        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        old = os.umask(0o177)
-        try:
-            self._sock.bind(str(path))
-        finally:
-            os.umask(old)
-        self._sock.listen(8)
+        self._sock = listen_private(path)
         self._threads: list[threading.Thread] = []
         self._closed = threading.Event()
 

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from vz_drivers.macos_vm._control import ControlServer, VmController
+from vz_drivers.macos_vm._control import ControlServer, VmController, listen_private
 from vz_drivers.macos_vm._plan import AGENT_PORT, plan_from_json
 from vz_drivers.macos_vm._realize import Frameworks, Realizer, load_frameworks
 
@@ -49,13 +49,7 @@ class AgentRelay:
 
     def __init__(self, path: Path, connect: Callable[[], socket.socket]) -> None:
         self._connect = connect
-        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        old = os.umask(0o177)
-        try:
-            self._sock.bind(str(path))
-        finally:
-            os.umask(old)
-        self._sock.listen(8)
+        self._sock = listen_private(path)
         self._path = path
 
     def serve_in_thread(self) -> None:
@@ -176,9 +170,10 @@ def _run(args: argparse.Namespace, fw: Frameworks) -> int:
     return outcome["code"]
 
 
-def _daemonize(pidfile: Path, log: Path) -> int | None:
-    """Fork: the parent waits for the child's "ready" (its sockets listen) and returns its exit status; the
-    child (a new session, stdio to ``log``) returns None and goes on. A pipe carries the word, not a sleep."""
+def _daemonize(log: Path) -> int | None:
+    """Fork: the parent waits for the child's "ready" (its sockets listen), prints the child's pid and returns
+    its exit status; the child (a new session, stdio to ``log``) returns None and goes on. A pipe carries the
+    word, not a sleep."""
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid:
@@ -186,6 +181,7 @@ def _daemonize(pidfile: Path, log: Path) -> int | None:
         with os.fdopen(read_end, "rb") as reader:
             word = reader.read(64)
         if word.startswith(b"ready"):
+            print(pid, flush=True)  # the plugin records this process as the Machine's
             return 0
         sys.stderr.write((word or b"the helper exited before it was ready").decode(errors="replace") + "\n")
         return 1
@@ -198,7 +194,6 @@ def _daemonize(pidfile: Path, log: Path) -> int | None:
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)
-    pidfile.write_text(f"{os.getpid()}\n")
     os.environ["VZ_MACOS_HELPER_READY_FD"] = str(write_end)
     return None
 
@@ -253,7 +248,6 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--control", required=True, help="Unix socket path of the control protocol")
     run.add_argument("--agent", required=True, help="Unix socket path relayed to the guest agent")
     run.add_argument("--agent-port", type=int, default=AGENT_PORT)
-    run.add_argument("--pidfile", required=True, help="where the detached helper writes its pid")
     run.add_argument("--log", required=True, help="the detached helper's stdout and stderr")
     run.add_argument("--restore", default="", help="start by restoring this saved state file")
     install = commands.add_parser("install", help="install a restore image into a base directory")
@@ -267,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.command == "install":
         return _install(args, load_frameworks())
-    status = _daemonize(Path(args.pidfile), Path(args.log))
+    status = _daemonize(Path(args.log))
     if status is not None:
         return status
     try:

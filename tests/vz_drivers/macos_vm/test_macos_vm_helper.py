@@ -26,8 +26,6 @@ def test_the_helper_runs_on_macos_only(tmp_path: Path) -> None:
         str(tmp_path / "c"),
         "--agent",
         str(tmp_path / "a"),
-        "--pidfile",
-        str(tmp_path / "pid"),
         "--log",
         str(tmp_path / "log"),
     ]
