@@ -22,6 +22,7 @@ import os
 import shutil
 import sys
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ from vz_drivers._machine import (
     Backend,
     ImageSource,
     MachinePlan,
+    MountRecord,
     Rules,
     atomic_write,
     now,
@@ -216,6 +218,8 @@ class VfkitBackend(Backend[VfkitRecord, VfkitPaths]):
         # Host first: on a host that cannot run vfkit nothing else is looked at, and nothing is created.
         await self.provisioning_preflight()
         valid = validate_common(request, self.rules)
+        # Every path must fit vfkit's option syntax before anything is created: build the command line once now.
+        await asyncio.to_thread(self._check_command_line, key, valid.mounts)
         image = await self.images.resolve(request, architecture=self.rules.architecture, display=self.display)
         size = disk_size(await asyncio.to_thread(_tree_bytes, image.rootfs), valid.storage_bytes)
         record = VfkitRecord(
@@ -242,6 +246,40 @@ class VfkitBackend(Backend[VfkitRecord, VfkitPaths]):
             extra={"workspace_target": valid.mounts[0].target if request.workspace_mount and valid.mounts else ""},
         )
         return MachinePlan(record, staged={"rootfs": image.rootfs})
+
+    def _check_command_line(self, key: str, mounts: Sequence[MountRecord]) -> None:
+        paths = self.book.paths(key)
+        sockets = socket_dir(paths, key, create=False)
+        shares = [Share(tag=CONFIG_TAG, path=str(paths.cfg), read_only=True)]
+        for m in mounts:
+            if m.type == "tmpfs":
+                continue
+            host = m.host_path if m.type == "bind" else str(self.book.volume_dir(m.source) / "data")
+            shares.append(Share(tag=f"vzm{len(shares) - 1}", path=host, read_only=m.read_only))
+        build_argv(
+            str(self.book.root / "bin" / "vfkit"),
+            self._spec(paths, sockets, cpus=1, memory_mib=1, shares=shares, network=True),
+        )
+
+    def _spec(
+        self, paths: VfkitPaths, sockets: Path, *, cpus: int, memory_mib: int, shares: Sequence[Share], network: bool
+    ) -> VfkitSpec:
+        return VfkitSpec(
+            cpus=cpus,
+            memory_mib=memory_mib,
+            kernel=self.options.kernel,
+            initrd=self.options.initrd,
+            cmdline=("console=hvc0", "quiet", "panic=-1", f"vz.cfg={CONFIG_TAG}"),
+            disk=str(paths.disk),
+            console_log=str(paths.console),
+            rest_socket=str(sockets / "rest.sock"),
+            agent_socket=str(sockets / "agent.sock"),
+            ready_socket=str(sockets / "ready.sock"),
+            shares=tuple(shares),
+            rosetta_tag=ROSETTA_TAG if self._rosetta() else "",
+            nested=self.options.nested,
+            network=network,
+        )
 
     async def stage(self, plan: MachinePlan[VfkitRecord]) -> None:
         record = plan.record
@@ -319,20 +357,12 @@ class VfkitBackend(Backend[VfkitRecord, VfkitPaths]):
         for stale in (paths.console, paths.vfkit_status):
             with contextlib.suppress(FileNotFoundError):
                 stale.unlink()
-        spec = VfkitSpec(
+        spec = self._spec(
+            paths,
+            sockets,
             cpus=record.cpus,
             memory_mib=max(record.memory_bytes // _MIB, 1),
-            kernel=self.options.kernel,
-            initrd=self.options.initrd,
-            cmdline=("console=hvc0", "quiet", "panic=-1", f"vz.cfg={CONFIG_TAG}"),
-            disk=str(paths.disk),
-            console_log=str(paths.console),
-            rest_socket=str(sockets / "rest.sock"),
-            agent_socket=str(sockets / "agent.sock"),
-            ready_socket=str(sockets / "ready.sock"),
-            shares=tuple(shares),
-            rosetta_tag=ROSETTA_TAG if self._rosetta() else "",
-            nested=self.options.nested,
+            shares=shares,
             network=record.egress != "deny",
         )
         argv = build_argv(verified.path, spec)

@@ -174,3 +174,22 @@ async def test_a_boot_failure_reports_vfkits_output_and_leaves_nothing(world: tu
     assert "Kernel panic - not syncing: stand-in" in info.value.runtime_message
     assert await driver.find("x") is None
     await driver.close()
+
+
+async def test_a_path_vfkit_cannot_carry_is_refused_before_anything_is_created(world: tuple[Path, str, str]) -> None:
+    from vz_core.errors import InvalidArgumentError
+
+    root, image_dir, agent_binary = world
+    awkward = root / "a,b"
+    awkward.mkdir()
+    driver = _make(root, Path(image_dir), agent_binary)
+    request = RunImageRequest(
+        workspace_id="comma", image="vz:default", workspace_mount=Mount(MountType.BIND, str(awkward), "/workspace")
+    )
+    with pytest.raises(InvalidArgumentError, match="comma"):
+        await driver.run_image(request)
+    assert await driver.find("comma") is None
+    machines = root / "state" / "machines"
+    assert not machines.exists() or list(machines.iterdir()) == []
+    assert _standins(root) == []
+    await driver.close()
