@@ -15,7 +15,7 @@ from typing import Any
 import grpc
 
 from vz_conformance._expect import fail
-from vz_core.rpc import runtime_errors_in
+from vz_core.rpc import StatusLog, is_made_up, runtime_errors_in
 from vz_core.rpc.pb import runtime_pb2 as pb
 
 __all__ = [
@@ -30,7 +30,6 @@ __all__ = [
 ]
 
 SERVICE = "/devsy.runtime.v1.RuntimeDriver"
-_MADE_UP_DETAILS = "Internal error from Core"
 _PEER_STATUS_WAIT = 2.0
 
 
@@ -98,8 +97,8 @@ async def raw_exec(
     """Send ``messages`` on a new Exec stream, optionally half-close, and read until the status arrives.
 
     The outcome is what the server sent, even when it ended the call before the client's last write: a write
-    that fails then stops the sending, and grpcio's made-up status for that write (see ``_StatusLog``) never
-    replaces the server's.
+    that fails then stops the sending, and grpcio's made-up status for that write (grpc/grpc#36066, see
+    ``vz_core.rpc.StatusLog``) never replaces the server's.
     """
     method = channel.stream_stream(
         f"{SERVICE}/Exec",
@@ -108,7 +107,7 @@ async def raw_exec(
     )
     outcome = RawOutcome(sent=[_frame_name(m) for m in messages] + (["half-close"] if half_close else []))
     call = method(timeout=within)  # type: ignore[call-arg]  # frames are written one by one below
-    statuses = _StatusLog(call)
+    log = StatusLog(call)
     try:
         if await _send(call, messages) and half_close:
             with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
@@ -126,8 +125,8 @@ async def raw_exec(
     except asyncio.CancelledError:
         call.cancel()
         raise
-    status = await statuses.outcome(_PEER_STATUS_WAIT)
-    outcome.code, outcome.message = status.code(), status.details()
+    status = await _server_status(call, log)
+    outcome.code, outcome.message = status.code(), status.details() or ""
     outcome.runtime_errors = runtime_errors_in(status)
     return outcome
 
@@ -161,11 +160,16 @@ async def raw_start_missing(channel: grpc.aio.Channel, workspace_id: str) -> Raw
     return outcome
 
 
-class _Status:
-    """A finished call's status, shaped like what ``runtime_errors_in`` reads."""
+class _Status(grpc.RpcError):
+    """A finished call's status, shaped like the errors ``is_made_up`` and ``runtime_errors_in`` read."""
 
     def __init__(self, code: grpc.StatusCode, details: str | None, trailing: Any) -> None:
+        super().__init__(details)
         self._code, self._details, self._trailing = code, details or "", trailing
+
+    @classmethod
+    async def of(cls, call: Any) -> _Status:
+        return cls(await call.code(), await call.details(), await call.trailing_metadata())
 
     def code(self) -> grpc.StatusCode:
         return self._code
@@ -176,57 +180,17 @@ class _Status:
     def trailing_metadata(self) -> Any:
         return self._trailing
 
-    def made_up(self) -> bool:
-        """Whether grpcio's client made this status up after one of its own writes failed."""
-        return (
-            self._code == grpc.StatusCode.INTERNAL and self._details == _MADE_UP_DETAILS and not runtime_errors_in(self)
-        )
 
+async def _server_status(call: Any, log: StatusLog) -> grpc.RpcError:
+    """The status the server sent, once the call's frames are read.
 
-def _settled(coro: Any) -> Any:
-    """The result of a coroutine that finishes without waiting (a finished call's status accessors)."""
-    try:
-        coro.send(None)
-    except StopIteration as done:
-        return done.value
-    coro.close()
-    raise RuntimeError("the call's status is not settled yet")
-
-
-class _StatusLog:
-    """The server's status of a raw Exec call, even when grpcio made one up for a failed write.
-
-    grpcio's asyncio client sets INTERNAL "Internal error from Core" when one of its writes fails because the
-    server already ended the call (grpc/grpc#36066). If the server's status came first, the made-up one
-    replaces it on the call, so the first status set is recorded by a done callback (they run once, at the
-    first status); if the made-up one came first, the server's replaces it once the remaining frames are read.
+    When the server's status came first, grpcio's made-up one replaced it on the call and ``log`` kept it; when
+    the made-up one came first, the server's replaced it on the call as the remaining frames were read.
     """
-
-    def __init__(self, call: Any) -> None:
-        self._call = call
-        self._first: _Status | None = None
-        call.add_done_callback(self._record)
-
-    def _record(self, call: Any) -> None:
-        with contextlib.suppress(Exception):  # not settled: nothing to record
-            self._first = _current(call)
-
-    async def outcome(self, seconds: float) -> _Status:
-        """The status the server sent; after a made-up first status, poll up to ``seconds`` for the server's
-        to replace it (the made-up one is returned when none does)."""
-        if self._first is not None and not self._first.made_up():
-            return self._first
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + seconds
-        while True:
-            status = _Status(await self._call.code(), await self._call.details(), await self._call.trailing_metadata())
-            if not status.made_up() or loop.time() >= deadline:
-                return status
-            await asyncio.sleep(0.01)
-
-
-def _current(call: Any) -> _Status:
-    return _Status(_settled(call.code()), _settled(call.details()), _settled(call.trailing_metadata()))
+    status = await _Status.of(call)
+    if not is_made_up(status):
+        return status
+    return await log.peer_status(_PEER_STATUS_WAIT) or await _Status.of(call)
 
 
 def require_one_runtime_error(rpc: str, outcome: RawOutcome, code: grpc.StatusCode, category: str) -> None:
