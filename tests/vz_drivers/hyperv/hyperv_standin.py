@@ -76,11 +76,13 @@ class StandInHyperV:
         self.registry: dict[str, str] = {}
         self.fail: dict[str, PsError] = {}
         self.calls: list[tuple[str, dict[str, Any]]] = []
+        self.forced: list[str] = []
+        """VMs turned off while running (TURN_OFF, or REMOVE of a running VM)."""
         self.checked: dict[str, int] = {}
 
     # ------------------------------------------------------------------ the runner protocol
 
-    async def run(self, script: Script, args: Mapping[str, Any], *, timeout: float) -> Any:  # noqa: ASYNC109 - bounds the script
+    async def run(self, script: Script, args: Mapping[str, Any], *, timeout: float) -> Any:  # noqa: ASYNC109
         check_args(script, args)
         text = script_text(script)
         self.checked[script.name] = len(check_text(text))
@@ -124,7 +126,7 @@ class StandInHyperV:
             "Generation": 2,
         }
 
-    async def _probe(self, args: Mapping[str, Any], timeout: float) -> Any:  # noqa: ASYNC109 - bounds the script
+    async def _probe(self, args: Mapping[str, Any], timeout: float) -> Any:  # noqa: ASYNC109
         allowed = self.module and (self.elevated or self.hyperv_admin)
         return {
             "Module": self.module,
@@ -139,14 +141,14 @@ class StandInHyperV:
             "LogicalProcessorCount": 8 if allowed else 0,
         }
 
-    async def _state(self, args: Mapping[str, Any], timeout: float) -> Any:  # noqa: ASYNC109 - bounds the script
+    async def _state(self, args: Mapping[str, Any], timeout: float) -> Any:  # noqa: ASYNC109
         return self._value(self._find(args))
 
     def _require_admin(self) -> None:
         if not (self.elevated or self.hyperv_admin):
             raise PsError("You do not have the required permission to complete this task.", "PermissionDenied")
 
-    async def _create(self, args: Mapping[str, Any], timeout: float) -> Any:  # noqa: ASYNC109 - bounds the script
+    async def _create(self, args: Mapping[str, Any], timeout: float) -> Any:  # noqa: ASYNC109
         self._require_admin()
         if not _SERVICE_RE.match(args["service_id"]):
             raise PsError(f"not a vsock service GUID: {args['service_id']}")
@@ -179,14 +181,14 @@ class StandInHyperV:
         self.registry[args["service_id"]] = args["service_name"]
         return self._value(vm)
 
-    async def _start(self, args: Mapping[str, Any], timeout: float) -> Any:  # noqa: ASYNC109 - bounds the script
+    async def _start(self, args: Mapping[str, Any], timeout: float) -> Any:  # noqa: ASYNC109
         vm = self._find(args)
         if vm is None:
             raise PsError(f"VM {args['name']} does not exist")
         vm.state = "Running"
         return self._value(vm)
 
-    async def _stop(self, args: Mapping[str, Any], timeout: float) -> Any:  # noqa: ASYNC109 - bounds the script
+    async def _stop(self, args: Mapping[str, Any], timeout: float) -> Any:  # noqa: ASYNC109
         vm = self._find(args)
         if vm is not None and vm.state != "Off":
             if not self.guest_shuts_down:
@@ -196,17 +198,21 @@ class StandInHyperV:
             vm.state = "Off"
         return self._value(vm)
 
-    async def _turn_off(self, args: Mapping[str, Any], timeout: float) -> Any:  # noqa: ASYNC109 - bounds the script
+    async def _turn_off(self, args: Mapping[str, Any], timeout: float) -> Any:  # noqa: ASYNC109
         vm = self._find(args)
         if vm is not None:
+            if vm.state != "Off":
+                self.forced.append(vm.name)
             vm.state = "Off"
         return self._value(vm)
 
-    async def _remove(self, args: Mapping[str, Any], timeout: float) -> Any:  # noqa: ASYNC109 - bounds the script
+    async def _remove(self, args: Mapping[str, Any], timeout: float) -> Any:  # noqa: ASYNC109
         vm = self._find(args)
         removed_vm = removed_service = False
         if vm is not None:
             self._require_admin()
+            if vm.state != "Off":
+                self.forced.append(vm.name)
             vm.state = "Off"
             del self.vms[vm.name]
             removed_vm = True

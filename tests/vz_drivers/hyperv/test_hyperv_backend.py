@@ -119,7 +119,7 @@ async def test_a_guest_that_ignores_shutdown_is_turned_off_after_the_bounded_wai
     state = await b.stop_vm(record, graceful=True)
     elapsed = time.monotonic() - started
     assert state is not None and state.off
-    assert [name for name, _ in standin.calls][-2:] == ["stop", "turn-off"]
+    assert [name for name, _ in standin.calls][-2:] == ["stop", "turn-off"] and standin.forced == [record.vm_name]
     assert 0.5 <= elapsed < 5, elapsed
 
 

@@ -184,10 +184,13 @@ async def test_the_raw_disk_boots_under_ovmf_and_the_agent_answers(built: Built,
     )
     client: AgentClient | None = None
     try:
-        while not sock.exists():
+        while True:  # QEMU binds the socket, then listens: connect once it does
             assert proc.returncode is None, "QEMU exited at once"
-            await asyncio.sleep(0.1)
-        reader, writer = await asyncio.open_unix_connection(str(sock))
+            try:
+                reader, writer = await asyncio.open_unix_connection(str(sock))
+                break
+            except (FileNotFoundError, ConnectionRefusedError):
+                await asyncio.sleep(0.1)
         try:
             client = await AgentClient.from_streams(reader, writer, wait_ready=True, timeout=400)
         except BaseException:
