@@ -85,8 +85,10 @@ def _launch_plugin(*args: str) -> subprocess.Popen[bytes]:
 # Stands in for the plugin SDK: prints a handshake line, then calls on_serving like vz_plugins.serve does.
 STUB_SERVE = """
 import sys, vz_plugins
-def serve(driver, *, extensions=True, on_serving=None):
+from vz_core import Driver
+def serve(driver, *, on_serving=None, **options):
     print("1|1|unix|/nonexistent/plugin.sock|grpc|", flush=True)
+    driver = driver if isinstance(driver, Driver) else driver()  # a factory is built after the handshake
     print("serving", type(driver).__name__, str(driver.state_dir), sorted(driver.faults), file=sys.stderr, flush=True)
     if on_serving is not None:
         on_serving()
