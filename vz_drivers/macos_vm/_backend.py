@@ -541,6 +541,12 @@ class MacosVmDriver(AgentMachineDriver[MacosVmRecord, MacosVmPaths]):
         AgentMachineDriver.__init__(driver, backend)
         return driver
 
+    async def remove_machines(self) -> None:
+        """Delete every Machine of this state directory; installed bases and restore images stay (CI runners
+        keep their base; ``remove_everything`` removes those too)."""
+        for record in list(self._store.records()):
+            await self.delete(record.workspace_id)
+
     async def extensions(self) -> Extensions | None:
         backend = self._backend
         assert isinstance(backend, MacosVmBackend)

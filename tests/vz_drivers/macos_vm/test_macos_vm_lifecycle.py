@@ -165,3 +165,18 @@ async def test_a_base_that_is_not_installed_is_installed_by_the_helper(tmp_path:
         await driver.run_image(_request(ws, image=f"ipsw:{ipsw}@sha256:{SHA}"))
     assert "macOS only" in (info.value.runtime_message or "")
     assert await driver.find(WS_ID) is None
+
+
+async def test_remove_machines_keeps_the_installed_base(tmp_path: Path, darwin_program: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    backend = _backend(tmp_path, darwin_program)
+    plan = await backend.plan(_request(ws), machine_key(WS_ID))
+    backend.book.ensure()
+    backend.book.save(plan.record)
+    driver = MacosVmDriver.with_backend(backend)
+    found = await driver.find(WS_ID)
+    assert found is not None and found.state.status == "stopped"
+    await driver.remove_machines()
+    assert await driver.find(WS_ID) is None
+    assert backend.bases.installed(BASE) is not None
