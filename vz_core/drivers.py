@@ -42,12 +42,11 @@ import sysconfig
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vz_core._driver import Driver
 from vz_core.errors import NotFoundError, TrustError, UserError
 from vz_core.paths import state_dir
-from vz_core.redact import Redactor
 from vz_core.registry import (
     DRIVER_NAME_PATTERN,
     OPTIONS_ENV,
@@ -56,9 +55,14 @@ from vz_core.registry import (
     check_driver_name,
     is_driver_name,
 )
-from vz_core.rpc import Mode, RemoteDriver
-from vz_core.transport import LaunchSpec, PluginLauncher
-from vz_core.trust import Manifest, host_platform, load_manifest, parse_manifest, sha256_of, verify_binary
+
+if TYPE_CHECKING:
+    # Imported where used: building a built-in driver in-process (``open_driver``, what `vz exec` does) must load
+    # neither pydantic (manifests) nor grpc (plugins).
+    from vz_core.redact import Redactor
+    from vz_core.rpc import Mode, RemoteDriver
+    from vz_core.transport import LaunchSpec, PluginLauncher
+    from vz_core.trust import Manifest
 
 __all__ = [
     "DRIVER_NAME_PATTERN",
@@ -146,6 +150,8 @@ class ManifestStore:
             raise TrustError(
                 f"the record of driver {name!r} ({path}) is unreadable ({type(exc).__name__}); add it again"
             ) from None
+        from vz_core.trust import parse_manifest
+
         parsed = parse_manifest(manifest, source=f"recorded manifest of {name!r}")
         if parsed.name != name or not driver_dir.is_absolute():
             raise TrustError(
@@ -180,6 +186,9 @@ class ResolvedDriver:
 
     def launch_spec(self, options: dict[str, Any] | None = None) -> Callable[[], LaunchSpec]:
         """A ``prepare`` callable for ``PluginLauncher``: external binaries are verified on every call."""
+        from vz_core.transport import LaunchSpec
+        from vz_core.trust import verify_binary
+
         if self.builtin is not None:
             builtin = self.builtin
             env = {OPTIONS_ENV: json.dumps(options)} if options else {}
@@ -245,6 +254,8 @@ def launcher_for(
     store: ManifestStore | None = None,
 ) -> PluginLauncher:
     """A launcher for driver ``name`` (resolved now; external binaries verified at each launch)."""
+    from vz_core.transport import PluginLauncher
+
     resolved = resolve(name, registry=registry, store=store)
     return PluginLauncher(
         resolved.launch_spec(options),
@@ -261,15 +272,24 @@ def remote_driver(
     options: dict[str, Any] | None = None,
     mode: Mode = "warm",
     idle_timeout: float | None = 300.0,
+    redactor: Redactor | None = None,
     registry: DriverRegistry | None = None,
     store: ManifestStore | None = None,
 ) -> RemoteDriver:
-    """Driver ``name`` as an out-of-process ``RemoteDriver`` (nothing is launched until the first call)."""
-    launcher = launcher_for(name, options=options, registry=registry, store=store)
-    return RemoteDriver(launcher, mode=mode, idle_timeout=idle_timeout, name=name)
+    """Driver ``name`` as an out-of-process ``RemoteDriver`` (nothing is launched until the first call).
+
+    ``redactor`` masks secrets in what the plugin says (its stderr and its errors); give the command's, which
+    knows every secret of the Environment.
+    """
+    from vz_core.rpc import RemoteDriver
+
+    launcher = launcher_for(name, options=options, redactor=redactor, registry=registry, store=store)
+    return RemoteDriver(launcher, mode=mode, idle_timeout=idle_timeout, name=name, redactor=redactor)
 
 
 def _external_row(name: str, record: ExternalRecord) -> dict[str, Any]:
+    from vz_core.trust import host_platform
+
     m = record.manifest
     plat = host_platform()
     row: dict[str, Any] = {
@@ -322,6 +342,8 @@ def add_manifest(
     registry = registry if registry is not None else DriverRegistry()
     store = store if store is not None else ManifestStore()
     manifest_path = Path(path).absolute()
+    from vz_core.trust import load_manifest, sha256_of
+
     manifest = load_manifest(manifest_path)
     if manifest.name in registry.names():
         raise UserError(f"driver name {manifest.name!r} belongs to a built-in driver; give the manifest another name")
@@ -348,6 +370,8 @@ def add_manifest(
 
 
 def _verify_one(name: str, registry: DriverRegistry, store: ManifestStore) -> dict[str, Any]:
+    from vz_core.trust import sha256_of
+
     resolved = resolve(name, registry=registry, store=store)
     if resolved.builtin is not None:
         return {
@@ -397,6 +421,8 @@ def builtin_manifest(
     other Runtime Protocol hosts, or to run a built-in through the external, checksummed path. ``path`` is
     absolute, so the manifest file may live anywhere. Returns the manifest as a dict.
     """
+    from vz_core.trust import host_platform, parse_manifest, sha256_of
+
     registry = registry if registry is not None else DriverRegistry()
     spec = registry.get(name)
     if not spec.plugin_command:
@@ -456,8 +482,8 @@ class HostConfig:
     host-scoped options come from. Written atomically; never read from a project directory.
     """
 
-    def __init__(self, path: Path | None = None) -> None:
-        self.path = path if path is not None else host_config_path()
+    def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
+        self.path = Path(path) if path is not None else host_config_path()
 
     def load(self) -> dict[str, dict[str, _Value]]:
         try:
@@ -569,12 +595,14 @@ def open_driver(
     registry: DriverRegistry | None = None,
     store: ManifestStore | None = None,
     host_config: HostConfig | None = None,
+    redactor: Redactor | None = None,
 ) -> Driver:
     """Driver ``name`` ready to use, for a Machine whose vz.json gave ``project_options``.
 
     Built-in drivers are built in-process with ``effective_options``; external ones are served out-of-process
     (their binary verified at each launch). ``UserError`` for a bad name or option (nothing is built),
-    ``NotFoundError`` for an unknown driver. The caller closes the driver.
+    ``NotFoundError`` for an unknown driver. ``redactor`` masks secrets in what an out-of-process driver says.
+    The caller closes the driver.
     """
     registry = registry if registry is not None else DriverRegistry()
     options = effective_options(
@@ -582,7 +610,7 @@ def open_driver(
     )
     resolved = resolve(name, registry=registry, store=store)
     if resolved.builtin is None:
-        return remote_driver(name, registry=registry, store=store)
+        return remote_driver(name, redactor=redactor, registry=registry, store=store)
     factory = resolved.builtin.load()
     try:
         return factory(**options)

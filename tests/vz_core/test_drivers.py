@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -398,3 +399,14 @@ def test_host_config_path_follows_vz_home(monkeypatch: pytest.MonkeyPatch, tmp_p
     monkeypatch.setenv("VZ_HOME", str(tmp_path))
     assert host_config_path() == tmp_path / "config" / "drivers.json"
     assert HostConfig().path == tmp_path / "config" / "drivers.json"
+
+
+def test_building_a_builtin_driver_loads_neither_pydantic_nor_grpc(tmp_path: Path) -> None:
+    code = (
+        "import sys\n"
+        "from vz_core.drivers import HostConfig, open_driver\n"
+        f"driver = open_driver('fake', None, host_config=HostConfig({str(tmp_path / 'none.json')!r}))\n"
+        "print(type(driver).__name__, 'pydantic' in sys.modules, 'grpc' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.split() == ["FakeDriver", "False", "False"]
