@@ -31,3 +31,16 @@ def test_the_plugin_command_line_is_generated() -> None:
     parser = build_parser()
     args = parser.parse_args(["--state-dir", "/s", "--allow-unpinned", "true", "--stop-mode", "save"])
     assert DECLARATION.plugin_options(parser, args) == {"state_dir": "/s", "allow_unpinned": True, "stop_mode": "save"}
+
+
+def test_registered_it_shows_as_dev_in_the_capability_matrix() -> None:
+    from vz_core import capability_matrix
+    from vz_core.registry import DriverRegistry
+    from vz_drivers.macos_vm import registration
+
+    registry = DriverRegistry(load_entry_points=False)
+    registry.register(registration)
+    rows = [e for e in capability_matrix.entries(registry) if e.driver == "macos_vm"]
+    assert [(e.host_os, e.target_os, e.status) for e in rows] == [("darwin", "darwin", "DEV")]
+    found = capability_matrix.lookup("macos_vm", "darwin", "darwin", registry=registry)
+    assert found is not None and found.status == "DEV"
