@@ -81,3 +81,22 @@ def test_configure_sets_shows_and_unsets_host_options(
         _driver_command("configure", "linux_native", "colour=blue")
     with pytest.raises(UserError, match="is not a driver name"):
         _driver_command("configure", "../etc", "x=1")
+
+
+def test_vz_driver_configure_is_where_host_options_are_set(vz: Vz, tmp_path: Path) -> None:
+    state = tmp_path / "fake-state"
+    out = vz.ok("driver", "configure", "fake", f"state_dir={state}", cwd=tmp_path)
+    assert f"state_dir = {json.dumps(str(state))}" in out
+    project = write_project(tmp_path / "p", fake_machine("web"))
+    vz.ok("up", cwd=project)
+    try:
+        assert (state / "machines").is_dir() and any((state / "machines").iterdir())
+        assert not (vz.home / "drivers" / "fake").exists()
+    finally:
+        vz.ok("delete", cwd=project)
+    refused = write_project(tmp_path / "q", fake_machine("web", driver_options={"state_dir": str(tmp_path / "x")}))
+    err = vz.fails(2, "up", cwd=refused)
+    assert "driver_options.state_dir" in err and "vz driver configure fake state_dir=VALUE" in err
+    assert json.loads(vz.ok("driver", "configure", "fake", "--json", cwd=tmp_path))["options"] == {
+        "state_dir": str(state)
+    }
