@@ -61,6 +61,7 @@ from vz_drivers.vfkit._process import (
     ReadyListener,
     VfkitProcess,
     boot_failure,
+    exit_status,
     launch,
     process_alive,
     stop_vm,
@@ -438,6 +439,10 @@ class VfkitBackend(Backend[VfkitRecord, VfkitPaths]):
         listener = self._ready.pop(record.key, None)
         if listener is not None:
             await listener.__aexit__(None, None, None)
+        if record.pid:
+            # vfkit is gone; its launcher's waiting shell writes the exit status just after. Let it finish, so
+            # that nothing writes into the Machine's directory once Stop or Delete returned.
+            await exit_status(self.book.paths(record.key).vfkit_status)
 
     def remove_tree(self, paths: VfkitPaths) -> None:
         # The record may already be gone: the socket directory is derived from the paths, not read from it.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -45,12 +45,15 @@ class Machine:
 
 
 @pytest.fixture
-def launched() -> Iterator[list[VfkitProcess]]:
+async def launched(short_dir: Path) -> AsyncIterator[list[VfkitProcess]]:
     procs: list[VfkitProcess] = []
     yield procs
     for proc in procs:  # never leave a detached stand-in behind, whatever the test did
         if process_alive(proc.pid, proc.start_time):
             os.kill(proc.pid, signal.SIGKILL)
+        await wait_gone(proc.pid, proc.start_time, 10)
+    if procs:  # the launcher's waiting shell writes the exit status last: then the directory may go
+        assert await exit_status(short_dir / "run" / "vfkit.status") != ""
 
 
 def _machine(short_dir: Path) -> Machine:
