@@ -50,7 +50,7 @@ from vz_drivers._machine import (
     Rules,
     atomic_write,
     checked_executable,
-    now,
+    record_fields,
     validate_common,
 )
 from vz_drivers.hyperv import _scripts as ps
@@ -277,43 +277,23 @@ class HypervBackend(Backend[HypervRecord, HypervPaths]):
             )
         image = await self.images.resolve(request, architecture="amd64", display=self.display)
         usage = await asyncio.to_thread(tree_usage, image.rootfs)
-        if valid.storage_bytes:
-            needed = minimum_disk_size(usage)
-            if valid.storage_bytes < needed:
-                raise InvalidArgumentError(
-                    f"host_requirements.storage_bytes={valid.storage_bytes} cannot hold the image {request.image!r}; "
-                    f"ask for at least {needed} bytes",
-                    details={"field": "host_requirements.storage_bytes"},
-                )
-            disk_bytes = valid.storage_bytes // 4096 * 4096
-        else:
-            disk_bytes = default_disk_size(usage)
+        disk_bytes = valid.storage_bytes // 4096 * 4096 or default_disk_size(usage)
+        if disk_bytes < minimum_disk_size(usage):
+            raise InvalidArgumentError(
+                f"host_requirements.storage_bytes={valid.storage_bytes} is too small for the image {request.image!r} "
+                f"(its root filesystem needs {minimum_disk_size(usage)} bytes)",
+                details={"field": "host_requirements.storage_bytes"},
+            )
         port = 0x10000000 + secrets.randbelow(0x60000000)
+        fields = record_fields(request, key, image, valid)
+        fields["cpus"] = valid.cpus or min(DEFAULT_CPUS, rules.cpus)
+        fields["memory_bytes"] = valid.memory_bytes or DEFAULT_MEMORY
         record = HypervRecord(
-            workspace_id=request.workspace_id,
-            key=key,
-            machine_id=uuid.uuid4().hex,
-            created_at=now(),
-            image_ref=request.image,
-            image_digest=image.digest,
-            argv=image.argv,
-            environment=dict(request.environment),
-            image_env=image.env,
-            working_dir=image.working_dir,
-            user=image.user,
-            developer_identity=image.identity_name,
-            identity_uid=image.identity.uid,
-            identity_gid=image.identity.gid,
-            labels=valid.labels,
-            mounts=list(valid.mounts),
-            cpus=valid.cpus or min(DEFAULT_CPUS, rules.cpus),
-            memory_bytes=valid.memory_bytes or DEFAULT_MEMORY,
+            **fields,
             disk_bytes=disk_bytes,
-            egress=valid.egress,
             vsock_port=port,
             switch=self.switch if valid.egress == "allow" else "",
             secure_boot=self.secure_boot_template or "Off",
-            extra={"workspace_target": ""},
         )
         return MachinePlan(record, staged={"rootfs": image.rootfs})
 

@@ -31,6 +31,7 @@ import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from vz_core.errors import RuntimeFailureError, UnavailableError
 
@@ -261,8 +262,8 @@ def _header(disk_guid: uuid.UUID, current: int, backup: int, entries_lba: int, l
     return with_crc.ljust(SECTOR, b"\0")
 
 
-def write_gpt(fd: int, size: int, disk_guid: uuid.UUID, partitions: Sequence[Partition]) -> None:
-    """Write a protective MBR, the primary and the backup GPT of a ``size``-byte disk to ``fd``."""
+def write_gpt(out: BinaryIO, size: int, disk_guid: uuid.UUID, partitions: Sequence[Partition]) -> None:
+    """Write a protective MBR, the primary and the backup GPT of a ``size``-byte disk to ``out``."""
     sectors = size // SECTOR
     last_usable = sectors - 1 - 1 - _ENTRY_SECTORS
     entries = bytearray(_ENTRIES * _ENTRY_SIZE)
@@ -288,31 +289,41 @@ def write_gpt(fd: int, size: int, disk_guid: uuid.UUID, partitions: Sequence[Par
     mbr[510:512] = b"\x55\xaa"
     primary = _header(disk_guid, 1, sectors - 1, 2, last_usable, entries_crc)
     backup = _header(disk_guid, sectors - 1, 1, sectors - 1 - _ENTRY_SECTORS, last_usable, entries_crc)
-    os.pwrite(fd, bytes(mbr) + primary + bytes(entries), 0)
-    os.pwrite(fd, bytes(entries) + backup, (sectors - 1 - _ENTRY_SECTORS) * SECTOR)
+    out.seek(0)
+    out.write(bytes(mbr) + primary + bytes(entries))
+    out.seek((sectors - 1 - _ENTRY_SECTORS) * SECTOR)
+    out.write(bytes(entries) + backup)
 
 
-def _copy_into(src: Path, fd: int, offset: int) -> None:
-    """Copy ``src`` into ``fd`` at ``offset``, only its data (the holes of a sparse image stay holes)."""
-    with open(src, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        pos = 0
+def _data_ranges(f: BinaryIO, size: int) -> list[tuple[int, int]]:
+    """Where a file has data (SEEK_DATA/SEEK_HOLE where the system has them; else: all of it)."""
+    seek_data, seek_hole = getattr(os, "SEEK_DATA", None), getattr(os, "SEEK_HOLE", None)
+    if seek_data is None or seek_hole is None:
+        return [(0, size)]
+    ranges, pos = [], 0
+    try:
         while pos < size:
-            try:
-                start = os.lseek(f.fileno(), pos, os.SEEK_DATA)
-                stop = os.lseek(f.fileno(), start, os.SEEK_HOLE)
-            except (OSError, AttributeError):
-                start, stop = pos, size
-            if start >= size:
-                break
+            start = os.lseek(f.fileno(), pos, seek_data)
+            pos = os.lseek(f.fileno(), start, seek_hole)
+            ranges.append((start, pos))
+    except OSError:  # ENXIO: no data after pos
+        pass
+    return ranges
+
+
+def _copy_into(src: Path, out: BinaryIO, offset: int) -> None:
+    """Copy ``src`` into ``out`` at ``offset``, only its data (the holes of a sparse image stay holes)."""
+    with open(src, "rb") as f:
+        for start, stop in _data_ranges(f, os.fstat(f.fileno()).st_size):
+            f.seek(start)
             while start < stop:
-                chunk = os.pread(f.fileno(), min(stop - start, 4 << 20), start)
+                chunk = f.read(min(stop - start, 4 << 20))
                 if not chunk:
                     break
                 if chunk.count(0) != len(chunk):
-                    os.pwrite(fd, chunk, offset + start)
+                    out.seek(offset + start)
+                    out.write(chunk)
                 start += len(chunk)
-            pos = stop
 
 
 def assemble_disk(target: Path, esp: Path, root: Path, *, seed: str) -> tuple[Partition, Partition]:
@@ -328,16 +339,15 @@ def assemble_disk(target: Path, esp: Path, root: Path, *, seed: str) -> tuple[Pa
     size = (root_part.last_lba + 1) * SECTOR + _ALIGN
     fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_BINARY", 0), 0o600)
     try:
-        os.ftruncate(fd, size)
-        write_gpt(fd, size, _guid(seed, "disk"), (esp_part, root_part))
-        _copy_into(esp, fd, esp_part.first_lba * SECTOR)
-        _copy_into(root, fd, root_part.first_lba * SECTOR)
+        with os.fdopen(fd, "wb") as out:
+            out.truncate(size)
+            write_gpt(out, size, _guid(seed, "disk"), (esp_part, root_part))
+            _copy_into(esp, out, esp_part.first_lba * SECTOR)
+            _copy_into(root, out, root_part.first_lba * SECTOR)
     except BaseException:
-        os.close(fd)
         with contextlib.suppress(FileNotFoundError):
             target.unlink()
         raise
-    os.close(fd)
     return esp_part, root_part
 
 
