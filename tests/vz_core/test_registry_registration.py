@@ -409,3 +409,17 @@ def test_a_host_launch_reads_options_from_the_environment_without_argparse(tmp_p
     wrong = [sys.executable, "-c", HOST_LAUNCH, "--module", "vz_drivers.qemu.registration", "fake"]
     out = subprocess.run(wrong, capture_output=True, text=True, timeout=60, check=False, env=env)
     assert out.returncode == 2 and "declares no driver 'fake'" in out.stderr
+
+
+@pytest.mark.parametrize("name", [n for n in SHIPPED if n != "fake"])
+def test_a_driver_accepts_exactly_the_options_its_declaration_describes(name: str) -> None:
+    """The declaration is where options are described; a driver taking an undeclared one (or dropping one) fails."""
+    import re
+
+    declaration = DriverRegistry(distribution="vz").get(name)
+    with pytest.raises(Exception) as info:
+        declaration.load()(not_an_option_of_any_driver=1)
+    message = str(info.value)
+    listed = re.search(r"(?:known|valid options): ([a-z0-9_, ]+)", message)
+    assert listed is not None, message
+    assert sorted(listed.group(1).replace(" ", "").split(",")) == declaration.option_names(), message
