@@ -15,7 +15,7 @@ DECLARATION = DriverDeclaration(
     summary="Linux Machines on Windows as Hyper-V Generation 2 VMs booting the vz guest from a VHDX (DEV)",
     factory="vz_drivers.hyperv:HypervDriver",
     plugin_command=("vz-driver-hyperv",),
-    targets=("linux",),
+    targets=("linux", "windows"),  # windows: PLANNED (RunImage of a windows/* platform is UNSUPPORTED)
     options=(
         Option(
             "state_dir",

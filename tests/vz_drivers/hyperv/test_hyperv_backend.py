@@ -199,6 +199,9 @@ async def test_plan_refuses_before_touching_anything(
     )
     with pytest.raises(InvalidArgumentError, match="2 MiB steps"):
         await backend.plan(odd, machine_key("w"))
+    windows = RunImageRequest(workspace_id="w", image="vz:default", platform="windows/amd64")
+    with pytest.raises(UnsupportedError, match=r"runs linux/amd64 Machines \(Hyper-V Generation 2\)"):
+        await backend.plan(windows, machine_key("w"))  # Windows Machines are PLANNED
     b = HypervBackend(state_dir=backend.book.root, runner=standin, host=WINDOWS, switch="vz")
     with pytest.raises(UnavailableError, match="switch 'vz' does not exist"):
         await b.plan(RunImageRequest(workspace_id="w", image="vz:default"), machine_key("w"))
