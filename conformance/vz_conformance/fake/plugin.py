@@ -53,9 +53,8 @@ class _FakePluginHooks(PluginHooks):
             sys.stderr.flush()
             while True:
                 time.sleep(3600)
-        on_serving = _crash_after_handshake if "crash-after-handshake" in faults else None
-        # Built before serving, as a plugin always did: the fake's construction is cheap and checks the faults.
-        return PluginStart(build_before_handshake=True, on_serving=on_serving)
+        # FakeDriver is built after the handshake (its code is imported only then): a fast cold start.
+        return PluginStart(on_serving=_crash_after_handshake if "crash-after-handshake" in faults else None)
 
 
 def _crash_after_handshake() -> None:
