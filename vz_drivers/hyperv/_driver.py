@@ -446,7 +446,7 @@ class HypervBackend(Backend[HypervRecord, HypervPaths]):
             if deadline is not None and time.monotonic() >= deadline:
                 await self.kill(record)
                 return
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(2.0)  # each look is one PowerShell process
 
     # ------------------------------------------------------------------ boot and the agent
 

@@ -54,6 +54,8 @@ SWITCHES = frozenset(
         "SupportPersistentReservations",
         "AllowUnverifiedPaths",
         "Parallel",
+        "DynamicMemory",
+        "StaticMemory",
     }
 )
 
@@ -95,13 +97,19 @@ DOCS: dict[str, dict[str, ParameterSet]] = {
     },
     "Set-VMProcessor": {
         "VMName": _set(
-            "VMName Count CompatibilityForMigrationEnabled CompatibilityForMigrationMode "
-            "CompatibilityForOlderOperatingSystemsEnabled HwThreadCountPerCore Maximum Reserve "
-            "RelativeWeight MaximumCountPerNumaNode MaximumCountPerNumaSocket ResourcePoolName "
-            "EnableHostResourceProtection ExposeVirtualizationExtensions Passthru" + _REMOTE + _SP,
+            "VMName Count CompatibilityForMigrationEnabled CompatibilityForOlderOperatingSystemsEnabled "
+            "HwThreadCountPerCore Maximum Reserve RelativeWeight MaximumCountPerNumaNode MaximumCountPerNumaSocket "
+            "ResourcePoolName Perfmon EnableHostResourceProtection ExposeVirtualizationExtensions Passthru"
+            + _REMOTE
+            + _SP,
             "VMName",
         ),
-        "VMObject": _set("VM Count Maximum Reserve RelativeWeight Passthru" + _SP, "VM"),
+        "VMObject": _set(
+            "VM Count CompatibilityForMigrationEnabled CompatibilityForOlderOperatingSystemsEnabled "
+            "HwThreadCountPerCore Maximum Reserve RelativeWeight MaximumCountPerNumaNode MaximumCountPerNumaSocket "
+            "ResourcePoolName Perfmon EnableHostResourceProtection ExposeVirtualizationExtensions Passthru" + _SP,
+            "VM",
+        ),
     },
     "Set-VMMemory": {
         "VMName": _set(
@@ -128,12 +136,12 @@ DOCS: dict[str, dict[str, ParameterSet]] = {
     "Set-VM": {
         "Name": _set(
             "Name GuestControlledCacheTypes LowMemoryMappedIoSpace HighMemoryMappedIoSpace "
-            "HighMemoryMappedIoBaseAddress EnableSecureBoot BatteryPassthroughEnabled ProcessorCount "
+            "ProcessorCount "
             "DynamicMemory StaticMemory MemoryMinimumBytes MemoryMaximumBytes MemoryStartupBytes "
             "AutomaticStartAction AutomaticStopAction AutomaticStartDelay AutomaticCriticalErrorAction "
             "AutomaticCriticalErrorActionTimeout AutomaticCheckpointsEnabled LockOnDisconnect Notes "
             "NewVMName SnapshotFileLocation SmartPagingFilePath CheckpointType AllowUnverifiedPaths "
-            "EnhancedSessionTransportType Passthru" + _REMOTE + _SP,
+            "Passthru" + _REMOTE + _SP,
             "Name",
         ),
     },
