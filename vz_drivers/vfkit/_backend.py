@@ -33,7 +33,6 @@ from vz_core.errors import DriverError, FailedPreconditionError, UnavailableErro
 from vz_drivers._machine import (
     AgentLink,
     Backend,
-    ImageSource,
     MachinePlan,
     MountRecord,
     Rules,
@@ -119,9 +118,18 @@ class VfkitBackend(Backend[VfkitRecord, VfkitPaths]):
         host: HostSupport | None = None,
         **options: Any,
     ) -> None:
+        # Every option is checked once by parse_options (vfkit takes no agent_binary: its agent is in the initrd);
+        # the layer's common part is then initialized from the checked values.
         self.options = parse_options(**options)
+        super().__init__(
+            {
+                "state_dir": str(self.options.state_root),
+                "image_dir": str(self.options.image_dir) if self.options.image_dir else None,
+                "stop_timeout": self.options.stop_timeout,
+                "insecure_registries": self.options.insecure_registries,
+            }
+        )
         self.book = VfkitBook(self.options.state_root)
-        self.images = ImageSource(self.options.image_dir, self.options.insecure_registries)
         self.binary = VfkitBinary(
             self.options.vfkit, state_root=self.options.state_root, pinned_sha256=self.options.vfkit_sha256
         )

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vz_core.errors import FailedPreconditionError
-from vz_drivers._machine import MachinePaths, MachineRecord, RecordBook
+from vz_drivers._machine import MachinePaths, MachineRecord, RecordBook, subpath
 
 __all__ = ["SOCKET_LIMIT", "VfkitBook", "VfkitPaths", "VfkitRecord", "socket_dir"]
 
@@ -44,34 +44,18 @@ class VfkitRecord(MachineRecord):
 
 @dataclass(frozen=True)
 class VfkitPaths(MachinePaths):
-    @property
-    def disk(self) -> Path:
-        return self.root / "disk.img"
-
-    @property
-    def cfg(self) -> Path:
-        return self.root / "cfg"
-
-    @property
-    def console(self) -> Path:
-        return self.run / "console.log"
-
-    @property
-    def vfkit_log(self) -> Path:
-        return self.run / "vfkit.log"
-
-    @property
-    def vfkit_status(self) -> Path:
-        return self.run / "vfkit.status"
+    disk = subpath("disk.img")
+    cfg = subpath("cfg")
+    console = subpath("run", "console.log")
+    vfkit_log = subpath("run", "vfkit.log")
+    vfkit_status = subpath("run", "vfkit.status")
 
 
 class VfkitBook(RecordBook[VfkitRecord, VfkitPaths]):
+    staging = subpath("staging")
+
     def __init__(self, root: Path) -> None:
         super().__init__(root, VfkitRecord, VfkitPaths)
-
-    @property
-    def staging(self) -> Path:
-        return self.root / "staging"
 
 
 def _private_dir(path: Path) -> Path:
