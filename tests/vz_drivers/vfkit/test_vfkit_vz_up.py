@@ -1,7 +1,6 @@
 """`vz up` with a vfkit Machine on a host that is not macOS: it fails before any mutation, saying why.
 
-The ``vz.drivers`` entry point pyproject.toml will declare is stood up here as a distribution on PYTHONPATH
-(``entry_points.txt`` in a ``.dist-info`` directory), so the real console script finds the real declaration.
+Through the real console script and the installed ``vz.drivers`` entry point (pyproject.toml).
 """
 
 from __future__ import annotations
@@ -19,12 +18,11 @@ import pytest
 pytestmark = pytest.mark.skipif(platform.system() == "Darwin", reason="describes a host that is not macOS")
 
 
-def _vz(home: Path, site: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def _vz(home: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     beside = Path(sys.executable).parent / "vz"
     exe = str(beside) if beside.exists() else (shutil.which("vz") or "vz")
     env = {k: v for k, v in os.environ.items() if not k.startswith("VZ_")}
     env["VZ_HOME"] = str(home)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), env.get("PYTHONPATH", "")) if p)
     return subprocess.run([exe, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120, check=False)
 
 
@@ -34,16 +32,7 @@ def _rows(text: str) -> list[dict[str, object]]:
     return [r for r in rows if isinstance(r, dict)]
 
 
-@pytest.fixture
-def site(tmp_path: Path) -> Path:
-    dist = tmp_path / "site" / "vz_vfkit_entry_point-0.dist-info"
-    dist.mkdir(parents=True)
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: vz-vfkit-entry-point\nVersion: 0\n")
-    (dist / "entry_points.txt").write_text("[vz.drivers]\nvfkit = vz_drivers.vfkit.registration\n")
-    return tmp_path / "site"
-
-
-def test_vz_up_fails_before_mutation_with_the_reason(tmp_path: Path, site: Path) -> None:
+def test_vz_up_fails_before_mutation_with_the_reason(tmp_path: Path) -> None:
     home, work = tmp_path / "home", tmp_path / "work"
     work.mkdir()
     machine = {"name": "mac", "profile": "developer", "driver": "vfkit", "image": "vz:default"}
@@ -51,17 +40,17 @@ def test_vz_up_fails_before_mutation_with_the_reason(tmp_path: Path, site: Path)
         json.dumps({"version": 1, "project_id": "vfkit-demo", "machines": [machine], "default_machine": "mac"})
     )
 
-    listed = _vz(home, site, work, "driver", "list", "--json")
+    listed = _vz(home, work, "driver", "list", "--json")
     assert listed.returncode == 0, listed.stderr
     assert any(row.get("name") == "vfkit" for row in _rows(listed.stdout))
 
-    up = _vz(home, site, work, "up")
+    up = _vz(home, work, "up")
     assert up.returncode != 0
     assert "Traceback" not in up.stderr
     assert "vfkit needs macOS on Apple silicon or Intel with Virtualization.framework; this host is Linux" in up.stderr
     assert not (home / "state" / "drivers" / "vfkit").exists() and not any(home.rglob("disk.img"))
 
     # Not even the Environment was recorded: the driver refused during negotiation, before any mutation.
-    status = _vz(home, site, work, "status", "--json")
+    status = _vz(home, work, "status", "--json")
     assert "Traceback" not in status.stderr
     assert "has no Environment yet" in status.stdout
