@@ -423,3 +423,30 @@ def test_a_driver_accepts_exactly_the_options_its_declaration_describes(name: st
     listed = re.search(r"(?:known|valid options): ([a-z0-9_, ]+)", message)
     assert listed is not None, message
     assert sorted(listed.group(1).replace(" ", "").split(",")) == declaration.option_names(), message
+
+
+def test_the_macos_adapter_finds_processes_without_proc() -> None:
+    """Its ps-based scan runs on any POSIX ps (procps here, BSD ps in a macOS guest) and prints what the suite
+    parses: "<pid> <start>" per live pid and "marker <pid>" per process carrying the marker."""
+    import os
+    import time
+
+    from vz_conformance.adapters.macos_vm import ADAPTER
+
+    marker = f"vz-marker-{os.getpid()}-{time.monotonic_ns()}"
+    holder = subprocess.Popen(["sh", "-c", "sleep 30; true", marker])  # "; true": sh cannot exec sleep
+    try:
+        out = subprocess.run(
+            list(ADAPTER.find_processes([holder.pid, 999_999_999], marker)),
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout.splitlines()
+    finally:
+        holder.kill()
+        holder.wait()
+    lines = [line.split() for line in out]
+    assert all(len(parts) == 2 for parts in lines), out
+    assert [p[0] for p in lines if p[0].isdigit()] == [str(holder.pid)]
+    assert ["marker", str(holder.pid)] in lines
