@@ -80,6 +80,8 @@ STATUS = "DEV (written to Virtualization.framework's documented API; not verifie
 DRIVER = "macos_vm"
 _RAM_DISK_DEFAULT = 64 * MIB
 _TMPFS_OPTIONS = r"size=[0-9]+[kKmMgG]?|ro|rw"
+_SUN_PATH = 104
+"""macOS ``sockaddr_un.sun_path`` bytes, the terminating NUL included."""
 _SIZE_UNITS = {"": 1, "k": 1024, "m": MIB, "g": 1024 * MIB}
 
 
@@ -249,6 +251,7 @@ class MacosVmBackend(Backend[MacosVmRecord, MacosVmPaths]):
                 "(the driver option disk_size sets the base's size)",
                 details={"field": "host_requirements.storage_bytes"},
             )
+        self._check_socket_paths(key)
         bases = await asyncio.to_thread(load_bases, self.bases_file)
         base = resolve_base(request.image, bases, self.policy)
         installed = await asyncio.to_thread(self.bases.installed, base.base_id)
@@ -281,6 +284,18 @@ class MacosVmBackend(Backend[MacosVmRecord, MacosVmPaths]):
             extra={"workspace_target": common.mounts[0].target if request.workspace_mount else ""},
         )
         return MachinePlan(record, {"base": base})
+
+    def _check_socket_paths(self, key: str) -> None:
+        paths = self.book.paths(key)
+        for path in (paths.control, paths.agent):
+            size = len(os.fsencode(path))
+            if size >= _SUN_PATH:
+                raise FailedPreconditionError(
+                    f"the Machine's socket path {path} is {size} bytes, more than a Unix socket address holds "
+                    f"({_SUN_PATH - 1}); set a shorter state directory: `vz driver configure macos_vm "
+                    "state_dir=<shorter path>`",
+                    details={"option": "state_dir", "path": str(path)},
+                )
 
     def _vm_plan(self, request: VmRequest, base: InstalledBase) -> VmPlan:
         limits = framework_limits(self.frameworks(), base_min_cpus=base.min_cpus, base_min_memory=base.min_memory)
@@ -455,9 +470,10 @@ class MacosVmBackend(Backend[MacosVmRecord, MacosVmPaths]):
         while True:
             try:
                 reader, writer = await open_agent_socket(paths.agent, record.pid, what=what)
-                client = await AgentClient.from_streams(reader, writer, wait_ready=True, timeout=30.0)
+                # One session per connection (the relay opens a new guest stream each time): no stream mode.
+                client = await AgentClient.from_streams(reader, writer, timeout=30.0)
                 break
-            except (UnavailableError, ConnectionError, asyncio.IncompleteReadError):
+            except UnavailableError:
                 # The relay closes a connection while the guest's agent is not listening yet (macOS boots for
                 # tens of seconds); the driver bounds this with boot_timeout and watches the helper's death.
                 if not booting:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import shutil
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,3 +31,12 @@ def darwin_program(go_cache: Path) -> Path:
     done = go_build(src, go_cache / "hello-darwin-arm64", go_cache)
     assert done.returncode == 0, done.stderr
     return go_cache / "hello-darwin-arm64"
+
+
+@pytest.fixture
+def tmp_path() -> Iterator[Path]:
+    """A short private directory: a Machine's Unix sockets live in its directory, and socket addresses hold at
+    most 103 bytes on macOS (107 on Linux), which pytest's own tmp_path can exceed."""
+    path = Path(tempfile.mkdtemp(prefix="vzm-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)

@@ -31,6 +31,9 @@ APPLE_CLASSES = (
     "VZMacGraphicsDisplayConfiguration",
     "VZVirtioEntropyDeviceConfiguration",
     "VZVirtioTraditionalMemoryBalloonDeviceConfiguration",
+    "VZMacOSRestoreImage",
+    "VZVirtualMachine",
+    "VZMacOSInstaller",
 )
 
 
@@ -55,6 +58,10 @@ class FakeObject:
 
             def init(*args: Any) -> Any:
                 self.made_by, self.args = name, args
+                self._model.made.append(self)
+                if name == "initCreatingStorageAtURL_hardwareModel_options_error_":
+                    with open(args[0][1], "wb") as fh:  # the framework creates the file
+                        fh.write(b"aux")
                 refused = self._model.refuse.get(self.cls)
                 if name.endswith("error_"):
                     return (None, FakeError(refused)) if refused else (self, None)
@@ -63,6 +70,14 @@ class FakeObject:
             return init
         if name.startswith("set") and name.endswith("_"):
             return lambda value: self.props.__setitem__(name[3:-1], value)
+        if name.endswith("WithCompletionHandler_"):
+
+            def call(handler: Callable[..., None]) -> None:
+                self._model.completed.append((self.cls, name))
+                failure = self._model.fail.get(name)
+                handler(FakeError(failure) if failure else None)
+
+            return call
         raise AttributeError(name)
 
     def dataRepresentation(self) -> bytes:
@@ -99,6 +114,47 @@ class FakeClass:
     def maximumAllowedMemorySize(self) -> int:
         return self._model.limits[3]
 
+    # VZMacOSRestoreImage
+    def loadFileURL_completionHandler_(self, url: Any, handler: Callable[..., None]) -> None:
+        self._model.loaded.append(url)
+        handler(FakeRestoreImage(self._model), None)
+
+
+class FakeHardwareModel:
+    def __init__(self, supported: bool) -> None:
+        self.supported = supported
+
+    def isSupported(self) -> bool:
+        return self.supported
+
+    def dataRepresentation(self) -> bytes:
+        return b"hw-model"
+
+
+class FakeRequirements:
+    def __init__(self, model: FakeFramework) -> None:
+        self._model = model
+
+    def hardwareModel(self) -> FakeHardwareModel:
+        return FakeHardwareModel(self._model.hardware_supported)
+
+    def minimumSupportedCPUCount(self) -> int:
+        return 2
+
+    def minimumSupportedMemorySize(self) -> int:
+        return 4 << 30
+
+
+class FakeRestoreImage:
+    def __init__(self, model: FakeFramework) -> None:
+        self._model = model
+
+    def buildVersion(self) -> str:
+        return "23F79"
+
+    def mostFeaturefulSupportedConfiguration(self) -> FakeRequirements | None:
+        return FakeRequirements(self._model) if self._model.installable else None
+
 
 class FakeFramework:
     """``Virtualization`` as a module-like object; ``without`` drops classes (an older macOS)."""
@@ -111,6 +167,12 @@ class FakeFramework:
         self.no_save = False
         self.validated: list[FakeObject] = []
         self.save_validated: list[FakeObject] = []
+        self.made: list[FakeObject] = []
+        self.completed: list[tuple[str, str]] = []
+        self.fail: dict[str, str] = {}
+        self.loaded: list[Any] = []
+        self.installable = True
+        self.hardware_supported = True
 
     def __getattr__(self, name: str) -> FakeClass:
         if name.startswith("_") or name not in self._names:

@@ -218,3 +218,14 @@ async def test_save_mode_needs_macos_14_and_missing_bindings_are_named(tmp_path:
     facts, accelerator, reason = await sonoma.extension_facts()
     assert (accelerator, reason) == ("virtualization.framework", "")
     assert facts["save_restore"].startswith("yes")
+
+
+async def test_a_state_directory_too_long_for_socket_paths_is_refused_before_anything(tmp_path: Path) -> None:
+    long_state = tmp_path / ("d" * 90)
+    descriptor = tmp_path / "bases.json"
+    _backend(tmp_path)  # writes the descriptor
+    backend = MacosVmBackend({"state_dir": str(long_state), "bases_file": str(descriptor)}, host=MAC_14)
+    with pytest.raises(FailedPreconditionError, match="state_dir=<shorter path>") as info:
+        await backend.plan(_request(), machine_key("proj/env/mac one"))
+    assert info.value.details["option"] == "state_dir"
+    assert not long_state.exists()

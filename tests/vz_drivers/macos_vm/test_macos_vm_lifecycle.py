@@ -180,3 +180,45 @@ async def test_remove_machines_keeps_the_installed_base(tmp_path: Path, darwin_p
     await driver.remove_machines()
     assert await driver.find(WS_ID) is None
     assert backend.bases.installed(BASE) is not None
+
+
+@pytest.mark.parametrize("stop_mode", ["shutdown", "save"])
+async def test_stop_goes_through_the_helpers_control_socket(
+    tmp_path: Path, darwin_program: Path, stop_mode: str
+) -> None:
+    import threading
+
+    from macos_fakes import FakeVM, QueueThread
+
+    from vz_drivers.macos_vm._control import ControlServer, VmController
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    backend = _backend(tmp_path, darwin_program)
+    plan = await backend.plan(_request(ws), machine_key(WS_ID))
+    record = replace(plan.record, stop_mode=stop_mode)
+    paths = backend.book.paths(record.key)
+    paths.run.mkdir(parents=True)
+    queue = QueueThread()
+    stopped = threading.Event()
+    vm = FakeVM(stopped)
+    controller = VmController(
+        vm, dispatch=queue.dispatch, url=lambda p: ("file-url", p), save_restore=True, stopped=stopped
+    )
+    controller.start()
+    server = ControlServer(controller, paths.control)
+    server.serve_in_thread()
+    try:
+        state = await backend.control(record, {"op": "state"}, limit=10)
+        assert state["state"] == "running"
+        await backend.shutdown(record, None)  # type: ignore[arg-type]  # the agent link is not needed here
+    finally:
+        server.close()
+        queue.close()
+    if stop_mode == "save":
+        assert vm.calls == ["start", "pause", "save", "stop"]
+        assert _read(paths.saved_state) == b"saved state"
+    else:
+        assert vm.calls == ["start", "requestStop"]
+        assert not paths.saved_state.exists()
+    assert stopped.is_set()
