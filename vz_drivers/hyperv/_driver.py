@@ -344,7 +344,8 @@ class HypervBackend(Backend[HypervRecord, HypervPaths]):
         raw = await self.build_raw_disk(record, plan.staged["rootfs"], work)
         vhdx = work / "disk.vhdx"
         await to_vhdx(tools, raw, vhdx)
-        raw.unlink()
+        await asyncio.to_thread(os.chmod, vhdx, 0o600)  # it holds config.sh, i.e. the Machine's secrets
+        await asyncio.to_thread(raw.unlink)
         plan.staged["disk"] = vhdx
 
     def unstage(self, plan: MachinePlan[HypervRecord]) -> None:

@@ -28,6 +28,8 @@ from vz_core.errors import RuntimeTimeoutError
 from vz_drivers.hyperv._ps import MARKER, Script, check_args, parse_answer, script_text
 from vz_drivers.hyperv._scripts import GCS_KEY
 
+_ARG_TYPES: dict[str, type] = {"memory_bytes": int, "cpus": int}
+"""Arguments that the scripts cast to numbers ([int64]); every other argument is a string."""
 _SERVICE_RE = re.compile(r"^[0-9a-f]{8}-facb-11e6-bd58-64006a7986d3\Z")
 
 
@@ -86,6 +88,9 @@ class StandInHyperV:
         check_args(script, args)
         text = script_text(script)
         self.checked[script.name] = len(check_text(text))
+        for name, value in args.items():
+            kind = _ARG_TYPES.get(name, str)
+            assert type(value) is kind, f"{script.name}: argument {name} is {type(value).__name__}, not {kind.__name__}"
         decoded = json.loads(json.dumps(dict(args), ensure_ascii=True))
         assert decoded == dict(args), f"arguments of {script.name} do not survive JSON: {args!r}"
         self.calls.append((script.name, decoded))

@@ -71,6 +71,8 @@ async def test_create_makes_the_documented_generation_2_vm_and_registers_its_soc
     assert standin.registry == {"12345678-facb-11e6-bd58-64006a7986d3": f"vz agent of {record.vm_name}"}
     # The workspace id is never a Hyper-V name, a path or a note (only the Machine's key is).
     assert all(record.workspace_id not in json.dumps(args) for _, args in standin.calls)
+    # Nor are the Machine's secrets: they live only in its disk's config.sh.
+    assert all("secret" not in json.dumps(args) for _, args in standin.calls)
     ids = json.loads((backend.book.paths(record.key).root / "hyperv.json").read_text())
     assert ids == {"vm_name": record.vm_name, "vm_id": vm.id, "service_id": record.service_id}
 

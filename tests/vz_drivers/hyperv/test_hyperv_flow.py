@@ -154,7 +154,9 @@ async def test_a_machine_through_the_shared_layer(tmp_path: Path, image_dir: Pat
     try:
         await driver.run_image(RunImageRequest(workspace_id=ws, image="vz:default", environment={"TOKEN": "t0k"}))
         record = backend.book.load(next(iter(backend.book.machines_dir.iterdir())).name)
-        assert record is not None and record.vm_id and (backend.book.paths(record.key).disk).is_file()
+        assert record is not None and record.vm_id
+        disk = backend.book.paths(record.key).disk
+        assert disk.is_file() and disk.stat().st_mode & 0o077 == 0  # the disk holds the Machine's secrets
         assert list(vms.vms) == [record.vm_name] and list(vms.registry) == [record.service_id]
         found = await driver.find(ws)
         assert found is not None and found.state.status == "running"
