@@ -177,3 +177,12 @@ def test_delete_with_the_state_disk_full_fails_clearly_then_works(tmp_path: Path
         assert vz.status(proj)["environments"][0]["state"] == "running"  # nothing was changed
         vz.ok("delete", cwd=proj)
         assert json.loads(vz.ok("status", "--json", "--all", cwd=tmp_path))["environments"] == []
+
+
+def test_messages_stay_readable_whatever_the_input(vz: Vz, tmp_path: Path) -> None:
+    proj = tmp_path / "p"
+    proj.mkdir()
+    for data in ({"version": "x" * 100_000}, {"version": 1, "project_id": "demo", "machines": [], "k" * 100_000: 1}):
+        (proj / "vz.json").write_text(json.dumps(data))
+        err = vz.fails(USAGE, "up", cwd=proj)
+        assert len(err) < 1000, err[:300]

@@ -476,7 +476,8 @@ def _json_path(loc: tuple[int | str, ...], data: object) -> str:
             out += f"[{part}]"
             node = node[part] if isinstance(node, list) and 0 <= part < len(node) else None
         else:
-            out += f".{part}" if re.fullmatch(r"[A-Za-z_$][A-Za-z0-9_]*", part) else f"[{json.dumps(part)}]"
+            shown = part if len(part) <= 64 else part[:61] + "..."  # one readable line, whatever the key
+            out += f".{shown}" if re.fullmatch(r"[A-Za-z_$][A-Za-z0-9_]*", shown) else f"[{json.dumps(shown)}]"
             node = node.get(part) if isinstance(node, dict) else None
     return out
 
@@ -574,7 +575,9 @@ def parse_definition(data: object, *, source: str = DEFINITION_FILE) -> ProjectD
         raise DefinitionError(f"{source}: {problem[0]}: {problem[1]}", [problem])
     version = data.get("version")
     if "version" in data and version != DEFINITION_VERSION:
-        problem = ("$.version", f"this vz reads vz.json version {DEFINITION_VERSION}, not {json.dumps(version)}")
+        given = json.dumps(version)
+        given = given if len(given) <= 40 else given[:37] + "..."
+        problem = ("$.version", f"this vz reads vz.json version {DEFINITION_VERSION}, not {given}")
         raise DefinitionError(f"{source}: {problem[0]}: {problem[1]} (upgrade vz or fix the file)", [problem])
     try:
         return ProjectDefinition.model_validate(data)

@@ -38,6 +38,7 @@ _KEY_RE = re.compile(r"[A-Za-z_$][A-Za-z0-9_]*\Z")
 def _path_part(parent: str, key: str | int) -> str:
     if isinstance(key, int):
         return f"{parent}[{key}]"
+    key = key if len(key) <= 64 else key[:61] + "..."  # a message stays one readable line
     return f"{parent}.{key}" if _KEY_RE.match(key) else f"{parent}[{json.dumps(key)}]"
 
 
