@@ -80,6 +80,8 @@ STATUS = "DEV (written to Virtualization.framework's documented API; not verifie
 DRIVER = "macos_vm"
 _RAM_DISK_DEFAULT = 64 * MIB
 _TMPFS_OPTIONS = r"size=[0-9]+[kKmMgG]?|ro|rw"
+_GUEST_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"
+"""macOS's default PATH (/etc/paths)."""
 _SUN_PATH = 104
 """macOS ``sockaddr_un.sun_path`` bytes, the terminating NUL included."""
 _SIZE_UNITS = {"": 1, "k": 1024, "m": MIB, "g": 1024 * MIB}
@@ -401,7 +403,8 @@ class MacosVmBackend(Backend[MacosVmRecord, MacosVmPaths]):
         vm_plan = self._vm_plan(request, installed)
         shutil.rmtree(paths.cfg, ignore_errors=True)
         paths.cfg.mkdir(parents=True, mode=0o700)
-        env = tuple(f"{k}={v}" for k, v in record.environment.items())
+        # The agent starts commands with exactly these variables: macOS's default PATH unless the request sets one.
+        env = tuple(f"{k}={v}" for k, v in {"PATH": _GUEST_PATH, **record.environment}.items())
         boot = BootConfig(
             shares=tuple(SharedMount(s.tag, s.target) for s in shares),
             ram_disks=tuple(ram),

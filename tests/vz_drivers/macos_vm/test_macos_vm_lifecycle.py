@@ -119,7 +119,7 @@ async def test_the_boot_configuration_of_a_machine(tmp_path: Path, darwin_progra
     assert paths.plan.stat().st_mode & 0o777 == 0o600
     boot = (paths.cfg / "boot.sh").read_text()
     assert "vz_share vz0 /workspace\nvz_share vz1 /Users/Shared/ro\n" in boot
-    assert "--env 'TOKEN=secret value'" in boot
+    assert "--env PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin --env 'TOKEN=secret value'" in boot
     assert (paths.cfg / "boot.sh").stat().st_mode & 0o777 == 0o600
     assert _read(paths.cfg / "vz-agent") == _read(darwin_program)
     config = Realizer(backend.frameworks()).configuration(vm_plan)
