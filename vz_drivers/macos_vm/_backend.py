@@ -247,6 +247,13 @@ class MacosVmBackend(Backend[MacosVmRecord, MacosVmPaths]):
                 "label vz.egress=deny is not enforced by the macos_vm driver (NAT networking only); remove it",
                 details={"field": "labels"},
             )
+        for name, values in (("cap_add", request.cap_add), ("security_opt", request.security_opt)):
+            if values:
+                raise UnsupportedError(
+                    f"{name} is a Linux container setting; a macOS Machine has no Linux capabilities or security "
+                    "options (commands may run as root inside the VM): remove it",
+                    details={"field": name},
+                )
         if common.storage_bytes:
             raise UnsupportedError(
                 "host_requirements.storage_bytes is not supported: a macOS Machine's disk is a clone of its base "

@@ -166,6 +166,8 @@ async def test_a_request_becomes_a_record_of_its_pinned_base(tmp_path: Path) -> 
     [
         ({"platform": "linux/arm64"}, UnsupportedError, "platform"),
         ({"labels": ("vz.egress=deny",)}, UnsupportedError, "labels"),
+        ({"cap_add": ("CAP_NET_ADMIN",)}, UnsupportedError, "cap_add"),
+        ({"security_opt": ("seccomp=unconfined",)}, UnsupportedError, "security_opt"),
         ({"labels": ("vz.profile=hardened",)}, UnsupportedError, "labels"),
         ({"image": "vz:default"}, InvalidArgumentError, "image"),
         ({"image": "macos:previous"}, FailedPreconditionError, "image"),
@@ -180,6 +182,8 @@ async def test_a_request_becomes_a_record_of_its_pinned_base(tmp_path: Path) -> 
     ids=[
         "linux-platform",
         "egress-deny",
+        "cap-add",
+        "security-opt",
         "hardened",
         "oci-image",
         "unpinned-channel",
