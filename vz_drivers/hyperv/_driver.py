@@ -452,6 +452,8 @@ class HypervBackend(Backend[HypervRecord, HypervPaths]):
     # ------------------------------------------------------------------ boot and the agent
 
     async def boot(self, record: HypervRecord) -> None:
+        if record.vm_id and await self.vm_state(record) is None:
+            record.vm_id = ""  # removed behind vz's back (Hyper-V Manager): the Machine's disk is still here
         if not record.vm_id:
             await self.create_vm(record)
         await self.start_vm(record)

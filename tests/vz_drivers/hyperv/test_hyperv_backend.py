@@ -147,6 +147,18 @@ async def test_leftovers_of_a_crashed_creation_are_removed_first(
     assert len(standin.vms) == 1 and record.vm_id != old_id
 
 
+async def test_a_vm_removed_behind_vzs_back_is_made_again_from_the_machines_disk(
+    backend: HypervBackend, standin: StandInHyperV
+) -> None:
+    record = _record(backend)
+    await backend.boot(record)
+    old_id = record.vm_id
+    del standin.vms[record.vm_name]  # Remove-VM in Hyper-V Manager
+    await backend.boot(record)
+    assert record.vm_id != old_id and standin.vms[record.vm_name].state == "Running"
+    assert standin.vms[record.vm_name].disks == [str(backend.book.paths(record.key).disk)]
+
+
 async def test_start_of_a_vm_that_does_not_start_fails_clearly(backend: HypervBackend, standin: StandInHyperV) -> None:
     record = _record(backend)
     await backend.create_vm(record)
