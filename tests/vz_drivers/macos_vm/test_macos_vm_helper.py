@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -94,3 +95,52 @@ def _read_all(sock: socket.socket) -> bytes:
     while chunk := sock.recv(4096):
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+_DETACH = """
+import sys, time
+from pathlib import Path
+from vz_drivers.macos_vm._helper import _daemonize, _signal_ready
+
+status = _daemonize(Path(sys.argv[1]))
+if status is not None:
+    sys.exit(status)
+print("child says hello", flush=True)  # goes to the log, not to the launcher's stdout
+if sys.argv[2] == "ok":
+    _signal_ready(b"ready")
+else:
+    _signal_ready(b"error: the VM configuration is invalid")
+    sys.exit(1)
+time.sleep(3)  # long enough for the test to look at it
+"""
+
+
+@pytest.mark.parametrize("outcome", ["ok", "fail"])
+def test_the_helper_detaches_and_reports_its_pid_once_ready(tmp_path: Path, outcome: str) -> None:
+    import psutil
+
+    log = tmp_path / "helper.log"
+    done = subprocess.run(
+        [sys.executable, "-c", _DETACH, str(log), outcome], capture_output=True, text=True, timeout=60, check=False
+    )
+    if outcome == "ok":
+        assert done.returncode == 0, done.stderr
+        pid = int(done.stdout.strip())
+        child = psutil.Process(pid)
+        assert os.getsid(pid) == pid  # its own session: it outlives the plugin that launched it
+        assert child.ppid() != os.getpid()
+        child.wait(timeout=30)
+    else:
+        assert done.returncode == 1
+        assert done.stdout == ""
+        assert "error: the VM configuration is invalid" in done.stderr
+    _wait_for_text(log, "child says hello")
+
+
+def _wait_for_text(path: Path, text: str) -> None:
+    pause = threading.Event()
+    for _ in range(500):
+        if path.exists() and text in path.read_text():
+            return
+        pause.wait(0.02)
+    raise AssertionError(f"{path} never said {text!r}")
