@@ -135,6 +135,23 @@ def test_the_init_is_qemus_with_the_configuration_from_the_esp() -> None:
         hyperv_init("#!/bin/sh\n. /run/vz/cfg/config.sh\n")
 
 
+def test_the_hyperv_only_scripts_parse(tmp_path: Path) -> None:
+    # The Hyper-V branch of the init, the DHCP event script and /sbin/poweroff never run here: busybox sh -n at
+    # least parses them as the guest's shell will.
+    from vz_drivers.hyperv import _guest
+    from vz_drivers.qemu.guest import find_busybox
+
+    busybox = str(find_busybox())
+    for name, text in (("init", hyperv_init()), ("dhcp.sh", _guest._DHCP), ("poweroff", _guest._POWEROFF)):
+        path = tmp_path / name
+        path.write_text(text)
+        done = subprocess.run([busybox, "sh", "-n", str(path)], capture_output=True, text=True, timeout=30)
+        assert done.returncode == 0, f"{name}: {done.stderr}"
+    broken = tmp_path / "broken"
+    broken.write_text(hyperv_init().replace("\tvz_agent() {\n", "\tvz_agent() {\n\t\tif true; then\n", 1))
+    assert subprocess.run([busybox, "sh", "-n", str(broken)], capture_output=True, timeout=30).returncode != 0
+
+
 async def test_the_raw_disk_boots_under_ovmf_and_the_agent_answers(built: Built, tmp_path: Path) -> None:
     vars_copy = tmp_path / "OVMF_VARS.fd"
     shutil.copyfile(OVMF_VARS, vars_copy)
