@@ -91,6 +91,9 @@ def test_secrets_of_recorded_machines_are_masked_after_vz_json_dropped_them(vz: 
     assert stop.returncode == 1 and LONG not in stop.stderr.decode() + stop.stdout.decode()
     assert "token=***" in stop.stderr.decode()
     assert LONG.encode() not in _state_bytes(vz)
+    up = vz.run("up", cwd=proj, env=_leak(LONG, "preflight", var="OLD_TOKEN"))
+    assert up.returncode == 1 and "preflight failed: backend said token=***" in up.stderr.decode()
+    assert LONG not in up.stderr.decode() + up.stdout.decode()
     vz.ok("delete", cwd=proj, env={"OLD_TOKEN": LONG})
 
 

@@ -248,6 +248,10 @@ async def _prepare(ctx: Context, pool: DriverPool) -> _Prepared:
         environments[machine.name] = resolve_environment(
             machine, ctx.environ, json_path=f"{where}.environment", redactor=redactor
         )
+    # Secrets of Machines recorded earlier (maybe no longer in vz.json) are masked before any driver speaks.
+    with open_store(ctx) as store:
+        for env in store.environments(definition.project_id):
+            learn_recorded_secrets(ctx, store.machines(env.env_id))
     # The bind-source policy depends on the host alone: checked before any driver is asked anything.
     for index, machine in enumerate(definition.machines):
         for number, mount in enumerate(machine.mounts):

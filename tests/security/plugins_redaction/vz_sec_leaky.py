@@ -1,6 +1,6 @@
 """Test-only driver "sec_leaky": the fake driver, except that the calls named in ``$VZ_SEC_LEAK`` (comma
-separated: find, delete, stop, exec) fail with a message quoting ``$VZ_SEC_VALUE``, as a careless backend that
-kept a Machine's secret might. Installed for a subprocess by putting this directory on PYTHONPATH.
+separated: preflight, find, delete, stop, exec) fail with a message quoting ``$VZ_SEC_VALUE``, as a careless
+backend that kept a Machine's secret might. Installed for a subprocess by putting this directory on PYTHONPATH.
 """
 
 from __future__ import annotations
@@ -29,6 +29,11 @@ def _error(call: str) -> RuntimeFailureError:
 
 
 class LeakyDriver(FakeDriver):
+    async def preflight(self, *, disable_auto_start: bool = False) -> None:
+        if _leaks("preflight"):
+            raise _error("preflight")
+        await super().preflight(disable_auto_start=disable_auto_start)
+
     async def find(self, workspace_id: str) -> Any:
         if _leaks("find"):
             raise _error("find")
