@@ -8,27 +8,31 @@ from __future__ import annotations
 import re
 import types
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args
 
 from vz_core.errors import NotFoundError
 from vz_core.registry import (
-    _KINDS,
-    _OPTION_NAME,
-    _REFERENCE,
-    _SCOPES,
-    _STATUSES,
     DRIVER_NAME_PATTERN,
     ENTRY_POINT_GROUP,
     HOST_OSES,
     PROJECT,
     DriverDeclaration,
     MatrixRow,
+    OptionKind,
     RegistrationError,
+    Scope,
+    Status,
     is_driver_name,
 )
 
 if TYPE_CHECKING:
     import pluggy
+
+_SCOPES: tuple[str, ...] = get_args(Scope)
+_KINDS: tuple[str, ...] = get_args(OptionKind)
+_STATUSES: tuple[str, ...] = get_args(Status)
+_REFERENCE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_]\w*)*")
+_OPTION_NAME = re.compile(r"[a-z][a-z0-9_]{0,62}")
 
 __all__ = ["DriverRegistry", "declaration_problems"]
 

@@ -51,7 +51,7 @@ import re
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Literal, NoReturn, TypeVar, dataclass_transform, get_args
+from typing import TYPE_CHECKING, Any, Literal, NoReturn, TypeVar, dataclass_transform
 
 from vz_core.errors import NotFoundError, UserError, VzError
 
@@ -98,11 +98,6 @@ Scope = Literal["project", "host"]
 OptionKind = Literal["str", "path", "int", "float", "bool", "list"]
 Status = Literal["ACTIVE", "DEV", "PLANNED"]
 HOST_OSES = ("linux", "darwin", "windows")
-_SCOPES: tuple[str, ...] = get_args(Scope)
-_KINDS: tuple[str, ...] = get_args(OptionKind)
-_STATUSES: tuple[str, ...] = get_args(Status)
-_REFERENCE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_]\w*)*")
-_OPTION_NAME = re.compile(r"[a-z][a-z0-9_]{0,62}")
 _METAVARS = {"str": "VALUE", "path": "PATH", "int": "N", "float": "N", "bool": "true|false", "list": "A,B"}
 _T = TypeVar("_T")
 
