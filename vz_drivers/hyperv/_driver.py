@@ -59,19 +59,7 @@ from vz_drivers.hyperv._guest import BootImage, build_boot_disk, build_boot_imag
 from vz_drivers.hyperv._host import HostSupport, check_create_privileges, check_privileges, host_support
 from vz_drivers.hyperv._ps import PowerShellRunner, Script, ScriptRunner
 from vz_drivers.hyperv._records import HypervBook, HypervPaths, HypervRecord
-from vz_drivers.qemu.guest import (
-    GuestConfig,
-    GuestMount,
-    Kernel,
-    default_disk_size,
-    env_list,
-    find_busybox,
-    find_kernel,
-    find_mke2fs,
-    minimum_disk_size,
-    resolve_modules,
-    tree_usage,
-)
+from vz_drivers.qemu import guest
 
 __all__ = ["DRIVER_NAME", "STATUS", "VM_PID", "HypervBackend", "HypervDriver"]
 
@@ -227,14 +215,14 @@ class HypervBackend(Backend[HypervRecord, HypervPaths]):
 
     # ------------------------------------------------------------------ the guest
 
-    def _guest_tools(self) -> tuple[BootTools, Kernel, Path]:
+    def _guest_tools(self) -> tuple[BootTools, guest.Kernel, Path]:
         tools = find_boot_tools(self._stub_opt)
-        kernel = find_kernel(self._kernel_opt or None, self._modules_opt or None)
+        kernel = guest.find_kernel(self._kernel_opt or None, self._modules_opt or None)
         from vz_drivers.hyperv._guest import COMMON_MODULES, HYPERV_MODULES
 
-        resolve_modules(kernel, COMMON_MODULES + HYPERV_MODULES)
-        busybox = find_busybox(self._busybox_opt or None)
-        find_mke2fs()
+        guest.resolve_modules(kernel, COMMON_MODULES + HYPERV_MODULES)
+        busybox = guest.find_busybox(self._busybox_opt or None)
+        guest.find_mke2fs()
         return tools, kernel, busybox
 
     async def boot_image(self) -> tuple[BootTools, BootImage]:
@@ -276,12 +264,12 @@ class HypervBackend(Backend[HypervRecord, HypervPaths]):
                 details={"option": "switch"},
             )
         image = await self.images.resolve(request, architecture="amd64", display=self.display)
-        usage = await asyncio.to_thread(tree_usage, image.rootfs)
-        disk_bytes = valid.storage_bytes // 4096 * 4096 or default_disk_size(usage)
-        if disk_bytes < minimum_disk_size(usage):
+        usage = await asyncio.to_thread(guest.tree_usage, image.rootfs)
+        disk_bytes = valid.storage_bytes // 4096 * 4096 or guest.default_disk_size(usage)
+        if disk_bytes < guest.minimum_disk_size(usage):
             raise InvalidArgumentError(
                 f"host_requirements.storage_bytes={valid.storage_bytes} is too small for the image {request.image!r} "
-                f"(its root filesystem needs {minimum_disk_size(usage)} bytes)",
+                f"(its root filesystem needs {guest.minimum_disk_size(usage)} bytes)",
                 details={"field": "host_requirements.storage_bytes"},
             )
         port = 0x10000000 + secrets.randbelow(0x60000000)
@@ -299,14 +287,14 @@ class HypervBackend(Backend[HypervRecord, HypervPaths]):
 
     def _config(self, record: HypervRecord) -> str:
         mounts = tuple(
-            GuestMount(target=m.target, read_only=m.read_only, options=m.options)
+            guest.GuestMount(target=m.target, read_only=m.read_only, options=m.options)
             for m in record.mounts
             if m.type == "tmpfs"
         )
-        config = GuestConfig(
+        config = guest.GuestConfig(
             hostname="vz-" + record.key[:12],
             mounts=mounts,
-            env=env_list(record.image_env, record.environment),
+            env=guest.env_list(record.image_env, record.environment),
             argv=tuple(record.argv),
             user=record.user,
             workdir=record.working_dir or "/",
