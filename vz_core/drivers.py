@@ -540,12 +540,17 @@ def validate_project_options(
     where: str = "driver_options",
     registry: DriverRegistry | None = None,
     store: ManifestStore | None = None,
+    recorded: bool = False,
 ) -> dict[str, Any]:
     """Check a Machine's ``driver_options`` from a project file (vz.json) before anything is mutated.
 
     Returns the options (a copy). Raises ``UserError`` naming ``where`` and the key: for a name that is not a
     driver name, options for an external driver, an unknown key (listing the valid ones), or a key whose scope
     is ``"host"`` (saying where to set it instead). ``NotFoundError`` for an unknown driver.
+
+    ``recorded=True`` is for the options vz stored with an existing Machine (stop, delete, status): host-scoped
+    keys an earlier vz accepted from a vz.json are then allowed, so that Machine stays reachable where it is;
+    everything else is checked the same way. ``vz up`` never passes it.
     """
     check_driver_name(name, where=where.rpartition(".")[0] + ".driver" if "." in where else "driver")
     options = dict(options or {})
@@ -557,7 +562,7 @@ def validate_project_options(
     declaration.check_option_keys(options, where=where)
     for key in sorted(options):
         option = declaration.declared_options.get(key)
-        if option is not None and option.scope == "host":
+        if option is not None and option.scope == "host" and not recorded:
             raise UserError(
                 f"{where}.{key}: {name}'s option {key!r} ({option.help}) belongs to the host configuration, not to "
                 f"a project file: set it with `vz driver configure {name} {key}=VALUE` (stored in "
@@ -574,11 +579,14 @@ def effective_options(
     registry: DriverRegistry | None = None,
     store: ManifestStore | None = None,
     host_config: HostConfig | None = None,
+    recorded: bool = False,
 ) -> dict[str, Any]:
     """The options driver ``name`` is built with: its host configuration, then the project's (validated by
-    ``validate_project_options``; a project value wins for a project-scoped option)."""
+    ``validate_project_options``; a project value wins for a project-scoped option, a recorded one for any)."""
     registry = registry if registry is not None else DriverRegistry()
-    project = validate_project_options(name, project_options, where=where, registry=registry, store=store)
+    project = validate_project_options(
+        name, project_options, where=where, registry=registry, store=store, recorded=recorded
+    )
     resolved = resolve(name, registry=registry, store=store)
     if resolved.builtin is None:
         return {}
@@ -596,17 +604,20 @@ def open_driver(
     store: ManifestStore | None = None,
     host_config: HostConfig | None = None,
     redactor: Redactor | None = None,
+    recorded: bool = False,
 ) -> Driver:
     """Driver ``name`` ready to use, for a Machine whose vz.json gave ``project_options``.
 
     Built-in drivers are built in-process with ``effective_options``; external ones are served out-of-process
     (their binary verified at each launch). ``UserError`` for a bad name or option (nothing is built),
     ``NotFoundError`` for an unknown driver. ``redactor`` masks secrets in what an out-of-process driver says.
+    ``recorded=True``: ``project_options`` are those stored with an existing Machine (see
+    ``validate_project_options``).
     The caller closes the driver.
     """
     registry = registry if registry is not None else DriverRegistry()
     options = effective_options(
-        name, project_options, where=where, registry=registry, store=store, host_config=host_config
+        name, project_options, where=where, registry=registry, store=store, host_config=host_config, recorded=recorded
     )
     resolved = resolve(name, registry=registry, store=store)
     if resolved.builtin is None:

@@ -410,3 +410,18 @@ def test_building_a_builtin_driver_loads_neither_pydantic_nor_grpc(tmp_path: Pat
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.split() == ["FakeDriver", "False", "False"]
+
+
+def test_options_recorded_with_an_existing_machine_may_keep_host_keys(
+    tmp_path: Path, store: ManifestStore, host_config: HostConfig
+) -> None:
+    """An Environment made by an earlier vz (which took state_dir from vz.json) stays reachable where it is."""
+    old = {"state_dir": str(tmp_path / "old-state")}
+    with pytest.raises(UserError, match="belongs to the host configuration"):
+        open_driver("fake", old, host_config=host_config, store=store)
+    configure("fake", [f"state_dir={tmp_path / 'new-state'}"], host_config=host_config, store=store)
+    assert effective_options("fake", old, recorded=True, host_config=host_config, store=store) == old
+    driver = open_driver("fake", old, recorded=True, host_config=host_config, store=store)
+    assert Path(driver.state_dir) == tmp_path / "old-state"  # type: ignore[attr-defined]
+    with pytest.raises(UserError, match=r"unknown fake option\(s\): bogus"):
+        open_driver("fake", {"bogus": 1}, recorded=True, host_config=host_config, store=store)
