@@ -14,6 +14,11 @@ APT_PACKAGES=(
   docker-registry skopeo umoci
   # qemu: VMs under TCG/KVM, root disks without loop devices, a stock guest kernel
   qemu-system-x86 e2fsprogs linux-image-amd64 kmod cpio
+  # the shared Linux guest for other hosts, verified here: aarch64 under TCG (vfkit), an EFI disk under OVMF
+  # and its VHDX (hyperv): firmware, disk tools, FAT without mounts, GPT, the EFI stub of a unified kernel image
+  qemu-system-arm ovmf qemu-utils mtools dosfstools gdisk systemd-boot-efi binutils
+  # interactive terminals: tests drive the real CLI in a real terminal
+  tmux
   # guest agent build and Go interop fixtures (go-plugin peers), GOPATH mode
   golang-go golang-github-hashicorp-go-plugin-dev golang-google-grpc-dev golang-google-protobuf-dev
   golang-github-golang-protobuf-1-5-dev golang-google-genproto-dev golang-golang-x-sys-dev
@@ -35,6 +40,11 @@ if [ "${VZ_SKIP_APT:-0}" != "1" ]; then
     $SUDO apt-get update -q
     $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
   fi
+fi
+
+# The arm64 guest parts (Debian's arm64 kernel and busybox, pinned by SHA-256) for the aarch64 boot test.
+if [ "${VZ_SKIP_APT:-0}" != "1" ] && [ "$(id -u)" = "0" ]; then
+  sh tests/vz_drivers/vfkit/fetch_arm64_guest.sh
 fi
 
 VENV="${VZ_VENV:-.venv}"
