@@ -21,7 +21,17 @@ from __future__ import annotations
 import abc
 from collections.abc import AsyncIterator
 
-from vz_core._types import DriverInfo, ExecEvent, ExecSpec, Extensions, MachineDetails, RunImageRequest
+from vz_core._types import (
+    DriverInfo,
+    ExecEvent,
+    ExecSpec,
+    Extensions,
+    MachineDetails,
+    RunImageRequest,
+    TerminalEvent,
+    TerminalInput,
+    TerminalSpec,
+)
 from vz_core.errors import UnsupportedError
 
 __all__ = ["Driver"]
@@ -111,10 +121,40 @@ class Driver(abc.ABC):
     def logs(self, workspace_id: str) -> AsyncIterator[bytes]:
         """The main process's output so far, merged, as chunks of 1..MAX_CHUNK bytes; a finite stream.
 
-        Only called when ``capabilities.logs``. ``NotFoundError`` when missing, ``FailedPreconditionError``
-        when the Machine is stopped.
+        Only called when ``capabilities.logs``. ``NotFoundError`` when missing. On a stopped Machine: the
+        output kept from its last run, without starting it.
         """
         raise UnsupportedError("this driver does not advertise Logs")
+
+    def terminal(self, spec: TerminalSpec, input: AsyncIterator[TerminalInput]) -> AsyncIterator[TerminalEvent]:
+        """An interactive terminal session: ``spec.argv`` on a new pseudo-terminal inside a running Machine.
+
+        Optional: a driver that implements it says so with ``Extensions.terminal = True`` (served as
+        ``vz.machine.v1.MachineExtensions/ExecPty``); the default refuses with ``UnsupportedError``.
+
+        The command runs verbatim (no shell) as ``spec.user`` in ``spec.workdir`` with ``spec.environment``
+        added and ``TERM=spec.term``, as the leader of a new session whose controlling terminal is the
+        pseudo-terminal, sized ``spec.rows`` x ``spec.cols`` before it starts (so job control works and
+        ``stty size`` is right from the first prompt). ``input`` yields what the client sends:
+        ``TerminalData`` is written to the terminal as it is (Ctrl-C, Ctrl-Z and Ctrl-\\ are bytes the line
+        discipline turns into signals for the foreground process group, never a cancellation),
+        ``TerminalResize`` sets the window size (the foreground process group gets SIGWINCH), and
+        ``TerminalEof`` means no more data (resizes may still follow; the command is not told). ``input``
+        ends when the client is done sending; that ends nothing by itself.
+
+        Yield ``TerminalOutput`` chunks of 1..MAX_CHUNK bytes (the terminal's one output stream, undecoded)
+        and then exactly one ``ExecExit`` (``exit_code``, or 128 + n and the signal's name), after all the
+        output the command produced; nothing after it. The session ends when the command exits: whatever else
+        is left in its session (background jobs) is killed and the terminal released.
+
+        Backpressure: produce output only as fast as the consumer pulls it. Cancellation: when the generator is
+        closed or its task cancelled before the exit, kill the command and everything in its session within
+        seconds; the Machine keeps running.
+
+        Raises (before yielding) ``NotFoundError`` for a missing Machine, ``FailedPreconditionError`` for a
+        stopped one, ``InvalidArgumentError`` for an empty argv, ``UnsupportedError`` when not served.
+        """
+        raise UnsupportedError("this driver does not serve terminal sessions (extensions.terminal)")
 
     async def extensions(self) -> Extensions | None:
         """What the driver supports beyond the Runtime Protocol (``vz.machine.v1``); ``None`` = nothing."""

@@ -18,6 +18,10 @@ __all__ = [
     "API_MINOR",
     "ARCHITECTURES",
     "MAX_CHUNK",
+    "MAX_WINDOW",
+    "TERMINAL_COLS",
+    "TERMINAL_ROWS",
+    "TERMINAL_TERM",
     "Capabilities",
     "DriverInfo",
     "EgressPolicy",
@@ -36,6 +40,13 @@ __all__ = [
     "MountType",
     "RecreateMode",
     "RunImageRequest",
+    "TerminalData",
+    "TerminalEof",
+    "TerminalEvent",
+    "TerminalInput",
+    "TerminalOutput",
+    "TerminalResize",
+    "TerminalSpec",
 ]
 
 API_MAJOR = 1
@@ -46,6 +57,14 @@ MAX_CHUNK = 32768
 """Largest payload of one exec stdin/stdout/stderr frame or logs chunk, in bytes."""
 ARCHITECTURES = ("amd64", "arm64")
 """The only values TargetArchitecture may answer."""
+TERMINAL_ROWS = 24
+"""Rows of a terminal session whose start gave none."""
+TERMINAL_COLS = 80
+"""Columns of a terminal session whose start gave none."""
+TERMINAL_TERM = "xterm"
+"""TERM of a terminal session whose start gave none."""
+MAX_WINDOW = 65535
+"""Largest number of rows or columns of a terminal window (the kernel keeps them in 16 bits)."""
 
 _EMPTY: Mapping[str, str] = MappingProxyType({})
 
@@ -299,3 +318,71 @@ class Extensions:
     facts: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
     resource_limits: bool = False
     storage_limits: bool = False
+    terminal: bool = False
+    """``Driver.terminal`` (the ``ExecPty`` terminal session) is served. ``tty`` is different: it says that
+    the Runtime Protocol's own Exec accepts ``tty=True``, which vz drivers never do."""
+
+
+@dataclass(frozen=True)
+class TerminalSpec:
+    """The start of a terminal session (wire message ``vz.machine.v1.PtyStart``).
+
+    ``rows``/``cols`` (1..MAX_WINDOW) are the window size at start and ``term`` the ``TERM`` the command sees;
+    a start that gave none gets ``TERMINAL_ROWS``/``TERMINAL_COLS``/``TERMINAL_TERM``. ``environment`` values
+    are secrets.
+    """
+
+    workspace_id: str
+    argv: tuple[str, ...]
+    user: str = ""
+    workdir: str = ""
+    environment: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
+    rows: int = TERMINAL_ROWS
+    cols: int = TERMINAL_COLS
+    term: str = TERMINAL_TERM
+
+    def __repr__(self) -> str:
+        return (
+            f"TerminalSpec(workspace_id={self.workspace_id!r}, argv={self.argv!r}, user={self.user!r}, "
+            f"workdir={self.workdir!r}, environment={_redacted_env(self.environment)}, rows={self.rows!r}, "
+            f"cols={self.cols!r}, term={self.term!r})"
+        )
+
+
+@dataclass(frozen=True)
+class TerminalData:
+    """Keystrokes (or pasted bytes) for the terminal, written to its input as they are: 1..MAX_CHUNK bytes.
+
+    Control characters are data too: ``b"\\x03"`` (Ctrl-C) makes the terminal's line discipline signal the
+    foreground process group, ``b"\\x04"`` (Ctrl-D) is end of file for a reading command.
+    """
+
+    data: bytes
+
+
+@dataclass(frozen=True)
+class TerminalResize:
+    """The window changed size: 1..MAX_WINDOW rows and columns. The command gets SIGWINCH."""
+
+    rows: int
+    cols: int
+
+
+@dataclass(frozen=True)
+class TerminalEof:
+    """No more keystrokes will come (resizes still may). The session goes on until the command exits."""
+
+
+TerminalInput = TerminalData | TerminalResize | TerminalEof
+"""What a client sends during a terminal session."""
+
+
+@dataclass(frozen=True)
+class TerminalOutput:
+    """What the terminal displayed: 1..MAX_CHUNK bytes of its one output stream, undecoded."""
+
+    data: bytes
+
+
+TerminalEvent = TerminalOutput | ExecExit
+"""What a terminal session produces: output, then exactly one ``ExecExit``."""

@@ -270,3 +270,47 @@ def test_extension_service_lives_in_its_own_package() -> None:
     service = ext_pb.DESCRIPTOR.services_by_name["MachineExtensions"]
     assert [m.name for m in service.methods] == ["Extensions", "ExecPty"]
     assert not any(d.startswith("devsy") for d in ext_pb.DESCRIPTOR.dependencies)
+
+
+def _fields(name: str) -> dict[str, tuple[int, int]]:
+    return {f.name: (f.number, f.type) for f in ext_pb.DESCRIPTOR.message_types_by_name[name].fields}
+
+
+def test_terminal_session_messages() -> None:
+    """ExecPty's frames and the capability that says it is served (ExtensionsResponse.terminal = 12)."""
+    from google.protobuf.descriptor import FieldDescriptor as F
+
+    service = ext_pb.DESCRIPTOR.services_by_name["MachineExtensions"]
+    pty = service.methods_by_name["ExecPty"]
+    assert (pty.input_type.name, pty.output_type.name, pty.client_streaming, pty.server_streaming) == (
+        "PtyClientMessage",
+        "PtyServerMessage",
+        True,
+        True,
+    )
+    assert _fields("ExtensionsResponse")["terminal"] == (12, F.TYPE_BOOL)
+    assert _fields("ExtensionsResponse")["tty"] == (4, F.TYPE_BOOL)
+    assert _fields("PtyStart") == {
+        "workspace_id": (1, F.TYPE_STRING),
+        "argv": (2, F.TYPE_STRING),
+        "user": (3, F.TYPE_STRING),
+        "workdir": (4, F.TYPE_STRING),
+        "environment": (5, F.TYPE_MESSAGE),
+        "rows": (6, F.TYPE_UINT32),
+        "cols": (7, F.TYPE_UINT32),
+        "term": (8, F.TYPE_STRING),
+    }
+    assert _fields("PtyResize") == {"rows": (1, F.TYPE_UINT32), "cols": (2, F.TYPE_UINT32)}
+    assert _fields("PtyClientMessage") == {
+        "start": (1, F.TYPE_MESSAGE),
+        "stdin": (2, F.TYPE_BYTES),
+        "resize": (3, F.TYPE_MESSAGE),
+        "close_stdin": (4, F.TYPE_MESSAGE),
+    }
+    assert _fields("PtyServerMessage") == {"output": (1, F.TYPE_BYTES), "exit": (2, F.TYPE_MESSAGE)}
+    assert _fields("PtyExit") == {"exit_code": (1, F.TYPE_INT32), "signal": (2, F.TYPE_STRING)}
+    oneofs = {
+        m: [o.name for o in ext_pb.DESCRIPTOR.message_types_by_name[m].oneofs]
+        for m in ("PtyClientMessage", "PtyServerMessage")
+    }
+    assert oneofs == {"PtyClientMessage": ["payload"], "PtyServerMessage": ["payload"]}

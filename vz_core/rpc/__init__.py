@@ -5,7 +5,8 @@
   answer) and ``add_servicers``; the plugin SDK (``vz_plugins``) serves them in a plugin process;
 * what both share: conversion between plain contract values and protobuf messages (``*_to_pb`` /
   ``*_from_pb``), DriverError ↔ gRPC status (``error_to_status``, ``error_from_rpc``, ``runtime_errors_in``),
-  the exec frame rules and message limits (``start_problem``, ``stdin_problem``, ``STOP_INPUT_KEY``,
+  the exec and terminal frame rules and message limits (``start_problem``, ``stdin_problem``,
+  ``terminal_start_problem``, ``resize_problem``, ``STOP_INPUT_KEY``,
   ``MAX_MESSAGE``, ``CHANNEL_OPTIONS``, ``SERVER_OPTIONS``), and the generated stubs (``vz_core.rpc.pb``);
 * for tests: ``connect_in_process(driver)`` (a ``RemoteDriver`` over a real grpc.aio server on a private Unix
   socket) and ``serve_in_process(driver)`` (the same server, yielding a plain channel).
@@ -47,6 +48,12 @@ if TYPE_CHECKING:
         mount_to_pb,
         run_image_from_pb,
         run_image_to_pb,
+        terminal_event_from_pb,
+        terminal_event_to_pb,
+        terminal_input_from_pb,
+        terminal_input_to_pb,
+        terminal_spec_from_pb,
+        terminal_spec_to_pb,
     )
     from vz_core.rpc._frames import (
         CHANNEL_OPTIONS,
@@ -55,8 +62,10 @@ if TYPE_CHECKING:
         MAX_MESSAGE,
         SERVER_OPTIONS,
         STOP_INPUT_KEY,
+        resize_problem,
         start_problem,
         stdin_problem,
+        terminal_start_problem,
     )
     from vz_core.rpc._pair import connect_in_process, serve_in_process
     from vz_core.rpc._server import ExtensionsServicer, RuntimeServicer, add_servicers, stop_server
@@ -99,6 +108,12 @@ _WHERE = {
             "mount_to_pb",
             "run_image_from_pb",
             "run_image_to_pb",
+            "terminal_event_from_pb",
+            "terminal_event_to_pb",
+            "terminal_input_from_pb",
+            "terminal_input_to_pb",
+            "terminal_spec_from_pb",
+            "terminal_spec_to_pb",
         ],
         "_convert",
     ),
@@ -110,8 +125,10 @@ _WHERE = {
             "MAX_MESSAGE",
             "SERVER_OPTIONS",
             "STOP_INPUT_KEY",
+            "resize_problem",
             "start_problem",
             "stdin_problem",
+            "terminal_start_problem",
         ],
         "_frames",
     ),
@@ -178,6 +195,7 @@ __all__ = [
     "mount_from_pb",
     "mount_to_pb",
     "pb",
+    "resize_problem",
     "run_image_from_pb",
     "run_image_to_pb",
     "runtime_errors_in",
@@ -187,6 +205,13 @@ __all__ = [
     "start_problem",
     "stdin_problem",
     "stop_server",
+    "terminal_event_from_pb",
+    "terminal_event_to_pb",
+    "terminal_input_from_pb",
+    "terminal_input_to_pb",
+    "terminal_spec_from_pb",
+    "terminal_spec_to_pb",
+    "terminal_start_problem",
 ]
 
 

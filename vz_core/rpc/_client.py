@@ -23,6 +23,9 @@ Closing the event generator (or cancelling its task) cancels the call, which mak
 command. Always close an exec generator you stop reading (``aclose()``); the contract's rules apply. An empty
 argv is refused locally (``InvalidArgumentError``), as the protocol's frame rules require.
 
+Terminal sessions (``terminal``, ``vz.machine.v1.MachineExtensions/ExecPty``) use the same pump and receive
+loop with terminal frames: data, resizes and one close_stdin out; one output stream and one exit in.
+
 Ending an exec: once the exit frame arrives, the call ends, or the plugin's response headers carry
 ``vz_core.rpc.STOP_INPUT_KEY`` (a vz plugin refusing the exec), the pump stops at the next write
 boundary (a pending ``call.write()`` is never cancelled: that would cancel the call) and half-closes without
@@ -37,7 +40,7 @@ import asyncio
 import contextlib
 import math
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 import grpc
@@ -57,6 +60,12 @@ from vz_core._types import (
     Extensions,
     MachineDetails,
     RunImageRequest,
+    TerminalData,
+    TerminalEof,
+    TerminalEvent,
+    TerminalInput,
+    TerminalResize,
+    TerminalSpec,
 )
 from vz_core.errors import (
     DriverError,
@@ -70,7 +79,14 @@ from vz_core.errors import (
 from vz_core.negotiate import validate_info
 from vz_core.redact import Redactor
 from vz_core.rpc import _convert
-from vz_core.rpc._frames import MAX_INFO, MAX_MESSAGE, STOP_INPUT_KEY, start_problem
+from vz_core.rpc._frames import (
+    MAX_INFO,
+    MAX_MESSAGE,
+    STOP_INPUT_KEY,
+    resize_problem,
+    start_problem,
+    terminal_start_problem,
+)
 from vz_core.rpc._wire import error_from_rpc, runtime_errors_in
 
 if TYPE_CHECKING:
@@ -475,51 +491,87 @@ class RemoteDriver(Driver):
         self._redactor.add(*spec.environment.values())
         async with self._session() as s:
             call = s.runtime.Exec()
-            statuses = _StatusLog(call)
-            pump = _ExecPump(call, start, stdin)
-            # The call's async iterator, not read(): read() stops at a status grpcio made up (see _StatusLog)
-            # even when the server's frames are still waiting to be read.
-            frames = call.__aiter__()
-            finished = False
-            exited = False
+            pump = _ExecPump(call, pb.ExecClientMessage(start=start), stdin, _ExecFrames())
+            events = self._events(s, call, pump, "Exec", _convert.exec_event_from_pb)
             try:
-                while True:
-                    try:
-                        msg = await frames.__anext__()
-                    except StopAsyncIteration:
-                        break
-                    except (grpc.RpcError, asyncio.CancelledError) as exc:
-                        finished = True
-                        pump.stop()
-                        if (failure := pump.failure()) is not None:
-                            raise failure from None  # our stdin iterator failed: that is the error to report
-                        if not isinstance(exc, grpc.RpcError):
-                            raise
-                        status: grpc.RpcError = exc
-                        if _made_up(exc):
-                            status = await statuses.peer_status(_PEER_STATUS_WAIT) or exc
-                            if status is exc and exited:
-                                break  # the exit frame already told the outcome
-                        if status.code() == grpc.StatusCode.OK:
-                            break
-                        raise await self._translate(status, "Exec", s.conn) from None
-                    event = _convert.exec_event_from_pb(msg)
-                    if event is None:
-                        raise RuntimeFailureError(
-                            f"driver {self.name!r} sent an exec frame with no payload (protocol violation)"
-                        )
-                    if isinstance(event, ExecExit):
-                        exited = True
-                        pump.stop()  # the command is gone: send nothing more, half-close
+                async for event in events:
                     yield event
-                finished = True
-                pump.stop()
-                if (failure := pump.failure()) is not None:
-                    raise failure
             finally:
-                if not finished:
-                    call.cancel()
-                await pump.close()
+                await events.aclose()
+
+    async def terminal(self, spec: TerminalSpec, input: AsyncIterator[TerminalInput]) -> AsyncIterator[TerminalEvent]:
+        """A terminal session through ``vz.machine.v1.MachineExtensions/ExecPty`` (see ``Driver.terminal``).
+
+        Input is sent as it comes (data in frames of at most 32 KiB, resizes, one close_stdin); an input
+        iterator that ends sends close_stdin if it was not sent and half-closes. A plugin that does not serve
+        terminals answers ``UnsupportedError``.
+        """
+        if not spec.argv:
+            raise InvalidArgumentError("a terminal session needs a non-empty argv (the command and its arguments)")
+        start = _convert.terminal_spec_to_pb(spec)
+        if (problem := terminal_start_problem(start)) is not None:
+            raise InvalidArgumentError(problem)
+        if (problem := resize_problem(spec.rows, spec.cols)) is not None:
+            raise InvalidArgumentError(f"terminal start: {problem}")
+        self._redactor.add(*spec.environment.values())
+        async with self._session() as s:
+            call = s.extensions.ExecPty()
+            pump = _ExecPump(call, ext_pb.PtyClientMessage(start=start), input, _TerminalFrames())
+            events = self._events(s, call, pump, "ExecPty", _convert.terminal_event_from_pb)
+            try:
+                async for event in events:
+                    yield event
+            finally:
+                await events.aclose()
+
+    async def _events(
+        self, s: _Session, call: Any, pump: _ExecPump, rpc: str, decode: Callable[[Any], Any]
+    ) -> AsyncGenerator[Any, None]:
+        """The receive loop of an exec-shaped stream: frames to events 1:1, then the outcome."""
+        statuses = _StatusLog(call)
+        # The call's async iterator, not read(): read() stops at a status grpcio made up (see _StatusLog)
+        # even when the server's frames are still waiting to be read.
+        frames = call.__aiter__()
+        finished = False
+        exited = False
+        try:
+            while True:
+                try:
+                    msg = await frames.__anext__()
+                except StopAsyncIteration:
+                    break
+                except (grpc.RpcError, asyncio.CancelledError) as exc:
+                    finished = True
+                    pump.stop()
+                    if (failure := pump.failure()) is not None:
+                        raise failure from None  # our input iterator failed: that is the error to report
+                    if not isinstance(exc, grpc.RpcError):
+                        raise
+                    status: grpc.RpcError = exc
+                    if _made_up(exc):
+                        status = await statuses.peer_status(_PEER_STATUS_WAIT) or exc
+                        if status is exc and exited:
+                            break  # the exit frame already told the outcome
+                    if status.code() == grpc.StatusCode.OK:
+                        break
+                    raise await self._translate(status, rpc, s.conn) from None
+                event = decode(msg)
+                if event is None:
+                    raise RuntimeFailureError(
+                        f"driver {self.name!r} sent an {rpc} frame with no payload (protocol violation)"
+                    )
+                if isinstance(event, ExecExit):
+                    exited = True
+                    pump.stop()  # the command is gone: send nothing more, half-close
+                yield event
+            finished = True
+            pump.stop()
+            if (failure := pump.failure()) is not None:
+                raise failure
+        finally:
+            if not finished:
+                call.cancel()
+            await pump.close()
 
     async def logs(self, workspace_id: str) -> AsyncIterator[bytes]:
         self._gate("Logs", "logs")
@@ -652,11 +704,12 @@ class _ExecPump:
     cancelled. Waiting for the caller's next stdin chunk is interrupted at once.
     """
 
-    def __init__(self, call: Any, start: pb.ExecStart, stdin: AsyncIterator[bytes]) -> None:
+    def __init__(self, call: Any, start: Any, stdin: AsyncIterator[Any], frames: _Frames) -> None:
         self._call = call
         self._stopping = False
         self._pulling = False
         self._interrupted = False
+        self._frames = frames
         loop = asyncio.get_running_loop()
         self._task: asyncio.Task[None] = loop.create_task(self._run(start, stdin))
         self._headers: asyncio.Task[Any] = loop.create_task(call.initial_metadata())
@@ -685,10 +738,11 @@ class _ExecPump:
             return task.exception()
         return None
 
-    async def _run(self, start: pb.ExecStart, stdin: AsyncIterator[bytes]) -> None:
+    async def _run(self, start: Any, stdin: AsyncIterator[Any]) -> None:
         call = self._call
+        frames = self._frames
         try:
-            await call.write(pb.ExecClientMessage(start=start))
+            await call.write(start)
             chunks = stdin.__aiter__()
             while not self._stopping:
                 self._pulling = True
@@ -708,12 +762,17 @@ class _ExecPump:
                     raise
                 finally:
                     self._pulling = False
-                for offset in range(0, len(chunk), MAX_CHUNK):
+                try:
+                    messages = frames.encode(chunk)
+                except BaseException:
+                    call.cancel()  # a local rule violation: the receive loop reports it
+                    raise
+                for message in messages:
                     if self._stopping:
                         break
-                    await call.write(pb.ExecClientMessage(stdin=chunk[offset : offset + MAX_CHUNK]))
-            if not self._stopping:
-                await call.write(pb.ExecClientMessage(close_stdin=pb.CloseStdin()))
+                    await call.write(message)
+            if not self._stopping and (close := frames.close()) is not None:
+                await call.write(close)
             await call.done_writing()
         except (grpc.RpcError, grpc.aio.BaseError, asyncio.InvalidStateError):
             # The call ended (the command exited early, or it failed): the receive loop reports the outcome.
@@ -732,6 +791,57 @@ class _ExecPump:
             self._headers.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await self._headers
+
+
+class _Frames:
+    """How a pump turns its caller's input into frames (``encode``) and the final close_stdin (``close``)."""
+
+    def encode(self, item: Any) -> list[Any]:
+        raise NotImplementedError
+
+    def close(self) -> Any | None:
+        raise NotImplementedError
+
+
+class _ExecFrames(_Frames):
+    """Exec: stdin chunks in frames of at most MAX_CHUNK bytes, then one close_stdin."""
+
+    def encode(self, item: bytes) -> list[Any]:
+        return [pb.ExecClientMessage(stdin=item[i : i + MAX_CHUNK]) for i in range(0, len(item), MAX_CHUNK)]
+
+    def close(self) -> Any | None:
+        return pb.ExecClientMessage(close_stdin=pb.CloseStdin())
+
+
+class _TerminalFrames(_Frames):
+    """Terminal: data in frames of at most MAX_CHUNK bytes, resizes, one close_stdin (sent at the first eof,
+    or when the input ends without one). Data after the eof and bad sizes are refused locally."""
+
+    def __init__(self) -> None:
+        self._closed = False
+
+    def encode(self, item: TerminalInput) -> list[Any]:
+        if isinstance(item, TerminalData):
+            if self._closed and item.data:
+                raise InvalidArgumentError("terminal input: data after the end of input (TerminalEof)")
+            data = item.data
+            return [ext_pb.PtyClientMessage(stdin=data[i : i + MAX_CHUNK]) for i in range(0, len(data), MAX_CHUNK)]
+        if isinstance(item, TerminalResize):
+            if (problem := resize_problem(item.rows, item.cols)) is not None:
+                raise InvalidArgumentError(f"terminal input: {problem}")
+            return [_convert.terminal_input_to_pb(item)]
+        if isinstance(item, TerminalEof):
+            if self._closed:
+                return []
+            self._closed = True
+            return [ext_pb.PtyClientMessage(close_stdin=ext_pb.PtyCloseStdin())]
+        raise InvalidArgumentError(f"terminal input: {type(item).__name__} is not a TerminalInput")
+
+    def close(self) -> Any | None:
+        if self._closed:
+            return None
+        self._closed = True
+        return ext_pb.PtyClientMessage(close_stdin=ext_pb.PtyCloseStdin())
 
 
 StatusLog = _StatusLog

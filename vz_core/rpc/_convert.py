@@ -13,6 +13,9 @@ from typing import Any, TypeVar
 from vz_core._proto.devsy.runtime.v1 import runtime_pb2 as pb
 from vz_core._proto.vz.machine.v1 import extensions_pb2 as ext_pb
 from vz_core._types import (
+    TERMINAL_COLS,
+    TERMINAL_ROWS,
+    TERMINAL_TERM,
     Capabilities,
     DriverInfo,
     EgressPolicy,
@@ -31,6 +34,13 @@ from vz_core._types import (
     MountType,
     RecreateMode,
     RunImageRequest,
+    TerminalData,
+    TerminalEof,
+    TerminalEvent,
+    TerminalInput,
+    TerminalOutput,
+    TerminalResize,
+    TerminalSpec,
 )
 
 __all__ = [
@@ -50,6 +60,12 @@ __all__ = [
     "mount_to_pb",
     "run_image_from_pb",
     "run_image_to_pb",
+    "terminal_event_from_pb",
+    "terminal_event_to_pb",
+    "terminal_input_from_pb",
+    "terminal_input_to_pb",
+    "terminal_spec_from_pb",
+    "terminal_spec_to_pb",
 ]
 
 
@@ -321,6 +337,7 @@ def extensions_to_pb(ext: Extensions) -> ext_pb.ExtensionsResponse:
         facts=dict(ext.facts),
         resource_limits=ext.resource_limits,
         storage_limits=ext.storage_limits,
+        terminal=ext.terminal,
     )
 
 
@@ -338,4 +355,68 @@ def extensions_from_pb(msg: ext_pb.ExtensionsResponse) -> Extensions:
         facts=facts,
         resource_limits=msg.resource_limits,
         storage_limits=msg.storage_limits,
+        terminal=msg.terminal,
     )
+
+
+def terminal_spec_to_pb(spec: TerminalSpec) -> ext_pb.PtyStart:
+    return ext_pb.PtyStart(
+        workspace_id=spec.workspace_id,
+        argv=list(spec.argv),
+        user=spec.user,
+        workdir=spec.workdir,
+        environment=dict(spec.environment),
+        rows=spec.rows,
+        cols=spec.cols,
+        term=spec.term,
+    )
+
+
+def terminal_spec_from_pb(msg: ext_pb.PtyStart) -> TerminalSpec:
+    """The spec of a start frame; rows, cols or term left unset (0, "") take the documented defaults."""
+    return TerminalSpec(
+        workspace_id=msg.workspace_id,
+        argv=tuple(msg.argv),
+        user=msg.user,
+        workdir=msg.workdir,
+        environment=dict(msg.environment),
+        rows=msg.rows or TERMINAL_ROWS,
+        cols=msg.cols or TERMINAL_COLS,
+        term=msg.term or TERMINAL_TERM,
+    )
+
+
+def terminal_input_to_pb(item: TerminalInput) -> ext_pb.PtyClientMessage:
+    if isinstance(item, TerminalData):
+        return ext_pb.PtyClientMessage(stdin=item.data)
+    if isinstance(item, TerminalResize):
+        return ext_pb.PtyClientMessage(resize=ext_pb.PtyResize(rows=item.rows, cols=item.cols))
+    return ext_pb.PtyClientMessage(close_stdin=ext_pb.PtyCloseStdin())
+
+
+def terminal_input_from_pb(msg: ext_pb.PtyClientMessage) -> TerminalInput | None:
+    """The input a frame after the start carries; ``None`` for a start or an unset payload (not input)."""
+    which = msg.WhichOneof("payload")
+    if which == "stdin":
+        return TerminalData(msg.stdin)
+    if which == "resize":
+        return TerminalResize(msg.resize.rows, msg.resize.cols)
+    if which == "close_stdin":
+        return TerminalEof()
+    return None
+
+
+def terminal_event_to_pb(event: TerminalEvent) -> ext_pb.PtyServerMessage:
+    if isinstance(event, ExecExit):
+        return ext_pb.PtyServerMessage(exit=ext_pb.PtyExit(exit_code=event.exit_code, signal=event.signal))
+    return ext_pb.PtyServerMessage(output=event.data)
+
+
+def terminal_event_from_pb(msg: ext_pb.PtyServerMessage) -> TerminalEvent | None:
+    """The event a frame carries; ``None`` for a frame with no payload set (a protocol violation)."""
+    which = msg.WhichOneof("payload")
+    if which == "output":
+        return TerminalOutput(msg.output)
+    if which == "exit":
+        return ExecExit(msg.exit.exit_code, msg.exit.signal)
+    return None

@@ -9,6 +9,10 @@ missing Machine, an unsupported tty, a driver failure) while the client may stil
 status follows once the client half-closed (or after a bounded wait). A vz host that sees the key stops
 sending stdin and half-closes at once; other hosts ignore unknown metadata and are simply drained.
 
+Terminal frames (``vz.machine.v1.MachineExtensions/ExecPty``) follow the same rules, plus window sizes:
+``terminal_start_problem`` (rows and columns 0..MAX_WINDOW, 0 = the default) and ``resize_problem``
+(1..MAX_WINDOW each). Resize frames may come at any time after the start, also after ``close_stdin``.
+
 Message limits: every peer-filled buffer is bounded. ``MAX_MESSAGE`` caps any one gRPC message either side
 receives (an Info, a Find, a frame); exec and log frames are ≤ 32 KiB, so it never limits a stream.
 ``MAX_INFO`` caps an Info reply (a host checks it before anything else). ``MAX_EXEC_START`` caps the
@@ -20,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vz_core._types import MAX_CHUNK
+from vz_core._types import MAX_CHUNK, MAX_WINDOW
 
 __all__ = [
     "CHANNEL_OPTIONS",
@@ -29,8 +33,10 @@ __all__ = [
     "MAX_MESSAGE",
     "SERVER_OPTIONS",
     "STOP_INPUT_KEY",
+    "resize_problem",
     "start_problem",
     "stdin_problem",
+    "terminal_start_problem",
 ]
 
 STOP_INPUT_KEY = "vz-exec-stop-input"
@@ -77,4 +83,26 @@ def stdin_problem(data: bytes, stdin_closed: bool) -> str | None:
         return "an empty stdin frame"
     if len(data) > MAX_CHUNK:
         return f"a stdin frame of {len(data)} bytes (at most {MAX_CHUNK})"
+    return None
+
+
+def terminal_start_problem(start: Any) -> str | None:
+    """What is wrong with a terminal start frame (an ``extensions_pb2.PtyStart``), or None."""
+    if not start.argv:
+        return "terminal start frame has an empty argv"
+    if start.rows > MAX_WINDOW or start.cols > MAX_WINDOW:
+        return f"terminal size {start.rows}x{start.cols} is over {MAX_WINDOW} rows or columns"
+    size = start.ByteSize()
+    if size > MAX_EXEC_START:
+        return (
+            f"terminal request of {size} bytes (argv, environment, user, workdir, term) is over the limit of "
+            f"{MAX_EXEC_START} bytes"
+        )
+    return None
+
+
+def resize_problem(rows: int, cols: int) -> str | None:
+    """What is wrong with a window size in a resize frame, or None."""
+    if not (1 <= rows <= MAX_WINDOW and 1 <= cols <= MAX_WINDOW):
+        return f"a resize to {rows}x{cols} (rows and columns must be 1..{MAX_WINDOW})"
     return None

@@ -32,7 +32,7 @@ from vz_core._types import DriverInfo, Extensions
 from vz_core.errors import DriverError, InvalidArgumentError, RuntimeFailureError, UnsupportedError
 from vz_core.redact import Redactor
 from vz_core.rpc import _convert
-from vz_core.rpc._frames import start_problem
+from vz_core.rpc._frames import start_problem, terminal_start_problem
 from vz_core.rpc._server_exec import DRAIN_TIMEOUT, ExecStream
 from vz_core.rpc._wire import error_to_status
 
@@ -243,7 +243,15 @@ async def _aclose(stream: object) -> None:
 
 
 class ExtensionsServicer(_Base, ext_grpc.MachineExtensionsServicer):
-    """``vz.machine.v1.MachineExtensions``: UNIMPLEMENTED when the driver has no extensions."""
+    """``vz.machine.v1.MachineExtensions``: UNIMPLEMENTED when the driver has no extensions.
+
+    ``ExecPty`` serves ``Driver.terminal`` when the driver's extensions say ``terminal``, with the Exec
+    stream's machinery and rules (``vz_core.rpc._server_exec``), and is UNSUPPORTED otherwise.
+    """
+
+    def __init__(self, driver: Driver, redactor: Redactor, *, exec_drain_timeout: float = DRAIN_TIMEOUT) -> None:
+        super().__init__(driver, redactor)
+        self._drain_timeout = exec_drain_timeout
 
     async def Extensions(
         self, request: ext_pb.ExtensionsRequest, context: grpc.aio.ServicerContext[Any, Any]
@@ -254,7 +262,42 @@ class ExtensionsServicer(_Base, ext_grpc.MachineExtensionsServicer):
         return _convert.extensions_to_pb(ext)
 
     async def ExecPty(self, request_iterator: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
-        await _abort(context, UnsupportedError("ExecPty is not served by this plugin SDK yet"))
+        first = await context.read()
+        if first is _EOF:
+            await _abort(context, InvalidArgumentError("terminal stream ended before its start frame"))
+        if first is MALFORMED:
+            await _abort(context, InvalidArgumentError("the first terminal frame is not a valid PtyClientMessage"))
+        which = first.WhichOneof("payload")
+        if which != "start":
+            await _abort(
+                context,
+                InvalidArgumentError(f"the first terminal frame must be 'start', got {which or 'an unset payload'}"),
+            )
+        if (problem := terminal_start_problem(first.start)) is not None:
+            await _abort(context, InvalidArgumentError(problem))
+        self._redactor.add(*first.start.environment.values())
+        spec = _convert.terminal_spec_from_pb(first.start)
+        stream = ExecStream(context, self._drain_timeout, terminal=True)
+        try:
+            error: DriverError | None = None
+            try:
+                ext = await self._driver_extensions()
+            except Exception as exc:
+                error = await stream.refuse(self._error("ExecPty", exc))
+            else:
+                if ext is None or not ext.terminal:
+                    error = await stream.refuse(
+                        UnsupportedError("this driver does not serve terminal sessions (extensions.terminal)")
+                    )
+            if error is None:
+                error = await stream.run(lambda keys: self._driver.terminal(spec, keys), self._terminal_error)
+        finally:
+            await stream.close()
+        if error is not None:
+            await _abort(context, error)
+
+    def _terminal_error(self, exc: BaseException) -> DriverError:
+        return self._error("ExecPty", exc) if isinstance(exc, Exception) else self._failure("ExecPty", exc)
 
 
 MALFORMED: Any = _convert.MALFORMED
@@ -321,7 +364,8 @@ def add_servicers(
     """Serve ``driver`` on ``server``: ``devsy.runtime.v1.RuntimeDriver`` and ``vz.machine.v1.MachineExtensions``."""
     runtime = RuntimeServicer(driver, redactor, exec_drain_timeout=exec_drain_timeout)
     _register(server, pb, "devsy.runtime.v1.RuntimeDriver", runtime)
-    _register(server, ext_pb, "vz.machine.v1.MachineExtensions", ExtensionsServicer(driver, redactor))
+    extensions = ExtensionsServicer(driver, redactor, exec_drain_timeout=exec_drain_timeout)
+    _register(server, ext_pb, "vz.machine.v1.MachineExtensions", extensions)
 
 
 class _ShutdownReports(logging.Filter):

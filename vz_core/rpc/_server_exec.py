@@ -1,4 +1,7 @@
-"""One Exec stream on the plugin side, after its start frame (PROTOCOL.md §4).
+"""One Exec (or ExecPty terminal) stream on the plugin side, after its start frame (PROTOCOL.md §4).
+
+A terminal session (``vz.machine.v1.MachineExtensions/ExecPty``) is run by the same machinery with its own
+frames: ``TerminalClientInput`` instead of ``ClientInput`` and one output stream.
 
 Three rules keep the call healthy with grpcio's asyncio stack:
 
@@ -24,18 +27,31 @@ import asyncio
 import collections
 import contextlib
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import grpc
 import grpc.aio
 
 from vz_core._proto.devsy.runtime.v1 import runtime_pb2 as pb
-from vz_core._types import ExecEvent, ExecExit, ExecOutput
+from vz_core._proto.vz.machine.v1 import extensions_pb2 as ext_pb
+from vz_core._types import (
+    ExecEvent,
+    ExecExit,
+    ExecOutput,
+    TerminalData,
+    TerminalEof,
+    TerminalEvent,
+    TerminalInput,
+    TerminalOutput,
+    TerminalResize,
+)
 from vz_core.errors import DriverError, InvalidArgumentError
 from vz_core.rpc import _convert
-from vz_core.rpc._frames import STOP_INPUT_KEY, stdin_problem
+from vz_core.rpc._frames import STOP_INPUT_KEY, resize_problem, stdin_problem
 
-__all__ = ["DRAIN_TIMEOUT", "ClientInput", "ExecStream"]
+__all__ = ["DRAIN_TIMEOUT", "ClientInput", "ExecStream", "TerminalClientInput"]
+
+T = TypeVar("T")
 
 _EOF: object = grpc.aio.EOF  # type: ignore[attr-defined]  # end-of-stream marker of context.read()
 DRAIN_TIMEOUT = 5.0
@@ -43,19 +59,22 @@ DRAIN_TIMEOUT = 5.0
 _READ_AHEAD = 4
 
 
-class ClientInput:
-    """The client's frames after the start frame: the stdin the driver reads, and the rule checks.
+class _Input(Generic[T]):
+    """The client's frames after the start frame: the input the driver reads, and the rule checks.
 
-    Iterating it yields stdin chunks and ends at ``close_stdin``; it raises the ``InvalidArgumentError`` when
-    the client broke a frame rule. ``violated`` resolves with that error. ``drain()`` switches to reading
-    and discarding until the client half-closes (then a missing ``close_stdin`` is no longer an error);
-    ``task`` ends when the client half-closed, broke a rule or the call failed.
+    Iterating it yields input items; it raises the ``InvalidArgumentError`` when the client broke a frame
+    rule. ``violated`` resolves with that error. ``drain()`` switches to reading and discarding until the
+    client half-closes (then a missing ``close_stdin`` is no longer an error); ``task`` ends when the client
+    half-closed, broke a rule or the call failed. Subclasses accept their own frames (``_accept``).
     """
+
+    _what = "exec"
+    _ends_at_close = True
 
     def __init__(self, context: grpc.aio.ServicerContext[Any, Any]) -> None:
         loop = asyncio.get_running_loop()
         self._context = context
-        self._buffer: collections.deque[bytes] = collections.deque()
+        self._buffer: collections.deque[T] = collections.deque()
         self._stdin_closed = False
         self._finished = False
         self._draining = False
@@ -88,36 +107,26 @@ class ClientInput:
                 continue
             if msg is _EOF:
                 if not self._stdin_closed:
-                    self._violate("the exec stream ended before close_stdin")
+                    self._violate(f"the {self._what} stream ended before close_stdin")
                 return
-            kind = "malformed" if msg is _convert.MALFORMED else msg.WhichOneof("payload")
-            if kind == "stdin":
-                data: bytes = msg.stdin
-                problem = stdin_problem(data, self._stdin_closed)
-                if problem is None:
-                    buffer.append(data)
-                    self._wake_consumer()
-                    while len(buffer) >= _READ_AHEAD and not self._draining:
-                        self._space_waiter = asyncio.get_running_loop().create_future()
-                        try:
-                            await self._space_waiter
-                        finally:
-                            self._space_waiter = None
-                    continue
-            elif kind == "close_stdin":
-                if not self._stdin_closed:
-                    self._stdin_closed = True
-                    self._wake_consumer()
-                    continue
-                problem = "a close_stdin frame after close_stdin"
-            elif kind == "start":
-                problem = "a second start frame"
-            elif kind == "malformed":
-                problem = "a frame that is not a valid ExecClientMessage"
-            else:
-                problem = "a frame with no payload"
-            self._violate(f"exec protocol violation: {problem}")
-            return
+            problem = self._accept(msg)
+            if problem is not None:
+                self._violate(f"{self._what} protocol violation: {problem}")
+                return
+            while len(buffer) >= _READ_AHEAD and not self._draining:
+                self._space_waiter = asyncio.get_running_loop().create_future()
+                try:
+                    await self._space_waiter
+                finally:
+                    self._space_waiter = None
+
+    def _push(self, item: T) -> None:
+        self._buffer.append(item)
+        self._wake_consumer()
+
+    def _accept(self, msg: Any) -> str | None:
+        """Take one frame (buffer its input, note a close_stdin); what is wrong with it, or None."""
+        raise NotImplementedError
 
     def _violate(self, message: str) -> None:
         self.violation = InvalidArgumentError(message)
@@ -133,10 +142,10 @@ class ClientInput:
 
     # What the driver reads -------------------------------------------------------------------------------
 
-    def __aiter__(self) -> ClientInput:
+    def __aiter__(self) -> _Input[T]:
         return self
 
-    async def __anext__(self) -> bytes:
+    async def __anext__(self) -> T:
         buffer = self._buffer
         while True:
             if buffer:
@@ -147,7 +156,7 @@ class ClientInput:
                 return data
             if self.violation is not None:
                 raise self.violation
-            if self._stdin_closed or self._finished or self._draining:
+            if (self._stdin_closed and self._ends_at_close) or self._finished or self._draining:
                 raise StopAsyncIteration
             self._data_waiter = asyncio.get_running_loop().create_future()
             try:
@@ -181,16 +190,80 @@ class ClientInput:
             await self.task
 
 
+class ClientInput(_Input[bytes]):
+    """Exec input: stdin chunks; iteration ends at ``close_stdin``."""
+
+    def _accept(self, msg: Any) -> str | None:
+        kind = "malformed" if msg is _convert.MALFORMED else msg.WhichOneof("payload")
+        if kind == "stdin":
+            data: bytes = msg.stdin
+            problem = stdin_problem(data, self._stdin_closed)
+            if problem is None:
+                self._push(data)
+            return problem
+        if kind == "close_stdin":
+            if self._stdin_closed:
+                return "a close_stdin frame after close_stdin"
+            self._stdin_closed = True
+            self._wake_consumer()
+            return None
+        if kind == "start":
+            return "a second start frame"
+        if kind == "malformed":
+            return "a frame that is not a valid ExecClientMessage"
+        return "a frame with no payload"
+
+
+class TerminalClientInput(_Input[TerminalInput]):
+    """Terminal input: ``TerminalData``, ``TerminalResize`` and one ``TerminalEof``; iteration goes on after the
+    eof (resizes still come) and ends when the client half-closes."""
+
+    _what = "terminal"
+    _ends_at_close = False
+
+    def _accept(self, msg: Any) -> str | None:
+        kind = "malformed" if msg is _convert.MALFORMED else msg.WhichOneof("payload")
+        if kind == "stdin":
+            data: bytes = msg.stdin
+            problem = stdin_problem(data, self._stdin_closed)
+            if problem is None:
+                self._push(TerminalData(data))
+            return problem
+        if kind == "resize":
+            problem = resize_problem(msg.resize.rows, msg.resize.cols)
+            if problem is None:
+                self._push(TerminalResize(msg.resize.rows, msg.resize.cols))
+            return problem
+        if kind == "close_stdin":
+            if self._stdin_closed:
+                return "a close_stdin frame after close_stdin"
+            self._stdin_closed = True
+            self._push(TerminalEof())
+            return None
+        if kind == "start":
+            return "a second start frame"
+        if kind == "malformed":
+            return "a frame that is not a valid PtyClientMessage"
+        return "a frame with no payload"
+
+
 class ExecStream:
     """Runs one exec: the driver's events out, the client's stdin in, the end of the call done safely.
 
     ``run()`` returns the error to abort with (or None for OK). The caller must ``close()`` it in all cases.
     """
 
-    def __init__(self, context: grpc.aio.ServicerContext[Any, Any], drain_timeout: float = DRAIN_TIMEOUT) -> None:
+    def __init__(
+        self,
+        context: grpc.aio.ServicerContext[Any, Any],
+        drain_timeout: float = DRAIN_TIMEOUT,
+        *,
+        terminal: bool = False,
+    ) -> None:
         self._context = context
         self._drain_timeout = drain_timeout
-        self.input = ClientInput(context)
+        self._to_pb: Callable[[Any], Any] = _terminal_frame if terminal else _frame
+        self.input: _Input[Any] = TerminalClientInput(context) if terminal else ClientInput(context)
         self.input.on_violation = self._on_violation
         self._stop = False
         self._pulling = False
@@ -200,9 +273,9 @@ class ExecStream:
         # Stop forwarding output before anything else is written (the writer checks this between writes).
         self._stop = True
 
-    async def _forward(self, events: AsyncIterator[ExecEvent]) -> None:
+    async def _forward(self, events: AsyncIterator[Any]) -> None:
         write = self._context.write
-        to_pb = _frame
+        to_pb = self._to_pb
         iterator = events.__aiter__()
         while not self._stop:
             self._pulling = True
@@ -232,7 +305,7 @@ class ExecStream:
 
     async def run(
         self,
-        start: Callable[[AsyncIterator[bytes]], AsyncIterator[ExecEvent]],
+        start: Callable[[Any], AsyncIterator[Any]],
         translate: Callable[[BaseException], DriverError],
     ) -> DriverError | None:
         """Start the driver's exec on the client's stdin and forward its events until the end of the exec."""
@@ -282,6 +355,12 @@ def _frame(event: ExecEvent) -> pb.ExecServerMessage:
         (msg.stderr if event.stream == "stderr" else msg.stdout).data = event.data
         return msg
     return _convert.exec_event_to_pb(event)
+
+
+def _terminal_frame(event: TerminalEvent) -> ext_pb.PtyServerMessage:
+    if type(event) is TerminalOutput:
+        return ext_pb.PtyServerMessage(output=event.data)
+    return _convert.terminal_event_to_pb(event)
 
 
 async def _aclose(stream: object) -> None:

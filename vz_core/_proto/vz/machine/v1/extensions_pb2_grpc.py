@@ -58,7 +58,15 @@ class MachineExtensionsServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ExecPty(self, request_iterator, context):
-        """An interactive command on a pseudo-terminal (only when tty = true).
+        """An interactive terminal session: a command on a pseudo-terminal inside
+        the Machine. Served when ExtensionsResponse.terminal is true, otherwise
+        UNIMPLEMENTED. The first client frame is one start (non-empty argv);
+        then stdin frames of 1..32768 bytes, resize frames (also after
+        close_stdin) and at most one close_stdin; the client half-closes once the
+        exit arrived. The server sends output frames of 1..32768 bytes (the
+        terminal's one output stream, undecoded) and exactly one exit, last.
+        Errors are gRPC statuses with one devsy.runtime.v1.RuntimeError detail,
+        as for RuntimeDriver.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
