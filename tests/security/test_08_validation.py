@@ -181,3 +181,23 @@ def test_bind_sources_outside_the_project_or_home_warn(vz: Vz, tmp_path: Path) -
     assert f"mounts[1].source: {outside} is outside the project directory" in err
     assert "mounts[2].source: bind-mounts your whole home directory" in err
     assert "mounts[0]" not in err
+
+
+def test_machines_recorded_with_host_options_by_an_earlier_vz_stay_manageable(vz: Vz, tmp_path: Path) -> None:
+    # An earlier vz accepted host-scoped driver_options from vz.json; such a record must still be found and
+    # deletable (the option is refused in vz.json now, never in a record).
+    proj = write_project(tmp_path / "p", fake_machine("web"))
+    vz.ok("up", cwd=proj)
+    con = sqlite3.connect(vz.home / "state.db")
+    try:
+        (spec,) = con.execute("SELECT spec FROM machines").fetchone()
+        data = json.loads(spec)
+        data["driver_options"] = {"state_dir": str(vz.home / "drivers" / "fake")}
+        con.execute("UPDATE machines SET spec = ?", (json.dumps(data),))
+        con.commit()
+    finally:
+        con.close()
+    assert vz.status(proj)["environments"][0]["machines"][0]["state"] == "running"
+    assert vz.ok("exec", "--", "echo", "hi", cwd=proj) == "hi\n"
+    vz.ok("delete", cwd=proj)
+    assert vz.status(tmp_path, "--all")["environments"] == []

@@ -56,10 +56,10 @@ def run_exec(
     from vz_core.env import prepare_exec
 
     target = prepare_exec(ctx, environment=environment, machine=machine)
-    return asyncio.run(_stream(target, argv, workdir))
+    return asyncio.run(_stream(ctx, target, argv, workdir))
 
 
-async def _stream(target: ExecTarget, argv: list[str], workdir: str | None) -> int:
+async def _stream(ctx: Context, target: ExecTarget, argv: list[str], workdir: str | None) -> int:
     from vz_core.env import execute
 
     loop = asyncio.get_running_loop()
@@ -77,7 +77,7 @@ async def _stream(target: ExecTarget, argv: list[str], workdir: str | None) -> i
     for sig in _FORWARDED:
         loop.add_signal_handler(sig, on_signal, sig)
     try:
-        event: ExecExit = await execute(target, argv, _stdin(loop), output, workdir=workdir)
+        event: ExecExit = await execute(ctx, target, argv, _stdin(loop), output, workdir=workdir)
         return exit_code_of(event)
     except asyncio.CancelledError:
         if received:

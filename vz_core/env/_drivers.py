@@ -17,6 +17,7 @@ from typing import Any
 from vz_core._driver import Driver
 from vz_core._types import DriverInfo, Extensions, RecreateMode
 from vz_core.errors import NotFoundError, UnsupportedError
+from vz_core.redact import Redactor
 
 __all__ = ["DriverFacts", "DriverPool", "acquire_driver", "installed_driver_names"]
 
@@ -28,18 +29,28 @@ def installed_driver_names() -> list[str]:
     return DriverRegistry().names()
 
 
-def acquire_driver(name: str, options: Mapping[str, Any] | None = None, *, where: str = "driver_options") -> Driver:
+def acquire_driver(
+    name: str,
+    options: Mapping[str, Any] | None = None,
+    *,
+    where: str = "driver_options",
+    recorded: bool = False,
+    redactor: Redactor | None = None,
+) -> Driver:
     """A ready-to-use Driver named ``name`` for a Machine whose vz.json gave ``options`` (its ``driver_options``).
 
     ``vz_core.drivers.open_driver`` does the work: project options are validated (unknown and host-scoped keys
     refused naming ``where``), merged over the user's host configuration (``vz driver configure``); built-in
     drivers run in-process, external ones (``vz driver add``) out-of-process with their binary verified at each
-    launch. Raises ``NotFoundError`` for an unknown name (listing what is installed) and ``UserError`` for a bad
-    name or options. The caller closes the driver (``await driver.close()``).
+    launch. ``recorded=True`` for options read from an existing Machine's record (an earlier vz may have accepted
+    host-scoped keys there; they stay, so the Machine is found where it is). ``redactor`` masks what a plugin
+    writes to stderr and its error texts. Raises ``NotFoundError`` for an unknown name (listing what is
+    installed) and ``UserError`` for a bad name or options. The caller closes the driver (``await
+    driver.close()``).
     """
     from vz_core import drivers
 
-    return drivers.open_driver(name, dict(options or {}), where=where)
+    return drivers.open_driver(name, dict(options or {}), where=where, recorded=recorded, redactor=redactor)
 
 
 @dataclass(frozen=True)
@@ -114,16 +125,19 @@ def _key(name: str, options: Mapping[str, Any]) -> tuple[str, str]:
 class DriverPool:
     """The drivers one command uses, each acquired and negotiated once, all closed by ``aclose``."""
 
-    def __init__(self) -> None:
+    def __init__(self, redactor: Redactor | None = None) -> None:
+        self._redactor = redactor
         self._drivers: dict[tuple[str, str], tuple[Driver, DriverFacts]] = {}
         self._preflighted: set[tuple[str, str]] = set()
 
-    async def get(self, name: str, options: Mapping[str, Any] | None = None) -> tuple[Driver, DriverFacts]:
-        """The driver and its negotiated facts (Info, then Extensions)."""
+    async def get(
+        self, name: str, options: Mapping[str, Any] | None = None, *, recorded: bool = False
+    ) -> tuple[Driver, DriverFacts]:
+        """The driver and its negotiated facts (Info, then Extensions); ``recorded`` as for ``acquire_driver``."""
         options = options or {}
         key = _key(name, options)
         if key not in self._drivers:
-            driver = acquire_driver(name, options)
+            driver = acquire_driver(name, options, recorded=recorded, redactor=self._redactor)
             try:
                 facts = await _negotiate(name, driver)
             except BaseException:

@@ -97,6 +97,7 @@ def _exec_errors(target: ExecTarget) -> Iterator[None]:
 
 
 async def execute(
+    ctx: Context,
     target: ExecTarget,
     argv: list[str],
     stdin: AsyncIterator[bytes],
@@ -104,13 +105,13 @@ async def execute(
     *,
     workdir: str | None = None,
 ) -> ExecExit:
-    """Run ``argv`` in the target Machine; output chunks go to ``output`` as they arrive.
+    """Run ``argv`` in the target Machine (from ``prepare_exec(ctx, ...)``); output chunks go to ``output``.
 
     Returns the command's ``ExecExit``. Cancelling the calling task cancels the exec stream (the driver kills
     the command and its descendants). An exception raised by ``output`` (e.g. ``BrokenPipeError``) ends the
     exec the same way and propagates. The driver is closed before this returns.
     """
-    driver = acquire_driver(target.machine.driver, target.machine.driver_options)
+    driver = acquire_driver(target.machine.driver, target.machine.driver_options, recorded=True, redactor=ctx.redactor)
     spec = ExecSpec(
         workspace_id=target.machine.workspace_id,
         argv=tuple(argv),

@@ -44,7 +44,7 @@ async def delete(ctx: Context, *, environment: str | None = None) -> dict[str, A
 async def _mutate(ctx: Context, environment: str | None, kind: str) -> dict[str, Any]:
     project = resolve_project(ctx, environment)
     assert project is not None
-    pool = DriverPool()
+    pool = DriverPool(ctx.redactor)
     store = open_store(ctx)
     lock: FileLock | None = None
     try:
@@ -71,7 +71,7 @@ async def _mutate(ctx: Context, environment: str | None, kind: str) -> dict[str,
                 }
                 with store.transaction() as db:
                     store.operation_step(db, op_id, f"{kind} {record.name}")
-                driver, _ = await pool.get(record.driver, record.driver_options)
+                driver, _ = await pool.get(record.driver, record.driver_options, recorded=True)
                 verb = "stopping" if kind == "stop" else "deleting"
                 with ctx.progress.step(kind, f"{verb} machine {record.name}", **fields):
                     if kind == "stop":

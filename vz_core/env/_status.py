@@ -50,7 +50,7 @@ async def status(
             definition = load_definition(project.header.path)
         except DefinitionError as exc:
             definition_error = str(exc)
-    pool = DriverPool()
+    pool = DriverPool(ctx.redactor)
     store = open_store(ctx)
     try:
         if all_environments:
@@ -157,7 +157,7 @@ async def _machine_status(
     find_json = None
     error = ""
     try:
-        driver, facts = await pool.get(record.driver, record.driver_options)
+        driver, facts = await pool.get(record.driver, record.driver_options, recorded=True)
         driver_json = facts.describe()
         found = await driver.find(record.workspace_id)
         state = observed(found)

@@ -298,7 +298,7 @@ async def up(
     ctx: Context, *, environment: str | None = None, recreate: bool = False, dry_run: bool = False
 ) -> dict[str, Any]:
     """Create or reconcile the selected Environment; the result object of `vz up --json` (docs/cli.md)."""
-    pool = DriverPool()
+    pool = DriverPool(ctx.redactor)
     store: Store | None = None
     env_lock: FileLock | None = None
     try:
@@ -383,7 +383,7 @@ async def _reconcile(
         learn_recorded_secrets(ctx, recorded)  # Machines no longer in vz.json may hold other secrets
         seen: dict[str, Observed] = {}
         for record in recorded:
-            driver, _ = await pool.get(record.driver, record.driver_options)
+            driver, _ = await pool.get(record.driver, record.driver_options, recorded=True)
             seen[record.machine_id] = observed(await driver.find(record.workspace_id))
         plan = compute_plan(
             [(m.name, m.recorded()) for m in definition.machines],
@@ -408,7 +408,7 @@ async def _reconcile(
         for step in plan.steps:
             if step.action in ("keep", "start") and step.machine_id is not None:
                 record = next(r for r in recorded if r.machine_id == step.machine_id)
-                driver, facts = await pool.get(record.driver, record.driver_options)
+                driver, facts = await pool.get(record.driver, record.driver_options, recorded=True)
                 caps = facts.info.capabilities
                 if caps is not None and caps.reuse_preflight:
                     await driver.reuse_preflight(record.workspace_id, DEVELOPER_IDENTITY)
@@ -472,7 +472,7 @@ async def _apply_step(
         store.operation_step(db, op_id, f"{step.action} {step.machine}")
     if step.action == "remove":
         assert record is not None
-        driver, _ = await pool.get(record.driver, record.driver_options)
+        driver, _ = await pool.get(record.driver, record.driver_options, recorded=True)
         with ctx.progress.step("remove", f"removing machine {step.machine}", machine_id=record.machine_id, **fields):
             await delete_owned(driver, record, env)
             with store.transaction() as db:
@@ -539,7 +539,7 @@ async def _apply_step(
 
                 await driver.run_image(replace(request, allow_recreate=True))
             else:
-                old_driver, _ = await pool.get(record.driver, record.driver_options)
+                old_driver, _ = await pool.get(record.driver, record.driver_options, recorded=True)
                 await delete_owned(old_driver, record, env)
                 await driver.run_image(request)
     with ctx.progress.step("boot", f"waiting for machine {machine.name} to run", **fields):

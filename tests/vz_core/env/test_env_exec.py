@@ -32,20 +32,20 @@ def ctx(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Context:
     return Context(cwd=root, environ={})
 
 
-def _run(target: ExecTarget, argv: list[str]) -> tuple[int, dict[str, bytes]]:
+def _run(ctx: Context, target: ExecTarget, argv: list[str]) -> tuple[int, dict[str, bytes]]:
     chunks: dict[str, bytes] = {"stdout": b"", "stderr": b""}
 
     def sink(stream: str, data: bytes) -> None:
         chunks[stream] += data
 
-    event = asyncio.run(execute(target, argv, _no_stdin(), sink))
+    event = asyncio.run(execute(ctx, target, argv, _no_stdin(), sink))
     return event.exit_code, chunks
 
 
 def test_execute_streams_output_to_the_sink_and_returns_the_exit(ctx: Context) -> None:
     target = prepare_exec(ctx)
     assert target.machine.name == "web" and target.workdir == ""
-    code, chunks = _run(target, ["sh", "-c", "echo out; echo err >&2; exit 3"])
+    code, chunks = _run(ctx, target, ["sh", "-c", "echo out; echo err >&2; exit 3"])
     assert (code, chunks) == (3, {"stdout": b"out\n", "stderr": b"err\n"})
 
 
@@ -55,7 +55,7 @@ def test_a_stopped_machine_is_translated_once_with_the_fix(ctx: Context) -> None
     with pytest.raises(
         FailedPreconditionError, match=r"machine web of Environment default .* is not running; run `vz up"
     ):
-        _run(target, ["true"])
+        _run(ctx, target, ["true"])
 
 
 def test_a_machine_its_driver_lost_is_translated_once_with_the_fix(ctx: Context) -> None:
@@ -64,4 +64,4 @@ def test_a_machine_its_driver_lost_is_translated_once_with_the_fix(ctx: Context)
 
     asyncio.run(FakeDriver().delete(target.machine.workspace_id))
     with pytest.raises(NotFoundError, match=r"does not exist in driver 'fake'; run `vz up --environment default`"):
-        _run(target, ["true"])
+        _run(ctx, target, ["true"])
