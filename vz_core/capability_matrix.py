@@ -61,14 +61,6 @@ class PlannedDriver:
 
 PLANNED_WITHOUT_PACKAGE: tuple[PlannedDriver, ...] = (
     PlannedDriver(
-        "hyperv",
-        "Windows and Linux Machines on Windows through Hyper-V",
-        (
-            MatrixRow("windows", "windows", "PLANNED", "Hyper-V cmdlets, hvsocket agent"),
-            MatrixRow("windows", "linux", "PLANNED", "Hyper-V cmdlets, hvsocket agent"),
-        ),
-    ),
-    PlannedDriver(
         "macos_vm",
         "macOS Machines on macOS",
         (MatrixRow("darwin", "darwin", "PLANNED", "Virtualization.framework macOS guests"),),

@@ -51,7 +51,7 @@ def test_rows_come_from_declarations_and_planned_drivers() -> None:
     assert declared <= rows
     planned = {(p.name, r.host_os, r.target_os, r.status) for p in cm.PLANNED_WITHOUT_PACKAGE for r in p.matrix}
     assert rows == declared | planned
-    assert {p.name for p in cm.PLANNED_WITHOUT_PACKAGE} <= {"hyperv", "macos_vm"}
+    assert {p.name for p in cm.PLANNED_WITHOUT_PACKAGE} <= {"macos_vm"}
     assert not {p.name for p in cm.PLANNED_WITHOUT_PACKAGE} & {d.name for d in registry.declarations()}
     assert all(r.status == "PLANNED" for p in cm.PLANNED_WITHOUT_PACKAGE for r in p.matrix)
 
@@ -85,13 +85,12 @@ def test_lookup() -> None:
     entry = cm.lookup("qemu", "linux", "linux")
     assert entry is not None and entry.status in ("ACTIVE", "DEV")
     assert cm.lookup("qemu", "linux", "windows") is None
-    assert cm.lookup("hyperv", "windows", "windows") == cm.Entry(
-        "hyperv", "windows", "windows", "PLANNED", "Hyper-V cmdlets, hvsocket agent"
-    )
+    hyperv = cm.lookup("hyperv", "windows", "windows")
+    assert hyperv is not None and hyperv.status == "PLANNED"
     assert cm.current_host_os() == "linux"
 
 
 def test_this_module_names_no_registered_driver() -> None:
     source = Path(cm.__file__).read_text()
-    for name in ("fake", "linux_native", "qemu", "vfkit"):
+    for name in ("fake", "hyperv", "linux_native", "qemu", "vfkit"):
         assert f'"{name}"' not in source, f"capability_matrix.py names {name}; it belongs in its declaration"

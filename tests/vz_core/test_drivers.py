@@ -402,14 +402,24 @@ def test_host_config_path_follows_vz_home(monkeypatch: pytest.MonkeyPatch, tmp_p
 
 
 def test_building_a_builtin_driver_loads_neither_pydantic_nor_grpc(tmp_path: Path) -> None:
+    """vz_core.drivers itself: resolving, checking options and building a built-in in-process import no manifest
+    models (pydantic) and no plugin transport (grpc); what the driver's own code imports is its business."""
     code = (
-        "import sys\n"
+        "import sys, types\n"
         "from vz_core.drivers import HostConfig, open_driver\n"
-        f"driver = open_driver('fake', None, host_config=HostConfig({str(tmp_path / 'none.json')!r}))\n"
-        "print(type(driver).__name__, 'pydantic' in sys.modules, 'grpc' in sys.modules)\n"
+        "from vz_core.registry import DriverDeclaration, DriverRegistry, Option, hookimpl\n"
+        "@hookimpl\n"
+        "def vz_builtin_drivers():\n"
+        "    return [DriverDeclaration(name='plain', summary='s', factory='types:SimpleNamespace',\n"
+        "                              options=(Option('colour', 'c'),))]\n"
+        "module = types.ModuleType('plain_registration'); module.vz_builtin_drivers = vz_builtin_drivers\n"
+        "registry = DriverRegistry(load_entry_points=False); registry.register(module)\n"
+        f"host = HostConfig({str(tmp_path / 'none.json')!r})\n"
+        "built = open_driver('plain', {'colour': 'blue'}, registry=registry, host_config=host)\n"
+        "print(built.colour, *[m in sys.modules for m in ('pydantic', 'grpc', 'vz_core.trust', 'vz_core.transport')])\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
-    assert out.stdout.split() == ["FakeDriver", "False", "False"]
+    assert out.stdout.split() == ["blue", "False", "False", "False", "False"]
 
 
 def test_options_recorded_with_an_existing_machine_may_keep_host_keys(
