@@ -194,8 +194,10 @@ def test_two_environments_of_two_machines(tmp_path: Path, driver: str) -> None:
             assert {digest["default", m] for m in MACHINES} <= set(disk_after.values())
             assert not {digest["feature", m] for m in MACHINES} & set(disk_after.values())
         assert "--environment feature" in vz.fails(3, "exec", "--environment", "feature", "--", "true", cwd=main)
-        # The deleted Environment's worktree binding went with it: that worktree now sees the sole bound one.
-        assert vz.ok("exec", "--", *probe, cwd=feature).decode().split()[0] == envs["default"]["id"]
+        # The deleted Environment's worktree binding went with it: that worktree is unbound now and never adopts the
+        # Environment another worktree uses (it fails closed, listing it and the commands that select one).
+        err = vz.fails(4, "exec", "--", *probe, cwd=feature)
+        assert f"default ({envs['default']['id']}), bound to {main}" in err and "vz up --environment" in err
 
         # --- delete the last one ------------------------------------------------------------------------------------
         vz.ok("delete", cwd=main)

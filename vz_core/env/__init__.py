@@ -10,10 +10,10 @@ for pydantic. The public surface:
 * reconciliation: ``compute_plan``, ``Plan``, ``Step``, ``Change``;
 * operations: ``Context``, ``Progress``, ``up``, ``status`` (``STATUS_SCHEMA``), ``stop``, ``delete``;
 * exec: ``prepare_exec`` (selection, fast) then ``execute`` (driver, ExecSpec, stream, errors translated once),
-  ``ExecTarget``, ``OutputSink``;
+  ``ExecTarget``, ``OutputSink``; a terminal session (`vz exec -t`): ``execute_terminal``, ``TerminalSink``;
 * drivers: ``acquire_driver`` (the one place a Driver is obtained), ``DriverPool``, ``DriverFacts``;
 * errors: ``DefinitionError``, ``DefinitionNotFoundError``, ``PlanError``, ``ConflictError``,
-  ``SelectionNotFoundError``, ``AmbiguousSelectionError``, ``StoreError``, ``StoreBusyError``.
+  ``SelectionNotFoundError``, ``AmbiguousSelectionError``, ``UnboundWorktreeError``, ``StoreError``, ``StoreBusyError``.
 
 Modules, by concern: ``_context`` (Context, project/Environment selection, store, locks, secrets to mask),
 ``_up`` (up and reconcile), ``_lifecycle`` (stop, delete), ``_status``, ``_exec``; below them ``_definition``,
@@ -44,8 +44,9 @@ if TYPE_CHECKING:
         DefinitionNotFoundError,
         PlanError,
         SelectionNotFoundError,
+        UnboundWorktreeError,
     )
-    from vz_core.env._exec import ExecTarget, OutputSink, execute, prepare_exec
+    from vz_core.env._exec import ExecTarget, OutputSink, TerminalSink, execute, execute_terminal, prepare_exec
     from vz_core.env._ids import workspace_id
     from vz_core.env._lifecycle import delete, stop
     from vz_core.env._plan import Change, Plan, Step, compute_plan
@@ -77,6 +78,8 @@ _WHERE = {
     "Context": "_context",
     "ExecTarget": "_exec",
     "OutputSink": "_exec",
+    "TerminalSink": "_exec",
+    "execute_terminal": "_exec",
     "execute": "_exec",
     "prepare_exec": "_exec",
     "delete": "_lifecycle",
@@ -90,6 +93,7 @@ _WHERE = {
     "DefinitionNotFoundError": "_errors",
     "PlanError": "_errors",
     "SelectionNotFoundError": "_errors",
+    "UnboundWorktreeError": "_errors",
     "workspace_id": "_ids",
     "Change": "_plan",
     "Plan": "_plan",
@@ -134,11 +138,14 @@ __all__ = [
     "Store",
     "StoreBusyError",
     "StoreError",
+    "TerminalSink",
+    "UnboundWorktreeError",
     "acquire_driver",
     "compute_plan",
     "definition_json_schema",
     "delete",
     "execute",
+    "execute_terminal",
     "find_definition",
     "load_definition",
     "parse_definition",

@@ -265,8 +265,9 @@ def choose(ctx: Context, store: Store, project: Project, explicit: str | None, *
         environments=store.environments(project.project_id),
         explicit=explicit,
         env_var=ctx.environ.get(ENV_VAR_ENVIRONMENT) or None,
-        bound_env_id=store.binding(project.project_id, worktree) if worktree else None,
-        bound_env_ids=store.bound_env_ids(project.project_id),
+        bound_here=store.bindings_here(project.project_id, worktree) if worktree else (),
+        bindings=store.project_bindings(project.project_id),
+        worktree=worktree,
         for_up=for_up,
         all_environments=store.environments(),
     )

@@ -10,6 +10,7 @@
     └── SelectionError
         ├── SelectionNotFoundError   a selector that is present matched nothing
         └── AmbiguousSelectionError  more than one candidate; the message lists them
+            └── UnboundWorktreeError this worktree is bound to none of the project's Environments
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ __all__ = [
     "DefinitionNotFoundError",
     "PlanError",
     "SelectionNotFoundError",
+    "UnboundWorktreeError",
 ]
 
 
@@ -66,3 +68,8 @@ class AmbiguousSelectionError(SelectionError):
     def __init__(self, message: str, candidates: Sequence[str] = ()) -> None:
         super().__init__(message)
         self.candidates = tuple(candidates)
+
+
+class UnboundWorktreeError(AmbiguousSelectionError):
+    """No selector, this worktree is bound to no Environment and the project has some: fail closed (never adopt
+    another worktree's Environment, never create one beside it); ``candidates`` lists them all."""

@@ -4,12 +4,14 @@ Environment, first match wins:
 
 1. ``--environment`` (a name or an id) — when given and wrong, it fails; nothing further is tried;
 2. ``VZ_ENVIRONMENT_ID`` (an id) — likewise;
-3. this worktree's binding (the Environment the first `vz up` in this directory used or created);
-4. the sole bound Environment of the project (or the sole Environment when none is bound);
-5. none at all: `vz up` creates ``default``; other commands fail (nothing to act on).
+3. this worktree's bindings: exactly one → that Environment; several → an ambiguity listing them;
+4. none bound here: when the project has no Environment at all, `vz up` creates ``default`` (other commands
+   fail: nothing to act on); when it has some, every command fails closed, listing each candidate (name, id,
+   the worktrees it is bound to) and the commands that select or create one. A new worktree never silently
+   adopts an Environment another worktree uses, and never creates one beside it.
 
-More than one candidate at step 4 is an ambiguity: it fails and lists them. `vz up --environment NAME` with an
-unknown *name* creates that Environment; an unknown *id* is always an error.
+`vz up --environment NAME` with an unknown *name* creates that Environment; an unknown *id* is always an error.
+`vz up --environment X` binds this worktree to X (one worktree may own several Environments).
 
 Machine: ``--machine`` (name or id) → ``VZ_MACHINE_ID`` → the Environment's default Machine → its sole
 Machine; several and no default is an ambiguity.
@@ -19,11 +21,11 @@ There is no global "current" Environment: nothing here reads or writes state oth
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from vz_core.env._errors import AmbiguousSelectionError, SelectionNotFoundError
+from vz_core.env._errors import AmbiguousSelectionError, SelectionNotFoundError, UnboundWorktreeError
 from vz_core.env._ids import NAME_RE, looks_like_env_id, looks_like_machine_id
 from vz_core.env._store import EnvironmentRecord, MachineRecord
 
@@ -40,11 +42,16 @@ class EnvironmentChoice:
 
     environment: EnvironmentRecord | None
     create_name: str | None
-    via: Literal["flag", "env-var", "binding", "sole", "new"]
+    via: Literal["flag", "env-var", "binding", "new"]
 
 
 def _listing(envs: Sequence[EnvironmentRecord]) -> str:
     return ", ".join(e.label() for e in envs) or "none"
+
+
+def _where_bound(env: EnvironmentRecord, bindings: Mapping[str, Sequence[str]]) -> str:
+    places = bindings.get(env.env_id) or ()
+    return f"bound to {', '.join(places)}" if places else "bound to no worktree"
 
 
 def select_environment(
@@ -53,13 +60,16 @@ def select_environment(
     environments: Sequence[EnvironmentRecord],
     explicit: str | None,
     env_var: str | None,
-    bound_env_id: str | None,
-    bound_env_ids: Collection[str],
+    bound_here: Collection[str],
     for_up: bool,
+    bindings: Mapping[str, Sequence[str]] | None = None,
+    worktree: str | None = None,
     all_environments: Sequence[EnvironmentRecord] = (),
 ) -> EnvironmentChoice:
-    """Apply the selection order. ``environments`` are the project's; ``all_environments`` (optional, every
-    project's) only improves the message when an id belongs to another project."""
+    """Apply the selection order. ``environments`` are the project's; ``bound_here`` the env_ids this worktree
+    is bound to; ``bindings`` (env_id → worktrees) and ``all_environments`` (every project's) only improve the
+    messages."""
+    bindings = bindings or {}
     if explicit is not None:
         explicit = explicit.strip()
         for env in environments:
@@ -89,24 +99,33 @@ def select_environment(
             f"{ENV_VAR_ENVIRONMENT}={env_var} names no Environment of project {project_id!r}"
             f"{_elsewhere(env_var, all_environments)}; unset it or set it to one of: {_listing(environments)}"
         )
-    if bound_env_id is not None:
-        for env in environments:
-            if env.env_id == bound_env_id:
-                return EnvironmentChoice(env, None, "binding")
-    bound = [e for e in environments if e.env_id in bound_env_ids]
-    candidates = bound or list(environments)
-    if len(candidates) == 1:
-        return EnvironmentChoice(candidates[0], None, "sole")
-    if not candidates:
+    here = [e for e in environments if e.env_id in bound_here]
+    if len(here) == 1:
+        return EnvironmentChoice(here[0], None, "binding")
+    if len(here) > 1:
+        labels = [e.label() for e in here]
+        raise AmbiguousSelectionError(
+            f"this worktree{_at(worktree)} is bound to several Environments of project {project_id!r}: "
+            f"{', '.join(labels)}; choose one with --environment NAME (or set {ENV_VAR_ENVIRONMENT})",
+            labels,
+        )
+    if not environments:
         if for_up:
             return EnvironmentChoice(None, DEFAULT_ENVIRONMENT, "new")
         raise SelectionNotFoundError(f"project {project_id!r} has no Environment yet; create one with `vz up`")
-    labels = [e.label() for e in candidates]
-    raise AmbiguousSelectionError(
-        f"project {project_id!r} has several Environments and this directory is bound to none of them: "
-        f"{', '.join(labels)}; choose one with --environment NAME (or set {ENV_VAR_ENVIRONMENT})",
+    labels = [e.label() for e in environments]
+    candidates = "; ".join(f"{e.label()}, {_where_bound(e, bindings)}" for e in environments)
+    raise UnboundWorktreeError(
+        f"this worktree{_at(worktree)} is bound to no Environment, and project {project_id!r} already has "
+        f"{len(environments)}: {candidates}. Nothing was selected or changed. Use one with "
+        f"`vz up --environment NAME` (binds this worktree to it) or `--environment NAME` on this command; create "
+        f"a new one with `vz up --environment NEW-NAME`; `vz status --all` shows them all",
         labels,
     )
+
+
+def _at(worktree: str | None) -> str:
+    return f" ({worktree})" if worktree else ""
 
 
 def _elsewhere(env_id: str, all_environments: Sequence[EnvironmentRecord]) -> str:

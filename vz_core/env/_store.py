@@ -29,7 +29,7 @@ import sqlite3
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
@@ -187,6 +187,40 @@ MIGRATIONS: tuple[Migration, ...] = (
             "CREATE INDEX operations_env ON operations (env_id, started_at)",
         ),
     ),
+    Migration(
+        2,
+        "one worktree may own several Environments; volumes outlive their Machine's record (kept volumes)",
+        (
+            """CREATE TABLE bindings_v2 (
+                project_id TEXT NOT NULL,
+                worktree TEXT NOT NULL,
+                env_id TEXT NOT NULL REFERENCES environments(env_id) ON DELETE CASCADE,
+                created_at TEXT NOT NULL,
+                PRIMARY KEY (project_id, worktree, env_id))""",
+            "INSERT INTO bindings_v2 SELECT project_id, worktree, env_id, created_at FROM bindings",
+            "DROP TABLE bindings",
+            "ALTER TABLE bindings_v2 RENAME TO bindings",
+            """CREATE TABLE volumes_v2 (
+                env_id TEXT NOT NULL,
+                machine_id TEXT NOT NULL,
+                name TEXT NOT NULL,
+                backend_name TEXT NOT NULL UNIQUE,
+                created_at TEXT NOT NULL,
+                project_id TEXT NOT NULL DEFAULT '',
+                driver TEXT NOT NULL DEFAULT '',
+                driver_options TEXT NOT NULL DEFAULT '{}',
+                state TEXT NOT NULL DEFAULT 'attached',
+                PRIMARY KEY (env_id, machine_id, name))""",
+            """INSERT INTO volumes_v2 (env_id, machine_id, name, backend_name, created_at, project_id, driver,
+                    driver_options)
+                SELECT v.env_id, v.machine_id, v.name, v.backend_name, v.created_at, e.project_id, m.driver,
+                    COALESCE(json_extract(m.spec, '$.driver_options'), '{}')
+                FROM volumes v JOIN machines m ON m.env_id = v.env_id AND m.machine_id = v.machine_id
+                JOIN environments e ON e.env_id = v.env_id""",
+            "DROP TABLE volumes",
+            "ALTER TABLE volumes_v2 RENAME TO volumes",
+        ),
+    ),
 )
 """Every schema migration, oldest first. Append new ones; never edit an applied one."""
 
@@ -250,7 +284,16 @@ class VolumeRecord:
     machine_id: str
     name: str
     backend_name: str
+    """The volume's name in its driver (the Mount source vz sent)."""
     created_at: str
+    project_id: str = ""
+    driver: str = ""
+    driver_options: dict[str, Any] = field(default_factory=dict)
+    state: str = "attached"
+    """attached (its Machine's record exists) | kept (its Environment or Machine was deleted without it)"""
+
+    def label(self) -> str:
+        return self.backend_name
 
 
 @dataclass(frozen=True)
@@ -287,6 +330,16 @@ def _machine(row: sqlite3.Row) -> MachineRecord:
         raise _BadRecord(f"machine {data['name']!r} of Environment {data['env_id']}: its spec is not a JSON object")
     data["spec"] = spec
     return MachineRecord(**data)
+
+
+def _volume(row: sqlite3.Row) -> VolumeRecord:
+    data = {k: row[k] for k in row.keys()}
+    try:
+        options = json.loads(data.get("driver_options") or "{}")
+    except (TypeError, ValueError, RecursionError):
+        options = {}
+    data["driver_options"] = options if isinstance(options, dict) else {}
+    return VolumeRecord(**data)
 
 
 def _operation(row: sqlite3.Row) -> OperationRecord:
@@ -502,16 +555,18 @@ class Store:
             )
 
     def delete_environment(self, db: sqlite3.Connection, env_id: str) -> None:
-        """Remove the Environment and everything keyed by its id (machines, volumes, bindings)."""
+        """Remove the Environment and everything keyed by its id (machines, bindings, volumes not kept)."""
+        db.execute("DELETE FROM volumes WHERE env_id = ? AND state != 'kept'", (env_id,))
         db.execute("DELETE FROM environments WHERE env_id = ?", (env_id,))
 
     # --- bindings ---------------------------------------------------------------------------------------------
 
     @_guarded
     def binding(self, project_id: str, worktree: str) -> str | None:
-        """The env_id this worktree is bound to, if any."""
+        """The first env_id this worktree was bound to, if any (``bindings_here`` lists them all)."""
         row = self._db.execute(
-            "SELECT env_id FROM bindings WHERE project_id = ? AND worktree = ?", (project_id, worktree)
+            "SELECT env_id FROM bindings WHERE project_id = ? AND worktree = ? ORDER BY created_at, env_id",
+            (project_id, worktree),
         ).fetchone()
         return str(row[0]) if row else None
 
@@ -520,6 +575,26 @@ class Store:
             "INSERT OR IGNORE INTO bindings (project_id, worktree, env_id, created_at) VALUES (?, ?, ?, ?)",
             (project_id, worktree, env_id, utcnow()),
         )
+
+    @_guarded
+    def bindings_here(self, project_id: str, worktree: str) -> list[str]:
+        """Every env_id this worktree is bound to (a worktree may own several Environments)."""
+        rows = self._db.execute(
+            "SELECT env_id FROM bindings WHERE project_id = ? AND worktree = ? ORDER BY created_at, env_id",
+            (project_id, worktree),
+        )
+        return [str(r[0]) for r in rows]
+
+    @_guarded
+    def project_bindings(self, project_id: str) -> dict[str, list[str]]:
+        """env_id → the worktrees bound to it, for every bound Environment of the project."""
+        out: dict[str, list[str]] = {}
+        rows = self._db.execute(
+            "SELECT env_id, worktree FROM bindings WHERE project_id = ? ORDER BY worktree", (project_id,)
+        )
+        for env_id, worktree in rows:
+            out.setdefault(str(env_id), []).append(str(worktree))
+        return out
 
     @_guarded
     def bound_env_ids(self, project_id: str) -> set[str]:
@@ -574,6 +649,10 @@ class Store:
         )
 
     def delete_machine(self, db: sqlite3.Connection, env_id: str, machine_id: str) -> None:
+        """Remove a Machine's record; its volume records go too unless they are marked kept."""
+        db.execute(
+            "DELETE FROM volumes WHERE env_id = ? AND machine_id = ? AND state != 'kept'", (env_id, machine_id)
+        )
         db.execute("DELETE FROM machines WHERE env_id = ? AND machine_id = ?", (env_id, machine_id))
 
     @_guarded
@@ -584,13 +663,51 @@ class Store:
             rows = self._db.execute(
                 "SELECT * FROM volumes WHERE env_id = ? AND machine_id = ? ORDER BY name", (env_id, machine_id)
             )
-        return [VolumeRecord(**{k: r[k] for k in r.keys()}) for r in rows]
+        return [_volume(r) for r in rows]
 
-    def put_volume(self, db: sqlite3.Connection, env_id: str, machine_id: str, name: str, backend_name: str) -> None:
+    @_guarded
+    def kept_volumes(self, project_id: str | None = None) -> list[VolumeRecord]:
+        """Volumes kept after their Environment or Machine was deleted (``vz volume list``)."""
+        if project_id is None:
+            rows = self._db.execute("SELECT * FROM volumes WHERE state = 'kept' ORDER BY backend_name")
+        else:
+            rows = self._db.execute(
+                "SELECT * FROM volumes WHERE state = 'kept' AND project_id = ? ORDER BY backend_name", (project_id,)
+            )
+        return [_volume(r) for r in rows]
+
+    def put_volume(
+        self,
+        db: sqlite3.Connection,
+        env_id: str,
+        machine_id: str,
+        name: str,
+        backend_name: str,
+        *,
+        project_id: str = "",
+        driver: str = "",
+        driver_options: dict[str, Any] | None = None,
+    ) -> None:
         db.execute(
-            "INSERT OR IGNORE INTO volumes (env_id, machine_id, name, backend_name, created_at) VALUES (?, ?, ?, ?, ?)",
-            (env_id, machine_id, name, backend_name, utcnow()),
+            "INSERT OR IGNORE INTO volumes (env_id, machine_id, name, backend_name, created_at, project_id, driver, "
+            "driver_options) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                env_id,
+                machine_id,
+                name,
+                backend_name,
+                utcnow(),
+                project_id,
+                driver,
+                json.dumps(driver_options or {}, sort_keys=True),
+            ),
         )
+
+    def keep_volume(self, db: sqlite3.Connection, backend_name: str) -> None:
+        db.execute("UPDATE volumes SET state = 'kept' WHERE backend_name = ?", (backend_name,))
+
+    def forget_volume(self, db: sqlite3.Connection, backend_name: str) -> None:
+        db.execute("DELETE FROM volumes WHERE backend_name = ?", (backend_name,))
 
     # --- operations -------------------------------------------------------------------------------------------
 

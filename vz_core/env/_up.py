@@ -329,8 +329,7 @@ async def up(
                         worktree=worktree,
                         default_machine=definition.effective_default_machine(),
                     )
-                    if store.binding(definition.project_id, worktree) is None:
-                        store.bind(db, definition.project_id, worktree, env_id)
+                    store.bind(db, definition.project_id, worktree, env_id)
                     op_id = store.begin_operation(db, env_id=env_id, project_id=definition.project_id, kind="up")
                 ctx.progress.note(
                     "environment-created",
@@ -338,6 +337,8 @@ async def up(
                     environment=env.name,
                     environment_id=env.env_id,
                 )
+            elif env is not None and choice.via == "flag" and not dry_run:
+                _bind_selected(ctx, store, env, definition.project_id, worktree)
         finally:
             project_lock.release()
         if env is None:  # dry run of a new Environment: everything would be created
@@ -363,6 +364,29 @@ async def up(
         if store is not None:
             store.close()
         await pool.aclose()
+
+
+def _bind_selected(ctx: Context, store: Store, env: EnvironmentRecord, project_id: str, worktree: str) -> None:
+    """`vz up --environment X`: bind this worktree to X, once X is known to be this project's and alive."""
+    if env.project_id != project_id:  # selection only offers the project's own; checked again before writing
+        raise ConflictError(f"Environment {env.label()} belongs to project {env.project_id!r}, not {project_id!r}")
+    if env.state == "deleting":
+        raise ConflictError(
+            f"Environment {env.label()} is being deleted (or a delete was interrupted); run `vz delete "
+            f"--environment {env.env_id}` to finish it, then `vz up --environment {env.name}`"
+        )
+    if env.env_id in store.bindings_here(project_id, worktree):
+        return
+    with store.transaction() as db:
+        store.bind(db, project_id, worktree, env.env_id)
+    where = "" if env.worktree == worktree else f"; its Machines project the worktree it was created in, {env.worktree}"
+    ctx.progress.note(
+        "environment-bound",
+        f"bound this worktree ({worktree}) to Environment {env.label()}{where}",
+        environment=env.name,
+        environment_id=env.env_id,
+        worktree=worktree,
+    )
 
 
 async def _reconcile(

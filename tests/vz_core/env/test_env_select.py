@@ -1,4 +1,5 @@
-"""Selection rules: flag → VZ_ENVIRONMENT_ID → binding → sole bound → default; wrong selectors fail at their level."""
+"""Selection rules (the contract's table): flag → VZ_ENVIRONMENT_ID → this worktree's binding(s) → `default` only
+when the project has none; wrong selectors fail at their level; an unbound worktree fails closed."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from vz_core.env import (
     EnvironmentRecord,
     MachineRecord,
     SelectionNotFoundError,
+    UnboundWorktreeError,
     select_environment,
     select_machine,
 )
@@ -26,8 +28,8 @@ def choose(
     *,
     explicit: str | None = None,
     env_var: str | None = None,
-    bound: str | None = None,
-    bound_ids: Sequence[str] = (),
+    here: Sequence[str] = (),
+    bindings: dict[str, list[str]] | None = None,
     for_up: bool = False,
 ) -> tuple[str | None, str | None, str]:
     choice = select_environment(
@@ -35,8 +37,9 @@ def choose(
         environments=envs,
         explicit=explicit,
         env_var=env_var,
-        bound_env_id=bound,
-        bound_env_ids=set(bound_ids),
+        bound_here=set(here),
+        bindings=bindings,
+        worktree="/w/new",
         for_up=for_up,
         all_environments=[*envs, OTHER],
     )
@@ -49,14 +52,19 @@ def choose(
         pytest.param({"explicit": "beta"}, ("beta", None, "flag"), id="flag-name"),
         pytest.param({"explicit": B.env_id}, ("beta", None, "flag"), id="flag-id"),
         pytest.param(
-            {"explicit": "beta", "env_var": A.env_id, "bound": A.env_id}, ("beta", None, "flag"), id="flag-wins"
+            {"explicit": "beta", "env_var": A.env_id, "here": [A.env_id]}, ("beta", None, "flag"), id="flag-wins"
         ),
-        pytest.param({"env_var": B.env_id, "bound": A.env_id}, ("beta", None, "env-var"), id="env-var-beats-binding"),
-        pytest.param({"bound": B.env_id, "bound_ids": [A.env_id]}, ("beta", None, "binding"), id="binding"),
-        pytest.param({"bound_ids": [A.env_id]}, ("alpha", None, "sole"), id="sole-bound"),
-        pytest.param({"envs": [B]}, ("beta", None, "sole"), id="sole-unbound"),
+        pytest.param(
+            {"explicit": "beta", "here": [A.env_id, B.env_id]}, ("beta", None, "flag"), id="flag-resolves-ambiguity"
+        ),
+        pytest.param({"env_var": B.env_id, "here": [A.env_id]}, ("beta", None, "env-var"), id="env-var-beats-binding"),
+        pytest.param({"env_var": B.env_id}, ("beta", None, "env-var"), id="env-var-in-unbound-worktree"),
+        pytest.param({"here": [B.env_id]}, ("beta", None, "binding"), id="binding"),
         pytest.param({"envs": [], "for_up": True}, (None, "default", "new"), id="up-creates-default"),
         pytest.param({"explicit": "gamma", "for_up": True}, (None, "gamma", "new"), id="up-creates-named"),
+        pytest.param(
+            {"explicit": "gamma", "for_up": True, "here": [A.env_id]}, (None, "gamma", "new"), id="up-creates-beside"
+        ),
     ],
 )
 def test_selection_order(kwargs: dict[str, object], expected: tuple[str | None, str | None, str]) -> None:
@@ -65,7 +73,7 @@ def test_selection_order(kwargs: dict[str, object], expected: tuple[str | None, 
 
 def test_unknown_name_fails_without_up() -> None:
     with pytest.raises(SelectionNotFoundError, match=r"--environment gamma: project 'p' has no Environment") as info:
-        choose(explicit="gamma", bound=A.env_id)
+        choose(explicit="gamma", here=[A.env_id])
     assert "alpha (env_aaaaaaaaaaaa)" in str(info.value)
 
 
@@ -76,23 +84,37 @@ def test_unknown_id_fails_even_for_up_and_says_where_it_belongs() -> None:
 
 def test_wrong_env_var_fails_at_its_level_instead_of_falling_back() -> None:
     with pytest.raises(SelectionNotFoundError, match="VZ_ENVIRONMENT_ID=env_zzzzzzzzzzzz names no Environment"):
-        choose(env_var="env_zzzzzzzzzzzz", bound=A.env_id)
+        choose(env_var="env_zzzzzzzzzzzz", here=[A.env_id])
 
 
-def test_ambiguity_lists_candidates() -> None:
-    with pytest.raises(AmbiguousSelectionError) as info:
-        choose(bound_ids=[A.env_id, B.env_id])
-    assert info.value.candidates == (A.label(), B.label())
-    assert "--environment" in str(info.value)
+def test_several_bound_here_and_none_selected_fails_listing_them() -> None:
+    for for_up in (False, True):
+        with pytest.raises(AmbiguousSelectionError) as info:
+            choose(here=[A.env_id, B.env_id], for_up=for_up)
+        assert not isinstance(info.value, UnboundWorktreeError)
+        assert info.value.candidates == (A.label(), B.label())
+        assert "--environment" in str(info.value)
 
 
-def test_ambiguity_among_unbound_environments_too() -> None:
-    with pytest.raises(AmbiguousSelectionError):
-        choose()
+@pytest.mark.parametrize("for_up", [False, True], ids=["exec-status-stop-delete", "up"])
+def test_unbound_worktree_of_a_project_with_environments_fails_closed(for_up: bool) -> None:
+    """Never adopt the sole Environment another worktree uses, never create `default` beside it."""
+    for envs in ([A], [A, B]):
+        with pytest.raises(UnboundWorktreeError) as info:
+            choose(envs, bindings={A.env_id: ["/w/a"]}, for_up=for_up)
+        message = str(info.value)
+        assert info.value.candidates == tuple(e.label() for e in envs)
+        assert "alpha (env_aaaaaaaaaaaa), bound to /w/a" in message
+        if len(envs) == 2:
+            assert "beta (env_bbbbbbbbbbbb), bound to no worktree" in message
+        assert "/w/new" in message
+        assert "vz up --environment NAME" in message and "vz up --environment NEW-NAME" in message
 
 
 def test_default_is_only_created_when_the_project_has_none() -> None:
-    assert choose([A], for_up=True) == ("alpha", None, "sole")
+    assert choose([], for_up=True) == (None, "default", "new")
+    with pytest.raises(UnboundWorktreeError):
+        choose([A], for_up=True)
     with pytest.raises(SelectionNotFoundError, match="has no Environment yet"):
         choose([], for_up=False)
 
