@@ -37,7 +37,7 @@ import struct
 import subprocess
 import sys
 import termios
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 
 from vz_core import MAX_CHUNK, ExecExit, TerminalData, TerminalEvent, TerminalInput, TerminalOutput, TerminalResize
 
@@ -98,23 +98,44 @@ def _exit_event(returncode: int) -> ExecExit:
 
 
 _TRAMPOLINE = (
-    "import fcntl, os, sys, termios; os.setsid(); fcntl.ioctl(0, termios.TIOCSCTTY, 0); "
-    "os.execvp(sys.argv[1], sys.argv[1:])"
+    "import fcntl, os, signal, sys, termios\n"
+    "for n in range(1, signal.NSIG):\n"
+    "    try: signal.signal(n, signal.SIG_DFL)\n"
+    "    except (OSError, ValueError): pass\n"
+    "os.setsid()\n"
+    "if sys.argv[1] == 'ctty': fcntl.ioctl(0, termios.TIOCSCTTY, 0)\n"
+    "os.execvp(sys.argv[2], sys.argv[2:])\n"
 )
 
 
 @functools.cache
-def _session_prefix() -> tuple[str, ...]:
-    """What starts a command as a new session led by itself, its standard input the controlling terminal.
+def _tools() -> tuple[str, str] | None:
+    """util-linux ``setsid`` and a GNU ``env`` that knows ``--default-signal``, when this host has both."""
+    setsid, env = shutil.which("setsid"), shutil.which("env")
+    if setsid is None or env is None:
+        return None
+    try:
+        probe = subprocess.run([env, "--default-signal=INT", "true"], capture_output=True, timeout=5, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (setsid, env) if probe.returncode == 0 else None
+
+
+def _session_argv(argv: Sequence[str], controlling_terminal: bool) -> list[str]:
+    """``argv`` started as a new session led by itself, its standard input the controlling terminal, every
+    signal at its default disposition (a plugin may ignore SIGINT or SIGQUIT, and an ignored signal stays
+    ignored across exec: a shell could then not even trap it).
 
     No Python code runs in a forked child (a ``preexec_fn`` can deadlock or abort in a process with gRPC's
-    threads): util-linux ``setsid --ctty`` does setsid + TIOCSCTTY and execs the command in the same process;
-    without it, a small Python trampoline does the same.
+    threads): util-linux ``setsid --ctty`` does setsid + TIOCSCTTY and GNU ``env --default-signal`` resets the
+    signals, each exec'ing the next in the same process; without them (or for a command whose name has a
+    ``=``, which env would read as a variable) a small Python trampoline does the same.
     """
-    found = shutil.which("setsid")
-    if found is not None:
-        return (found, "--ctty", "--")
-    return (sys.executable, "-c", _TRAMPOLINE)
+    tools = _tools()
+    if tools is not None and "=" not in argv[0]:
+        setsid, env = tools
+        return [setsid, *(("--ctty",) if controlling_terminal else ()), "--", env, "--default-signal", "--", *argv]
+    return [sys.executable, "-c", _TRAMPOLINE, "ctty" if controlling_terminal else "-", *argv]
 
 
 def _settle(future: asyncio.Future[None]) -> None:
@@ -176,12 +197,21 @@ async def host_terminal(
     term: str,
     env: Mapping[str, str] | None = None,
     cwd: str | None = None,
-) -> AsyncIterator[TerminalEvent]:
+    on_start: Callable[[int], None] | None = None,
+    controlling_terminal: bool = True,
+    leave_session: bool = False,
+) -> AsyncGenerator[TerminalEvent, None]:
     """Run ``argv`` on a new pseudo-terminal of this host: see the module's description.
 
     ``env`` is the command's whole environment (default: this process's) with ``TERM=term`` set over it;
     ``cwd`` its working directory. A command that cannot be started says so on the terminal and exits
-    non-zero (126/127, or 1), as a shell would.
+    non-zero (126/127, or 1), as a shell would. ``on_start`` is called with the command's pid (which is
+    also its session id and process group id) once it runs.
+
+    ``controlling_terminal=False`` and ``leave_session=True`` break the contract on purpose, for testing a
+    conformance suite against a faulty driver: the first starts the session without a controlling terminal
+    (job control and Ctrl-C do not work), the second kills only the command itself on exit or cancellation,
+    leaving the rest of its session running.
     """
     environment = dict(os.environ if env is None else env)
     environment["TERM"] = term
@@ -189,7 +219,7 @@ async def host_terminal(
     try:
         set_window_size(slave, rows, cols)
         proc = subprocess.Popen(  # noqa: ASYNC220 - starting it does not block; waiting is async (pidfd)
-            [*_session_prefix(), *argv],
+            _session_argv(argv, controlling_terminal),
             stdin=slave,
             stdout=slave,
             stderr=slave,
@@ -203,6 +233,9 @@ async def host_terminal(
     finally:
         os.close(slave)
     os.set_blocking(master, False)
+    if on_start is not None:
+        on_start(proc.pid)
+    sweep = (lambda sid: None) if leave_session else kill_session
     loop = asyncio.get_running_loop()
     waiter = loop.create_task(_wait_exit(proc))
     feeder = loop.create_task(_feed(master, input))
@@ -226,7 +259,7 @@ async def host_terminal(
             if waiter.done():
                 if deadline is None:
                     # The command exited; the rest of its session (background jobs) goes with it.
-                    kill_session(proc.pid)
+                    sweep(proc.pid)
                     deadline = loop.time() + _DRAIN
                 left = deadline - loop.time()
                 if left <= 0:
@@ -249,7 +282,7 @@ async def host_terminal(
         yield _exit_event(returncode)
     finally:
         if not exited:
-            kill_session(proc.pid)
+            sweep(proc.pid)
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
         feeder.cancel()
@@ -258,7 +291,7 @@ async def host_terminal(
         if proc.returncode is None:
             await asyncio.to_thread(proc.wait)
         os.close(master)
-        kill_session(proc.pid)
+        sweep(proc.pid)
 
 
 if sys.platform == "win32":  # pragma: no cover - pseudo-terminals of this kind are POSIX

@@ -384,3 +384,28 @@ async def test_resize_after_close_stdin_is_allowed() -> None:
         exit_event = await s.finish()
         keys.end()
     assert b"50 60" in s.output and exit_event == ExecExit(0)
+
+
+@pytest.mark.parametrize("tools", ["setsid+env", "trampoline"])
+async def test_ignored_signals_are_reset_and_ctrl_backslash_quits(tools: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plugin that ignores SIGQUIT (or SIGINT) must not hand that to the session: Ctrl-\\ reaches the trap."""
+    import signal
+
+    import vz_plugins.terminal as hostpty
+
+    if tools == "trampoline":
+        monkeypatch.setattr(hostpty, "_tools", lambda: None)
+    previous = signal.signal(signal.SIGQUIT, signal.SIG_IGN)
+    try:
+        async with connect_in_process(PtyDriver()) as remote:
+            keys = Keys()
+            argv = ("sh", "-c", 'trap "echo got-quit; exit 4" QUIT; stty size; echo ready; while :; do sleep 1; done')
+            s = Session(remote.terminal(spec(*argv, rows=11, cols=22), aiter(keys)))
+            await s.until(rb"ready")
+            keys.send(b"\x1c")
+            await s.until(rb"got-quit")
+            exit_event = await s.finish()
+            keys.end()
+    finally:
+        signal.signal(signal.SIGQUIT, previous)
+    assert exit_event == ExecExit(4) and b"11 22" in s.output
