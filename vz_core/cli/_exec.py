@@ -6,6 +6,10 @@ status. This path is performance sensitive (B7): it imports neither pydantic nor
 
 Signals: SIGINT (Ctrl-C), SIGTERM and SIGHUP cancel the exec stream, the driver kills the command and its
 descendants, and vz exits 128+N. The command's own death by signal N also exits 128+N.
+
+`vz exec -t` / `-it` (``run_terminal``) runs the command on a terminal inside the Machine through
+``vz_core.env.execute_terminal``: our terminal goes raw (with -i) and only bytes cross; its descriptor never
+leaves this process.
 """
 
 from __future__ import annotations
@@ -16,14 +20,14 @@ import os
 import signal
 import threading
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from vz_core._types import MAX_CHUNK, ExecExit
+from vz_core._types import MAX_CHUNK, TERMINAL_COLS, TERMINAL_ROWS, ExecExit
 
 if TYPE_CHECKING:
     from vz_core.env import Context, ExecTarget
 
-__all__ = ["exit_code_of", "run_exec"]
+__all__ = ["NOT_A_TTY", "exit_code_of", "run_exec", "run_terminal"]
 
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -120,3 +124,143 @@ async def _stdin(loop: asyncio.AbstractEventLoop) -> AsyncIterator[bytes]:
         if chunk is None:
             return
         yield chunk
+
+
+# Terminal sessions (`vz exec -t`, `-it`) ----------------------------------------------------------------------
+
+NOT_A_TTY = "the input device is not a TTY"
+"""The error of `vz exec -it` when stdin is not a terminal (docker's words, so scripts written for it match)."""
+
+_SESSION_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+def _window(fds: tuple[int, ...]) -> tuple[int, int] | None:
+    """(rows, cols) of the first of ``fds`` that is a terminal with a size, or None."""
+    for fd in fds:
+        try:
+            size = os.get_terminal_size(fd)
+        except OSError:
+            continue
+        if size.lines > 0 and size.columns > 0:
+            return size.lines, size.columns
+    return None
+
+
+def run_terminal(
+    ctx: Context,
+    *,
+    argv: list[str],
+    environment: str | None,
+    machine: str | None,
+    workdir: str | None,
+    interactive: bool,
+) -> int:
+    """`vz exec -t` (``interactive``: `-it`): the command on a new terminal in the Machine; the exit status.
+
+    With ``interactive`` our stdin must be a terminal (else ``UserError(NOT_A_TTY)``, before anything is
+    selected); it goes raw for the session, every byte typed is sent as it is (Ctrl-C, Ctrl-Z, Ctrl-\\ reach
+    the Machine's terminal, they do not stop vz), and its settings are restored on every way out. Without it
+    stdin is not read (the Machine's terminal sees no input) and Ctrl-C ends the session like a plain exec.
+    The window size is sent at start and on every SIGWINCH; TERM is forwarded.
+    """
+    from vz_core.env import prepare_exec
+    from vz_core.errors import UserError
+
+    if interactive and not os.isatty(0):
+        raise UserError(NOT_A_TTY)
+    target = prepare_exec(ctx, environment=environment, machine=machine)
+    return asyncio.run(_terminal(ctx, target, argv, workdir, interactive))
+
+
+class _RawMode:
+    """Our terminal (fd 0) in raw mode for the session; ``restore()`` (idempotent) puts every setting back."""
+
+    def __init__(self, fd: int) -> None:
+        import termios
+        import tty
+
+        self._fd = fd
+        self._saved: list[Any] | None = termios.tcgetattr(fd)
+        tty.setraw(fd, termios.TCSANOW)
+
+    def restore(self) -> None:
+        import termios
+
+        saved, self._saved = self._saved, None
+        if saved is not None:
+            with contextlib.suppress(OSError, termios.error):  # a hung-up terminal has no settings left
+                termios.tcsetattr(self._fd, termios.TCSADRAIN, saved)
+
+
+async def _terminal(ctx: Context, target: ExecTarget, argv: list[str], workdir: str | None, interactive: bool) -> int:
+    from vz_core._types import TerminalData, TerminalEof, TerminalInput, TerminalResize
+    from vz_core.env import execute_terminal
+
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+    received: list[int] = []
+    queue: asyncio.Queue[TerminalInput] = asyncio.Queue()
+    size = _window((0, 1, 2)) or (TERMINAL_ROWS, TERMINAL_COLS)
+    interrupting = _SESSION_SIGNALS if interactive else _FORWARDED
+
+    def on_signal(signum: int) -> None:
+        received.append(signum)
+        task.cancel()
+
+    def on_winch() -> None:
+        now = _window((0, 1, 2))
+        if now is not None:
+            queue.put_nowait(TerminalResize(*now))
+
+    def on_keys() -> None:
+        try:
+            data = os.read(0, MAX_CHUNK)
+        except OSError:
+            data = b""
+        if data:
+            queue.put_nowait(TerminalData(data))
+        else:  # our terminal is gone: no more input
+            loop.remove_reader(0)
+            queue.put_nowait(TerminalEof())
+
+    async def keys() -> AsyncIterator[TerminalInput]:
+        while True:
+            yield await queue.get()
+
+    raw: _RawMode | None = None
+    for sig in interrupting:
+        loop.add_signal_handler(sig, on_signal, sig)
+    loop.add_signal_handler(signal.SIGWINCH, on_winch)
+    try:
+        if interactive:
+            raw = _RawMode(0)
+            loop.add_reader(0, on_keys)
+        else:
+            queue.put_nowait(TerminalEof())
+        event = await execute_terminal(
+            ctx,
+            target,
+            argv,
+            keys(),
+            lambda data: _write_all(1, data),
+            rows=size[0],
+            cols=size[1],
+            term=os.environ.get("TERM", ""),
+            workdir=workdir,
+        )
+        return exit_code_of(event)
+    except asyncio.CancelledError:
+        if received:
+            return 128 + received[0]
+        raise
+    except BrokenPipeError:
+        return 128 + signal.SIGPIPE
+    finally:
+        if interactive:
+            loop.remove_reader(0)
+        if raw is not None:
+            raw.restore()
+        loop.remove_signal_handler(signal.SIGWINCH)
+        for sig in interrupting:
+            loop.remove_signal_handler(sig)

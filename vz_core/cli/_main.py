@@ -25,8 +25,42 @@ __all__ = ["main"]
 COMMANDS = ("up", "exec", "status", "stop", "delete", "driver", "version", "help")
 
 
+LEGACY_COMMANDS: dict[str, str] = {
+    "run": "declare the Machine in vz.json, then `vz up` and `vz exec -- CMD`",
+    "shell": "`vz exec -- sh` (or any shell) in the Machine of this worktree's Environment",
+    "logs": "`vz exec -- <command that shows the logs>`; `vz status` shows each Machine's state and errors",
+    "stack": "an Environment is the stack: list its Machines in vz.json, then `vz up` / `vz stop` / `vz delete`",
+    "vm": "a VM is a Machine with a VM driver (qemu, vfkit, hyperv, macos_vm) in vz.json; `vz up` creates it",
+    "init": "write vz.json by hand (docs/user-guide.md; schema: schemas/vz.schema.json), then `vz up`",
+    "ps": "`vz status` (this worktree's Environment) or `vz status --all`",
+    "start": "`vz up` starts the stopped Machines of the Environment",
+    "rm": "`vz delete` deletes the selected Environment and everything it owns",
+    "ssh": "`vz exec -- CMD` runs a command in a Machine (no SSH needed)",
+}
+"""0.3 command families that no longer exist → what replaces them (docs/cli.md, "Removed commands")."""
+
+
 class _UsageError(Exception):
     pass
+
+
+def _legacy(command: str, rest: list[str]) -> int:
+    """A removed 0.3 command: exit 2 with a structured ``legacy_command_removed`` error and migration guidance."""
+    import json
+
+    guidance = LEGACY_COMMANDS[command]
+    message = f"`vz {command}` was removed in vz 0.4; instead: {guidance} (see docs/cli.md, \"Removed commands\")"
+    if "--json" in rest:
+        error = {
+            "kind": "legacy_command_removed",
+            "exit_code": 2,
+            "message": message,
+            "removed_command": command,
+            "replacement": guidance,
+        }
+        sys.stdout.write(json.dumps({"event": "error", "command": command, "error": error}) + "\n")
+    sys.stderr.write(f"vz {command}: error: {message}\n")
+    return 2
 
 
 class _Parser(argparse.ArgumentParser):
@@ -59,6 +93,12 @@ def _parser(command: str) -> argparse.ArgumentParser:
     if command == "exec":
         parser.add_argument("--machine", metavar="NAME|ID", help="the Machine (name or id)")
         parser.add_argument("--workdir", metavar="DIR", help="working directory inside the Machine")
+        parser.add_argument(
+            "-i", "--interactive", action="store_true", help="with -t: send what you type (stdin must be a terminal)"
+        )
+        parser.add_argument(
+            "-t", "--tty", action="store_true", help="run the command on a terminal inside the Machine (vz exec -it)"
+        )
         parser.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- CMD ...", help="the command to run")
     if command == "status":
         parser.add_argument("--all", action="store_true", help="every Environment of the project")
@@ -85,6 +125,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             sys.stdout.write(TOP_HELP)
         return 0
+    if command in LEGACY_COMMANDS:
+        return _legacy(command, rest)
     if command not in COMMANDS:
         sys.stderr.write(f"vz: unknown command {command!r}; commands: {', '.join(COMMANDS)} (see `vz --help`)\n")
         return 2
@@ -158,6 +200,17 @@ def _exec(rest: list[str]) -> int:
 
     ctx = Context(cwd=Path.cwd(), environ=os.environ, definition_file=parsed.file)
     try:
+        if parsed.tty:
+            from vz_core.cli._exec import run_terminal
+
+            return run_terminal(
+                ctx,
+                argv=command,
+                environment=parsed.environment,
+                machine=parsed.machine,
+                workdir=parsed.workdir,
+                interactive=parsed.interactive,
+            )
         return run_exec(
             ctx, argv=command, environment=parsed.environment, machine=parsed.machine, workdir=parsed.workdir
         )

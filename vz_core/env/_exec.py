@@ -17,7 +17,17 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 
-from vz_core._types import ExecExit, ExecOutput, ExecSpec
+from vz_core._types import (
+    TERMINAL_COLS,
+    TERMINAL_ROWS,
+    TERMINAL_TERM,
+    ExecExit,
+    ExecOutput,
+    ExecSpec,
+    TerminalInput,
+    TerminalOutput,
+    TerminalSpec,
+)
 from vz_core.env._context import (
     Context,
     explain_interrupted,
@@ -30,12 +40,14 @@ from vz_core.env._context import (
 from vz_core.env._drivers import acquire_driver
 from vz_core.env._select import ENV_VAR_MACHINE, select_machine
 from vz_core.env._store import EnvironmentRecord, MachineRecord
-from vz_core.errors import FailedPreconditionError, NotFoundError, RuntimeFailureError
+from vz_core.errors import FailedPreconditionError, NotFoundError, RuntimeFailureError, UnsupportedError
 
-__all__ = ["ExecTarget", "OutputSink", "execute", "prepare_exec"]
+__all__ = ["ExecTarget", "OutputSink", "TerminalSink", "execute", "execute_terminal", "prepare_exec"]
 
 OutputSink = Callable[[str, bytes], None]
 """Receives each output chunk: (``"stdout"`` or ``"stderr"``, data)."""
+TerminalSink = Callable[[bytes], None]
+"""Receives each chunk of a terminal session's one output stream."""
 
 
 @dataclass(frozen=True)
@@ -130,6 +142,60 @@ async def execute(
                 with suppress(Exception):
                     await events.aclose()  # type: ignore[attr-defined]
         raise RuntimeFailureError("the exec stream ended without an exit status; the command's outcome is unknown")
+    finally:
+        with suppress(Exception):
+            await driver.close()
+
+
+async def execute_terminal(
+    ctx: Context,
+    target: ExecTarget,
+    argv: list[str],
+    keys: AsyncIterator[TerminalInput],
+    output: TerminalSink,
+    *,
+    rows: int = TERMINAL_ROWS,
+    cols: int = TERMINAL_COLS,
+    term: str = TERMINAL_TERM,
+    workdir: str | None = None,
+) -> ExecExit:
+    """Run ``argv`` on a new terminal in the target Machine (``Driver.terminal``): `vz exec -t`.
+
+    ``keys`` is what the user types (and window changes); the terminal's output goes to ``output``. Returns
+    the command's ``ExecExit``; cancellation ends the session (the driver kills everything in it). A driver
+    that does not serve terminals fails with ``UnsupportedError`` saying so. The driver is closed before this
+    returns.
+    """
+    machine = target.machine
+    driver = acquire_driver(machine.driver, machine.driver_options, recorded=True, redactor=ctx.redactor)
+    spec = TerminalSpec(
+        workspace_id=machine.workspace_id,
+        argv=tuple(argv),
+        workdir=target.workdir if workdir is None else workdir,
+        rows=rows,
+        cols=cols,
+        term=term or TERMINAL_TERM,
+    )
+    try:
+        with _exec_errors(target):
+            try:
+                events = driver.terminal(spec, keys)
+                try:
+                    async for event in events:
+                        if isinstance(event, TerminalOutput):
+                            output(event.data)
+                        else:
+                            return event
+                finally:
+                    with suppress(Exception):
+                        await events.aclose()  # type: ignore[attr-defined]
+            except UnsupportedError as exc:
+                raise UnsupportedError(
+                    f"driver {machine.driver!r} of machine {machine.name} does not serve terminal sessions, so "
+                    f"`vz exec -t` cannot run there; run the command without -t ({exc.message})",
+                    details=dict(exc.details),
+                ) from None
+        raise RuntimeFailureError("the terminal session ended without an exit status; the command's outcome is unknown")
     finally:
         with suppress(Exception):
             await driver.close()

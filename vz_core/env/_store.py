@@ -650,9 +650,7 @@ class Store:
 
     def delete_machine(self, db: sqlite3.Connection, env_id: str, machine_id: str) -> None:
         """Remove a Machine's record; its volume records go too unless they are marked kept."""
-        db.execute(
-            "DELETE FROM volumes WHERE env_id = ? AND machine_id = ? AND state != 'kept'", (env_id, machine_id)
-        )
+        db.execute("DELETE FROM volumes WHERE env_id = ? AND machine_id = ? AND state != 'kept'", (env_id, machine_id))
         db.execute("DELETE FROM machines WHERE env_id = ? AND machine_id = ?", (env_id, machine_id))
 
     @_guarded
