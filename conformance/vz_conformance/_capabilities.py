@@ -20,6 +20,7 @@ __all__ = [
     "RESOURCE_LIMITS",
     "REUSE_PREFLIGHT",
     "STORAGE_LIMITS",
+    "TERMINAL",
     "declared",
     "mount_capability",
 ]
@@ -34,6 +35,7 @@ RECREATE_ON_RUN = "capabilities.recreate_mode.on_run"
 EGRESS = "extensions.egress_policies.deny"
 RESOURCE_LIMITS = "extensions.resource_limits"
 STORAGE_LIMITS = "extensions.storage_limits"
+TERMINAL = "extensions.terminal"
 
 ALL = (
     PROVISIONING_PREFLIGHT,
@@ -46,6 +48,7 @@ ALL = (
     EGRESS,
     RESOURCE_LIMITS,
     STORAGE_LIMITS,
+    TERMINAL,
 )
 
 _MOUNTS = {MountType.BIND: MOUNT_BIND, MountType.VOLUME: MOUNT_VOLUME, MountType.TMPFS: MOUNT_TMPFS}
@@ -79,4 +82,6 @@ def declared(
         return ext is not None and ext.resource_limits
     if name == STORAGE_LIMITS:
         return ext is not None and ext.storage_limits
+    if name == TERMINAL:
+        return ext is not None and ext.terminal
     raise KeyError(f"unknown capability name {name!r}; known: {', '.join(ALL)}")

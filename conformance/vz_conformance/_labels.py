@@ -10,6 +10,7 @@ LABELS: tuple[str, ...] = (
     "lifecycle",
     "exec",
     "cancel",
+    "pty",
     "malformed",
     "logs",
     "mounts",

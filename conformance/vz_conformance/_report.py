@@ -80,6 +80,7 @@ class ExtensionsRecord(_Model):
     egress_policies: list[int]
     resource_limits: bool
     storage_limits: bool
+    terminal: bool = False
 
 
 class InfoRecord(_Model):
@@ -132,6 +133,7 @@ class InfoRecord(_Model):
                 egress_policies=tuple(_enum(EgressPolicy, p) for p in e.egress_policies),
                 resource_limits=e.resource_limits,
                 storage_limits=e.storage_limits,
+                terminal=e.terminal,
             )
         on_run = None if self.recreate_mode_on_run is None else _enum(RecreateMode, self.recreate_mode_on_run)
         return info, ext, on_run
@@ -170,6 +172,7 @@ def info_record(info: DriverInfo, ext: Extensions | None, on_run: RecreateMode |
             egress_policies=[int(p) for p in ext.egress_policies],
             resource_limits=ext.resource_limits,
             storage_limits=ext.storage_limits,
+            terminal=ext.terminal,
         )
     return InfoRecord(
         driver_name=info.driver_name,

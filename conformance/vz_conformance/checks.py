@@ -69,6 +69,14 @@ from vz_conformance._checks.mounts import check_bind_read_write as check_mounts_
 from vz_conformance._checks.mounts import check_tmpfs_reset as check_mounts_tmpfs_reset
 from vz_conformance._checks.mounts import check_unsupported_type as check_mounts_unsupported_type
 from vz_conformance._checks.mounts import check_volume_persists as check_mounts_volume_persists
+from vz_conformance._checks.pty import check_bulk_output as check_pty_bulk_output
+from vz_conformance._checks.pty import check_cancel as check_pty_cancel
+from vz_conformance._checks.pty import check_ctrl_c as check_pty_ctrl_c
+from vz_conformance._checks.pty import check_echo as check_pty_echo
+from vz_conformance._checks.pty import check_eof as check_pty_eof
+from vz_conformance._checks.pty import check_exit_code as check_pty_exit_code
+from vz_conformance._checks.pty import check_resize as check_pty_resize
+from vz_conformance._checks.pty import check_size as check_pty_size
 from vz_conformance._checks.recreate import check_invalid_keeps_running as check_recreate_invalid_keeps_running
 from vz_conformance._checks.recreate import check_invalid_keeps_stopped as check_recreate_invalid_keeps_stopped
 from vz_conformance._checks.recreate import check_opt_in as check_recreate_opt_in
@@ -144,6 +152,14 @@ __all__ = [
     "check_mounts_tmpfs_reset",
     "check_mounts_unsupported_type",
     "check_mounts_volume_persists",
+    "check_pty_bulk_output",
+    "check_pty_cancel",
+    "check_pty_ctrl_c",
+    "check_pty_echo",
+    "check_pty_eof",
+    "check_pty_exit_code",
+    "check_pty_resize",
+    "check_pty_size",
     "check_recreate_invalid_keeps_running",
     "check_recreate_invalid_keeps_stopped",
     "check_recreate_opt_in",

@@ -74,6 +74,14 @@ NEEDS_A_MACHINE = NEEDS_AN_EXIT | frozenset(
         "malformed.second_start",
         "malformed.tty",
         "malformed.unset_payload",
+        "pty.bulk_output",
+        "pty.cancel",
+        "pty.ctrl_c",
+        "pty.echo",
+        "pty.eof",
+        "pty.exit_code",
+        "pty.resize",
+        "pty.size",
     }
 )
 
@@ -174,6 +182,15 @@ TABLE = (
     ),
     Row("exec-shell-reparse", "in-process", BROKEN_BY_SHELL_REPARSING),
     Row("exec-ignore-cancel", "in-process", frozenset({"cancel.cancelled", "cancel.deadline", "cancel.blocked_stdin"})),
+    Row("pty-ignores-size", "in-process", frozenset({"pty.size"})),
+    Row("pty-ignores-resize", "in-process", frozenset({"pty.resize"})),
+    Row("pty-no-echo", "in-process", frozenset({"pty.echo"})),
+    # Without a controlling terminal the line discipline has no foreground group to signal: no SIGINT, no SIGWINCH.
+    Row("pty-no-controlling-terminal", "in-process", frozenset({"pty.ctrl_c", "pty.resize"})),
+    Row("pty-drops-ctrl-d", "in-process", frozenset({"pty.eof"})),
+    Row("pty-exit-zero", "in-process", frozenset({"pty.exit_code"})),
+    Row("pty-drops-output", "in-process", frozenset({"pty.bulk_output"})),
+    Row("pty-leaves-session", "in-process", frozenset({"pty.cancel"})),
     Row("logs-wrong-chunks", "in-process", frozenset({"logs.chunk_sizes"})),
     Row("logs-stopped-refused", "in-process", frozenset({"logs.kept_after_stop"})),
     Row("logs-starts-machine", "in-process", frozenset({"logs.kept_after_stop"})),

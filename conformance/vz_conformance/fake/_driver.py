@@ -44,6 +44,9 @@ from vz_core import (
     MountType,
     RecreateMode,
     RunImageRequest,
+    TerminalEvent,
+    TerminalInput,
+    TerminalSpec,
 )
 from vz_core import paths as vz_paths
 from vz_core.errors import (
@@ -70,6 +73,7 @@ from ._exec import (
 from ._faults import check_faults
 from ._main import append_log, read_log_tail, start_main_process, stop_main_process
 from ._store import MachineRecord, MachineStore
+from ._terminal import run_terminal
 
 __all__ = ["FakeDriver"]
 
@@ -140,6 +144,7 @@ class FakeDriver(Driver):
             egress_policies=(),
             resource_limits=False,
             storage_limits=False,
+            terminal=True,
         )
 
     async def preflight(self, *, disable_auto_start: bool = False) -> None:
@@ -295,6 +300,44 @@ class FakeDriver(Driver):
             return
         async with contextlib.aclosing(
             stream_exec(proc, stdin, faults=self.faults, on_finish=lambda: active.discard(proc.pid))
+        ) as events:
+            async for event in events:
+                yield event
+
+    def terminal(self, spec: TerminalSpec, input: AsyncIterator[TerminalInput]) -> AsyncIterator[TerminalEvent]:
+        """A terminal session on a host pseudo-terminal, with the exec's user, workdir and environment rules."""
+        return self._terminal(spec, input)
+
+    async def _terminal(
+        self, spec: TerminalSpec, keys: AsyncIterator[TerminalInput]
+    ) -> AsyncGenerator[TerminalEvent, None]:
+        _require_id(spec.workspace_id, "ExecPty")
+        if not spec.argv:
+            raise InvalidArgumentError("ExecPty needs a non-empty argv", details={"field": "argv"})
+        _check_argv(spec.argv, "argv")
+        _check_environment(spec.environment, "environment")
+        key = self._store.key(spec.workspace_id)
+        active = self._active.setdefault(key, set())
+        async with self._store.locked(key, cross_process=False):
+            record = self._running_record(key, spec.workspace_id, "ExecPty")
+            launch = self._exec_launch(
+                key,
+                record,
+                ExecSpec(spec.workspace_id, spec.argv, spec.user, spec.workdir, spec.environment),
+            )
+            launch = replace(launch, argv=spec.argv)  # the exec fault modes are not the terminal's
+        started: list[int] = []
+
+        def on_start(pid: int) -> None:
+            started.append(pid)
+            active.add(pid)
+
+        def on_finish() -> None:
+            for pid in started:
+                active.discard(pid)
+
+        async with contextlib.aclosing(
+            run_terminal(spec, launch, keys, faults=self.faults, on_start=on_start, on_finish=on_finish)
         ) as events:
             async for event in events:
                 yield event

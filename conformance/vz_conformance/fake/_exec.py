@@ -32,6 +32,7 @@ __all__ = [
     "exit_event",
     "kill_group",
     "resolve_user",
+    "setpriv_prefix",
     "spawn",
     "stream_exec",
 ]
@@ -108,10 +109,9 @@ def spawn(launch: Launch, *, stdin: int, stdout: int, stderr: int) -> subprocess
     user = launch.user
     if user is not None and (user.uid, user.gid) == (os.geteuid(), os.getegid()):
         user = None
-    helper = _setpriv() if user is not None else None
-    if user is not None and helper is not None:
-        groups = f"--groups={','.join(map(str, user.groups))}" if user.groups else "--clear-groups"
-        argv = [helper, f"--reuid={user.uid}", f"--regid={user.gid}", groups, "--", *argv]
+    prefix = setpriv_prefix(user) if user is not None else None
+    if prefix is not None:
+        argv = [*prefix, *argv]
         user = None
     return subprocess.Popen(
         argv,
@@ -126,6 +126,15 @@ def spawn(launch: Launch, *, stdin: int, stdout: int, stderr: int) -> subprocess
         group=user.gid if user else None,
         extra_groups=list(user.groups) if user else None,
     )
+
+
+def setpriv_prefix(user: HostUser) -> list[str] | None:
+    """The ``setpriv`` command line that runs what follows it as ``user``; None when the host has no setpriv."""
+    helper = _setpriv()
+    if helper is None:
+        return None
+    groups = f"--groups={','.join(map(str, user.groups))}" if user.groups else "--clear-groups"
+    return [helper, f"--reuid={user.uid}", f"--regid={user.gid}", groups, "--"]
 
 
 @functools.cache

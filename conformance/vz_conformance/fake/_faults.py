@@ -46,6 +46,19 @@ FAULT_DESCRIPTIONS: Mapping[str, str] = MappingProxyType(
         "exec-merge-streams": "exec stderr data is delivered as stdout",
         "exec-shell-reparse": "exec runs ' '.join(argv) through 'sh -c' instead of the argv verbatim",
         "exec-ignore-cancel": "a cancelled exec stops reading but leaves the command and its children running",
+        # Terminal sessions (ExecPty).
+        "pty-ignores-size": "terminal sessions start at 24x80 whatever size the start asked for",
+        "pty-ignores-resize": "terminal resize frames are dropped",
+        "pty-no-echo": "terminal sessions start with echo off",
+        "pty-no-controlling-terminal": (
+            "the terminal command's session has no controlling terminal (Ctrl-C reaches nobody)"
+        ),
+        "pty-drops-ctrl-d": "Ctrl-D (0x04) bytes of terminal input are dropped",
+        "pty-exit-zero": "terminal sessions always report exit code 0",
+        "pty-drops-output": "past the first 64 KiB of terminal output, one output chunk in 8 is dropped",
+        "pty-leaves-session": (
+            "a closed terminal session kills only the command; the rest of its session (SIGHUP ignored) keeps running"
+        ),
         # Logs.
         "logs-wrong-chunks": "Logs chunks are up to 65536 bytes",
         "logs-stopped-refused": "Logs on a stopped Machine fails with FAILED_PRECONDITION instead of answering",

@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -32,7 +32,21 @@ from fake_testlib import (
 from vz_conformance.fake import FAULT_DESCRIPTIONS, FAULT_MODES, FakeDriver
 from vz_conformance.fake._faults import PLUGIN_FAULTS
 
-from vz_core import MAX_CHUNK, ExecExit, ExecOutput, ExecSpec, Mount, MountType, RecreateMode
+from vz_core import (
+    MAX_CHUNK,
+    ExecExit,
+    ExecOutput,
+    ExecSpec,
+    Mount,
+    MountType,
+    RecreateMode,
+    TerminalData,
+    TerminalEof,
+    TerminalInput,
+    TerminalOutput,
+    TerminalResize,
+    TerminalSpec,
+)
 from vz_core.errors import (
     AlreadyExistsError,
     FailedPreconditionError,
@@ -439,6 +453,153 @@ async def _logs_starts_machine(tmp_path: Path) -> None:
     await logs_of(clean(tmp_path), ws)
     details = await clean(tmp_path).find(ws)
     assert details is not None and details.state.status == "stopped"
+
+
+# Terminal sessions ------------------------------------------------------------------------------------------
+
+
+async def _pty(
+    driver: FakeDriver,
+    argv: list[str],
+    steps: list[tuple[bytes | None, list[TerminalInput | bytes]]],
+    *,
+    within: float = 5.0,
+    wait_exit: bool = True,
+    **spec: int,
+) -> tuple[bytes, ExecExit | None, bool]:
+    """Run a terminal session: for each step wait for the pattern (None: at once), then send the items. Returns
+    the output, the exit (None if the session had to be closed) and whether every pattern showed up."""
+    ws = unique_id()
+    await driver.run_image(request(ws))
+    queue: asyncio.Queue[TerminalInput | None] = asyncio.Queue()
+
+    async def keys() -> AsyncIterator[TerminalInput]:
+        while (item := await queue.get()) is not None:
+            yield item
+
+    events = driver.terminal(TerminalSpec(ws, tuple(argv), **spec), keys())
+    output, exit_event, seen = b"", None, True
+    try:
+        async with asyncio.timeout(within * (len(steps) + 1)):
+            for pattern, items in steps:
+                while pattern is not None and pattern not in output:
+                    try:
+                        event = await asyncio.wait_for(events.__anext__(), within)
+                    except (TimeoutError, StopAsyncIteration):
+                        seen = False
+                        break
+                    if isinstance(event, TerminalOutput):
+                        output += event.data
+                    else:
+                        exit_event = event
+                        break
+                if not seen or exit_event is not None:
+                    break
+                for item in items:
+                    queue.put_nowait(TerminalData(item) if isinstance(item, bytes) else item)
+            if seen and exit_event is None and wait_exit:
+                async for event in events:
+                    if isinstance(event, TerminalOutput):
+                        output += event.data
+                    else:
+                        exit_event = event
+    except TimeoutError:
+        seen = False
+    finally:
+        queue.put_nowait(None)
+        await events.aclose()  # type: ignore[attr-defined]
+    return output, exit_event, seen
+
+
+@check("pty-ignores-size")
+async def _pty_ignores_size(tmp_path: Path) -> None:
+    for driver, size in ((faulty(tmp_path, "pty-ignores-size"), b"24 80"), (clean(tmp_path), b"33 101")):
+        output, exit_event, _ = await _pty(driver, ["stty", "size"], [(None, [TerminalEof()])], rows=33, cols=101)
+        assert size in output and exit_event == ExecExit(0)
+
+
+@check("pty-ignores-resize")
+async def _pty_ignores_resize(tmp_path: Path) -> None:
+    argv = ["sh", "-c", "echo ready; read line; stty size"]
+    steps: list[tuple[bytes | None, list[TerminalInput | bytes]]] = [(b"ready", [TerminalResize(40, 120), b"\r"])]
+    output, _, _ = await _pty(faulty(tmp_path, "pty-ignores-resize"), argv, steps)
+    assert b"24 80" in output and b"40 120" not in output
+    output, _, _ = await _pty(clean(tmp_path), argv, steps)
+    assert b"40 120" in output
+
+
+@check("pty-no-echo")
+async def _pty_no_echo(tmp_path: Path) -> None:
+    argv = ["sh", "-c", 'echo ready; read line; echo "got:$line"']
+    steps: list[tuple[bytes | None, list[TerminalInput | bytes]]] = [(b"ready", [b"zebra\r"])]
+    output, _, _ = await _pty(faulty(tmp_path, "pty-no-echo"), argv, steps)
+    assert output.count(b"zebra") == 1 and b"got:zebra" in output
+    output, _, _ = await _pty(clean(tmp_path), argv, steps)
+    assert output.count(b"zebra") == 2
+
+
+@check("pty-no-controlling-terminal")
+async def _pty_no_controlling_terminal(tmp_path: Path) -> None:
+    argv = ["sh", "-c", 'trap "echo got-int; exit 5" INT; echo ready; while :; do sleep 1; done']
+    steps: list[tuple[bytes | None, list[TerminalInput | bytes]]] = [(b"ready", [b"\x03"]), (b"got-int", [])]
+    output, exit_event, seen = await _pty(faulty(tmp_path, "pty-no-controlling-terminal"), argv, steps, within=3)
+    assert not seen and b"got-int" not in output and exit_event is None
+    output, exit_event, seen = await _pty(clean(tmp_path), argv, steps)
+    assert seen and exit_event == ExecExit(5)
+
+
+@check("pty-drops-ctrl-d")
+async def _pty_drops_ctrl_d(tmp_path: Path) -> None:
+    steps: list[tuple[bytes | None, list[TerminalInput | bytes]]] = [(None, [b"\x04"]), (b"never", [])]
+    _, exit_event, _ = await _pty(faulty(tmp_path, "pty-drops-ctrl-d"), ["cat"], steps, within=2)
+    assert exit_event is None
+    _, exit_event, _ = await _pty(clean(tmp_path), ["cat"], [(None, [b"\x04"])])
+    assert exit_event == ExecExit(0)
+
+
+@check("pty-exit-zero")
+async def _pty_exit_zero(tmp_path: Path) -> None:
+    argv = ["sh", "-c", "exit 7"]
+    _, exit_event, _ = await _pty(faulty(tmp_path, "pty-exit-zero"), argv, [(None, [TerminalEof()])])
+    assert exit_event == ExecExit(0)
+    _, exit_event, _ = await _pty(clean(tmp_path), argv, [(None, [TerminalEof()])])
+    assert exit_event == ExecExit(7)
+
+
+@check("pty-drops-output")
+async def _pty_drops_output(tmp_path: Path) -> None:
+    argv = ["sh", "-c", "head -c 1048576 /dev/zero | tr '\\000' v"]
+    output, exit_event, _ = await _pty(faulty(tmp_path, "pty-drops-output"), argv, [(None, [TerminalEof()])])
+    assert exit_event == ExecExit(0) and 64 * 1024 <= len(output) < 1048576 and set(output) == {ord("v")}
+    output, _, _ = await _pty(clean(tmp_path), argv, [(None, [TerminalEof()])])
+    assert output == b"v" * 1048576
+
+
+@check("pty-leaves-session")
+async def _pty_leaves_session(tmp_path: Path) -> None:
+    marker = f"vzf-{uuid.uuid4().hex}"
+    argv = ["sh", "-c", 'sleep 1000 & echo "bg $!"; echo ready; exec sleep 1000', marker]
+    for driver, survives in ((faulty(tmp_path, "pty-leaves-session"), True), (clean(tmp_path), False)):
+        output, _, _ = await _pty(driver, argv, [(b"ready", [])], wait_exit=False)
+        background = int(output.split(b"bg ")[1].split()[0])
+        await asyncio.sleep(1.0)
+        try:
+            assert _sleeping(background) == survives
+        finally:
+            if survives:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(background, signal.SIGKILL)
+
+
+def _sleeping(pid: int) -> bool:
+    """Whether ``pid`` is a live (not zombie) ``sleep 1000``."""
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        return proc.status() != psutil.STATUS_ZOMBIE and proc.cmdline() == ["sleep", "1000"]
+    except psutil.Error:
+        return False
 
 
 # The table ---------------------------------------------------------------------------------------------------
