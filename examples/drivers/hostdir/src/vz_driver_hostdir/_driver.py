@@ -150,6 +150,7 @@ class HostdirDriver(vz.Driver):
             target_os=(HOST_OS or sys.platform,),
             profiles=("developer",),
             facts={"isolation": "none: commands are host processes of the plugin's user"},
+            terminal=True,  # Driver.terminal below: `vz exec -it` works
         )
 
     async def preflight(self, *, disable_auto_start: bool = False) -> None:
@@ -300,6 +301,59 @@ class HostdirDriver(vz.Driver):
                     yield event
         finally:
             groups.discard(proc.pid)
+
+    # -- terminal sessions (`vz exec -it`) -----------------------------------------------------------------
+
+    def terminal(
+        self, spec: vz.TerminalSpec, input: AsyncIterator[vz.TerminalInput]
+    ) -> AsyncIterator[vz.TerminalEvent]:
+        """A command on a pseudo-terminal of the host. The SDK's ``host_terminal`` does the terminal part (new
+        session, controlling terminal, window size, resizes, whole-session cleanup); this method only checks
+        the request like ``exec`` and says where and how the command runs."""
+        from vz_plugins.terminal import host_terminal
+
+        key = self._key(spec.workspace_id)
+        record = self._existing(key, spec.workspace_id)
+        if record["status"] != "running":
+            raise errors.FailedPreconditionError(f"Machine {spec.workspace_id!r} is stopped; start it first")
+        if not spec.argv or any("\0" in arg for arg in spec.argv):
+            raise errors.InvalidArgumentError("argv must name a command, and no argument may contain a NUL byte")
+        if spec.user not in ("", _own_user()):
+            raise errors.UnsupportedError(f"user {spec.user!r}: hostdir runs commands as {_own_user()!r} only")
+        _check_env(spec.environment, "ExecPty")
+        root = self._dir(key) / "root"
+        cwd = root / spec.workdir
+        if not cwd.is_dir():
+            raise errors.InvalidArgumentError(f"workdir {spec.workdir!r} is not a directory")
+        env = {"PATH": PATH, "HOME": str(root), **record["environment"], **spec.environment, "HOSTDIR_ROOT": str(root)}
+        groups = self._running.setdefault(key, set())
+
+        async def session() -> AsyncGenerator[vz.TerminalEvent, None]:
+            started: list[int] = []
+
+            def on_start(pid: int) -> None:  # Stop and Delete kill it with the Machine's other commands
+                started.append(pid)
+                groups.add(pid)
+
+            events = host_terminal(
+                spec.argv,
+                input,
+                rows=spec.rows,
+                cols=spec.cols,
+                term=spec.term,
+                env=env,
+                cwd=str(cwd),
+                on_start=on_start,
+            )
+            try:
+                async with contextlib.aclosing(events) as stream:
+                    async for event in stream:
+                        yield event
+            finally:
+                for pid in started:
+                    groups.discard(pid)
+
+        return session()
 
 
 def _kill_group(pgid: int) -> None:
