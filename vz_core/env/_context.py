@@ -34,6 +34,7 @@ __all__ = [
     "choose",
     "converge_stale",
     "delete_owned",
+    "developer_identity",
     "explain_interrupted",
     "fail_operation",
     "holder",
@@ -52,7 +53,16 @@ LABEL_PROJECT = "dev.vz.project"
 LABEL_ENVIRONMENT = "dev.vz.environment"
 LABEL_MACHINE = "dev.vz.machine"
 DEVELOPER_IDENTITY = "root"
-"""The resolved developer identity of vz Machines (remote_user and user are not set)."""
+"""The developer identity of a Machine whose vz.json sets neither remote_user nor user."""
+
+
+def developer_identity(spec: Mapping[str, Any]) -> str:
+    """A recorded Machine's developer identity: remote_user, else user, else root (PROTOCOL.md §2)."""
+    for key in ("remote_user", "user"):
+        value = spec.get(key)
+        if isinstance(value, str) and value:
+            return value
+    return DEVELOPER_IDENTITY
 
 
 def _secret_redactor() -> Redactor:

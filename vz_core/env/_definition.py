@@ -223,6 +223,13 @@ AbsolutePath = Annotated[
     Field(pattern=r"^/", max_length=4096, description="an absolute POSIX path inside the Machine"),
     BeforeValidator(_target),
 ]
+UserName = Annotated[
+    str,
+    Field(
+        pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,31})?$",
+        description="a user name or uid, optionally ':' and a group name or gid, as the Machine's image knows them",
+    ),
+]
 DriverName = Annotated[
     str,
     Field(
@@ -284,6 +291,14 @@ class Workspace(_Model):
         ),
     )
     target: AbsolutePath = Field(default="/workspace", description="where the workspace appears in the Machine")
+    sharing: Literal["exclusive", "shared"] = Field(
+        default="exclusive",
+        description=(
+            "the consistency contract when several Machines project the worktree read-write: exclusive (the "
+            "default) lets only one Machine do so and `vz up` refuses a second; shared declares that the Machines "
+            "write the same files concurrently with no ordering or locking between them"
+        ),
+    )
 
 
 class Mount(_Model):
@@ -356,6 +371,16 @@ class Machine(_Model):
         default_factory=dict, description="environment variables; secret references keep values out of vz.json"
     )
     egress: Literal["allow", "deny"] = Field(default="allow", description="outbound network policy")
+    remote_user: UserName | None = Field(
+        default=None,
+        description=(
+            "the developer identity: who `vz exec` runs commands as and who owns the projected workspace "
+            "(omitted: user, else root)"
+        ),
+    )
+    user: UserName | None = Field(
+        default=None, description="the user the Machine's main process runs as (omitted: the image's user)"
+    )
 
     @field_validator("environment")
     @classmethod
@@ -390,9 +415,23 @@ class Machine(_Model):
         """Environment key → the caller's variable it is read from."""
         return {k: v.from_env for k, v in self.environment.items() if isinstance(v, SecretRef)}
 
+    def developer_identity(self) -> str:
+        """remote_user, else user, else "root" (PROTOCOL.md §2, ReusePreflight)."""
+        return self.remote_user or self.user or "root"
+
     def recorded(self) -> dict[str, Any]:
-        """The JSON form kept in the state store: secret references, never secret values."""
-        return self.model_dump(mode="json", by_alias=True)
+        """The JSON form kept in the state store: secret references, never secret values.
+
+        Fields added after Machines were first recorded appear only when set (a record made before them stays
+        in sync); workspace.sharing is a host-side declaration, not a creation-time setting, and is left out."""
+        data = self.model_dump(mode="json", by_alias=True)
+        for key in ("remote_user", "user"):
+            if data.get(key) is None:
+                data.pop(key, None)
+        workspace = data.get("workspace")
+        if isinstance(workspace, dict):
+            workspace.pop("sharing", None)
+        return data
 
 
 class ProjectDefinition(_Model):

@@ -57,6 +57,8 @@ class ExecTarget:
     environment: EnvironmentRecord
     machine: MachineRecord
     workdir: str
+    user: str = ""
+    """Who the command runs as: the Machine's remote_user (developer identity), else its driver's default."""
 
 
 def prepare_exec(ctx: Context, *, environment: str | None = None, machine: str | None = None) -> ExecTarget:
@@ -84,7 +86,8 @@ def prepare_exec(ctx: Context, *, environment: str | None = None, machine: str |
     workdir = ""
     if isinstance(workspace, dict) and workspace.get("projection", "none") != "none":
         workdir = str(workspace.get("target") or "")
-    return ExecTarget(env, record, workdir)
+    remote_user = record.spec.get("remote_user")
+    return ExecTarget(env, record, workdir, remote_user if isinstance(remote_user, str) else "")
 
 
 @contextmanager
@@ -127,6 +130,7 @@ async def execute(
     spec = ExecSpec(
         workspace_id=target.machine.workspace_id,
         argv=tuple(argv),
+        user=target.user,
         workdir=target.workdir if workdir is None else workdir,
     )
     try:
@@ -171,6 +175,7 @@ async def execute_terminal(
     spec = TerminalSpec(
         workspace_id=machine.workspace_id,
         argv=tuple(argv),
+        user=target.user,
         workdir=target.workdir if workdir is None else workdir,
         rows=rows,
         cols=cols,

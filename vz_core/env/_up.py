@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 
 from vz_core._types import EgressPolicy, HostRequirements, Mount, MountType, RunImageRequest
 from vz_core.env._context import (
-    DEVELOPER_IDENTITY,
     LABEL_ENVIRONMENT,
     LABEL_MACHINE,
     LABEL_PROJECT,
@@ -28,6 +27,7 @@ from vz_core.env._context import (
     choose,
     converge_stale,
     delete_owned,
+    developer_identity,
     fail_operation,
     holder,
     learn_recorded_secrets,
@@ -151,6 +151,96 @@ def _check_machine(
         )
 
 
+def host_architecture() -> str:
+    """This host's CPU architecture in Runtime Protocol terms ("amd64" | "arm64")."""
+    import platform
+
+    machine = platform.machine().lower()
+    return {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}.get(machine, machine)
+
+
+def _host_memory() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _check_host_resources(machine: Machine, where: str) -> None:
+    """Resources this host cannot give at all are refused before anything is created or removed."""
+    res = machine.resources
+    cpus = os.cpu_count()
+    if res.cpus is not None and cpus is not None and res.cpus > cpus:
+        raise UserError(
+            f"{where}.resources.cpus: {res.cpus} CPUs asked for, this host has {cpus}; lower resources.cpus "
+            f"(at most {cpus}) or remove it"
+        )
+    memory = _host_memory()
+    if res.memory is not None and memory is not None and res.memory > memory:
+        raise UserError(
+            f"{where}.resources.memory: {res.memory} bytes asked for, this host has {memory}; lower resources.memory "
+            "or remove it"
+        )
+
+
+def _check_local_image(image: str, where: str) -> None:
+    """A local image source (an OCI layout directory, a docker-archive file) must exist before anything changes."""
+    if image.startswith("oci:"):
+        rest = image[4:]
+        if "@" in rest:
+            rest = rest.rpartition("@")[0]
+        else:
+            head, _, last = rest.rpartition("/")
+            if ":" in last:
+                rest = f"{head}/{last.partition(':')[0]}"
+        if not (Path(rest) / "index.json").is_file():
+            raise UserError(f"{where}: {rest} is not an OCI image layout directory (no index.json there)")
+    elif image.startswith("docker-archive:"):
+        archive = image[len("docker-archive:") :].partition(":")[0]
+        if not Path(archive).is_file():
+            raise UserError(f"{where}: the docker-archive file {archive} does not exist")
+
+
+def _check_shared_workspace(definition: ProjectDefinition, where: str) -> None:
+    """Two Machines projecting one worktree read-write must declare how they share it."""
+    writers = [m for m in definition.machines if m.workspace.projection == "read-write"]
+    if len(writers) > 1:
+        undeclared = [m.name for m in writers if m.workspace.sharing != "shared"]
+        if undeclared:
+            names = ", ".join(m.name for m in writers)
+            raise UserError(
+                f"{where}: machines {names} all project the worktree read-write, and {', '.join(undeclared)} "
+                'declare(s) no consistency contract; set workspace.sharing to "shared" on each (they then write '
+                "the same files concurrently, with no locking or ordering between Machines beyond what the files "
+                "themselves provide), or make all but one read-only, snapshot or none"
+            )
+
+
+def _check_worktree_writers(
+    store: Store, definition: ProjectDefinition, env: EnvironmentRecord | None, worktree: str
+) -> None:
+    """Another Environment's Machine already projects this worktree read-write: without the declared "shared"
+    contract on this definition's read-write Machines, a second writer is refused before anything changes."""
+    target_tree = env.worktree if env is not None else worktree
+    writers = [m for m in definition.machines if m.workspace.projection == "read-write"]
+    if not writers or all(m.workspace.sharing == "shared" for m in writers):
+        return
+    for other in store.environments(definition.project_id):
+        if (env is not None and other.env_id == env.env_id) or other.worktree != target_tree:
+            continue
+        for record in store.machines(other.env_id):
+            workspace = record.spec.get("workspace")
+            if isinstance(workspace, dict) and workspace.get("projection", "read-write") == "read-write":
+                names = ", ".join(m.name for m in writers)
+                raise UserError(
+                    f"$.machines: machine {record.name} of Environment {other.label()} already projects "
+                    f"{target_tree} read-write, and {names} would too with no consistency contract declared; set "
+                    'workspace.sharing to "shared" on them (concurrent writers, no ordering or locking between '
+                    "Machines), make them read-only, snapshot or none, or delete that Environment first; nothing "
+                    "was changed"
+                )
+
+
 def _bind_source(worktree: Path, source: str) -> Path:
     path = Path(os.path.expanduser(source))
     return path if path.is_absolute() else (worktree / path).resolve()
@@ -218,6 +308,8 @@ def _run_request(
         mounts=tuple(mounts),
         platform=f"{machine.target.os}/{machine.target.arch or native_arch}",
         host_requirements=requirements,
+        user=machine.user or "",
+        remote_user=machine.remote_user or "",
         allow_recreate=allow_recreate,
     )
 
@@ -258,8 +350,9 @@ async def _prepare(ctx: Context, pool: DriverPool) -> _Prepared:
             if mount.type == "bind":
                 where = f"$.machines[{index}].mounts[{number}].source"
                 _check_bind_source(ctx.progress, _bind_source(path.parent, mount.source or ""), path.parent, where)
-    probe = f"vz-{definition.project_id}-probe"
-    checked: dict[tuple[str, str], str] = {}
+    _check_shared_workspace(definition, where="$.machines")
+    host_arch = host_architecture()
+    checked: set[tuple[str, str]] = set()
     from vz_core.drivers import validate_project_options
     from vz_core.env._definition import check_image_reference
     from vz_core.registry import DriverRegistry
@@ -278,19 +371,23 @@ async def _prepare(ctx: Context, pool: DriverPool) -> _Prepared:
                 check_image_reference(machine.image)
             except ValueError as exc:
                 raise UserError(f"{where}.image: {exc}") from None
+            _check_local_image(machine.image, f"{where}.image")
+        _check_host_resources(machine, where)
     for index, machine in enumerate(definition.machines):
         where = f"$.machines[{index}]"
         try:
-            driver, facts = await pool.get(machine.driver, machine.driver_options)
+            _, facts = await pool.get(machine.driver, machine.driver_options)
         except NotFoundError as exc:
             raise UserError(f"{where}.driver: {exc.message}") from None
         key = (machine.driver, repr(sorted(machine.driver_options.items())))
         if key not in checked:
             with ctx.progress.step("preflight", f"checking driver {machine.driver}", driver=machine.driver):
                 await pool.preflight(machine.driver, machine.driver_options)
-                checked[key] = await driver.target_architecture(probe)
-        native[machine.name] = checked[key]
-        _check_machine(machine, facts, native[machine.name], path.parent, where, ctx.progress)
+            checked.add(key)
+        # The target comes from the definition (target.arch, else this host's architecture): no runtime is asked
+        # for TargetArchitecture before the Machine's workspace exists; the answer is checked after creation.
+        native[machine.name] = host_arch
+        _check_machine(machine, facts, host_arch, path.parent, where, ctx.progress)
     return _Prepared(definition, path, environments, native, redactor)
 
 
@@ -313,6 +410,7 @@ async def up(
         try:
             choice = choose(ctx, store, project, environment, for_up=True)
             env = choice.environment
+            _check_worktree_writers(store, definition, env, worktree)
             if env is None and not dry_run:
                 assert choice.create_name is not None
                 env_id = new_env_id()
@@ -428,6 +526,18 @@ async def _reconcile(
             raise PlanError(_blocked_message(env, plan.blocked))
         if dry_run:
             return _up_result(env, None, plan, dry_run=True, project_id=project_id)
+        # ProvisioningPreflight of every driver that will create a Machine, before the first mutation (a failing
+        # one leaves an old Machine that a DELETE-mode recreate would replace untouched).
+        provisioned: set[tuple[str, str]] = set()
+        for step in plan.steps:
+            if step.action in ("create", "recreate"):
+                machine = definition.machine(step.machine)
+                key = (machine.driver, repr(sorted(machine.driver_options.items())))
+                driver, facts = await pool.get(machine.driver, machine.driver_options)
+                caps = facts.info.capabilities
+                if key not in provisioned and caps is not None and caps.provisioning_preflight:
+                    await driver.provisioning_preflight()
+                provisioned.add(key)
         # Read-only checks of reused Machines, before the first mutation.
         for step in plan.steps:
             if step.action in ("keep", "start") and step.machine_id is not None:
@@ -435,7 +545,7 @@ async def _reconcile(
                 driver, facts = await pool.get(record.driver, record.driver_options, recorded=True)
                 caps = facts.info.capabilities
                 if caps is not None and caps.reuse_preflight:
-                    await driver.reuse_preflight(record.workspace_id, DEVELOPER_IDENTITY)
+                    await driver.reuse_preflight(record.workspace_id, developer_identity(record.spec))
     except BaseException as exc:
         if op_id is not None:  # only a brand-new Environment has an operation open this early
             fail_operation(store, env, op_id, exc, prepared.redactor)
@@ -529,7 +639,6 @@ async def _apply_step(
         native_arch=prepared.native_arch[machine.name],
         environment=prepared.environments[machine.name],
     )
-    caps = facts.info.capabilities
     if step.action == "create":
         with store.transaction() as db:
             if record is None:
@@ -549,8 +658,6 @@ async def _apply_step(
                 store.put_volume(
                     db, env.env_id, machine_id, volume.name, _volume_name(env.env_id, machine_id, volume.name)
                 )
-        if caps is not None and caps.provisioning_preflight:
-            await driver.provisioning_preflight()
         label = f"creating machine {machine.name} ({machine.driver}, {request.platform}, image {machine.image})"
         with ctx.progress.step("create", label, image=machine.image, **fields):
             await driver.run_image(request)
@@ -572,6 +679,14 @@ async def _apply_step(
             raise RuntimeFailureError(
                 f"driver {machine.driver!r} returned from RunImage but machine {machine.name} is "
                 f"{observed(found)}; see `vz status --environment {env.name}`"
+            )
+        wanted = request.platform.partition("/")[2]
+        actual = await driver.target_architecture(wsid)
+        if actual != wanted:
+            raise RuntimeFailureError(
+                f"driver {machine.driver!r} created machine {machine.name} for {actual}, not {wanted} as asked "
+                f"(platform {request.platform}); set target.arch to {actual!r} in vz.json or choose a driver that "
+                f"runs {wanted} Machines, then `vz up --recreate --environment {env.name}`"
             )
     with store.transaction() as db:
         store.put_machine(
