@@ -14,7 +14,8 @@ Environments (made from the nearest vz.json upward from here):
   exec     run a command in a Machine:  vz exec [--environment E] [--machine M] -- CMD...
   status   show Environments, Machines, drivers, state and drift
   stop     stop every Machine of an Environment
-  delete   delete an Environment and its Machines
+  delete   delete an Environment and everything it owns (Machines, volumes unless --keep-volumes, bindings)
+  volume   list or remove kept volumes:  vz volume list | rm NAME
 
 Other:
   driver   list, add, verify or configure drivers (vz driver list | add MANIFEST | verify [NAME] |
@@ -22,8 +23,9 @@ Other:
   version  print the vz version
   help     this text, or `vz help <command>` for a command's options
 
-Selecting an Environment: --environment NAME|ID, else $VZ_ENVIRONMENT_ID, else this directory's binding,
-else the project's only Environment; `vz up` creates "default" when the project has none.
+Selecting an Environment: --environment NAME|ID, else $VZ_ENVIRONMENT_ID, else this worktree's binding;
+`vz up` creates "default" only when the project has none. A worktree bound to none of the project's
+Environments fails and lists them; `vz up --environment NAME` binds it.
 
 Exit codes: 0 ok, 1 backend failure, 2 user error, 3 not found, 4 conflict (ambiguous, busy, needs
 --recreate), 130 interrupted; `vz exec` exits with the command's code (128+N when killed by signal N).

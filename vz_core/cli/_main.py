@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 __all__ = ["main"]
 
-COMMANDS = ("up", "exec", "status", "stop", "delete", "driver", "version", "help")
+COMMANDS = ("up", "exec", "status", "stop", "delete", "volume", "driver", "version", "help")
 
 
 LEGACY_COMMANDS: dict[str, str] = {
@@ -49,7 +49,7 @@ def _legacy(command: str, rest: list[str]) -> int:
     import json
 
     guidance = LEGACY_COMMANDS[command]
-    message = f"`vz {command}` was removed in vz 0.4; instead: {guidance} (see docs/cli.md, \"Removed commands\")"
+    message = f'`vz {command}` was removed in vz 0.4; instead: {guidance} (see docs/cli.md, "Removed commands")'
     if "--json" in rest:
         error = {
             "kind": "legacy_command_removed",
@@ -76,6 +76,7 @@ def _parser(command: str) -> argparse.ArgumentParser:
         "stop": "Stop every Machine of an Environment (Machine-local data survives).",
         "delete": "Delete an Environment: its Machines and its records. Other Environments are untouched.",
         "driver": "List, add, verify or configure drivers.",
+        "volume": "List or remove named volumes kept after their Environment was deleted (vz delete --keep-volumes).",
     }
     parser = _Parser(prog=f"vz {command}", description=summaries.get(command), allow_abbrev=False)
     if command in ("up", "exec", "status", "stop", "delete"):
@@ -83,8 +84,19 @@ def _parser(command: str) -> argparse.ArgumentParser:
         parser.add_argument(
             "-f", "--file", type=Path, metavar="PATH", help="use this vz.json instead of searching upward"
         )
-    if command in ("up", "status", "stop", "delete"):
+    if command in ("up", "status", "stop", "delete", "volume"):
         parser.add_argument("--json", action="store_true", help="machine-readable output (see docs/cli.md)")
+    if command == "delete":
+        parser.add_argument(
+            "--keep-volumes",
+            action="store_true",
+            help="keep the Environment's named volumes (listed by `vz volume list`, removed by `vz volume rm`)",
+        )
+    if command == "volume":
+        parser.add_argument("action", choices=("list", "rm"), help="list kept volumes, or remove one")
+        parser.add_argument(
+            "name", nargs="?", metavar="NAME", help="the volume to remove (as `vz volume list` names it)"
+        )
     if command == "up":
         parser.add_argument(
             "--recreate", action="store_true", help="allow replacing or removing Machines whose definition changed"
@@ -224,11 +236,11 @@ def _environment_command(command: str, parsed: argparse.Namespace) -> int:
     from vz_core.env import Context
     from vz_core.errors import VzError
 
-    if command == "status":
+    if command in ("status", "volume"):
         output = Output("json" if parsed.json else "plain", command)
     else:
         output = Output(choose_mode(parsed.json), command)
-    ctx = Context(cwd=Path.cwd(), environ=os.environ, progress=output, definition_file=parsed.file)
+    ctx = Context(cwd=Path.cwd(), environ=os.environ, progress=output, definition_file=getattr(parsed, "file", None))
     try:
         return _run_environment_command(command, parsed, ctx, output)
     except VzError as exc:
@@ -257,11 +269,29 @@ def _run_environment_command(command: str, parsed: argparse.Namespace, ctx: Cont
             output.document(report)
         else:
             output.text(render_status(report))
-    else:
-        operation = stop if command == "stop" else delete
-        result = asyncio.run(operation(ctx, environment=parsed.environment))
+    elif command == "volume":
+        from vz_core.cli._render import render_volumes
+        from vz_core.env import list_volumes, remove_volume
+
+        if parsed.action == "rm":
+            if not parsed.name:
+                raise _UsageError("vz volume rm NAME: which volume (see `vz volume list`)")
+            report = asyncio.run(remove_volume(ctx, parsed.name))
+        else:
+            report = asyncio.run(list_volumes(ctx))
+        if parsed.json:
+            output.document(report)
+        else:
+            output.text(render_volumes(report, removed=parsed.action == "rm"))
+    elif command == "stop":
+        result = asyncio.run(stop(ctx, environment=parsed.environment))
         env = result["environment"]
-        verb = "stopped" if command == "stop" else "deleted"
-        lines = [f"Environment {env['name']} ({env['id']}) {verb}: {len(result['machines'])} machine(s)"]
-        output.result(result, lines)
+        output.result(
+            result, [f"Environment {env['name']} ({env['id']}) stopped: {len(result['machines'])} machine(s)"]
+        )
+    else:
+        from vz_core.cli._render import render_delete
+
+        result = asyncio.run(delete(ctx, environment=parsed.environment, keep_volumes=parsed.keep_volumes))
+        output.result(result, render_delete(result))
     return 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["render_status", "render_up"]
+__all__ = ["render_delete", "render_status", "render_up", "render_volumes"]
 
 
 def render_up(result: dict[str, Any]) -> list[str]:
@@ -74,3 +74,34 @@ def render_status(report: dict[str, Any]) -> str:
             if machine.get("error"):
                 lines.append(f"  {machine['name']}: {machine['error']}")
     return "\n".join(lines).lstrip("\n") + "\n"
+
+
+def render_delete(result: dict[str, Any]) -> list[str]:
+    """What `vz delete` removed (and kept), one table."""
+    env = result["environment"]
+    lines = [f"Environment {env['name']} ({env['id']}) deleted:"]
+    rows = [["what", "name", "result"]]
+    for machine in result["machines"]:
+        rows.append(["machine", f"{machine['name']} ({machine['id']})", machine["state"]])
+    for volume in result.get("volumes", []):
+        state = volume["state"] + (f" ({volume['reason']})" if volume.get("reason") else "")
+        rows.append(["volume", volume["name"], state])
+    for worktree in result.get("bindings", []):
+        rows.append(["binding", worktree, "removed"])
+    rows.append(["records", f"{result.get('operations_removed', 0)} operation record(s), the Environment", "removed"])
+    lines += _table(rows)
+    if any(v["state"] == "kept" for v in result.get("volumes", [])):
+        lines.append("kept volumes: `vz volume list`; remove one with `vz volume rm NAME`")
+    return lines
+
+
+def render_volumes(report: dict[str, Any], *, removed: bool = False) -> str:
+    volumes = report["volumes"]
+    if removed:
+        return "".join(f"volume {v['name']} removed\n" for v in volumes)
+    if not volumes:
+        return "no kept volumes\n"
+    rows = [["NAME", "VOLUME", "PROJECT", "DRIVER", "KEPT FROM"]]
+    for v in volumes:
+        rows.append([v["name"], v["volume"], v["project_id"], v["driver"], f"{v['environment_id']}/{v['machine_id']}"])
+    return "\n".join(_table(rows, indent="")) + "\n"

@@ -9,6 +9,7 @@ for pydantic. The public surface:
 * state: ``Store`` with its records, ``MIGRATIONS``;
 * reconciliation: ``compute_plan``, ``Plan``, ``Step``, ``Change``;
 * operations: ``Context``, ``Progress``, ``up``, ``status`` (``STATUS_SCHEMA``), ``stop``, ``delete``;
+  kept volumes: ``list_volumes``, ``remove_volume``;
 * exec: ``prepare_exec`` (selection, fast) then ``execute`` (driver, ExecSpec, stream, errors translated once),
   ``ExecTarget``, ``OutputSink``; a terminal session (`vz exec -t`): ``execute_terminal``, ``TerminalSink``;
 * drivers: ``acquire_driver`` (the one place a Driver is obtained), ``DriverPool``, ``DriverFacts``;
@@ -63,6 +64,7 @@ if TYPE_CHECKING:
         StoreError,
     )
     from vz_core.env._up import up
+    from vz_core.env._volumes import list_volumes, remove_volume
 
 _WHERE = {
     "Machine": "_definition",
@@ -87,6 +89,8 @@ _WHERE = {
     "STATUS_SCHEMA": "_status",
     "status": "_status",
     "up": "_up",
+    "list_volumes": "_volumes",
+    "remove_volume": "_volumes",
     "AmbiguousSelectionError": "_errors",
     "ConflictError": "_errors",
     "DefinitionError": "_errors",
@@ -147,9 +151,11 @@ __all__ = [
     "execute",
     "execute_terminal",
     "find_definition",
+    "list_volumes",
     "load_definition",
     "parse_definition",
     "prepare_exec",
+    "remove_volume",
     "select_environment",
     "select_machine",
     "status",

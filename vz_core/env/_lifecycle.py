@@ -22,9 +22,42 @@ from vz_core.env._context import (
 )
 from vz_core.env._drivers import DriverPool
 from vz_core.env._locks import FileLock, env_lock_path
-from vz_core.errors import NotFoundError
+from vz_core.env._store import EnvironmentRecord, Store, VolumeRecord
+from vz_core.env._volumes import remove_recorded_volume
+from vz_core.errors import NotFoundError, UnsupportedError
 
 __all__ = ["delete", "stop"]
+
+
+async def _delete_volume(
+    ctx: Context,
+    store: Store,
+    pool: DriverPool,
+    env: EnvironmentRecord,
+    op_id: str,
+    volume: VolumeRecord,
+    keep: bool,
+) -> dict[str, Any]:
+    row: dict[str, Any] = {"name": volume.backend_name, "volume": volume.name, "machine_id": volume.machine_id}
+    row["driver"] = volume.driver
+    if keep or volume.state == "kept":
+        with store.transaction() as db:
+            store.keep_volume(db, volume.backend_name)
+        return {**row, "state": "kept", "reason": "--keep-volumes" if keep else "kept earlier"}
+    with store.transaction() as db:
+        store.operation_step(db, op_id, f"delete volume {volume.backend_name}")
+    fields = {"environment": env.name, "environment_id": env.env_id, "volume": volume.backend_name}
+    try:
+        with ctx.progress.step("delete-volume", f"deleting volume {volume.name} ({volume.backend_name})", **fields):
+            await remove_recorded_volume(pool, volume)
+    except UnsupportedError as exc:
+        with store.transaction() as db:
+            store.keep_volume(db, volume.backend_name)
+        ctx.progress.note("volume-kept", f"volume {volume.backend_name} kept: {exc.message}", **fields)
+        return {**row, "state": "kept", "reason": exc.message}
+    with store.transaction() as db:
+        store.forget_volume(db, volume.backend_name)
+    return {**row, "state": "removed"}
 
 
 async def stop(ctx: Context, *, environment: str | None = None) -> dict[str, Any]:
@@ -32,16 +65,18 @@ async def stop(ctx: Context, *, environment: str | None = None) -> dict[str, Any
     return await _mutate(ctx, environment, "stop")
 
 
-async def delete(ctx: Context, *, environment: str | None = None) -> dict[str, Any]:
-    """Delete the selected Environment: its Machines (through their drivers), then its records.
+async def delete(ctx: Context, *, environment: str | None = None, keep_volumes: bool = False) -> dict[str, Any]:
+    """Delete the selected Environment and everything it owns: its Machines (through their drivers, each checked
+    against the ownership label the driver reports), its named volumes (through their drivers, unless
+    ``keep_volumes``: then they stay recorded as kept, listed by `vz volume list`), its worktree bindings, its
+    lock file and its operation records. The result says what was removed and what was kept.
 
-    Only the selected Environment's graph is traversed: Machines recorded under its env_id, each checked
-    against the ownership label the driver reports before it is deleted.
+    Only the selected Environment's graph is traversed: what is recorded under its env_id.
     """
-    return await _mutate(ctx, environment, "delete")
+    return await _mutate(ctx, environment, "delete", keep_volumes=keep_volumes)
 
 
-async def _mutate(ctx: Context, environment: str | None, kind: str) -> dict[str, Any]:
+async def _mutate(ctx: Context, environment: str | None, kind: str, *, keep_volumes: bool = False) -> dict[str, Any]:
     project = resolve_project(ctx, environment)
     assert project is not None
     pool = DriverPool(ctx.redactor)
@@ -61,6 +96,9 @@ async def _mutate(ctx: Context, environment: str | None, kind: str) -> dict[str,
             if kind == "delete":
                 store.set_environment(db, env.env_id, state="deleting")
         results: list[dict[str, Any]] = []
+        volumes: list[dict[str, Any]] = []
+        volume_records = store.volumes(env.env_id) if kind == "delete" else []
+        bindings = store.bindings_of(env.env_id)
         try:
             for record in machines:
                 fields = {
@@ -89,8 +127,10 @@ async def _mutate(ctx: Context, environment: str | None, kind: str) -> dict[str,
                         await delete_owned(driver, record, env)
                         state = "deleted"
                         with store.transaction() as db:
-                            store.delete_machine(db, env.env_id, record.machine_id)
+                            store.delete_machine(db, env.env_id, record.machine_id, with_volumes=False)
                 results.append({"id": record.machine_id, "name": record.name, "state": state})
+            for volume in volume_records:
+                volumes.append(await _delete_volume(ctx, store, pool, env, op_id, volume, keep_volumes))
             with store.transaction() as db:
                 if kind == "delete":
                     store.delete_environment(db, env.env_id)
@@ -100,17 +140,20 @@ async def _mutate(ctx: Context, environment: str | None, kind: str) -> dict[str,
         except BaseException as exc:
             fail_operation(store, env, op_id, exc, ctx.redactor)
             raise
-        if kind == "delete":
-            try:
-                env_lock_path(env.env_id).unlink()
-            except OSError:
-                pass
-        result = {
+        result: dict[str, Any] = {
             "project_id": env.project_id,
             "environment": {"id": env.env_id, "name": env.name, "state": "deleted" if kind == "delete" else "stopped"},
             "machines": results,
             "operation_id": op_id,
         }
+        if kind == "delete":
+            with store.transaction() as db:  # the Environment is gone: so is its history
+                operations = store.delete_operations(db, env.env_id)
+            try:
+                env_lock_path(env.env_id).unlink()
+            except OSError:
+                pass
+            result.update(volumes=volumes, bindings=bindings, operations_removed=operations)
         return ctx.redactor.redact_data(result)
     finally:
         if lock is not None:

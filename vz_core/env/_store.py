@@ -648,9 +648,15 @@ class Store:
             (state, utcnow(), env_id, machine_id),
         )
 
-    def delete_machine(self, db: sqlite3.Connection, env_id: str, machine_id: str) -> None:
-        """Remove a Machine's record; its volume records go too unless they are marked kept."""
-        db.execute("DELETE FROM volumes WHERE env_id = ? AND machine_id = ? AND state != 'kept'", (env_id, machine_id))
+    def delete_machine(
+        self, db: sqlite3.Connection, env_id: str, machine_id: str, *, with_volumes: bool = True
+    ) -> None:
+        """Remove a Machine's record; its volume records go too (unless marked kept, or ``with_volumes`` is
+        false: `vz delete` handles them after the Machines)."""
+        if with_volumes:
+            db.execute(
+                "DELETE FROM volumes WHERE env_id = ? AND machine_id = ? AND state != 'kept'", (env_id, machine_id)
+            )
         db.execute("DELETE FROM machines WHERE env_id = ? AND machine_id = ?", (env_id, machine_id))
 
     @_guarded
@@ -700,6 +706,15 @@ class Store:
                 json.dumps(driver_options or {}, sort_keys=True),
             ),
         )
+
+    def delete_operations(self, db: sqlite3.Connection, env_id: str) -> int:
+        """Forget an Environment's operation records (once the Environment itself is deleted); how many."""
+        return db.execute("DELETE FROM operations WHERE env_id = ?", (env_id,)).rowcount
+
+    @_guarded
+    def volume(self, backend_name: str) -> VolumeRecord | None:
+        row = self._db.execute("SELECT * FROM volumes WHERE backend_name = ?", (backend_name,)).fetchone()
+        return _volume(row) if row else None
 
     def keep_volume(self, db: sqlite3.Connection, backend_name: str) -> None:
         db.execute("UPDATE volumes SET state = 'kept' WHERE backend_name = ?", (backend_name,))

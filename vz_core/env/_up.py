@@ -610,6 +610,8 @@ async def _apply_step(
         with ctx.progress.step("remove", f"removing machine {step.machine}", machine_id=record.machine_id, **fields):
             await delete_owned(driver, record, env)
             with store.transaction() as db:
+                for kept in store.volumes(env.env_id, record.machine_id):  # data stays: listed, removable
+                    store.keep_volume(db, kept.backend_name)
                 store.delete_machine(db, env.env_id, record.machine_id)
         return
     machine = definition.machine(step.machine)
@@ -655,9 +657,7 @@ async def _apply_step(
             else:
                 store.set_machine_state(db, env.env_id, machine_id, "creating")
             for volume in machine.volumes:
-                store.put_volume(
-                    db, env.env_id, machine_id, volume.name, _volume_name(env.env_id, machine_id, volume.name)
-                )
+                _record_volume(store, db, env, machine, machine_id, volume.name)
         label = f"creating machine {machine.name} ({machine.driver}, {request.platform}, image {machine.image})"
         with ctx.progress.step("create", label, image=machine.image, **fields):
             await driver.run_image(request)
@@ -700,7 +700,20 @@ async def _apply_step(
             state="running",
         )
         for volume in machine.volumes:
-            store.put_volume(db, env.env_id, machine_id, volume.name, _volume_name(env.env_id, machine_id, volume.name))
+            _record_volume(store, db, env, machine, machine_id, volume.name)
+
+
+def _record_volume(store: Store, db: Any, env: EnvironmentRecord, machine: Machine, machine_id: str, name: str) -> None:
+    store.put_volume(
+        db,
+        env.env_id,
+        machine_id,
+        name,
+        _volume_name(env.env_id, machine_id, name),
+        project_id=env.project_id,
+        driver=machine.driver,
+        driver_options=dict(machine.driver_options),
+    )
 
 
 def _up_result(

@@ -20,7 +20,7 @@ from vz_conformance.fake import FakeDriver
 import vz_core.env._drivers as env_drivers
 from vz_core._types import DriverInfo, Extensions, MountType, RecreateMode, RunImageRequest
 from vz_core.env import Context, Store, up
-from vz_core.errors import NotFoundError, RuntimeFailureError, UnavailableError, UserError
+from vz_core.errors import NotFoundError, RuntimeFailureError, UnavailableError, UnsupportedError, UserError
 from vz_core.paths import state_dir
 
 
@@ -300,3 +300,141 @@ async def test_a_second_environment_writing_the_same_worktree_needs_the_shared_c
     assert not [c for c in knobs.calls if c[0] == "run_image"]
     with Store(state_dir() / "state.db") as store:
         assert [e.name for e in store.environments()] == ["first"]
+
+
+# --- delete traverses the ownership graph -------------------------------------------------------------------
+
+
+class VolumeKnobs(Wrapped):
+    """The fake plus named volumes kept in a directory of their own, with or without a removal operation."""
+
+    removable = True
+
+    async def info(self, *, supports_recreate_on_run: bool = False) -> DriverInfo:
+        info = await super().info(supports_recreate_on_run=supports_recreate_on_run)
+        assert info.capabilities is not None
+        return replace(info, capabilities=replace(info.capabilities, mount_types=(MountType.VOLUME,)))
+
+    async def run_image(self, request: RunImageRequest) -> None:
+        for mount in request.mounts:
+            assert mount.type == MountType.VOLUME
+            where = volume_dir() / mount.source
+            where.mkdir(parents=True, exist_ok=True)
+            (where / "data").write_bytes(os.urandom(64))
+        await super().run_image(replace(request, mounts=()))
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "delete_volume" and type(self).removable:
+            return self._delete_volume
+        raise AttributeError(name)
+
+    async def _delete_volume(self, name: str) -> None:
+        type(self).calls.append(("delete_volume", name))
+        path = volume_dir() / name
+        if not path.exists():
+            raise NotFoundError(f"no volume {name}")
+        for item in path.iterdir():
+            item.unlink()
+        path.rmdir()
+
+
+def volume_dir() -> Path:
+    return state_dir() / "test-volumes"
+
+
+@pytest.fixture
+def vknobs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[type[VolumeKnobs]]:
+    monkeypatch.setenv("VZ_HOME", str(tmp_path / "home"))
+    knobs = type("VKnobs", (VolumeKnobs,), {"calls": []})
+    monkeypatch.setattr(env_drivers, "acquire_driver", lambda name, options=None, **_: knobs())
+    yield knobs
+
+
+def with_volumes() -> dict[str, Any]:
+    return machine(volumes=[{"name": "data", "target": "/data"}, {"name": "cache", "target": "/cache"}])
+
+
+def everything_recorded(env_id: str) -> dict[str, Any]:
+    with Store(state_dir() / "state.db") as store:
+        return {
+            "environment": store.environment(env_id),
+            "machines": store.machines(env_id),
+            "volumes": store.volumes(env_id),
+            "bindings": store.bindings_of(env_id),
+            "operations": store.operations(env_id),
+        }
+
+
+async def test_delete_removes_volumes_bindings_records_and_lock_and_says_so(
+    vknobs: type[VolumeKnobs], tmp_path: Path
+) -> None:
+    from vz_core.env import delete
+    from vz_core.env._locks import env_lock_path
+
+    a, b = await two_worktrees(tmp_path, with_volumes())
+    assert len(list(volume_dir().iterdir())) == 4
+    sibling = everything_recorded(_env_id("sibling"))
+    sibling_disk = {p.name for p in volume_dir().iterdir() if _env_id("sibling") in p.name}
+    env_id = _env_id("default")
+    result = await delete(ctx(a))
+    assert sorted((v["volume"], v["state"]) for v in result["volumes"]) == [("cache", "removed"), ("data", "removed")]
+    assert result["bindings"] == [str(a)] and result["operations_removed"] >= 2
+    assert [m["state"] for m in result["machines"]] == ["deleted"]
+    assert everything_recorded(env_id) == {
+        "environment": None,
+        "machines": [],
+        "volumes": [],
+        "bindings": [],
+        "operations": [],
+    }
+    assert not env_lock_path(env_id).exists()
+    assert {p.name for p in volume_dir().iterdir()} == sibling_disk  # only the sibling's volumes stay
+    assert not any(env_id in str(p) for p in state_dir().rglob("*"))
+    assert everything_recorded(_env_id("sibling")) == sibling
+    del b
+
+
+async def test_keep_volumes_keeps_them_listed_and_removable(vknobs: type[VolumeKnobs], tmp_path: Path) -> None:
+    from vz_core.env import delete, list_volumes, remove_volume
+
+    a = write(tmp_path / "a", with_volumes())
+    await up(ctx(a))
+    result = await delete(ctx(a), keep_volumes=True)
+    assert sorted((v["volume"], v["state"]) for v in result["volumes"]) == [("cache", "kept"), ("data", "kept")]
+    assert not [c for c in vknobs.calls if c[0] == "delete_volume"]
+    listed = (await list_volumes(ctx(a)))["volumes"]
+    assert sorted(v["volume"] for v in listed) == ["cache", "data"] and len(list(volume_dir().iterdir())) == 2
+    removed = await remove_volume(ctx(a), listed[0]["name"])
+    assert removed["volumes"][0]["state"] == "removed"
+    assert [v["name"] for v in (await list_volumes(ctx(a)))["volumes"]] == [listed[1]["name"]]
+    assert [p.name for p in volume_dir().iterdir()] == [listed[1]["name"]]
+    from vz_core.env import SelectionNotFoundError
+
+    with pytest.raises(SelectionNotFoundError, match="no kept volume named"):
+        await remove_volume(ctx(a), listed[0]["name"])
+
+
+async def test_a_driver_without_volume_removal_is_named_and_its_volumes_stay_listed(
+    vknobs: type[VolumeKnobs], tmp_path: Path
+) -> None:
+    from vz_core.env import delete, list_volumes, remove_volume
+
+    vknobs.removable = False
+    a = write(tmp_path / "a", with_volumes())
+    await up(ctx(a))
+    result = await delete(ctx(a))
+    assert {v["state"] for v in result["volumes"]} == {"kept"}
+    assert all("driver 'fake' has no volume-removal operation" in v["reason"] for v in result["volumes"])
+    listed = (await list_volumes(ctx(a)))["volumes"]
+    assert len(listed) == 2
+    with pytest.raises(UnsupportedError, match="no volume-removal operation"):
+        await remove_volume(ctx(a), listed[0]["name"])
+    vknobs.removable = True  # a driver that gained the operation removes them later
+    await remove_volume(ctx(a), listed[0]["name"])
+    assert len((await list_volumes(ctx(a)))["volumes"]) == 1
+
+
+def _env_id(name: str) -> str:
+    with Store(state_dir() / "state.db") as store:
+        (env,) = [e for e in store.environments() if e.name == name]
+        return env.env_id

@@ -214,7 +214,8 @@ async def test_delete_leaves_sibling_environments_alone(proj: Project) -> None:
     assert await find_ids(two, proj.home) == backend_two
     with Store(proj.home / "state.db") as store:
         assert store.environment(one) is None
-        assert [o.kind for o in store.operations(one)] == ["up", "delete"]
+        assert store.operations(one) == []  # nothing of the deleted Environment stays in the store
+        assert [o.kind for o in store.operations(two)] == ["up"]
 
 
 async def test_backend_failure_is_recorded_and_the_next_up_converges(proj: Project) -> None:
