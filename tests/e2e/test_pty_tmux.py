@@ -4,7 +4,8 @@ A tmux server on a private socket (``tmux -L <unique>``) runs a plain ``sh`` in 
 it as a user would: `vz exec -it -- sh` opens an interactive shell in the Machine, and the checks read the
 pane. Covered: the prompt, ``stty size`` before and after ``tmux resize-window``, busybox ``vi`` opening,
 editing and saving a file, ``sleep 100`` then Ctrl-C back to the prompt, Ctrl-D ending the shell with exit
-status 0, and the pane's own terminal settings (``stty -a``) identical before and after. The tmux server is
+status 0, and the pane's own terminal settings (``stty -a``) identical before and after, also when vz is
+killed (SIGTERM, SIGHUP) or the session's command is killed from outside. The tmux server is
 killed at the end and the test checks that nothing of it is left.
 
 Drivers: the fake (a pseudo-terminal on the host). ``VZ_E2E_DRIVER`` runs it on another installed driver
@@ -208,6 +209,37 @@ def test_a_killed_vz_restores_the_terminal(pane: Tmux) -> None:
     pane.wait_for(r"^vz-exit=129$")
     pane.send_line("stty -a > after-hup.txt; cmp before.txt after-hup.txt && echo settings-same-hup")
     pane.wait_for(r"^settings-same-hup$")
+
+
+def test_a_command_killed_from_outside_ends_the_session_and_restores_the_terminal(pane: Tmux) -> None:
+    """The session's command dies of SIGKILL (as when its Machine is torn down): vz exits 137, terminal restored."""
+    pane.send_line("stty -a > before.txt")
+    pane.send_line(f"{shlex.quote(_vz())} exec -it -- sh -c 'echo kill-victim; sleep 100'; echo vz-exit=$?")
+    pane.wait_for(r"^kill-victim")
+    victims = _host_processes("kill-victim") if DRIVER == "fake" else []
+    if DRIVER != "fake":
+        pytest.skip("the command's processes are visible on the host only for the fake driver")
+    for pid in victims:
+        os.kill(pid, 9)
+    pane.wait_for(r"^vz-exit=137$")
+    pane.send_line("stty -a > after.txt; cmp before.txt after.txt && echo settings-same")
+    pane.wait_for(r"^settings-same$")
+    deadline = time.monotonic() + 5
+    while _host_processes("kill-victim") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _host_processes("kill-victim") == []
+
+
+def _host_processes(word: str) -> list[int]:
+    """Live host processes whose command line mentions ``word``, vz itself excepted."""
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        cmdline = proc.info["cmdline"] or []
+        if proc.info["status"] == psutil.STATUS_ZOMBIE or "-it" in cmdline:
+            continue
+        if any(word in part for part in cmdline):
+            found.append(proc.pid)
+    return found
 
 
 def _vz_processes(word: str) -> list[int]:
