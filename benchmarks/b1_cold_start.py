@@ -37,7 +37,7 @@ from benchmarks._stats import summary
 ID = "B1"
 TITLE = "plugin cold start: launch → handshake → first Info"
 
-_PLUGIN_IMPORTS = ("vz_plugins.__main__", "vz_plugins._servicer", "vz_conformance.fake", "vz_core.transport._certs")
+_PLUGIN_IMPORTS = ("vz_plugins.__main__", "vz_core.rpc._server", "vz_conformance.fake", "vz_core.transport._certs")
 
 
 @dataclass
@@ -55,8 +55,8 @@ class _Config:
 
 
 async def _sample(cfg: _Config, spec_for: Any) -> tuple[float, float, float]:
-    from vz_core._proto.devsy.runtime.v1 import runtime_pb2 as pb
-    from vz_core._proto.devsy.runtime.v1 import runtime_pb2_grpc as pb_grpc
+    from vz_core.rpc.pb import runtime_pb2 as pb
+    from vz_core.rpc.pb import runtime_pb2_grpc as pb_grpc
     from vz_core.transport import PluginLauncher
 
     spec = spec_for(cfg)

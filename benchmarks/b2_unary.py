@@ -33,9 +33,9 @@ async def run(ctx: Any) -> dict[str, Any]:
     from vz_conformance.fake import FakeDriver
 
     from vz_core import RunImageRequest
-    from vz_core._proto.devsy.runtime.v1 import runtime_pb2 as pb
-    from vz_core._proto.devsy.runtime.v1 import runtime_pb2_grpc as pb_grpc
-    from vz_core.remote import RemoteDriver
+    from vz_core.rpc import RemoteDriver
+    from vz_core.rpc.pb import runtime_pb2 as pb
+    from vz_core.rpc.pb import runtime_pb2_grpc as pb_grpc
     from vz_core.transport import PluginLauncher
 
     workdir: Path = ctx.workdir

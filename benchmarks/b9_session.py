@@ -37,7 +37,7 @@ from benchmarks._stats import summary
 
 if TYPE_CHECKING:
     from vz_core import Driver
-    from vz_core.remote import Mode
+    from vz_core.rpc import Mode
 
 ID = "B9"
 TITLE = "20-operation session: plugin kept warm vs launched per operation"
@@ -111,7 +111,7 @@ def _p50_ms(values: list[float]) -> float:
 async def run(ctx: Any) -> dict[str, Any]:
     from vz_conformance.fake import FakeDriver
 
-    from vz_core.remote import RemoteDriver
+    from vz_core.rpc import RemoteDriver
     from vz_core.transport import PluginLauncher
 
     workdir: Path = ctx.workdir

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import json
 import os
 import shutil
 import sys
@@ -54,8 +55,8 @@ def _plugin_executable(workdir: Path) -> Path:
 
 
 def _plugin(workdir: Path) -> Driver:
-    from vz_core.remote import RemoteDriver
-    from vz_core.transport._launcher import LaunchSpec, PluginLauncher
+    from vz_core.rpc import RemoteDriver
+    from vz_core.transport import LaunchSpec, PluginLauncher
 
     opts = _options(workdir, "plugin")
     argv = [str(_plugin_executable(workdir)), "--state-dir", opts["state_dir"], "--image-dir", opts["image_dir"]]
@@ -131,7 +132,8 @@ async def b3_exec(smoke: bool, workdir: Path) -> dict[str, Any]:
             samples.append(time.perf_counter() - t0)
         result: dict[str, Any] = {**summary(samples), "failed_calls": failures}
         if name == "in-process":
-            result["peer_runc_exec"] = await _runc_exec_peer(driver, wid, 3 if smoke else 50)
+            state_dir = _options(workdir, "in-process")["state_dir"]
+            result["peer_runc_exec"] = await _runc_exec_peer(state_dir, 3 if smoke else 50)
         return result
 
     data = await _both(workdir, measure)
@@ -143,17 +145,24 @@ async def b3_exec(smoke: bool, workdir: Path) -> dict[str, Any]:
     return data
 
 
-async def _runc_exec_peer(driver: Driver, workspace_id: str, n: int) -> dict[str, Any]:
-    from vz_drivers.linux_native._state import machine_key
-
-    record = driver._store.load(machine_key(workspace_id))  # type: ignore[attr-defined]
-    runc = driver._runc  # type: ignore[attr-defined]
+async def _runc_exec_peer(state_dir: str, n: int) -> dict[str, Any]:
+    """`runc exec <container> true` as a user would type it, against the one running Machine of ``state_dir``."""
+    runc = shutil.which("runc")
+    assert runc, "runc is not on PATH"
+    root = str(Path(state_dir) / "runc")
+    listed = await asyncio.create_subprocess_exec(
+        runc, "--root", root, "list", "--format", "json", stdout=asyncio.subprocess.PIPE
+    )
+    out, _ = await listed.communicate()
+    running = [c["id"] for c in json.loads(out or b"null") or [] if c.get("status") == "running"]
+    assert len(running) == 1, f"expected one running container under {root}, found {running}"
     samples = []
     for _ in range(n):
         t0 = time.perf_counter()
-        result = await runc.run("exec", record.container_id, "true")
+        proc = await asyncio.create_subprocess_exec(runc, "--root", root, "exec", running[0], "true")
+        code = await proc.wait()
         samples.append(time.perf_counter() - t0)
-        assert result.returncode == 0, result.stderr
+        assert code == 0, f"runc exec exited {code}"
     return summary(samples)
 
 
