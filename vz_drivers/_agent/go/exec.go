@@ -14,8 +14,6 @@ import (
 	"unsafe"
 )
 
-const fionread = 0x541B
-
 const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 type execRequest struct {
@@ -154,9 +152,9 @@ func (ag *agent) spawn(p *prepared, files []uintptr) (int, <-chan syscall.WaitSt
 			Setpgid:    true,
 			Chroot:     p.root,
 			Credential: p.cred,
-			Pdeathsig:  syscall.SIGKILL,
 		},
 	}
+	setParentDeathSignal(attr.Sys)
 	return ag.reaper.start(p.argv0, p.argv, attr)
 }
 

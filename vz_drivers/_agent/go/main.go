@@ -46,11 +46,12 @@ type options struct {
 	stopTimeout time.Duration
 	exitMain    bool
 	readyFd     int
+	readyVsock  string
 	poweroff    bool
 }
 
 func usage(fs *flag.FlagSet) {
-	fmt.Fprintf(os.Stderr, `usage: vz-agent serve (--listen unix:PATH | --device PATH | --fd N) [options] [--init [-- CMD ARGS...]]
+	fmt.Fprintf(os.Stderr, `usage: vz-agent serve (--listen unix:PATH | --listen vsock:PORT | --device PATH | --fd N) [options] [--init [-- CMD ARGS...]]
        vz-agent version
 
 Serves the vz guest agent protocol (docs/agent-protocol.md). With --listen every connection is an
@@ -78,7 +79,7 @@ func main() {
 	var o options
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.Usage = func() { usage(fs) }
-	fs.StringVar(&o.listen, "listen", "", "listen on `unix:PATH` (one session per connection)")
+	fs.StringVar(&o.listen, "listen", "", "listen on `unix:PATH` or vsock:PORT (one session per connection)")
 	fs.StringVar(&o.device, "device", "", "serve one session at a time on the character device `PATH` (virtio-serial port)")
 	fs.IntVar(&o.fd, "fd", -1, "serve a single session on the inherited file descriptor `N`; exit when it ends")
 	fs.StringVar(&o.root, "root", "", "run commands chrooted into `DIR` (the agent itself stays outside)")
@@ -94,6 +95,7 @@ func main() {
 	fs.BoolVar(&o.exitMain, "exit-with-main", false, "stop the agent (and the Machine) when the main process exits")
 	fs.BoolVar(&o.poweroff, "poweroff", false, "run as a VM's init: mount /proc, /sys, /dev if missing; on exit unmount everything and power off")
 	fs.IntVar(&o.readyFd, "ready-fd", -1, "write \"ready\\n\" to the inherited file descriptor `N` and close it once serving")
+	fs.StringVar(&o.readyVsock, "ready-vsock", "", "connect to the vsock address `CID:PORT` and write \"ready\\n\" once serving")
 	if err := fs.Parse(os.Args[2:]); err != nil {
 		os.Exit(2)
 	}
@@ -112,8 +114,24 @@ func main() {
 		fmt.Fprintln(os.Stderr, "vz-agent: give exactly one of --listen, --device, --fd")
 		os.Exit(2)
 	}
-	if o.listen != "" && !strings.HasPrefix(o.listen, "unix:") {
-		fmt.Fprintf(os.Stderr, "vz-agent: --listen %q: only unix:PATH is supported\n", o.listen)
+	if o.listen != "" && !strings.HasPrefix(o.listen, "unix:") && !strings.HasPrefix(o.listen, "vsock:") {
+		fmt.Fprintf(os.Stderr, "vz-agent: --listen %q: only unix:PATH and vsock:PORT are supported\n", o.listen)
+		os.Exit(2)
+	}
+	if strings.HasPrefix(o.listen, "vsock:") {
+		if _, err := parseVsockPort(strings.TrimPrefix(o.listen, "vsock:")); err != nil {
+			fmt.Fprintf(os.Stderr, "vz-agent: --listen %v\n", err)
+			os.Exit(2)
+		}
+	}
+	if o.readyVsock != "" {
+		if _, _, err := parseVsockAddr(o.readyVsock); err != nil {
+			fmt.Fprintf(os.Stderr, "vz-agent: --ready-vsock %v\n", err)
+			os.Exit(2)
+		}
+	}
+	if msg := platformRefusal(o); msg != "" {
+		fmt.Fprintf(os.Stderr, "vz-agent: %s\n", msg)
 		os.Exit(2)
 	}
 	if o.logMax < 64*1024 {
@@ -218,6 +236,15 @@ func (ag *agent) serve() int {
 	// The transport first (so that a main process exiting at once finds it), then the main process.
 	var stream *os.File
 	switch {
+	case strings.HasPrefix(ag.o.listen, "vsock:"):
+		port, _ := parseVsockPort(strings.TrimPrefix(ag.o.listen, "vsock:"))
+		l, err := listenVsock(port)
+		if err != nil {
+			logf("%v", err)
+			ag.unmountRoot()
+			return 1
+		}
+		ag.listener = l
 	case ag.o.listen != "":
 		if err := ag.listenUnix(strings.TrimPrefix(ag.o.listen, "unix:")); err != nil {
 			logf("%v", err)
@@ -258,6 +285,10 @@ func (ag *agent) serve() int {
 			f.Write([]byte("ready\n"))
 			f.Close()
 		}
+	}
+	if ag.o.readyVsock != "" {
+		cid, port, _ := parseVsockAddr(ag.o.readyVsock)
+		go readyVsock(cid, port)
 	}
 	var code int
 	select {

@@ -1,0 +1,57 @@
+package main
+
+import (
+	"encoding/binary"
+	"os"
+	"syscall"
+)
+
+// macOS: the agent runs as a launchd job inside the guest. launchd adopts orphans (there is no
+// child subreaper), the guest's boot script mounts the shares before the agent starts, and the
+// agent never powers the machine off itself.
+
+const fionread = 0x4004667f
+
+func setSubreaper() error { return nil }
+
+func mountEssentials() {}
+
+func (ag *agent) mountRoot() error { return nil }
+
+func (ag *agent) unmountRoot() {}
+
+func unmountAll() {}
+
+func powerOff() {}
+
+// platformRefusal: the serve options macOS cannot honour ("" when none).
+func platformRefusal(o options) string {
+	switch {
+	case o.prepareRoot:
+		return "--prepare-root is not supported on darwin (the agent mounts nothing there)"
+	case o.poweroff:
+		return "--poweroff is not supported on darwin (the agent is not the machine's init there)"
+	}
+	return ""
+}
+
+// setParentDeathSignal: macOS has no parent-death signal; the agent kills a command's process
+// group when it ends or is cancelled.
+func setParentDeathSignal(attr *syscall.SysProcAttr) {}
+
+func memTotal() uint64 {
+	s, err := syscall.Sysctl("hw.memsize")
+	if err != nil {
+		return 0
+	}
+	b := make([]byte, 8) // Sysctl drops one trailing NUL byte of the little-endian value
+	copy(b, s)
+	return binary.LittleEndian.Uint64(b)
+}
+
+// unameFacts: the kernel release and host name (sysctl kern.osrelease, gethostname).
+func unameFacts() (release, hostname string) {
+	release, _ = syscall.Sysctl("kern.osrelease")
+	hostname, _ = os.Hostname()
+	return release, hostname
+}
