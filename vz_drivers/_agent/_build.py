@@ -46,10 +46,10 @@ def _sources() -> list[Path]:
     return sorted(path for path in agent_source_dir().glob("*.go") if not path.name.endswith("_test.go"))
 
 
-def agent_source_digest(goarch: str | None = None) -> str:
-    """SHA-256 (hex) over the Go sources (names and contents) and the target ``linux/<goarch>``."""
+def agent_source_digest(goarch: str | None = None, *, goos: str = "linux") -> str:
+    """SHA-256 (hex) over the Go sources (names and contents) and the target ``<goos>/<goarch>``."""
     digest = hashlib.sha256()
-    digest.update(f"linux/{goarch or _host_goarch()}\0".encode())
+    digest.update(f"{goos}/{goarch or _host_goarch()}\0".encode())
     for path in _sources():
         data = path.read_bytes()
         digest.update(f"{path.name}\0{len(data)}\0".encode())
@@ -57,8 +57,10 @@ def agent_source_digest(goarch: str | None = None) -> str:
     return digest.hexdigest()
 
 
-def ensure_agent_binary(goarch: str | None = None, *, cache_dir: Path | None = None) -> Path:
-    """The path of a ``vz-agent`` binary for ``linux/<goarch>`` (default: this machine), building it if needed.
+def ensure_agent_binary(goarch: str | None = None, *, goos: str = "linux", cache_dir: Path | None = None) -> Path:
+    """The path of a ``vz-agent`` binary for ``<goos>/<goarch>`` (default: ``linux`` and this machine's
+    architecture), building it if needed. ``goos`` is ``linux`` (VM guests, linux_native) or ``darwin`` (macOS
+    guests).
 
     Binaries (and Go's build cache) live under ``cache_dir`` (default ``vz_core.paths.cache_dir() / "agent"``).
 
@@ -78,8 +80,10 @@ def ensure_agent_binary(goarch: str | None = None, *, cache_dir: Path | None = N
     arch = goarch or _host_goarch()
     if arch not in ("amd64", "arm64"):
         raise UnavailableError(f"the guest agent is built for amd64 or arm64, not {arch!r}")
+    if goos not in ("linux", "darwin"):
+        raise UnavailableError(f"the guest agent is built for linux or darwin, not {goos!r}")
     base = cache_dir if cache_dir is not None else paths.cache_dir() / "agent"
-    target = base / agent_source_digest(arch) / "vz-agent"
+    target = base / agent_source_digest(arch, goos=goos) / "vz-agent"
     if target.is_file():
         return target
     go = shutil.which("go")
@@ -93,11 +97,11 @@ def ensure_agent_binary(goarch: str | None = None, *, cache_dir: Path | None = N
         fcntl.flock(lock, fcntl.LOCK_EX)
         if target.is_file():  # another process built it while we waited
             return target
-        _build(go, arch, base, target)
+        _build(go, goos, arch, base, target)
     return target
 
 
-def _build(go: str, goarch: str, base: Path, target: Path) -> None:
+def _build(go: str, goos: str, goarch: str, base: Path, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="build-", dir=base) as tmp:
         package = Path(tmp) / "gopath" / "src" / "vz-agent"
@@ -115,7 +119,7 @@ def _build(go: str, goarch: str, base: Path, target: Path) -> None:
             GOCACHE=str(base / "gocache"),
             GOFLAGS="",
             CGO_ENABLED="0",
-            GOOS="linux",
+            GOOS=goos,
             GOARCH=goarch,
             HOME=env.get("HOME", tmp),
         )

@@ -47,13 +47,6 @@ def test_the_linux_agent_is_not_accepted(tmp_path: Path) -> None:
         check_darwin_arm64(Path("/bin/sh").resolve())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="the agent's Go code uses Linux-only syscalls (prctl, mount, reboot, uname, Pdeathsig, SIGSTKFLT/SIGPWR) "
-    "and has no vsock listener; the changes are requested in /work/coord/requests.md (H7 -> H1). When it "
-    "builds, this XPASSes and fails: remove the mark.",
-)
 def test_the_vz_guest_agent_cross_compiles_for_darwin_arm64(go_cache: Path, tmp_path: Path) -> None:
     package = tmp_path / "gopath" / "src" / "vz-agent"
     package.mkdir(parents=True)
@@ -63,3 +56,15 @@ def test_the_vz_guest_agent_cross_compiles_for_darwin_arm64(go_cache: Path, tmp_
     done = go_build(package, tmp_path / "vz-agent", go_cache)
     assert done.returncode == 0, done.stderr
     check_darwin_arm64(tmp_path / "vz-agent")
+
+
+def test_ensure_agent_binary_builds_the_darwin_agent_under_its_own_digest(
+    go_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from vz_drivers._agent import agent_source_digest, ensure_agent_binary
+
+    monkeypatch.delenv("VZ_AGENT_BINARY", raising=False)
+    built = ensure_agent_binary("arm64", goos="darwin", cache_dir=go_cache / "agent")
+    assert built.parent.name == agent_source_digest("arm64", goos="darwin")
+    assert agent_source_digest("arm64", goos="darwin") != agent_source_digest("arm64")
+    check_darwin_arm64(built)
