@@ -4,9 +4,9 @@ then every file under VZ_HOME, every process argument list seen while the Machin
 are searched for the value.
 
 vz's own files (the state database, locks, logs: everything under VZ_HOME outside the drivers' state
-directories) and the outputs must never hold it. The drivers' own files are checked separately: the built-in
-drivers still keep the environment of a Machine in their records (marked xfail, strict, until their side of
-#14 item 7 lands: they must then pass, and the mark must go).
+directories) and the outputs must never hold it. The drivers' own files are checked separately, while the
+Machine runs and after it stopped (linux_native: its record and runc bundle hold only the variable names; the
+fake is marked xfail, strict, until its side of #14 item 7 lands: it must then pass, and the mark must go).
 """
 
 from __future__ import annotations
@@ -145,14 +145,7 @@ DRIVER_FILES = [
     pytest.param(
         "linux_native",
         id="linux_native",
-        marks=[
-            pytest.mark.root,
-            pytest.mark.xfail(
-                strict=True,
-                raises=AssertionError,
-                reason="linux_native stores the value in its record and runc config.json (driver side of #14 item 7)",
-            ),
-        ],
+        marks=pytest.mark.root,
     ),
 ]
 
@@ -175,8 +168,9 @@ def test_the_drivers_keep_no_secret_at_rest(tmp_path: Path, driver: str) -> None
     run = Run(tmp_path / "home", project, secret)
     try:
         run("up")
+        held = files_holding(run.home, secret.encode())  # while it runs: the runc bundle, the record, logs
         run("stop")
-        held = files_holding(run.home, secret.encode())
+        held += files_holding(run.home, secret.encode())
     finally:
         run("delete", ok=False)
     assert held == []

@@ -62,7 +62,8 @@ class MachineRecord:
 
     Backends subclass it with their own fields. ``pid`` and ``pid_start`` name the process whose life is the
     Machine's (runc's init, QEMU): the Machine runs while that process (same kernel start time) lives.
-    ``environment`` holds secret values: the record file is created mode 0600 and never logged.
+    ``environment`` holds secret values: it lives in memory only (``to_json`` writes none of them; the values
+    are kept by ``SecretKeeper``), the file keeps ``environment_names``.
     """
 
     LEGACY_NAMES: ClassVar[dict[str, str]] = {}
@@ -76,6 +77,8 @@ class MachineRecord:
     image_digest: str
     argv: list[str]
     environment: dict[str, str]
+    environment_names: list[str] = field(default_factory=list)
+    """The names of ``environment`` (what the record file says of it)."""
     image_env: list[str]
     working_dir: str
     user: str
@@ -98,6 +101,9 @@ class MachineRecord:
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
+        # Environment values are secrets: never at rest (see ``SecretKeeper``).
+        data["environment_names"] = sorted(set(self.environment_names) | set(self.environment))
+        data["environment"] = {}
         data["mounts"] = [dataclasses.asdict(m) for m in self.mounts]
         return data
 

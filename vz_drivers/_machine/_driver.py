@@ -41,6 +41,9 @@ from vz_core import (
     MountType,
     RecreateMode,
     RunImageRequest,
+    TerminalEvent,
+    TerminalInput,
+    TerminalSpec,
 )
 from vz_core.errors import (
     AlreadyExistsError,
@@ -58,6 +61,7 @@ from vz_drivers._machine._book import MachinePaths, MachineRecord, RecordBook, m
 from vz_drivers._machine._files import STORAGE_ERRNOS, atomic_write, host_write_error, read_chunks_nofollow
 from vz_drivers._machine._identity import ResolvedUser, resolve_user
 from vz_drivers._machine._procs import kill_process, proc_start_time, wait_gone
+from vz_drivers._machine._secrets import SecretKeeper
 from vz_drivers._machine._validate import CommonRequest, Rules, check_workspace_id
 
 if TYPE_CHECKING:
@@ -435,6 +439,7 @@ class AgentMachineDriver(Driver, Generic[R, P]):
     def __init__(self, backend: Backend[R, P]) -> None:
         self._backend = backend
         self._store: RecordBook[R, P] = backend.book
+        self._secrets = SecretKeeper(self._store.root)
         # Agent connections and locks belong to one event loop; a driver object may outlive a loop.
         self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = weakref.WeakKeyDictionary()
 
@@ -524,6 +529,7 @@ class AgentMachineDriver(Driver, Generic[R, P]):
             facts=facts,
             resource_limits=True,
             storage_limits=self._backend.storage_limits,
+            terminal=True,
         )
 
     async def preflight(self, *, disable_auto_start: bool = False) -> None:
@@ -650,6 +656,7 @@ class AgentMachineDriver(Driver, Generic[R, P]):
         self._store.save(record)
 
     def _remove_machine_dir(self, record: R) -> None:
+        self._secrets.drop(record.key, record.machine_id)
         paths = self._store.paths(record.key)
         with contextlib.suppress(FileNotFoundError):
             paths.record.unlink()
@@ -657,11 +664,29 @@ class AgentMachineDriver(Driver, Generic[R, P]):
 
     # ------------------------------------------------------------------ boot and readiness
 
+    def _secret_environment(self, record: R) -> None:
+        """Give ``record`` its environment values (kept in memory only, never in its file) before a start."""
+        if record.environment:
+            # A new Machine, or a record an earlier version wrote with its values (saved without them now).
+            self._secrets.put(record.key, record.machine_id, record.environment)
+        elif record.environment_names:
+            values = self._secrets.get(record.key, record.machine_id)
+            if values is None:
+                raise FailedPreconditionError(
+                    f"Machine {record.workspace_id!r}: its environment values "
+                    f"({', '.join(record.environment_names)}) are kept in memory only and are gone (the host "
+                    "restarted, or no kernel keyring is available to this driver); recreate the Machine with "
+                    "`vz up --recreate` to give them again",
+                    details={"workspace_id": record.workspace_id},
+                )
+            record.environment = values
+
     async def _boot(self, record: R) -> None:
         await self._drop_link(record.key)
         with contextlib.suppress(FileNotFoundError):
             self._store.paths(record.key).kept_log.unlink()
         try:
+            self._secret_environment(record)
             try:
                 await self._backend.boot(record)
             except OSError as exc:
@@ -835,6 +860,17 @@ class AgentMachineDriver(Driver, Generic[R, P]):
         full = replace(spec, user=spec.user or record.user, workdir=spec.workdir or record.working_dir)
         # aclosing: a caller that stops early (cancellation) kills the command now, not at garbage collection.
         async with contextlib.aclosing(link.client.exec(full, stdin)) as events:
+            async for event in events:
+                yield event
+
+    async def terminal(self, spec: TerminalSpec, input: AsyncIterator[TerminalInput]) -> AsyncIterator[TerminalEvent]:
+        """A terminal session through the guest agent: the pseudo-terminal is allocated inside the Machine."""
+        if not spec.argv:
+            raise InvalidArgumentError("a terminal session needs a non-empty argv", details={"field": "argv"})
+        record = self._require_running(spec.workspace_id)
+        link = await self._link(record)
+        full = replace(spec, user=spec.user or record.user, workdir=spec.workdir or record.working_dir)
+        async with contextlib.aclosing(link.client.terminal(full, input)) as events:
             async for event in events:
                 yield event
 

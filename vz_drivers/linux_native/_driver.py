@@ -98,6 +98,8 @@ class LinuxNativeBackend(Backend[LinuxNativeRecord, LinuxNativePaths]):
             raise InvalidArgumentError(f"subnet {subnet!r}: {exc}", details={"option": "subnet"}) from None
         # Read ends of the readiness pipes of Machines being started by this process.
         self._ready: dict[str, int] = {}
+        # Memory files holding the runc spec of Machines being created by this process (never on disk).
+        self._specs: dict[str, int] = {}
 
     # ------------------------------------------------------------------ host resources
 
@@ -222,6 +224,7 @@ class LinuxNativeBackend(Backend[LinuxNativeRecord, LinuxNativePaths]):
         finally:
             os.close(stderr_fd)
             os.close(ready_w)
+            self._unpublish_spec(record.key, paths)
         pid = int(pid_file.read_text().strip())
         start_time = proc_start_time(pid)
         if start_time is None:
@@ -269,7 +272,33 @@ class LinuxNativeBackend(Backend[LinuxNativeRecord, LinuxNativePaths]):
             hostname=hostname,
             swap_limit=self.facts.swap_limit,
         )
-        atomic_write(paths.bundle / "config.json", json.dumps(spec, indent=1).encode(), 0o600)
+        self._publish_spec(record.key, paths, json.dumps(spec, indent=1).encode())
+
+    def _publish_spec(self, key: str, paths: LinuxNativePaths, data: bytes) -> None:
+        """Give runc the spec without writing it anywhere: it holds the environment values (secrets).
+
+        The spec lives in a memory file of this process; ``bundle/config.json`` is a link to it, which runc
+        follows once (``runc create``). ``_unpublish_spec`` closes it and removes the link right after.
+        """
+        self._unpublish_spec(key, paths)
+        fd = os.memfd_create("vz-runc-spec", os.MFD_CLOEXEC)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fchmod(fd, 0o600)
+            os.symlink(f"/proc/{os.getpid()}/fd/{fd}", paths.bundle / "config.json")
+        except BaseException:
+            os.close(fd)
+            raise
+        self._specs[key] = fd
+
+    def _unpublish_spec(self, key: str, paths: LinuxNativePaths) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            (paths.bundle / "config.json").unlink()
+        fd = self._specs.pop(key, None)
+        if fd is not None:
+            os.close(fd)
 
     async def _agent_ready(self, record: LinuxNativeRecord) -> None:
         """Wait for the agent's "ready" on its stdin pipe; the pipe's end (the agent died) is an error too."""
