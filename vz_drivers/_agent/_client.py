@@ -20,7 +20,18 @@ from dataclasses import dataclass, field
 from types import MappingProxyType, TracebackType
 from typing import Any, Final
 
-from vz_core import ExecEvent, ExecExit, ExecOutput, ExecSpec
+from vz_core import (
+    ExecEvent,
+    ExecExit,
+    ExecOutput,
+    ExecSpec,
+    TerminalData,
+    TerminalEvent,
+    TerminalInput,
+    TerminalOutput,
+    TerminalResize,
+    TerminalSpec,
+)
 from vz_core.errors import (
     CATEGORY_TABLE,
     DriverError,
@@ -331,6 +342,60 @@ class AgentClient:
             await self._stop_task(pump)
             await self._end_stream(st)
 
+    async def terminal(
+        self, spec: TerminalSpec, input: AsyncIterator[TerminalInput], *, root_override: str | None = None
+    ) -> AsyncGenerator[TerminalEvent, None]:
+        """Run ``spec.argv`` on a new pseudo-terminal through the agent; ``vz_core.Driver.terminal`` semantics.
+
+        The agent allocates the terminal inside the Machine, sized ``spec.rows`` x ``spec.cols``, with
+        ``TERM=spec.term``, and starts the command as the leader of a new session it controls. ``input``'s
+        ``TerminalData`` goes out as STDIN frames (within the stream's credit), ``TerminalResize`` as RESIZE,
+        ``TerminalEof`` as STDIN_CLOSE (the terminal stays open). Yields ``TerminalOutput`` chunks then exactly
+        one ``ExecExit``. ``UnsupportedError`` when the agent predates terminal sessions (no "pty" feature).
+        Closing the generator before the exit kills everything in the session.
+        """
+        if not spec.argv:
+            raise InvalidArgumentError("a terminal session needs a non-empty argv")
+        if "pty" not in self.info.features:
+            raise UnsupportedError(
+                "this Machine's guest agent has no terminal sessions (it predates them); recreate the Machine "
+                "(vz up --recreate) to get an agent that has"
+            )
+        request: dict[str, Any] = {
+            "argv": list(spec.argv),
+            "env": {**spec.environment, "TERM": spec.term},
+            "user": spec.user,
+            "workdir": spec.workdir,
+            "window": self._window,
+            "pty": {"rows": spec.rows, "cols": spec.cols},
+        }
+        if root_override is not None:
+            request["root"] = root_override
+        st = self._open_stream()
+        try:
+            self._write(p.frame(p.T_EXEC_START, st.id, json.dumps(request).encode()))
+        except BaseException:
+            self._streams.pop(st.id, None)
+            raise
+        pump = asyncio.get_running_loop().create_task(self._pump_terminal(st, input), name=f"vz-agent-pty-{st.id}")
+        try:
+            while True:
+                item = await st.queue.get()
+                kind = item[0]
+                if kind == "out":
+                    self._consumed(st, item[1], len(item[2]))
+                    yield TerminalOutput(item[2])
+                elif kind == "exit":
+                    await self._stop_task(pump)
+                    self._streams.pop(st.id, None)
+                    yield ExecExit(item[1], item[2])
+                    return
+                else:  # "error", "lost" or "stdin_failed"
+                    raise item[1]
+        finally:
+            await self._stop_task(pump)
+            await self._end_stream(st)
+
     async def logs(self) -> AsyncGenerator[bytes, None]:
         """The main process's log (``--log``) as it is now: chunks of 1..32768 bytes, then the end.
 
@@ -430,29 +495,52 @@ class AgentClient:
             self._streams.pop(st.id, None)
 
     async def _pump_stdin(self, st: _Stream, stdin: AsyncIterator[bytes]) -> None:
-        writer = self._writer
         try:
             async for chunk in stdin:
-                view = memoryview(chunk)
-                offset = 0
-                while offset < len(view):
-                    while st.stdin_credit <= 0:
-                        if st.finished or self._lost is not None:
-                            return
-                        st.credit_event.clear()
-                        await st.credit_event.wait()
-                    if st.finished:
-                        return
-                    n = min(len(view) - offset, p.MAX_DATA, st.stdin_credit)
-                    st.stdin_credit -= n
-                    header = p.HEADER.pack(p.MAGIC, p.T_STDIN, 0, st.id, n)
-                    self._write(b"".join((header, view[offset : offset + n])))
-                    offset += n
-                    await writer.drain()
-                if st.finished:
+                if not await self._send_stdin(st, chunk):
                     return
             if not st.finished:
                 self._write(p.frame(p.T_STDIN_CLOSE, st.id))
+        except (UnavailableError, ConnectionError):
+            return  # the reader task reports the lost connection to the stream
+        except Exception as exc:
+            if not st.finished:
+                st.queue.put_nowait(("stdin_failed", exc))
+
+    async def _send_stdin(self, st: _Stream, chunk: bytes) -> bool:
+        """Send ``chunk`` as STDIN frames within the stream's credit; False once the stream is over."""
+        view = memoryview(chunk)
+        offset = 0
+        while offset < len(view):
+            while st.stdin_credit <= 0:
+                if st.finished or self._lost is not None:
+                    return False
+                st.credit_event.clear()
+                await st.credit_event.wait()
+            if st.finished:
+                return False
+            n = min(len(view) - offset, p.MAX_DATA, st.stdin_credit)
+            st.stdin_credit -= n
+            header = p.HEADER.pack(p.MAGIC, p.T_STDIN, 0, st.id, n)
+            self._write(b"".join((header, view[offset : offset + n])))
+            offset += n
+            await self._writer.drain()
+        return not st.finished
+
+    async def _pump_terminal(self, st: _Stream, keys: AsyncIterator[TerminalInput]) -> None:
+        closed = False
+        try:
+            async for item in keys:
+                if st.finished:
+                    return
+                if isinstance(item, TerminalData):
+                    if not closed and not await self._send_stdin(st, item.data):
+                        return
+                elif isinstance(item, TerminalResize):
+                    self._write(p.frame(p.T_RESIZE, st.id, p.encode_resize(item.rows, item.cols)))
+                elif not closed:
+                    closed = True
+                    self._write(p.frame(p.T_STDIN_CLOSE, st.id))
         except (UnavailableError, ConnectionError):
             return  # the reader task reports the lost connection to the stream
         except Exception as exc:

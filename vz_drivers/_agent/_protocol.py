@@ -43,6 +43,7 @@ __all__ = [
     "T_PING",
     "T_PONG",
     "T_READY",
+    "T_RESIZE",
     "T_SHUTDOWN",
     "T_SHUTDOWN_ACK",
     "T_STATUS",
@@ -53,8 +54,10 @@ __all__ = [
     "T_STDOUT",
     "T_WINDOW",
     "decode_exit",
+    "decode_resize",
     "decode_window",
     "encode_exit",
+    "encode_resize",
     "encode_window",
     "frame",
 ]
@@ -96,6 +99,8 @@ T_EXIT: Final = 0x16
 T_KILL: Final = 0x17
 T_WINDOW: Final = 0x18
 T_LOGS: Final = 0x19
+T_RESIZE: Final = 0x1A
+"""Terminal sessions: the new window size of an exec started with "pty" (u16 rows, u16 cols)."""
 T_ERROR: Final = 0x1F
 
 TYPE_NAMES: Final = {
@@ -109,6 +114,7 @@ CH_STDERR: Final = 2
 
 _WINDOW = struct.Struct(">BI")
 _EXIT_CODE = struct.Struct(">i")
+_RESIZE = struct.Struct(">HH")
 
 
 def frame(type_: int, stream: int, payload: bytes = b"") -> bytes:
@@ -140,3 +146,16 @@ def decode_exit(payload: bytes) -> tuple[int, str]:
         raise ValueError(f"EXIT payload must be 4..36 bytes, got {len(payload)}")
     (code,) = _EXIT_CODE.unpack_from(payload)
     return int(code), payload[_EXIT_CODE.size :].decode("ascii")
+
+
+def encode_resize(rows: int, cols: int) -> bytes:
+    """Payload of a RESIZE frame: rows (u16) and columns (u16), each 1..65535."""
+    return _RESIZE.pack(rows, cols)
+
+
+def decode_resize(payload: bytes) -> tuple[int, int]:
+    """(rows, cols) of a RESIZE payload; ``ValueError`` when malformed."""
+    if len(payload) != _RESIZE.size:
+        raise ValueError(f"RESIZE payload must be {_RESIZE.size} bytes, got {len(payload)}")
+    rows, cols = _RESIZE.unpack(payload)
+    return int(rows), int(cols)

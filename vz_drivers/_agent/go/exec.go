@@ -23,6 +23,7 @@ type execRequest struct {
 	Workdir string            `json:"workdir"`
 	Root    *string           `json:"root"`
 	Tty     bool              `json:"tty"`
+	Pty     *ptyRequest       `json:"pty"`
 	Window  int64             `json:"window"`
 }
 
@@ -162,6 +163,7 @@ type execState struct {
 	s      *session
 	id     uint32
 	pid    int
+	ptmx   *os.File // the pseudo-terminal's master of a terminal session (nil for a plain exec)
 	exitCh <-chan syscall.WaitStatus
 	stdinW *os.File
 	outR   [3]*os.File
@@ -207,7 +209,7 @@ func (s *session) startExec(id uint32, payload []byte) {
 	}
 	p, serr := s.ag.prepareCommand(root, req.Argv, req.Env, req.User, req.Workdir)
 	if serr == nil {
-		if err := s.launch(id, p, window); err != nil {
+		if err := s.launch(id, p, window, req.Pty); err != nil {
 			serr = err
 		}
 	}
@@ -221,7 +223,10 @@ func (s *session) startExec(id uint32, payload []byte) {
 	}
 }
 
-func (s *session) launch(id uint32, p *prepared, window int64) *setupError {
+func (s *session) launch(id uint32, p *prepared, window int64, pty *ptyRequest) *setupError {
+	if pty != nil {
+		return s.launchPty(id, p, window, pty)
+	}
 	var pipes [6]*os.File // stdin r/w, stdout r/w, stderr r/w
 	for i := 0; i < 3; i++ {
 		r, w, err := os.Pipe()
@@ -245,6 +250,17 @@ func (s *session) launch(id uint32, p *prepared, window int64) *setupError {
 		pipes[1].Close()
 		pipes[2].Close()
 		pipes[4].Close()
+		return spawnFailure(p, err)
+	}
+	e := &execState{s: s, id: id, pid: pid, exitCh: exitCh, stdinW: pipes[1]}
+	e.outR[chStdout], e.outR[chStderr] = pipes[2], pipes[4]
+	s.startState(e, window)
+	return nil
+}
+
+// spawnFailure: what an exec reports when its command could not be started.
+func spawnFailure(p *prepared, err error) *setupError {
+	{
 		switch {
 		case errors.Is(err, syscall.ENOENT):
 			return &setupError{exitCode: 127, msg: fmt.Sprintf("vz-agent: %s: %v\n", p.argv[0], err)}
@@ -258,17 +274,19 @@ func (s *session) launch(id uint32, p *prepared, window int64) *setupError {
 		}
 		return &setupError{code: codeRuntimeFailure, msg: fmt.Sprintf("starting %q failed: %v", p.argv[0], err)}
 	}
-	e := &execState{s: s, id: id, pid: pid, exitCh: exitCh, stdinW: pipes[1]}
-	e.outR[chStdout], e.outR[chStderr] = pipes[2], pipes[4]
+}
+
+// startState registers a started exec and runs it.
+func (s *session) startState(e *execState, window int64) {
+	id := e.id
 	e.credit[chStdout], e.credit[chStderr] = window, window
 	e.credCond = sync.NewCond(&e.mu)
 	e.inCond = sync.NewCond(&e.mu)
 	if !s.register(id, e) { // cannot happen: ids are only added by this goroutine
 		e.kill()
 	}
-	s.send(outFrame{typ: tExecStarted, stream: id, payload: u32Payload(uint32(pid))})
+	s.send(outFrame{typ: tExecStarted, stream: id, payload: u32Payload(uint32(e.pid))})
 	go e.run()
-	return nil
 }
 
 func (e *execState) run() {
@@ -284,9 +302,18 @@ func (e *execState) run() {
 	e.exited = true
 	e.credCond.Broadcast()
 	e.mu.Unlock()
+	if e.ptmx != nil {
+		// A terminal session ends with its leader: what else runs in it (background jobs) goes too.
+		killSession(e.pid)
+	}
 	// The command is gone: read what its pipes still hold without waiting for background
 	// processes that may keep them open. A past deadline wakes readers blocked in the poller.
 	past := time.Unix(1, 0)
+	if e.ptmx != nil {
+		// A terminal hands over what the command wrote a moment after the write (the kernel pushes it
+		// asynchronously), and signals the end with EIO once the session is gone: wait for that, bounded.
+		past = time.Now().Add(2 * time.Second)
+	}
 	e.outR[chStdout].SetReadDeadline(past)
 	e.outR[chStderr].SetReadDeadline(past)
 	wg.Wait()
@@ -498,6 +525,13 @@ func (e *execState) kill() {
 	e.killed = true
 	e.credCond.Broadcast()
 	e.mu.Unlock()
+	if e.ptmx != nil {
+		go func() {
+			killTree([]int{e.pid}, e.pid)
+			killSession(e.pid)
+		}()
+		return
+	}
 	go killTree([]int{e.pid}, e.pid)
 }
 

@@ -40,6 +40,7 @@ const (
 	tKill          = 0x17
 	tWindow        = 0x18
 	tLogs          = 0x19
+	tResize        = 0x1A
 	tError         = 0x1F
 	chStdin        = 0
 	chStdout       = 1

@@ -300,6 +300,10 @@ func (s *session) dispatch(h header, payload []byte) {
 		if st := s.get(h.stream); st != nil {
 			st.kill()
 		}
+	case tResize:
+		if st, ok := s.get(h.stream).(*execState); ok {
+			st.resize(payload)
+		}
 	case tWindow:
 		if len(payload) == 5 {
 			if st := s.get(h.stream); st != nil {
