@@ -21,8 +21,10 @@ import asyncio
 import contextlib
 import fcntl
 import functools
+import hashlib
 import os
 import shutil
+import stat
 import uuid
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, replace
@@ -53,6 +55,8 @@ from vz_drivers.qemu._qemu import QemuBinary, Share, VmSpec, find_qemu, launch
 from vz_drivers.qemu._qmp import QmpClient
 from vz_drivers.qemu._records import QemuBook, QemuPaths, QemuRecord
 from vz_drivers.qemu._validate import HostLimits, guest_path, rules_for, validate_request
+
+_SHM = Path("/dev/shm")
 
 __all__ = ["DRIVER_NAME", "QemuBackend", "QemuDriver"]
 
@@ -296,15 +300,44 @@ class QemuBackend(Backend[QemuRecord, QemuPaths]):
             network=True,
             resolv_conf=record.egress == "allow",
         )
-        paths.cfg.mkdir(parents=True, exist_ok=True, mode=0o700)
-        atomic_write(paths.cfg / "config.sh", render(config).encode(), 0o600)
-        atomic_write(paths.cfg / "hosts", hosts_file(hostname).encode(), 0o644)
-        atomic_write(paths.cfg / "resolv.conf", resolv_file().encode(), 0o644)
+        cfg = self._config_dir(record, paths)
+        # config.sh holds the environment values (secrets): on a memory filesystem, removed once the agent serves.
+        atomic_write(cfg / "config.sh", render(config).encode(), 0o600)
+        atomic_write(cfg / "hosts", hosts_file(hostname).encode(), 0o644)
+        atomic_write(cfg / "resolv.conf", resolv_file().encode(), 0o644)
         paths.run.mkdir(parents=True, exist_ok=True, mode=0o700)
         for stale in paths.run.glob("port-*.lock"):
             # Holders of a previous boot's ports keep the old (unlinked) files; this boot starts with fresh ones.
             stale.unlink()
         return shares
+
+    def _config_dir(self, record: QemuRecord, paths: QemuPaths) -> Path:
+        """The directory of the ``vzcfg`` share: a private one on the host's memory filesystem (``/dev/shm``), so
+        that config.sh (it holds the environment values) never reaches a disk; ``cfg/`` where there is none."""
+        if not _SHM.is_dir() or not os.access(_SHM, os.W_OK):
+            paths.cfg.mkdir(parents=True, exist_ok=True, mode=0o700)
+            return paths.cfg
+        name = hashlib.sha256(f"{self.book.root}\0{record.key}".encode()).hexdigest()[:24]
+        path = _SHM / f"vz-qemu-{os.getuid()}-{name}"
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path, 0o700)
+        st = os.lstat(path)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+            raise UnavailableError(f"{path} is not a private directory of this user; remove it and retry")
+        return path
+
+    def _forget_config(self, record: QemuRecord, *, everything: bool) -> None:
+        """Remove config.sh once the guest read it (the agent serves), or the whole share directory."""
+        paths = self.book.paths(record.key)
+        cfg = self._config_dir(record, paths)
+        if everything:
+            shutil.rmtree(cfg, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                (cfg / "config.sh").unlink()
+
+    async def release(self, record: QemuRecord) -> None:
+        await asyncio.to_thread(self._forget_config, record, everything=True)
 
     async def boot(self, record: QemuRecord) -> None:
         host = await self.host()
@@ -318,7 +351,7 @@ class QemuBackend(Backend[QemuRecord, QemuPaths]):
             kernel=host.boot_kernel,
             initrd=host.initramfs.path,
             disk=paths.disk,
-            config_dir=paths.cfg,
+            config_dir=self._config_dir(record, paths),
             shares=tuple(shares),
             egress=record.egress,
             sessions=int(record.extra.get("sessions", 1)),
@@ -355,6 +388,9 @@ class QemuBackend(Backend[QemuRecord, QemuPaths]):
             except BaseException:
                 os.close(fd)
                 raise
+            if booting:
+                # The guest init sourced config.sh before it started the agent.
+                await asyncio.to_thread(self._forget_config, record, everything=False)
             return AgentLink(
                 client=client,
                 pid=record.pid,

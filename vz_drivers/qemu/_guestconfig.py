@@ -2,8 +2,8 @@
 
 It is a list of calls to the functions of the init script (``vz_drivers.qemu._initramfs.INIT_SCRIPT``), in
 order, with every argument quoted for the shell: any byte but NUL survives. The script holds the Machine's
-environment (secrets), so the host writes it mode 0600 into the Machine's private state directory; nothing of
-it appears on the QEMU command line.
+environment (secrets), so the host writes it mode 0600 into a private directory on its memory filesystem
+(``/dev/shm``) and removes it once the guest agent serves; nothing of it appears on the QEMU command line.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import AsyncGenerator
+from pathlib import Path
 
 import pytest
 from machine_testlib import chunks, run
@@ -77,6 +78,17 @@ async def test_arguments_environment_user_and_workdir(booted: Booted) -> None:
             await run(driver, booted.workspace_id, "true", tty=True)
     finally:
         await driver.close()
+
+
+async def test_no_driver_file_keeps_an_environment_value(booted: Booted) -> None:
+    """#14 item 7: the record names the variables only; config.sh (on /dev/shm) is gone once the agent serves."""
+    needle = b'it\'s a "secret"'
+    held = [p for p in booted.state_dir.rglob("*") if p.is_file() and not p.is_symlink() and needle in p.read_bytes()]
+    assert held == []
+    shm = [p for p in Path("/dev/shm").glob(f"vz-qemu-{os.getuid()}-*/*") if p.is_file()]
+    assert shm and all(p.name != "config.sh" and needle not in p.read_bytes() for p in shm)
+    record = next(booted.state_dir.rglob("record.json"))
+    assert b"VZ_TEST_SECRET" in record.read_bytes()
 
 
 async def test_the_guest_sees_the_requested_cpus_and_memory(booted: Booted) -> None:
