@@ -8,8 +8,12 @@
     [docker://]host[:port]/repo[:tag|@sha256:<hex>]
                                                  a registry speaking the OCI distribution API
 
-A registry reference always names its host (there is no implicit default registry): the first path
-component must contain a ``.`` or a ``:``, be ``localhost``, or be a bracketed IPv6 address.
+Registry references are normalized the way Docker does: the first path component is the registry host when
+it contains a ``.`` or a ``:``, is ``localhost``, or is a bracketed IPv6 address; otherwise the name is on
+Docker Hub (``docker.io``), where a single-component name gets ``library/`` (``alpine`` ->
+``docker.io/library/alpine:latest``, ``ubuntu:24.04``, ``library/debian:12``). ``index.docker.io`` is
+``docker.io``. A name without tag or digest means ``:latest``. Docker Hub's distribution API is served at
+``registry-1.docker.io`` (``RegistryRef.endpoint``), or through the mirrors of the Docker configuration.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from vz_drivers._images._model import check_digest
 
 __all__ = [
     "DEFAULT_REF",
+    "DOCKER_HUB",
+    "DOCKER_HUB_ENDPOINT",
     "DefaultRef",
     "DockerArchiveRef",
     "ImageReference",
@@ -32,6 +38,12 @@ __all__ = [
     "is_loopback_host",
     "parse_reference",
 ]
+
+DOCKER_HUB = "docker.io"
+"""How references name Docker Hub."""
+DOCKER_HUB_ENDPOINT = "registry-1.docker.io"
+"""Where Docker Hub serves the distribution API."""
+_HUB_ALIASES = ("docker.io", "index.docker.io", "registry-1.docker.io")
 
 DEFAULT_REF = "vz:default"
 """The embedded default image."""
@@ -101,6 +113,11 @@ class RegistryRef:
             return host[1 : host.index("]")]
         return host.rsplit(":", 1)[0] if ":" in host else host
 
+    @property
+    def endpoint(self) -> str:
+        """The host that serves the distribution API for ``host`` (Docker Hub: ``registry-1.docker.io``)."""
+        return DOCKER_HUB_ENDPOINT if self.host == DOCKER_HUB else self.host
+
     def __str__(self) -> str:
         if self.digest:
             return f"{self.host}/{self.repository}@{self.digest}"
@@ -113,7 +130,7 @@ ImageReference = DefaultRef | OciLayoutRef | DockerArchiveRef | RegistryRef
 def _bad(ref: str, why: str) -> InvalidArgumentError:
     return InvalidArgumentError(
         f"image reference {ref!r} is invalid: {why}. Use vz:default, oci:/abs/layout[:tag|@sha256:...], "
-        "docker-archive:/abs/file.tar[:repo:tag] or host[:port]/repo[:tag|@sha256:...]",
+        "docker-archive:/abs/file.tar[:repo:tag] or [host[:port]/]repo[:tag|@sha256:...] (no host: Docker Hub)",
         details={"field": "image"},
     )
 
@@ -176,10 +193,13 @@ def _parse_registry(ref: str, text: str) -> RegistryRef:
         name, _, digest = text.partition("@")
         check_digest(digest, what="image digest")
     host, slash, path = name.partition("/")
-    if not slash:
-        raise _bad(ref, "it names no registry host (vz has no default registry); write host[:port]/repo[:tag]")
-    if not ("." in host or ":" in host or host == "localhost" or host.startswith("[")):
-        raise _bad(ref, f"{host!r} is not a registry host; write host[:port]/{host}/{path}")
+    if not slash or not ("." in host or ":" in host or host == "localhost" or host.startswith("[")):
+        # Docker's rule: no registry host named means Docker Hub.
+        host, path = DOCKER_HUB, name
+    if host.lower() in _HUB_ALIASES:
+        host = DOCKER_HUB
+        if path and "/" not in path:
+            path = "library/" + path
     if not _HOST_RE.match(host):
         raise _bad(ref, f"the registry host {host!r} is not a valid host[:port]")
     tag: str | None = None

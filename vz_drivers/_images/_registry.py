@@ -19,8 +19,8 @@ import ssl
 import threading
 import urllib.parse
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, replace
+from typing import Protocol, TypeVar
 
 from vz_core.errors import (
     DriverError,
@@ -30,11 +30,12 @@ from vz_core.errors import (
     RuntimeFailureError,
     UnavailableError,
 )
-from vz_drivers._images._reference import RegistryRef, is_loopback_host
+from vz_drivers._images._reference import DOCKER_HUB, RegistryRef, is_loopback_host
 
 __all__ = ["MANIFEST_ACCEPT", "BlobSink", "Credentials", "RegistryClient", "RegistryManifest"]
 
 _log = logging.getLogger("vz.images")
+_T = TypeVar("_T")
 
 MANIFEST_ACCEPT = ", ".join(
     (
@@ -100,7 +101,15 @@ def _error_codes(body: bytes) -> str:
 class RegistryClient:
     """Pulls manifests and blobs from registries. Thread-safe; one instance per store."""
 
-    def __init__(self, *, insecure_registries: frozenset[str], credentials: Credentials, timeout: float) -> None:
+    def __init__(
+        self,
+        *,
+        insecure_registries: frozenset[str],
+        credentials: Credentials,
+        timeout: float,
+        mirrors: Callable[[], tuple[str, ...]] = tuple,
+    ) -> None:
+        self._mirrors = mirrors
         self._insecure = insecure_registries
         self._credentials = credentials
         self._timeout = timeout
@@ -315,8 +324,40 @@ class RegistryClient:
             return InvalidArgumentError(f"registry {ref.host} rejected the request for {what} (HTTP 400{codes})")
         return RuntimeFailureError(f"registry {ref.host} answered HTTP {status}{codes} for {what}")
 
+    def _endpoints(self, ref: RegistryRef) -> list[RegistryRef]:
+        """Where ``ref`` is served, in order: Docker Hub's mirrors, then its endpoint; else the named host."""
+        if ref.host != DOCKER_HUB:
+            return [ref]
+        return [replace(ref, host=h) for h in (*self._mirrors(), ref.endpoint)]
+
+    def _first(self, ref: RegistryRef, fetch: Callable[[RegistryRef], _T]) -> _T:
+        """``fetch`` from the first endpoint that answers (a mirror that fails passes on to the next one)."""
+        endpoints = self._endpoints(ref)
+        for endpoint in endpoints[:-1]:
+            try:
+                return fetch(endpoint)
+            except (UnavailableError, NotFoundError, PermissionDeniedError, RuntimeFailureError) as exc:
+                _log.info("mirror %s of %s failed (%s); trying the next", endpoint.host, ref.host, type(exc).__name__)
+        try:
+            return fetch(endpoints[-1])
+        except DriverError as exc:
+            if ref.host == DOCKER_HUB:
+                mirrors = ", ".join(e.host for e in endpoints[:-1]) or "none configured"
+                exc.message = (
+                    f"{exc.message} (image {str(ref)!r}, Docker Hub at {ref.endpoint}; mirrors: {mirrors}; mirrors "
+                    "come from registry-mirrors in /etc/docker/daemon.json, credentials from ~/.docker/config.json)"
+                )
+            raise
+
     def get_manifest(self, ref: RegistryRef, reference: str) -> RegistryManifest:
         """Fetch the manifest (or index) ``reference`` (tag or digest) of ``ref.repository``."""
+        return self._first(ref, lambda r: self._get_manifest(r, reference))
+
+    def fetch_blob(self, ref: RegistryRef, digest: str, size: int, out: BlobSink) -> None:
+        """Stream blob ``digest`` into ``out``; refuses more than ``size`` bytes. The caller verifies the digest."""
+        self._first(ref, lambda r: self._fetch_blob(r, digest, size, out))
+
+    def _get_manifest(self, ref: RegistryRef, reference: str) -> RegistryManifest:
         what = f"manifest {ref.host}/{ref.repository}{'@' if reference.startswith('sha256:') else ':'}{reference}"
         conn, resp = self._get(ref, f"/v2/{ref.repository}/manifests/{reference}", accept=MANIFEST_ACCEPT, what=what)
         try:
@@ -330,8 +371,7 @@ class RegistryClient:
         media_type = (resp.getheader("Content-Type") or "").split(";", 1)[0].strip()
         return RegistryManifest(data, media_type, resp.getheader("Docker-Content-Digest"))
 
-    def fetch_blob(self, ref: RegistryRef, digest: str, size: int, out: BlobSink) -> None:
-        """Stream blob ``digest`` into ``out``; refuses more than ``size`` bytes. The caller verifies the digest."""
+    def _fetch_blob(self, ref: RegistryRef, digest: str, size: int, out: BlobSink) -> None:
         what = f"blob {digest} of {ref.host}/{ref.repository}"
         conn, resp = self._get(ref, f"/v2/{ref.repository}/blobs/{digest}", accept="*/*", what=what)
         total = 0

@@ -43,6 +43,7 @@ from vz_core.errors import (
 from vz_core.paths import cache_dir
 from vz_drivers._images._build import Descriptor, layer_media_type, oci_manifest, sha256_digest
 from vz_drivers._images._default import build_default_image, find_busybox
+from vz_drivers._images._dockerconfig import DockerConfig
 from vz_drivers._images._locks import file_lock
 from vz_drivers._images._model import (
     INDEX_MEDIA_TYPES,
@@ -300,12 +301,18 @@ class ImageStore:
         credentials: Mapping[str, RegistryCredentials] | None = None,
         timeout: float = 60.0,
         max_concurrent_downloads: int = 3,
+        docker_config: DockerConfig | None = None,
     ) -> None:
         self.root = Path(root) if root is not None else default_store_root()
         self.insecure_registries = frozenset(insecure_registries)
         self._credentials = dict(credentials or {})
+        # The user's Docker configuration (credentials, helpers, Docker Hub mirrors), read on first use.
+        self._docker = docker_config
         self._client = RegistryClient(
-            insecure_registries=self.insecure_registries, credentials=self._lookup_credentials, timeout=timeout
+            insecure_registries=self.insecure_registries,
+            credentials=self._lookup_credentials,
+            timeout=timeout,
+            mirrors=lambda: self.docker_config().mirrors,
         )
         self._max_downloads = max(1, max_concurrent_downloads)
         self._tasks: dict[tuple[str, ...], asyncio.Task[Any]] = {}
@@ -334,11 +341,19 @@ class ImageStore:
         for d in (self.blobs_dir, self.rootfs_dir, self.tmp_dir, self.locks_dir):
             d.mkdir(parents=True, exist_ok=True)
 
+    def docker_config(self) -> DockerConfig:
+        """The user's Docker configuration (``$DOCKER_CONFIG``/``~/.docker/config.json``, daemon mirrors)."""
+        if self._docker is None:
+            self._docker = DockerConfig()
+        return self._docker
+
     def _lookup_credentials(self, host: str) -> tuple[str, str] | None:
         creds = self._credentials.get(host)
         if creds is None and ":" in host and not host.endswith("]"):
             creds = self._credentials.get(host.rsplit(":", 1)[0])
-        return (creds.username, creds.password) if creds else None
+        if creds is not None:
+            return creds.username, creds.password
+        return self.docker_config().credentials(host)
 
     # -- shared tasks ---------------------------------------------------------------------------------------
     async def _shared(self, key: tuple[str, ...], make: Callable[[], Awaitable[_T]]) -> _T:

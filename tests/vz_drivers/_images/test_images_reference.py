@@ -57,6 +57,36 @@ DIGEST = "sha256:" + "ab" * 32
             id="docker-scheme-tag-and-digest",
         ),
         pytest.param("[::1]:5000/app:x", RegistryRef("[::1]:5000", "app", "x"), None, id="ipv6"),
+        # Docker's normalization: no registry host means Docker Hub; one component gets library/.
+        pytest.param("alpine", RegistryRef("docker.io", "library/alpine"), "docker.io/library/alpine:latest", id="hub"),
+        pytest.param(
+            "ubuntu:24.04",
+            RegistryRef("docker.io", "library/ubuntu", "24.04"),
+            "docker.io/library/ubuntu:24.04",
+            id="hub-tag",
+        ),
+        pytest.param(
+            "library/debian:12",
+            RegistryRef("docker.io", "library/debian", "12"),
+            "docker.io/library/debian:12",
+            id="hub-lib",
+        ),
+        pytest.param("myorg/app", RegistryRef("docker.io", "myorg/app"), "docker.io/myorg/app:latest", id="hub-org"),
+        pytest.param(
+            "docker.io/alpine:3",
+            RegistryRef("docker.io", "library/alpine", "3"),
+            "docker.io/library/alpine:3",
+            id="hub-host",
+        ),
+        pytest.param(
+            "index.docker.io/a/b", RegistryRef("docker.io", "a/b"), "docker.io/a/b:latest", id="hub-index-alias"
+        ),
+        pytest.param(
+            f"alpine@{DIGEST}",
+            RegistryRef("docker.io", "library/alpine", None, DIGEST),
+            f"docker.io/library/alpine@{DIGEST}",
+            id="hub-digest",
+        ),
     ],
 )
 def test_parse_reference_accepts_each_documented_form(ref: str, expected: object, canonical: str | None) -> None:
@@ -69,8 +99,7 @@ def test_parse_reference_accepts_each_documented_form(ref: str, expected: object
     ("ref", "fragment"),
     [
         pytest.param("", "empty", id="empty"),
-        pytest.param("ubuntu", "names no registry host", id="no-host"),
-        pytest.param("library/ubuntu:22.04", "is not a registry host", id="no-host-with-path"),
+        pytest.param("Ubuntu", "repository component", id="hub-uppercase"),
         pytest.param("oci:relative/layout", "not absolute", id="oci-relative"),
         pytest.param("oci:/a/../b", "'..'", id="oci-dotdot"),
         pytest.param("docker-archive:", "path is empty", id="archive-empty"),
@@ -114,3 +143,10 @@ def test_platform_parse_and_match() -> None:
     assert not Platform.parse("linux/amd64").matches("linux", "arm64")
     with pytest.raises(InvalidArgumentError, match="os/architecture"):
         Platform.parse("amd64")
+
+
+def test_docker_hub_is_served_at_its_registry_endpoint() -> None:
+    hub = parse_reference("alpine")
+    assert isinstance(hub, RegistryRef) and hub.endpoint == "registry-1.docker.io"
+    other = parse_reference("ghcr.io/a/b")
+    assert isinstance(other, RegistryRef) and other.endpoint == "ghcr.io"
