@@ -8,9 +8,9 @@ configuration script the init runs. What differs here:
   drivers (``hv_vmbus``, ``hv_storvsc`` + ``sd_mod``, ``hv_netvsc``, ``hv_utils`` for the shutdown integration
   service, ``hv_sock`` for AF_VSOCK over VMBus). The Hyper-V modules are loaded only when ``hv_vmbus`` loads,
   i.e. on Hyper-V; elsewhere (QEMU under OVMF) the same disk uses virtio.
-* **Init**: qemu's ``/init`` with two lines replaced (checked, so a change there fails loudly, never silently):
-  the 9p mount of the configuration becomes a read-only mount of the ``vz-esp`` partition (found by GPT name),
-  and before the configuration runs, Hyper-V variants of ``vz_root`` (the ``vz-root`` partition),
+* **Init**: the shared ``/init`` with the variant hook ``/etc/vz/init.sh`` (``INIT_HOOK``): ``vz_config_mount``
+  mounts the ``vz-esp`` partition (found by GPT name) read-only instead of the 9p share, and Hyper-V variants
+  of ``vz_root`` (the ``vz-root`` partition),
   ``vz_network`` (DHCP on the switch), ``vz_file`` (DHCP's resolv.conf) and ``vz_agent`` (the agent on
   AF_VSOCK port ``vz_vsock_port``, one session per connection) are defined. They come in a second cpio archive
   appended to qemu's (the kernel unpacks concatenated archives in order; later files replace earlier ones).
@@ -33,7 +33,7 @@ from pathlib import Path
 from vz_drivers.hyperv._efi import ESP_NAME, ROOT_NAME, BootTools, assemble_disk, build_uki, make_esp
 from vz_drivers.qemu.guest import (
     GUEST_MODULES,
-    INIT_SCRIPT,
+    INIT_HOOK,
     CpioEntry,
     GuestConfig,
     Kernel,
@@ -68,11 +68,6 @@ COM1 under Hyper-V, the console log under QEMU)."""
 ESP_MIN_BYTES = 64 * 1024 * 1024
 _MIB = 1024 * 1024
 
-_CFG_MOUNT = (
-    '$bb mount -t 9p -o trans=virtio,version=9p2000.L,ro vzcfg /run/vz/cfg || die "cannot mount the configuration '
-    'share"'
-)
-_CFG_RUN = ". /run/vz/cfg/config.sh"
 
 _HYPERV_PART = r"""# hyperv: the configuration is on the boot disk's EFI system partition; Hyper-V devices on Hyper-V.
 # vz_partition NAME: the block device of the GPT partition named NAME (storvsc probes asynchronously).
@@ -93,8 +88,10 @@ if $bb modprobe hv_vmbus 2>/dev/null; then
 	VZ_HYPERV=1
 	$bb modprobe -a $($bb cat /etc/vz/modules.hyperv) || die "loading the Hyper-V modules failed"
 fi
-esp=$(vz_partition @ESP@) || die "the EFI system partition (@ESP@) did not appear"
-$bb mount -t vfat -o ro,fmask=0177,dmask=0077 "$esp" /run/vz/cfg || die "cannot mount the EFI system partition $esp"
+vz_config_mount() {
+	esp=$(vz_partition @ESP@) || die "the EFI system partition (@ESP@) did not appear"
+	$bb mount -t vfat -o ro,fmask=0177,dmask=0077 "$esp" /run/vz/cfg || die "cannot mount the EFI system partition $esp"
+}
 VZ_VSOCK_PORT=
 vz_vsock_port() {
 	VZ_VSOCK_PORT=$1
@@ -155,14 +152,11 @@ esac
 """
 
 
-def hyperv_init(base: str = INIT_SCRIPT) -> str:
-    """qemu's init with the configuration taken from the ESP and the Hyper-V functions defined."""
-    for line in (_CFG_MOUNT, _CFG_RUN):
-        if base.count(line + "\n") != 1:
-            raise RuntimeError(f"the qemu guest init changed: the line {line!r} is not there exactly once")
-    part = _HYPERV_PART.replace("@ESP@", ESP_NAME).replace("@ROOT@", ROOT_NAME)
-    text = base.replace(_CFG_MOUNT + "\n", "# (hyperv: the configuration is mounted below)\n")
-    return text.replace(_CFG_RUN + "\n", part + _CFG_RUN + "\n")
+def hyperv_init() -> str:
+    """The hyperv variant of the shared guest init: ``/etc/vz/init.sh``, sourced by the init before the
+    configuration is mounted (it redefines ``vz_config_mount``, ``vz_root`` and, on Hyper-V, the network,
+    resolv.conf and agent functions)."""
+    return _HYPERV_PART.replace("@ESP@", ESP_NAME).replace("@ROOT@", ROOT_NAME)
 
 
 def _loaded_names(kernel: Kernel, wanted: tuple[str, ...]) -> list[str]:
@@ -173,7 +167,7 @@ def _loaded_names(kernel: Kernel, wanted: tuple[str, ...]) -> list[str]:
 def overlay_archive(kernel: Kernel) -> bytes:
     """The second cpio archive: the hyperv init, the module lists, /sbin/poweroff and the DHCP script."""
     entries = [
-        CpioEntry.file("init", hyperv_init().encode(), 0o755),
+        CpioEntry.file(INIT_HOOK, hyperv_init().encode(), 0o644),
         CpioEntry.file("etc/vz/modules", (" ".join(_loaded_names(kernel, COMMON_MODULES)) + "\n").encode()),
         CpioEntry.file("etc/vz/modules.hyperv", (" ".join(_loaded_names(kernel, HYPERV_MODULES)) + "\n").encode()),
         CpioEntry.file("etc/vz/dhcp.sh", _DHCP.encode(), 0o755),

@@ -21,11 +21,21 @@ __all__ = [
     "create_root_disk",
     "default_disk_size",
     "minimum_disk_size",
+    "root_disk_size",
     "tree_usage",
 ]
 
 DEFAULT_MIN_DISK = 2 * 1024**3
-MKE2FS_HINT = "install e2fsprogs (Debian/Ubuntu: `apt-get install e2fsprogs`), which provides mke2fs"
+MKE2FS_HINT = (
+    "install e2fsprogs (Debian/Ubuntu: `apt-get install e2fsprogs`; macOS: `brew install e2fsprogs`), which "
+    "provides mke2fs"
+)
+_MKE2FS_CANDIDATES = (
+    "/sbin/mke2fs",
+    "/usr/sbin/mke2fs",
+    "/opt/homebrew/opt/e2fsprogs/sbin/mke2fs",  # Homebrew's keg-only e2fsprogs (Apple silicon, Intel)
+    "/usr/local/opt/e2fsprogs/sbin/mke2fs",
+)
 _INODE_BYTES = 256
 _MIB = 1024 * 1024
 
@@ -64,10 +74,15 @@ def default_disk_size(usage: tuple[int, int]) -> int:
     return (size + _MIB - 1) // _MIB * _MIB
 
 
+def root_disk_size(usage: tuple[int, int], requested: int = 0) -> int:
+    """The root disk size: ``requested`` (``storage_bytes``) rounded down to 4 KiB, else ``default_disk_size``."""
+    if requested:
+        return requested // 4096 * 4096
+    return default_disk_size(usage)
+
+
 def find_mke2fs() -> str:
-    found = shutil.which("mke2fs") or next(
-        (p for p in ("/sbin/mke2fs", "/usr/sbin/mke2fs") if os.access(p, os.X_OK)), ""
-    )
+    found = shutil.which("mke2fs") or next((p for p in _MKE2FS_CANDIDATES if os.access(p, os.X_OK)), "")
     if not found:
         raise UnavailableError(f"mke2fs is missing; {MKE2FS_HINT}")
     return found

@@ -24,7 +24,8 @@ RESOLV_PATH = "/run/vz/cfg/resolv.conf"
 
 @dataclass(frozen=True)
 class GuestMount:
-    """A mount inside the guest root: a 9p share (``tag``) or a tmpfs (``tag`` empty)."""
+    """A mount inside the guest root: a share (``tag``: 9p, or virtio-fs with ``GuestConfig.virtiofs``) or a
+    tmpfs (``tag`` empty)."""
 
     target: str
     tag: str = ""
@@ -47,6 +48,12 @@ class GuestConfig:
     """virtio-serial ports with an agent each: port 0 is PID 1, the others serve more host connections."""
     network: bool = True
     resolv_conf: bool = False
+    virtiofs: bool = False
+    """Shares are virtio-fs (``vz_virtiofs``; vfkit) instead of 9p (``vz_share``; QEMU)."""
+    vsock: tuple[int, int] | None = None
+    """(agent port, ready port): the agent serves AF_VSOCK (``vz_agent_vsock``) instead of virtio-serial ports."""
+    rosetta_tag: str = ""
+    """The virtio-fs tag of the Rosetta share (vfkit on Apple silicon), registered for x86_64 binaries."""
 
 
 def _call(*words: str) -> str:
@@ -57,21 +64,27 @@ def render(config: GuestConfig) -> str:
     """The configuration script for ``config``."""
     lines = ["# vz Machine configuration (generated; read by /init)", _call("vz_root", ROOT_DEVICE, "ext4")]
     lines.append(_call("vz_hostname", config.hostname))
+    share = "vz_virtiofs" if config.virtiofs else "vz_share"
     for mount in config.mounts:
+        opts = ",".join(("ro" if mount.read_only else "rw", *mount.options))
         if mount.tag:
-            opts = ",".join(("ro" if mount.read_only else "rw", *mount.options))
-            lines.append(_call("vz_share", mount.tag, mount.target, opts))
+            lines.append(_call(share, mount.tag, mount.target, opts))
         else:
-            opts = ",".join(("ro" if mount.read_only else "rw", *mount.options))
             lines.append(_call("vz_tmpfs", mount.target, opts))
+    if config.rosetta_tag:
+        lines.append(_call("vz_rosetta", config.rosetta_tag))
     if config.network:
         lines.append("vz_network")
     lines.append(_call("vz_file", HOSTS_PATH, "/etc/hosts"))
     if config.resolv_conf:
         lines.append(_call("vz_file", RESOLV_PATH, "/etc/resolv.conf"))
-    for port in range(1, config.sessions):
-        lines.append(_call("vz_session_agent", f"{AGENT_PORT_PREFIX}{port}"))
-    args: list[str] = [f"{AGENT_PORT_PREFIX}0"]
+    args: list[str]
+    if config.vsock is not None:
+        args = [str(config.vsock[0]), str(config.vsock[1])]
+    else:
+        for port in range(1, config.sessions):
+            lines.append(_call("vz_session_agent", f"{AGENT_PORT_PREFIX}{port}"))
+        args = [f"{AGENT_PORT_PREFIX}0"]
     for name, value in config.env.items():
         args += ["--env", f"{name}={value}"]
     args += ["--poweroff", "--init", "--log", LOG_PATH, "--stop-timeout", f"{max(config.stop_timeout, 0.0):.3f}s"]
@@ -80,7 +93,7 @@ def render(config: GuestConfig) -> str:
     args += ["--main-workdir", config.workdir or "/"]
     if config.argv:
         args += ["--", *config.argv]
-    lines.append(_call("vz_agent", *args))
+    lines.append(_call("vz_agent_vsock" if config.vsock is not None else "vz_agent", *args))
     return "\n".join(lines) + "\n"
 
 

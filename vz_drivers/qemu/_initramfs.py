@@ -32,13 +32,18 @@ __all__ = ["AGENT_PORT_PREFIX", "CONFIG_TAG", "INIT_SCRIPT", "Initramfs", "build
 CONFIG_TAG = "vzcfg"
 """Mount tag of the read-only 9p share holding the Machine's configuration script."""
 AGENT_PORT_PREFIX = "vz.agent."
+
+INIT_HOOK = "etc/vz/init.sh"
+"""Where a variant guest puts shell functions that add to or replace the init's (sourced before the configuration)."""
 """virtio-serial port names of the guest agent: ``vz.agent.0`` (PID 1), ``vz.agent.1`` ... (more sessions)."""
 FORMAT_VERSION = "1"
 
 INIT_SCRIPT = r"""#!/bin/busybox sh
 # vz guest init. Runs from the initramfs as PID 1; prepares the Machine and becomes the guest agent.
-# The Machine's configuration is a shell script on the read-only 9p share "vzcfg", written by the host with
-# every value quoted. It calls the vz_* functions below in order and ends with vz_agent (which never returns).
+# The Machine's configuration is a shell script on the read-only share "vzcfg" (9p under QEMU, virtio-fs named by
+# vz.cfg=TAG on the kernel command line), written by the host with every value quoted. It calls the vz_*
+# functions below in order and ends with vz_agent or vz_agent_vsock (which never return). A variant guest adds
+# or redefines functions in /etc/vz/init.sh (sourced before the configuration share is mounted).
 export PATH=/bin:/sbin
 umask 022
 bb=/bin/busybox
@@ -63,7 +68,20 @@ $bb ln -sf /proc/self/fd/2 /dev/stderr
 if [ -s /etc/vz/modules ]; then
 	$bb modprobe -a $($bb cat /etc/vz/modules) || die "loading the kernel modules failed"
 fi
-$bb mount -t 9p -o trans=virtio,version=9p2000.L,ro vzcfg /run/vz/cfg || die "cannot mount the configuration share"
+
+# vz_config_mount: the configuration share, read-only: the virtio-fs tag given as vz.cfg=TAG on the kernel
+# command line (vfkit), else the 9p share "vzcfg" (QEMU).
+vz_config_mount() {
+	for word in $($bb cat /proc/cmdline); do
+		case "$word" in
+		vz.cfg=?*)
+			$bb mount -t virtiofs -o ro "${word#vz.cfg=}" /run/vz/cfg
+			return
+			;;
+		esac
+	done
+	$bb mount -t 9p -o trans=virtio,version=9p2000.L,ro vzcfg /run/vz/cfg
+}
 
 # vz_wait_block DEVICE: the disk appears when its driver probed it (synchronously in modprobe, normally).
 vz_wait_block() {
@@ -86,6 +104,24 @@ vz_share() {
 	$bb mkdir -p "/mnt/root$2" || die "cannot create the mount point $2"
 	$bb mount -t 9p -o "trans=virtio,version=9p2000.L,msize=262144,$3" "$1" "/mnt/root$2" \
 		|| die "cannot mount share $1 at $2"
+}
+
+# vz_virtiofs TAG TARGET ro|rw[,OPTIONS]: a virtio-fs share at TARGET inside the root (read-only is enforced
+# here: the host shares read-write).
+vz_virtiofs() {
+	$bb mkdir -p "/mnt/root$2" || die "cannot create the mount point $2"
+	$bb mount -t virtiofs -o "$3" "$1" "/mnt/root$2" || die "cannot mount virtio-fs share $1 at $2"
+}
+
+# vz_rosetta TAG: Rosetta (Apple silicon hosts) from the virtio-fs share TAG, registered for x86_64 ELF binaries.
+vz_rosetta() {
+	$bb mkdir -p /run/vz/rosetta /proc/sys/fs/binfmt_misc
+	$bb mount -t virtiofs -o ro "$1" /run/vz/rosetta || die "cannot mount the Rosetta share $1"
+	[ -e /proc/sys/fs/binfmt_misc/register ] || $bb mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc
+	magic='\x7fELF\x02\x01\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x02\x00\x3e\x00'
+	mask='\xff\xff\xff\xff\xff\xfe\xfe\x00\xff\xff\xff\xff\xff\xff\xff\xff\xfe\xff\xff\xff'
+	echo ":rosetta:M::$magic:$mask:/run/vz/rosetta/rosetta:CF" >/proc/sys/fs/binfmt_misc/register \
+		|| die "cannot register Rosetta with binfmt_misc"
 }
 
 # vz_tmpfs TARGET OPTIONS: an empty tmpfs at TARGET inside the root (empty again after every boot).
@@ -146,6 +182,20 @@ vz_agent() {
 	exec /sbin/vz-agent serve --device "$dev" --root /mnt/root --prepare-root "$@"
 }
 
+# vz_agent_vsock PORT READYPORT ARGS...: become the guest agent (PID 1) serving AF_VSOCK PORT (one session per
+# connection); it reports ready by connecting to the host (CID 2) on READYPORT. ARGS are passed on verbatim.
+vz_agent_vsock() {
+	port=$1
+	ready=$2
+	shift 2
+	cd /
+	exec /sbin/vz-agent serve --listen "vsock:$port" --ready-vsock "2:$ready" --root /mnt/root --prepare-root "$@"
+}
+
+if [ -f /etc/vz/init.sh ]; then
+	. /etc/vz/init.sh
+fi
+vz_config_mount || die "cannot mount the configuration share"
 . /run/vz/cfg/config.sh
 die "the configuration did not start the guest agent"
 """

@@ -7,11 +7,19 @@ Pure re-exports; the code lives in the qemu package's private modules.
 from __future__ import annotations
 
 from vz_drivers.qemu._cpio import CpioEntry, write_cpio
-from vz_drivers.qemu._disk import create_root_disk, default_disk_size, find_mke2fs, minimum_disk_size, tree_usage
+from vz_drivers.qemu._disk import (
+    create_root_disk,
+    default_disk_size,
+    find_mke2fs,
+    minimum_disk_size,
+    root_disk_size,
+    tree_usage,
+)
 from vz_drivers.qemu._guestconfig import GuestConfig, GuestMount, env_list, hosts_file, render, resolv_file
 from vz_drivers.qemu._initramfs import (
     AGENT_PORT_PREFIX,
     CONFIG_TAG,
+    INIT_HOOK,
     INIT_SCRIPT,
     Initramfs,
     build_initramfs,
@@ -23,6 +31,7 @@ __all__ = [
     "AGENT_PORT_PREFIX",
     "CONFIG_TAG",
     "GUEST_MODULES",
+    "INIT_HOOK",
     "INIT_SCRIPT",
     "CpioEntry",
     "GuestConfig",
@@ -42,6 +51,7 @@ __all__ = [
     "render",
     "resolv_file",
     "resolve_modules",
+    "root_disk_size",
     "tree_usage",
     "write_cpio",
 ]

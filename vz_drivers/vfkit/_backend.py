@@ -42,18 +42,20 @@ from vz_drivers._machine import (
     proc_start_time,
     validate_common,
 )
-from vz_drivers.vfkit._binary import VfkitBinary
-from vz_drivers.vfkit._cmdline import Share, VfkitSpec, build_argv
-from vz_drivers.vfkit._guest import (
+from vz_drivers.qemu.guest import (
     CONFIG_TAG,
     GuestConfig,
     GuestMount,
     create_root_disk,
-    disk_size,
     env_list,
     find_mke2fs,
+    hosts_file,
     render,
+    root_disk_size,
+    tree_usage,
 )
+from vz_drivers.vfkit._binary import VfkitBinary
+from vz_drivers.vfkit._cmdline import AGENT_VSOCK_PORT, READY_VSOCK_PORT, Share, VfkitSpec, build_argv
 from vz_drivers.vfkit._host import HostSupport, host_support
 from vz_drivers.vfkit._options import DRIVER_NAME, parse_options
 from vz_drivers.vfkit._process import (
@@ -75,15 +77,6 @@ DEFAULT_MEMORY = 1024 * 1024 * 1024
 MIN_MEMORY = 256 * 1024 * 1024
 ROSETTA_TAG = "vz-rosetta"
 _MIB = 1024 * 1024
-
-
-def _tree_bytes(root: Path) -> int:
-    total = 0
-    for dirpath, _dirs, files in os.walk(root):
-        for name in files:
-            with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(dirpath, name)).st_size
-    return total
 
 
 def _check_layer() -> None:
@@ -230,7 +223,7 @@ class VfkitBackend(Backend[VfkitRecord, VfkitPaths]):
         # Every path must fit vfkit's option syntax before anything is created: build the command line once now.
         await asyncio.to_thread(self._check_command_line, key, valid.mounts)
         image = await self.images.resolve(request, architecture=self.rules.architecture, display=self.display)
-        size = disk_size(await asyncio.to_thread(_tree_bytes, image.rootfs), valid.storage_bytes)
+        size = root_disk_size(await asyncio.to_thread(tree_usage, image.rootfs), valid.storage_bytes)
         record = VfkitRecord(
             workspace_id=request.workspace_id,
             key=key,
@@ -295,7 +288,7 @@ class VfkitBackend(Backend[VfkitRecord, VfkitPaths]):
         await asyncio.to_thread(self.book.staging.mkdir, parents=True, exist_ok=True, mode=0o700)
         disk = self.book.staging / f"{record.key}-{uuid.uuid4().hex[:8]}.img"
         plan.staged["disk"] = disk
-        await create_root_disk(plan.staged["rootfs"], disk, record.disk_bytes)
+        await create_root_disk(plan.staged["rootfs"], disk, record.disk_bytes, image=record.image_ref)
 
     def unstage(self, plan: MachinePlan[VfkitRecord]) -> None:
         disk = plan.staged.get("disk")
@@ -337,12 +330,13 @@ class VfkitBackend(Backend[VfkitRecord, VfkitPaths]):
             stop_timeout=self.stop_timeout,
             rosetta_tag=ROSETTA_TAG if self._rosetta() else "",
             network=record.egress != "deny",
+            resolv_conf=record.egress != "deny",
+            virtiofs=True,
+            vsock=(AGENT_VSOCK_PORT, READY_VSOCK_PORT),
         )
         paths.cfg.mkdir(parents=True, exist_ok=True, mode=0o700)
         atomic_write(paths.cfg / "config.sh", render(config).encode(), 0o600)
-        atomic_write(
-            paths.cfg / "hosts", f"127.0.0.1\tlocalhost\n::1\tlocalhost\n127.0.1.1\t{hostname}\n".encode(), 0o644
-        )
+        atomic_write(paths.cfg / "hosts", hosts_file(hostname).encode(), 0o644)
         # Virtualization.framework's NAT hands out the host as gateway and DNS forwarder.
         atomic_write(paths.cfg / "resolv.conf", b"nameserver 192.168.64.1\n", 0o644)
         paths.run.mkdir(parents=True, exist_ok=True, mode=0o700)

@@ -127,22 +127,29 @@ def test_the_vhdx_holds_the_same_disk(built: Built) -> None:
 
 
 def test_the_init_is_qemus_with_the_configuration_from_the_esp() -> None:
-    init = hyperv_init()
-    assert "mount -t 9p -o trans=virtio,version=9p2000.L,ro vzcfg" not in init
-    assert init.index("vz_partition vz-esp") < init.index(". /run/vz/cfg/config.sh")
-    assert 'exec /sbin/vz-agent serve --listen "vsock:$VZ_VSOCK_PORT"' in init
-    with pytest.raises(RuntimeError, match="the qemu guest init changed"):
-        hyperv_init("#!/bin/sh\n. /run/vz/cfg/config.sh\n")
+    from vz_drivers.qemu.guest import INIT_HOOK, INIT_SCRIPT
+
+    hook = hyperv_init()
+    assert "vz_config_mount() {" in hook and "vz_partition vz-esp" in hook
+    assert 'exec /sbin/vz-agent serve --listen "vsock:$VZ_VSOCK_PORT"' in hook
+    # The shared init sources the hook after defining its own functions and before mounting the configuration.
+    assert INIT_SCRIPT.index(f". /{INIT_HOOK}") > INIT_SCRIPT.index("vz_agent_vsock() {")
+    assert INIT_SCRIPT.index(f". /{INIT_HOOK}") < INIT_SCRIPT.index("vz_config_mount ||")
+    assert INIT_SCRIPT.index("vz_config_mount ||") < INIT_SCRIPT.index(". /run/vz/cfg/config.sh")
 
 
 def test_the_hyperv_only_scripts_parse(tmp_path: Path) -> None:
     # The Hyper-V branch of the init, the DHCP event script and /sbin/poweroff never run here: busybox sh -n at
     # least parses them as the guest's shell will.
     from vz_drivers.hyperv import _guest
-    from vz_drivers.qemu.guest import find_busybox
+    from vz_drivers.qemu.guest import INIT_SCRIPT, find_busybox
 
     busybox = str(find_busybox())
-    for name, text in (("init", hyperv_init()), ("dhcp.sh", _guest._DHCP), ("poweroff", _guest._POWEROFF)):
+    for name, text in (
+        ("init", INIT_SCRIPT + hyperv_init()),
+        ("dhcp.sh", _guest._DHCP),
+        ("poweroff", _guest._POWEROFF),
+    ):
         path = tmp_path / name
         path.write_text(text)
         done = subprocess.run([busybox, "sh", "-n", str(path)], capture_output=True, text=True, timeout=30)
