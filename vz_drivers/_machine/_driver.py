@@ -17,8 +17,10 @@ import abc
 import asyncio
 import contextlib
 import datetime
+import errno
 import os
 import shutil
+import subprocess
 import uuid
 import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
@@ -57,7 +59,7 @@ from vz_core.errors import (
     UnsupportedError,
 )
 from vz_core.paths import state_dir as default_state_root
-from vz_drivers._machine._book import MachinePaths, MachineRecord, RecordBook, machine_key
+from vz_drivers._machine._book import MachinePaths, MachineRecord, MountRecord, RecordBook, machine_key
 from vz_drivers._machine._files import STORAGE_ERRNOS, atomic_write, host_write_error, read_chunks_nofollow
 from vz_drivers._machine._identity import ResolvedUser, resolve_user
 from vz_drivers._machine._procs import kill_process, proc_start_time, wait_gone
@@ -81,6 +83,9 @@ __all__ = [
     "record_fields",
     "tail",
 ]
+
+SNAPSHOT_LABEL = "vz.workspace"
+"""The label whose value ``snapshot`` asks for a snapshot workspace projection."""
 
 R = TypeVar("R", bound=MachineRecord)
 P = TypeVar("P", bound=MachinePaths)
@@ -276,6 +281,9 @@ class Backend(abc.ABC, Generic[R, P]):
     """Seconds a start may take until the agent answers."""
     graceful_replace: bool = False
     """Whether Delete and recreation stop a running Machine gracefully (else it is killed)."""
+    workspace_snapshots: bool = False
+    """Whether the ``snapshot`` workspace projection (label ``vz.workspace=snapshot``) is offered: the driver
+    copies the worktree into the Machine's directory when it is created (``Extensions.snapshots``)."""
     keep_log_on_stop: bool = False
     """Whether a graceful Stop copies the main log through the agent to ``MachinePaths.kept_log`` (backends
     whose log lives only inside the Machine)."""
@@ -524,7 +532,7 @@ class AgentMachineDriver(Driver, Generic[R, P]):
             tty=False,
             accelerator=accelerator,
             accelerator_reason=reason,
-            snapshots=False,
+            snapshots=self._backend.workspace_snapshots,
             egress_policies=(EgressPolicy.ALLOW, EgressPolicy.DENY),
             facts=facts,
             resource_limits=True,
@@ -648,12 +656,34 @@ class AgentMachineDriver(Driver, Generic[R, P]):
                         os.chown(data, uid, gid)
                 m = replace(m, host_path=str(data))
             mounts.append(m)
-        record.mounts = mounts
         ws_target = record.extra.get("workspace_target")
+        if record.labels.get(SNAPSHOT_LABEL) == "snapshot" and self._backend.workspace_snapshots:
+            mounts = [
+                replace(m, host_path=str(self._snapshot(m, paths))) if m.target == ws_target and m.type == "bind" else m
+                for m in mounts
+            ]
+        record.mounts = mounts
         for m in mounts:
             if m.target == ws_target and m.type == "bind" and not m.read_only and (uid or gid):
                 chown_tree(Path(m.host_path), uid, gid)
         self._store.save(record)
+
+    @staticmethod
+    def _snapshot(mount: MountRecord, paths: MachinePaths) -> Path:
+        """A point-in-time copy of the worktree for a ``snapshot`` projection (reflinks where the filesystem
+        has them, else a full copy); it lives and goes with the Machine's directory."""
+        copy = paths.root / "workspace"
+        source = mount.host_path or mount.source
+        result = subprocess.run(
+            ["cp", "--reflink=auto", "-a", "--no-target-directory", "--", source, str(copy)],
+            capture_output=True,
+            check=False,
+        )
+        if result.returncode != 0:
+            raise host_write_error(
+                str(copy), OSError(errno.EIO, result.stderr.decode(errors="replace").strip() or "cp failed")
+            )
+        return copy
 
     def _remove_machine_dir(self, record: R) -> None:
         self._secrets.drop(record.key, record.machine_id)

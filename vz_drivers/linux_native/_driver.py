@@ -73,6 +73,7 @@ class LinuxNativeBackend(Backend[LinuxNativeRecord, LinuxNativePaths]):
     display = "linux_native"
     runtime_name = "runc"
     graceful_replace = True
+    workspace_snapshots = True
     book: LinuxNativeBook
 
     own_options = ("runc", "runc_sha256", "cgroup_parent", "subnet")

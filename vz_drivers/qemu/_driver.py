@@ -96,6 +96,7 @@ class QemuBackend(Backend[QemuRecord, QemuPaths]):
     stop_slack = 15.0
     boot_timeout = 300.0
     keep_log_on_stop = True
+    workspace_snapshots = True
     storage_limits = True
     book: QemuBook
 

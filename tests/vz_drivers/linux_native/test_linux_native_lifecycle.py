@@ -212,3 +212,36 @@ async def test_changed_runc_binary_is_refused(
     with pytest.raises(FailedPreconditionError, match="changed"):
         await drv.preflight()
     assert _machine_dirs(state_dir) == []
+
+
+async def test_snapshot_workspace_is_a_point_in_time_copy(
+    driver: LinuxNativeDriver, state_dir: Path, tmp_path: Path
+) -> None:
+    """#14 item 5: the copy is taken at creation; later host edits stay out, Machine edits never reach the host,
+    Stop/Start keep the copy, Delete removes it."""
+    worktree = tmp_path / "tree"
+    (worktree / "sub").mkdir(parents=True)
+    (worktree / "a.txt").write_text("at creation\n")
+    (worktree / "sub" / "b.txt").write_text("b\n")
+    os.symlink("a.txt", worktree / "link")
+    wid = "snap"
+    mount = Mount(MountType.BIND, str(worktree), "/workspace")
+    await driver.run_image(request(wid, workspace_mount=mount, labels=("vz.workspace=snapshot",)))
+    assert (await driver.extensions()) is not None and (await driver.extensions()).snapshots  # type: ignore[union-attr]
+    (worktree / "a.txt").write_text("edited on the host later\n")
+    (worktree / "new.txt").write_text("new\n")
+    seen = await run(
+        driver, wid, "sh", "-c", "cat /workspace/a.txt /workspace/sub/b.txt; readlink /workspace/link; ls /workspace"
+    )
+    assert seen.stdout == b"at creation\nb\na.txt\na.txt\nlink\nsub\n"
+    await sh(driver, wid, "echo machine > /workspace/a.txt; echo m > /workspace/from-machine; rm /workspace/sub/b.txt")
+    assert (worktree / "a.txt").read_text() == "edited on the host later\n"
+    assert not (worktree / "from-machine").exists() and (worktree / "sub" / "b.txt").exists()
+    await driver.stop(wid)
+    await driver.start(wid)
+    assert (await run(driver, wid, "cat", "/workspace/a.txt")).stdout == b"machine\n"
+    copy = state_dir / "machines" / machine_key(wid) / "workspace"
+    assert copy.is_dir()
+    await driver.delete(wid)
+    assert not copy.exists()
+    assert sorted(p.name for p in worktree.iterdir()) == ["a.txt", "link", "new.txt", "sub"]
