@@ -18,6 +18,7 @@ import re
 import ssl
 import threading
 import urllib.parse
+import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Protocol, TypeVar
@@ -69,6 +70,41 @@ class RegistryManifest:
     data: bytes
     media_type: str
     served_digest: str | None
+
+
+def _proxy_for(scheme: str, host: str) -> tuple[str, int, dict[str, str]] | None:
+    """The proxy (host, port, headers) the standard environment names for ``scheme`` to ``host``, if any.
+
+    ``HTTPS_PROXY``/``HTTP_PROXY`` (either case) name it; ``NO_PROXY`` and loopback hosts go direct. Proxy
+    credentials in the URL become a ``Proxy-Authorization`` header (never logged).
+    """
+    if is_loopback_host(host):
+        return None
+    proxies = urllib.request.getproxies_environment()
+    url = proxies.get(scheme)
+    if not url or urllib.request.proxy_bypass_environment(host, proxies):  # type: ignore[attr-defined]
+        return None
+    parts = urllib.parse.urlsplit(url if "://" in url else "http://" + url)
+    if not parts.hostname:
+        return None
+    headers = {}
+    if parts.username is not None:
+        user = urllib.parse.unquote(parts.username)
+        password = urllib.parse.unquote(parts.password or "")
+        headers["Proxy-Authorization"] = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+    return parts.hostname, parts.port or (443 if parts.scheme == "https" else 80), headers
+
+
+class _ProxiedHTTPConnection(http.client.HTTPConnection):
+    """Plain http through a forward proxy: absolute-URI requests, plus the proxy's own headers."""
+
+    proxy_headers: dict[str, str] = {}
+
+    def putrequest(self, method: str, url: str, skip_host: bool = False, skip_accept_encoding: bool = False) -> None:
+        super().putrequest(method, url, skip_host=True, skip_accept_encoding=skip_accept_encoding)
+        self.putheader("Host", urllib.parse.urlsplit(url).netloc)
+        for name, value in self.proxy_headers.items():
+            self.putheader(name, value)
 
 
 def _parse_challenge(header: str) -> tuple[str, dict[str, str]]:
@@ -138,14 +174,26 @@ class RegistryClient:
             if self._insecure_listed(parts.netloc):
                 context.check_hostname = False
                 context.verify_mode = ssl.CERT_NONE
-            conn = http.client.HTTPSConnection(host, parts.port, timeout=self._timeout, context=context)
+            proxy = _proxy_for("https", host)
+            if proxy is None:
+                conn = http.client.HTTPSConnection(host, parts.port, timeout=self._timeout, context=context)
+            else:
+                # CONNECT through the proxy; TLS (and its checks) end to end with the registry.
+                conn = http.client.HTTPSConnection(proxy[0], proxy[1], timeout=self._timeout, context=context)
+                conn.set_tunnel(host, parts.port or 443, headers=proxy[2])
         elif parts.scheme == "http":
             if not self.plain_http_allowed(parts.netloc):
                 raise PermissionDeniedError(
                     f"refusing plain http to {parts.netloc}: only loopback hosts and hosts listed in "
                     "insecure_registries may be reached without TLS"
                 )
-            conn = http.client.HTTPConnection(host, parts.port, timeout=self._timeout)
+            proxy = _proxy_for("http", host)
+            if proxy is None:
+                conn = http.client.HTTPConnection(host, parts.port, timeout=self._timeout)
+            else:
+                conn = _ProxiedHTTPConnection(proxy[0], proxy[1], timeout=self._timeout)
+                conn.proxy_headers = proxy[2]
+                target = f"http://{parts.netloc}{target or '/'}"
         else:
             raise RuntimeFailureError(f"the registry sent an unusable URL scheme {parts.scheme!r}")
         return conn, target or "/"

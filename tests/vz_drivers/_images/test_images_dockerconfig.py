@@ -121,3 +121,60 @@ def test_docker_hub_keys_of_config_json_are_read_for_every_hub_name(tmp_path: Pa
         assert docker.credentials(host) == ("hub-user", "hub-pass")
     assert docker.credentials("ghcr.io") is None
     assert "hub-pass" not in repr(docker)
+
+
+async def test_http_proxy_from_the_environment_carries_requests_and_no_proxy_bypasses_it(
+    tmp_path: Path, registry: str, pusher: Pusher, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A forward proxy on loopback is the only way to reach `registry.vz-test` (a name no resolver knows)."""
+    import http.server
+    import threading
+    import urllib.request
+
+    repo = "team/proxied" + os.urandom(4).hex()
+    digest = _push(tmp_path, pusher, repo, "v1")
+    seen: list[tuple[str, str]] = []
+    direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # the forwarder itself goes direct
+
+    class Forward(http.server.BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            seen.append((self.path, self.headers.get("Proxy-Authorization", "")))
+            url = self.path.replace("http://registry.vz-test:5000", f"http://{registry}")
+            req = urllib.request.Request(url, headers={k: v for k, v in self.headers.items() if k.lower() == "accept"})
+            try:
+                with direct.open(req, timeout=10) as resp:
+                    body, status, headers = resp.read(), resp.status, dict(resp.headers)
+            except urllib.error.HTTPError as exc:
+                body, status, headers = exc.read(), exc.code, dict(exc.headers)
+            self.send_response(status)
+            for name in ("Content-Type", "Docker-Content-Digest"):
+                if name in headers:
+                    self.send_header(name, headers[name])
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Forward)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        for name in ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy"):
+            monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv("HTTP_PROXY", f"http://puser:ppass@127.0.0.1:{server.server_address[1]}")
+        docker = _docker(tmp_path, mirrors=[])
+        store = ImageStore(tmp_path / "s", insecure_registries=["registry.vz-test:5000"], docker_config=docker)
+        assert (await store.resolve(f"registry.vz-test:5000/{repo}:v1")).digest == digest
+        assert seen and all(p.startswith("http://registry.vz-test:5000/v2/") for p, _ in seen)
+        assert {a for _, a in seen} == {"Basic " + base64.b64encode(b"puser:ppass").decode()}
+        monkeypatch.setenv("NO_PROXY", "registry.vz-test")
+        with pytest.raises(UnavailableError):
+            await ImageStore(
+                tmp_path / "s2", insecure_registries=["registry.vz-test:5000"], docker_config=docker
+            ).resolve(f"registry.vz-test:5000/{repo}:v1")
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
