@@ -131,3 +131,31 @@ async def test_qemu_refusing_to_start_leaves_nothing_behind(
         assert not any((state_dir / "machines").iterdir())
     finally:
         await driver.close()
+
+
+async def test_snapshot_workspace_is_a_point_in_time_copy(driver: QemuDriver, state_dir: Path, tmp_path: Path) -> None:
+    """#14 item 5 under QEMU: the 9p share is the copy taken at creation; Delete removes it."""
+    worktree = tmp_path / "tree"
+    worktree.mkdir()
+    (worktree / "a.txt").write_text("at creation\n")
+    request = RunImageRequest(
+        workspace_id="snap",
+        image="vz:default",
+        workspace_mount=Mount(MountType.BIND, str(worktree), "/workspace"),
+        labels=("vz.workspace=snapshot",),
+        args=("sleep", "1000000"),
+    )
+    await driver.run_image(request)
+    try:
+        ext = await driver.extensions()
+        assert ext is not None and ext.snapshots
+        (worktree / "a.txt").write_text("edited on the host later\n")
+        assert (await run(driver, "snap", "cat", "/workspace/a.txt")).stdout == b"at creation\n"
+        assert (await run(driver, "snap", "sh", "-c", "echo guest > /workspace/g; echo x > /workspace/a.txt")).exit
+        assert sorted(p.name for p in worktree.iterdir()) == ["a.txt"]
+        assert (worktree / "a.txt").read_text() == "edited on the host later\n"
+        copy = state_dir / "machines" / machine_key("snap") / "workspace"
+        assert (copy / "g").read_text() == "guest\n"
+    finally:
+        await driver.delete("snap")
+    assert not copy.exists()
