@@ -48,17 +48,11 @@ func openPty(rows, cols uint16) (int, int, error) {
 	if err != nil {
 		return -1, -1, fmt.Errorf("opening /dev/ptmx: %w", err)
 	}
-	unlock := int32(0)
-	if err := ioctl(uintptr(mfd), syscall.TIOCSPTLCK, unsafe.Pointer(&unlock)); err != nil {
+	name, err := ptyName(mfd)
+	if err != nil {
 		syscall.Close(mfd)
-		return -1, -1, fmt.Errorf("unlocking the pseudo-terminal: %w", err)
+		return -1, -1, err
 	}
-	var n uint32
-	if err := ioctl(uintptr(mfd), syscall.TIOCGPTN, unsafe.Pointer(&n)); err != nil {
-		syscall.Close(mfd)
-		return -1, -1, fmt.Errorf("finding the pseudo-terminal's number: %w", err)
-	}
-	name := "/dev/pts/" + strconv.FormatUint(uint64(n), 10)
 	sfd, err := syscall.Open(name, syscall.O_RDWR|syscall.O_NOCTTY|syscall.O_CLOEXEC, 0)
 	if err != nil {
 		syscall.Close(mfd)
@@ -173,9 +167,9 @@ func (s *session) launchPty(id uint32, p *prepared, window int64, req *ptyReques
 			Ctty:       0,
 			Chroot:     p.root,
 			Credential: p.cred,
-			Pdeathsig:  syscall.SIGKILL,
 		},
 	}
+	setParentDeathSignal(attr.Sys)
 	pid, exitCh, err := s.ag.reaper.start(p.argv0, p.argv, attr)
 	syscall.Close(sfd)
 	if err != nil {
