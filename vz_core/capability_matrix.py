@@ -59,13 +59,7 @@ class PlannedDriver:
     matrix: tuple[MatrixRow, ...]
 
 
-PLANNED_WITHOUT_PACKAGE: tuple[PlannedDriver, ...] = (
-    PlannedDriver(
-        "macos_vm",
-        "macOS Machines on macOS",
-        (MatrixRow("darwin", "darwin", "PLANNED", "Virtualization.framework macOS guests"),),
-    ),
-)
+PLANNED_WITHOUT_PACKAGE: tuple[PlannedDriver, ...] = ()
 """The one place drivers without a package are listed; delete an entry when its package declares it."""
 
 

@@ -51,18 +51,21 @@ def test_rows_come_from_declarations_and_planned_drivers() -> None:
     assert declared <= rows
     planned = {(p.name, r.host_os, r.target_os, r.status) for p in cm.PLANNED_WITHOUT_PACKAGE for r in p.matrix}
     assert rows == declared | planned
-    assert {p.name for p in cm.PLANNED_WITHOUT_PACKAGE} <= {"macos_vm"}
+    assert cm.PLANNED_WITHOUT_PACKAGE == ()  # every built-in driver has its package now
     assert not {p.name for p in cm.PLANNED_WITHOUT_PACKAGE} & {d.name for d in registry.declarations()}
     assert all(r.status == "PLANNED" for p in cm.PLANNED_WITHOUT_PACKAGE for r in p.matrix)
 
 
-def test_a_new_driver_package_adds_its_rows_and_takes_over_a_planned_driver() -> None:
+def test_a_new_driver_package_adds_its_rows_and_takes_over_a_planned_driver(monkeypatch: pytest.MonkeyPatch) -> None:
+    planned = cm.PlannedDriver("acme_os", "acme Machines", (MatrixRow("darwin", "darwin", "PLANNED", "planned"),))
+    monkeypatch.setattr(cm, "PLANNED_WITHOUT_PACKAGE", (planned,))
+
     @hookimpl
     def vz_builtin_drivers() -> list[DriverDeclaration]:
         return [
             DriverDeclaration(
-                name="macos_vm",
-                summary="macOS Machines on macOS",
+                name="acme_os",
+                summary="acme Machines",
                 factory="acme_macos:Driver",
                 targets=("darwin",),
                 options=(Option("vmtool", "path of the VM tool", "found on PATH", "path", "host"),),
@@ -74,10 +77,10 @@ def test_a_new_driver_package_adds_its_rows_and_takes_over_a_planned_driver() ->
     module = types.ModuleType("acme_macos_registration")
     module.vz_builtin_drivers = vz_builtin_drivers  # type: ignore[attr-defined]
     registry.register(module)
-    assert cm.lookup("macos_vm", "darwin", "darwin", registry=DriverRegistry(load_entry_points=False)) is not None
-    macos = [e for e in cm.entries(registry) if e.driver == "macos_vm"]
-    assert macos == [cm.Entry("macos_vm", "darwin", "darwin", "DEV", "macOS guests")]  # the PLANNED row is gone
-    assert cm.lookup("macos_vm", "darwin", "darwin", registry=registry) == macos[0]
+    assert cm.lookup("acme_os", "darwin", "darwin", registry=DriverRegistry(load_entry_points=False)) is not None
+    macos = [e for e in cm.entries(registry) if e.driver == "acme_os"]
+    assert macos == [cm.Entry("acme_os", "darwin", "darwin", "DEV", "macOS guests")]  # the PLANNED row is gone
+    assert cm.lookup("acme_os", "darwin", "darwin", registry=registry) == macos[0]
     assert "| `vmtool` | host | path | `found on PATH` | path of the VM tool |" in cm.render_options_markdown(registry)
 
 
@@ -92,5 +95,5 @@ def test_lookup() -> None:
 
 def test_this_module_names_no_registered_driver() -> None:
     source = Path(cm.__file__).read_text()
-    for name in ("fake", "hyperv", "linux_native", "qemu", "vfkit"):
+    for name in ("fake", "hyperv", "linux_native", "macos_vm", "qemu", "vfkit"):
         assert f'"{name}"' not in source, f"capability_matrix.py names {name}; it belongs in its declaration"

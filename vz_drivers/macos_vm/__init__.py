@@ -5,11 +5,20 @@ host without the framework allows: the VM configuration plan, the base-pin polic
 logic against a stand-in object model, the launchd provisioning; not verified on a Mac. On any other host
 Info answers and Preflight fails with ``UnsupportedError`` naming the reason; RunImage fails the same way
 before anything is created. A macOS Machine never advertises Docker and never gets a Linux sidecar.
+``cleanup_state(state_dir)`` removes every Machine and volume a state directory owns (tests, uninstall). The
+driver code is imported on first use, so importing this package (and its registration) stays cheap.
 See docs/drivers/macos_vm.md.
 """
 
 from __future__ import annotations
 
-from vz_drivers.macos_vm._backend import STATUS, MacosVmDriver
+from typing import TYPE_CHECKING
 
-__all__ = ["STATUS", "MacosVmDriver"]
+from vz_drivers._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from vz_drivers.macos_vm._backend import STATUS, MacosVmDriver
+
+__all__ = ["STATUS", "MacosVmDriver", "cleanup_state"]
+
+__getattr__, cleanup_state = lazy_exports(__name__, "vz_drivers.macos_vm._backend", ("MacosVmDriver", "STATUS"))
