@@ -29,6 +29,7 @@ MODULES = [
     "benchmarks.b7_cli_exec",
     "benchmarks.b8_memory",
     "benchmarks.b9_session",
+    "benchmarks.b10_pty",
     "benchmarks.b6_scale",
 ]
 

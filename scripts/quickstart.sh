@@ -11,4 +11,4 @@ vz up
 vz exec -- sh -c 'echo "hello from $(hostname): $(uname -sm)"; ls /workspace'
 vz status
 echo
-echo "The Machine keeps running. Try: (cd examples/default && vz exec -- sh) ; remove it with: (cd examples/default && vz delete)"
+echo "The Machine keeps running. Try an interactive shell: (cd examples/default && vz exec -it -- sh) ; remove it with: (cd examples/default && vz delete)"

@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-IDS = {f"B{i}" for i in range(1, 10)}
+IDS = {f"B{i}" for i in range(1, 11)}
 
 
 @pytest.fixture
