@@ -41,7 +41,8 @@ def _rows(text: str) -> list[dict[str, object]]:
 def test_vz_up_fails_before_mutation_with_the_reason(tmp_path: Path) -> None:
     home, work = tmp_path / "home", tmp_path / "work"
     work.mkdir()
-    machine = {"name": "mac", "profile": "developer", "driver": "macos_vm", "target": {"os": "darwin"}, "image": "macos:stable"}
+    machine = {"name": "mac", "profile": "developer", "driver": "macos_vm", "target": {"os": "darwin"}}
+    machine["image"] = "macos:stable"
     (work / "vz.json").write_text(
         json.dumps({"version": 1, "project_id": "macos-demo", "machines": [machine], "default_machine": "mac"})
     )
