@@ -34,6 +34,14 @@ from pydantic import (
 from vz_core.env._errors import DefinitionError
 from vz_core.env._ids import NAME_RE, PROJECT_ID_RE
 from vz_core.registry import DRIVER_NAME_PATTERN
+from vz_core.rules import (
+    DIGEST_RE,
+    HOST_RE,
+    PATH_COMPONENT_RE,
+    TAG_RE,
+    names_registry_host,
+    reserved_target,
+)
 
 __all__ = [
     "DEFINITION_FILE",
@@ -58,19 +66,10 @@ SCHEMA_ID = "urn:vz:schema:project-definition:1"
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 RESERVED_ENV = frozenset({"VZ_PROJECT_ID", "VZ_ENVIRONMENT_ID", "VZ_MACHINE_ID"})
 """Environment variables vz sets in every Machine; a definition may not set them."""
-RESERVED_TARGETS = ("/.vz", "/proc", "/sys", "/dev")
-"""Machine paths no workspace, mount or volume may cover (they belong to the Machine runtime)."""
 INT64_MAX = 2**63 - 1
 
 _CONTROL_RE = re.compile(r"[\x00-\x20\x7f]")
 _IMAGE_NAME_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,127}")
-_TAG_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
-_DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}")
-_PATH_COMPONENT_RE = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*")
-_HOST_RE = re.compile(
-    r"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*)"
-    r"(?::[0-9]{1,5})?"
-)
 _IMAGE_FORMS = (
     "use vz:NAME, oci:/abs/layout[:tag|@sha256:...], docker-archive:/abs/file.tar[:repo:tag] or "
     "host[:port]/repo[:tag|@sha256:...] (docs/images.md)"
@@ -103,13 +102,13 @@ def check_image_reference(ref: str) -> str:
         rest = ref[4:]
         if "@" in rest:
             rest, _, digest = rest.rpartition("@")
-            if not _DIGEST_RE.fullmatch(digest):
+            if not DIGEST_RE.fullmatch(digest):
                 raise ValueError(f"{ref!r}: the digest is not sha256:<64 hex digits>")
         else:
             head, _, last = rest.rpartition("/")
             if ":" in last:
                 name, _, tag = last.partition(":")
-                if not _TAG_RE.fullmatch(tag):
+                if not TAG_RE.fullmatch(tag):
                     raise ValueError(f"{ref!r}: the tag {tag!r} is not valid (letters, digits, '_', '.', '-')")
                 rest = f"{head}/{name}"
         _check_abs_path(rest)
@@ -122,20 +121,20 @@ def check_image_reference(ref: str) -> str:
         return ref
     text = ref[len("docker://") :] if ref.startswith("docker://") else ref
     name, at, digest = text.partition("@")
-    if at and not _DIGEST_RE.fullmatch(digest):
+    if at and not DIGEST_RE.fullmatch(digest):
         raise ValueError(f"{ref!r}: the digest is not sha256:<64 hex digits>")
     host, slash, path = name.partition("/")
-    if not slash or not ("." in host or ":" in host or host == "localhost" or host.startswith("[")):
+    if not slash or not names_registry_host(host):
         raise ValueError(f"{ref!r} names no registry host (vz has no default registry); {_IMAGE_FORMS}")
-    if not _HOST_RE.fullmatch(host):
+    if not HOST_RE.fullmatch(host):
         raise ValueError(f"{ref!r}: the registry host {host!r} is not a valid host[:port]")
     last = path.rsplit("/", 1)[-1]
     if ":" in last:
         path, _, tag = path.rpartition(":")
-        if not _TAG_RE.fullmatch(tag):
+        if not TAG_RE.fullmatch(tag):
             raise ValueError(f"{ref!r}: the tag {tag!r} is not valid (letters, digits, '_', '.', '-')")
     for component in path.split("/"):
-        if not _PATH_COMPONENT_RE.fullmatch(component):
+        if not PATH_COMPONENT_RE.fullmatch(component):
             raise ValueError(
                 f"{ref!r}: the repository component {component!r} is not valid (lowercase letters, digits, '._-')"
             )
@@ -152,9 +151,9 @@ def normalize_target(target: str) -> str:
     norm = "/" + posixpath.normpath(target).lstrip("/")
     if norm == "/":
         raise ValueError("a target must not be the root directory '/'")
-    for reserved in RESERVED_TARGETS:
-        if norm == reserved or norm.startswith(reserved + "/"):
-            raise ValueError(f"target {target!r} is reserved ({reserved} belongs to the Machine runtime)")
+    reserved = reserved_target(norm)
+    if reserved is not None:
+        raise ValueError(f"target {target!r} is reserved ({reserved} belongs to the Machine runtime)")
     return norm
 
 

@@ -19,11 +19,11 @@ Docker Hub (``docker.io``), where a single-component name gets ``library/`` (``a
 from __future__ import annotations
 
 import ipaddress
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from vz_core.errors import InvalidArgumentError, NotFoundError
+from vz_core.rules import HOST_RE, PATH_COMPONENT_RE, TAG_RE, names_registry_host
 from vz_drivers._images._model import check_digest
 
 __all__ = [
@@ -49,12 +49,6 @@ DEFAULT_REF = "vz:default"
 """The embedded default image."""
 
 _EMBEDDED = ("default",)
-_TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
-_PATH_COMPONENT_RE = re.compile(r"^[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*$")
-_HOST_RE = re.compile(
-    r"^(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*)"
-    r"(?::[0-9]{1,5})?$"
-)
 
 
 @dataclass(frozen=True)
@@ -181,7 +175,7 @@ def _parse_oci(ref: str, rest: str) -> OciLayoutRef:
     head, _, last = rest.rpartition("/")
     if ":" in last:
         name, _, tag = last.partition(":")
-        if not _TAG_RE.match(tag):
+        if not TAG_RE.fullmatch(tag):
             raise _bad(ref, f"the tag {tag!r} is not valid (letters, digits, '_', '.', '-'; at most 128)")
         return OciLayoutRef(_abs_path(ref, f"{head}/{name}"), tag=tag)
     return OciLayoutRef(_abs_path(ref, rest))
@@ -193,24 +187,24 @@ def _parse_registry(ref: str, text: str) -> RegistryRef:
         name, _, digest = text.partition("@")
         check_digest(digest, what="image digest")
     host, slash, path = name.partition("/")
-    if not slash or not ("." in host or ":" in host or host == "localhost" or host.startswith("[")):
+    if not slash or not names_registry_host(host):
         # Docker's rule: no registry host named means Docker Hub.
         host, path = DOCKER_HUB, name
     if host.lower() in _HUB_ALIASES:
         host = DOCKER_HUB
         if path and "/" not in path:
             path = "library/" + path
-    if not _HOST_RE.match(host):
+    if not HOST_RE.fullmatch(host):
         raise _bad(ref, f"the registry host {host!r} is not a valid host[:port]")
     tag: str | None = None
     last = path.rsplit("/", 1)[-1]
     if ":" in last:
         path, _, tag = path.rpartition(":")
-        if not _TAG_RE.match(tag):
+        if not TAG_RE.fullmatch(tag):
             raise _bad(ref, f"the tag {tag!r} is not valid (letters, digits, '_', '.', '-'; at most 128)")
     components = path.split("/")
     for component in components:
-        if not _PATH_COMPONENT_RE.match(component):
+        if not PATH_COMPONENT_RE.fullmatch(component):
             raise _bad(ref, f"the repository component {component!r} is not valid (lowercase letters, digits, '._-')")
     if digest is None and tag is None:
         tag = "latest"

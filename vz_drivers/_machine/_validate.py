@@ -13,15 +13,22 @@ from pathlib import Path
 
 from vz_core import GpuRequirement, MountType, RunImageRequest
 from vz_core.errors import InvalidArgumentError, UnsupportedError
+from vz_core.rules import RESERVED_TARGETS, reserved_target
 from vz_drivers._machine._book import MountRecord
 from vz_drivers._machine._identity import check_user_syntax
 
-__all__ = ["KNOWN_PROFILES", "CommonRequest", "Rules", "check_target", "check_workspace_id", "validate_common"]
+__all__ = [
+    "KNOWN_PROFILES",
+    "RESERVED_TARGETS",
+    "CommonRequest",
+    "Rules",
+    "check_target",
+    "check_workspace_id",
+    "validate_common",
+]
 
 KNOWN_PROFILES = ("developer", "hardened")
 EGRESS = ("allow", "deny")
-RESERVED_TARGETS = ("/.vz", "/proc", "/sys", "/dev")
-"""Mount targets that belong to vz and the Machine's kernel, in every agent Machine."""
 _VOLUME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}\Z")
 _ENV_KEY_RE = re.compile(r"^[^=\x00]+\Z")
 _BIND_OPTIONS = frozenset({"ro", "rw", "bind", "rbind", "cached", "delegated", "consistent", "z", "Z"})
@@ -86,9 +93,9 @@ def check_target(target: str, field: str, *, reserved_why: str = "belongs to the
     norm = "/" + posixpath.normpath(target).lstrip("/")
     if norm == "/":
         raise _bad(f"{field} target must not be the root directory '/'", field)
-    for reserved in RESERVED_TARGETS:
-        if norm == reserved or norm.startswith(reserved + "/"):
-            raise _bad(f"{field} target {target!r} is reserved ({reserved} {reserved_why})", field)
+    reserved = reserved_target(norm)
+    if reserved is not None:
+        raise _bad(f"{field} target {target!r} is reserved ({reserved} {reserved_why})", field)
     return norm
 
 
