@@ -318,8 +318,7 @@ class QemuBackend(Backend[QemuRecord, QemuPaths]):
         if not _SHM.is_dir() or not os.access(_SHM, os.W_OK):
             paths.cfg.mkdir(parents=True, exist_ok=True, mode=0o700)
             return paths.cfg
-        name = hashlib.sha256(f"{self.book.root}\0{record.key}".encode()).hexdigest()[:24]
-        path = _SHM / f"vz-qemu-{os.getuid()}-{name}"
+        path = self._shm_path(record)
         with contextlib.suppress(FileExistsError):
             os.mkdir(path, 0o700)
         st = os.lstat(path)
@@ -327,15 +326,25 @@ class QemuBackend(Backend[QemuRecord, QemuPaths]):
             raise UnavailableError(f"{path} is not a private directory of this user; remove it and retry")
         return path
 
+    def _shm_path(self, record: QemuRecord) -> Path:
+        name = hashlib.sha256(f"{self.book.root}\0{record.key}".encode()).hexdigest()[:24]
+        return _SHM / f"vz-qemu-{os.getuid()}-{name}"
+
     def _forget_config(self, record: QemuRecord, *, everything: bool) -> None:
         """Remove config.sh once the guest read it (the agent serves), or the whole share directory."""
         paths = self.book.paths(record.key)
-        cfg = self._config_dir(record, paths)
-        if everything:
-            shutil.rmtree(cfg, ignore_errors=True)
-        else:
-            with contextlib.suppress(FileNotFoundError):
-                (cfg / "config.sh").unlink()
+        for cfg in (self._shm_path(record), paths.cfg):
+            try:
+                st = os.lstat(cfg)
+            except FileNotFoundError:
+                continue
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+                continue  # never follow a link, never touch another user's directory
+            if everything and cfg != paths.cfg:
+                shutil.rmtree(cfg, ignore_errors=True)
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    (cfg / "config.sh").unlink()
 
     async def release(self, record: QemuRecord) -> None:
         await asyncio.to_thread(self._forget_config, record, everything=True)
