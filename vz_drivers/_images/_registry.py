@@ -276,7 +276,8 @@ class RegistryClient:
         if scheme == "basic":
             if creds is None:
                 raise PermissionDeniedError(
-                    f"registry {ref.host} requires credentials for {ref.repository}; pass credentials for {ref.host}"
+                    f"registry {ref.host} requires credentials for {ref.repository}; pass credentials for {ref.host} "
+                    f"(`docker login {ref.host}`, or a credential helper in the Docker configuration)"
                 )
             value = "Basic " + base64.b64encode(f"{creds[0]}:{creds[1]}".encode()).decode()
         elif scheme == "bearer":
@@ -363,7 +364,8 @@ class RegistryClient:
         if status in (401, 403):
             return PermissionDeniedError(
                 f"registry {ref.host} refused access to {ref.repository} (HTTP {status}{codes}); "
-                f"pass valid credentials for {ref.host}",
+                f"pass valid credentials for {ref.host} (`docker login {ref.host}`, or a credential helper in the "
+                "Docker configuration)",
                 details={"image": str(ref)},
             )
         if status == 429 or status >= 500:
