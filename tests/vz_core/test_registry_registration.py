@@ -26,7 +26,7 @@ from vz_core.registry import (
     load_reference,
 )
 
-SHIPPED = ("fake", "hyperv", "linux_native", "qemu", "vfkit")
+SHIPPED = ("fake", "hyperv", "linux_native", "macos_vm", "qemu", "vfkit")
 
 
 def _declaration(**changes: Any) -> DriverDeclaration:

@@ -26,7 +26,7 @@ import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from vz_core import (
     Capabilities,
@@ -67,6 +67,7 @@ from vz_drivers._machine._secrets import SecretKeeper
 from vz_drivers._machine._validate import CommonRequest, Rules, check_workspace_id
 
 if TYPE_CHECKING:
+    from vz_core.registry import DriverDeclaration
     from vz_drivers._agent import AgentClient
 
 __all__ = [
@@ -289,22 +290,26 @@ class Backend(abc.ABC, Generic[R, P]):
     whose log lives only inside the Machine)."""
 
     COMMON_OPTIONS = ("state_dir", "image_dir", "stop_timeout", "insecure_registries", "agent_binary")
-    """Options every agent-Machine driver takes; ``own_options`` are the backend's."""
-    own_options: tuple[str, ...] = ()
+    """Options the shared layer reads (when the declaration has them)."""
+    declaration: ClassVar[DriverDeclaration | None] = None
+    """The driver's declaration (its registration module's ``DECLARATION``): the options it describes are the
+    options the backend accepts."""
 
     def __init__(self, options: dict[str, Any]) -> None:
         """Take the common options out of ``options`` (the driver's keyword arguments) and refuse unknown ones.
 
-        A backend calls this first, then reads its ``own_options`` from the dict (strings are accepted so that a
-        plugin can pass them from its command line).
+        A backend calls this first, then reads its own options from the dict (strings are accepted so that a
+        plugin can pass them from its command line). The accepted keys are the declaration's options.
         """
-        known = (*self.COMMON_OPTIONS, *self.own_options)
+        known = self.declaration.option_names() if self.declaration is not None else list(self.COMMON_OPTIONS)
         unknown = sorted(set(options) - set(known))
         if unknown:
-            raise InvalidArgumentError(
-                f"unknown {self.name} option(s): {', '.join(unknown)}; known: {', '.join(known)}",
-                details={"option": unknown[0]},
+            message = (
+                self.declaration.unknown_keys_message(unknown)
+                if self.declaration is not None
+                else f"unknown {self.name} option(s): {', '.join(unknown)}; known: {', '.join(known)}"
             )
+            raise InvalidArgumentError(message, details={"option": unknown[0]})
         state_dir = options.get("state_dir")
         root = Path(state_dir) if state_dir else default_state_root() / "drivers" / self.name
         self.state_root = root.absolute()

@@ -58,6 +58,7 @@ from vz_drivers.linux_native._records import LinuxNativeBook, LinuxNativePaths, 
 from vz_drivers.linux_native._runc import Runc
 from vz_drivers.linux_native._spec import RUN_DIR, build_spec
 from vz_drivers.linux_native._validate import rules_for, validate_request
+from vz_drivers.linux_native.registration import DECLARATION
 
 __all__ = ["DRIVER_NAME", "LinuxNativeBackend", "LinuxNativeDriver"]
 
@@ -76,7 +77,7 @@ class LinuxNativeBackend(Backend[LinuxNativeRecord, LinuxNativePaths]):
     workspace_snapshots = True
     book: LinuxNativeBook
 
-    own_options = ("runc", "runc_sha256", "cgroup_parent", "subnet")
+    declaration = DECLARATION
 
     def __init__(self, **options: Any) -> None:
         super().__init__(options)

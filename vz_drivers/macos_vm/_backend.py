@@ -73,6 +73,7 @@ from vz_drivers.macos_vm._provision import (
     provision_script,
 )
 from vz_drivers.macos_vm._realize import Frameworks, framework_limits, load_frameworks
+from vz_drivers.macos_vm.registration import DECLARATION
 
 __all__ = ["STATUS", "MacosVmBackend", "MacosVmDriver", "MacosVmPaths", "MacosVmRecord"]
 
@@ -146,15 +147,7 @@ class MacosVmBackend(Backend[MacosVmRecord, MacosVmPaths]):
     keep_log_on_stop = True
     boot_timeout = 300.0
     stop_timeout = 30.0
-    own_options = (
-        "bases_file",
-        "allow_unpinned",
-        "allow_unpinned_in_ci",
-        "disk_size",
-        "boot_timeout",
-        "stop_mode",
-        "python",
-    )
+    declaration = DECLARATION
 
     def __init__(self, options: dict[str, Any], *, host: MacHost | None = None) -> None:
         super().__init__(options)

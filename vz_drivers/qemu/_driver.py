@@ -55,6 +55,7 @@ from vz_drivers.qemu._qemu import QemuBinary, Share, VmSpec, find_qemu, launch
 from vz_drivers.qemu._qmp import QmpClient
 from vz_drivers.qemu._records import QemuBook, QemuPaths, QemuRecord
 from vz_drivers.qemu._validate import HostLimits, guest_path, rules_for, validate_request
+from vz_drivers.qemu.registration import DECLARATION
 
 _SHM = Path("/dev/shm")
 
@@ -100,7 +101,7 @@ class QemuBackend(Backend[QemuRecord, QemuPaths]):
     storage_limits = True
     book: QemuBook
 
-    own_options = ("qemu", "kernel", "modules", "busybox", "accelerator", "sessions", "boot_timeout")
+    declaration = DECLARATION
 
     def __init__(self, **options: Any) -> None:
         super().__init__(options)

@@ -10,24 +10,9 @@ from typing import Any
 from vz_core.errors import InvalidArgumentError
 from vz_core.paths import state_dir as default_state_root
 
-__all__ = ["DRIVER_NAME", "OPTION_NAMES", "VfkitOptions", "parse_options"]
+__all__ = ["DRIVER_NAME", "VfkitOptions", "parse_options"]
 
 DRIVER_NAME = "vfkit"
-
-OPTION_NAMES = (
-    "state_dir",
-    "image_dir",
-    "vfkit",
-    "vfkit_sha256",
-    "kernel",
-    "initrd",
-    "rosetta",
-    "nested",
-    "stop_timeout",
-    "boot_timeout",
-    "insecure_registries",
-)
-"""The options ``parse_options`` takes; each is described once, in ``vz_drivers.vfkit.registration``."""
 
 
 @dataclass(frozen=True)
@@ -86,9 +71,9 @@ def parse_options(
 ) -> VfkitOptions:
     """Every option checked; ``InvalidArgumentError`` naming the culprit (unknown keys included)."""
     if unknown:
-        raise InvalidArgumentError(
-            f"unknown vfkit option(s): {', '.join(sorted(unknown))}; known: {', '.join(OPTION_NAMES)}"
-        )
+        from vz_drivers.vfkit.registration import DECLARATION
+
+        raise InvalidArgumentError(DECLARATION.unknown_keys_message(unknown))
     nested_text = ("on" if nested else "off") if isinstance(nested, bool) else nested
     root = Path(state_dir) if state_dir else default_state_root() / "drivers" / DRIVER_NAME
     return VfkitOptions(

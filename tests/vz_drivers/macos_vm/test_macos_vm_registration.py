@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
+from vz_core.errors import InvalidArgumentError
 from vz_drivers.macos_vm._backend import MacosVmBackend
 from vz_drivers.macos_vm.plugin import build_parser
 from vz_drivers.macos_vm.registration import DECLARATION, vz_builtin_drivers
@@ -16,8 +21,12 @@ def test_the_declaration_is_valid_and_dev_on_macos_only() -> None:
     assert DECLARATION.plugin_command == ("vz-driver-macos-vm",)
 
 
-def test_declared_options_are_exactly_what_the_backend_takes() -> None:
-    assert set(DECLARATION.option_names()) == {*MacosVmBackend.COMMON_OPTIONS, *MacosVmBackend.own_options}
+def test_declared_options_are_exactly_what_the_backend_takes(tmp_path: Path) -> None:
+    assert MacosVmBackend.declaration is DECLARATION
+    with pytest.raises(InvalidArgumentError) as info:
+        MacosVmBackend({"state_dir": str(tmp_path), "bogus": "1"})
+    assert info.value.message == DECLARATION.unknown_keys_message(["bogus"])
+    assert info.value.details["option"] == "bogus"
 
 
 def test_host_options_cannot_come_from_a_project_file() -> None:
