@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import datetime
 import errno
+import functools
 import os
 import shutil
 import subprocess
@@ -337,7 +338,9 @@ class Backend(abc.ABC, Generic[R, P]):
             else:
                 from vz_drivers._agent import ensure_agent_binary
 
-                self._agent_path = Path(await asyncio.to_thread(ensure_agent_binary))
+                self._agent_path = Path(
+                    await asyncio.to_thread(functools.partial(ensure_agent_binary, goos=self.rules.target_os))
+                )
         return self._agent_path
 
     # -- facts
@@ -348,6 +351,14 @@ class Backend(abc.ABC, Generic[R, P]):
 
     storage_limits: bool = False
     """Whether ``host_requirements.storage_bytes`` is enforced."""
+    egress_policies: tuple[EgressPolicy, ...] = (EgressPolicy.ALLOW, EgressPolicy.DENY)
+    """The egress policies the backend enforces (``Extensions.egress_policies``)."""
+    terminals: bool = True
+    """Whether terminal sessions are served (``Extensions.terminal``)."""
+
+    def snapshots(self) -> bool:
+        """``Extensions.snapshots``: by default whether the workspace snapshot projection is offered."""
+        return self.workspace_snapshots
 
     @abc.abstractmethod
     async def extension_facts(self) -> tuple[dict[str, str], str, str]:
@@ -532,17 +543,17 @@ class AgentMachineDriver(Driver, Generic[R, P]):
     async def extensions(self) -> Extensions | None:
         facts, accelerator, reason = await self._backend.extension_facts()
         return Extensions(
-            target_os=("linux",),
+            target_os=(self._backend.rules.target_os,),
             profiles=self._backend.rules.profiles,
             tty=False,
             accelerator=accelerator,
             accelerator_reason=reason,
-            snapshots=self._backend.workspace_snapshots,
-            egress_policies=(EgressPolicy.ALLOW, EgressPolicy.DENY),
+            snapshots=self._backend.snapshots(),
+            egress_policies=self._backend.egress_policies,
             facts=facts,
             resource_limits=True,
             storage_limits=self._backend.storage_limits,
-            terminal=True,
+            terminal=self._backend.terminals,
         )
 
     async def preflight(self, *, disable_auto_start: bool = False) -> None:

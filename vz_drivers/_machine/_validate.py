@@ -57,6 +57,8 @@ class Rules:
     """0 = no limit."""
     tmpfs_options: str = _TMPFS_BASIC
     """Regular expression alternatives of the accepted tmpfs options."""
+    target_os: str = "linux"
+    """The OS of the Machines (``linux``, ``darwin``): the request's platform must name it."""
 
 
 @dataclass(frozen=True)
@@ -104,10 +106,11 @@ def _check_platform(request: RunImageRequest, rules: Rules) -> None:
         return
     parts = request.platform.split("/")
     if len(parts) not in (2, 3) or not all(parts):
-        raise _bad(f"platform {request.platform!r} must look like 'linux/amd64'", "platform")
-    if parts[0] != "linux" or parts[1] != rules.architecture:
+        raise _bad(f"platform {request.platform!r} must look like '{rules.target_os}/amd64'", "platform")
+    if parts[0] != rules.target_os or parts[1] != rules.architecture:
         raise UnsupportedError(
-            f"platform {request.platform!r} cannot run here: {rules.display} runs linux/{rules.architecture} "
+            f"platform {request.platform!r} cannot run here: {rules.display} runs "
+            f"{rules.target_os}/{rules.architecture} "
             f"Machines{rules.platform_hint}",
             details={"field": "platform"},
         )

@@ -23,13 +23,13 @@ import secrets
 import shutil
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psutil
 
-from vz_core import EgressPolicy, Extensions, RunImageRequest
+from vz_core import EgressPolicy, RunImageRequest
 from vz_core.errors import (
     FailedPreconditionError,
     InvalidArgumentError,
@@ -148,6 +148,8 @@ class MacosVmBackend(Backend[MacosVmRecord, MacosVmPaths]):
     boot_timeout = 300.0
     stop_timeout = 30.0
     declaration = DECLARATION
+    egress_policies = (EgressPolicy.ALLOW,)
+    terminals = False
 
     def __init__(self, options: dict[str, Any], *, host: MacHost | None = None) -> None:
         super().__init__(options)
@@ -185,7 +187,12 @@ class MacosVmBackend(Backend[MacosVmRecord, MacosVmPaths]):
             reserved_why="belongs to the macOS system or to vz",
             bind_dirs_only=True,
             tmpfs_options=_TMPFS_OPTIONS,
+            target_os="darwin",
         )
+
+    def snapshots(self) -> bool:
+        """The VM state can be saved and restored (macOS 14+ hosts)."""
+        return self.host.save_restore
 
     # -- facts
 
@@ -229,12 +236,7 @@ class MacosVmBackend(Backend[MacosVmRecord, MacosVmPaths]):
 
     async def plan(self, request: RunImageRequest, key: str) -> MachinePlan[MacosVmRecord]:
         await self.preflight()
-        if request.platform and request.platform.split("/")[:2] != ["darwin", "arm64"]:
-            raise UnsupportedError(
-                f"platform {request.platform!r} cannot run here: the macos_vm driver runs darwin/arm64 Machines",
-                details={"field": "platform"},
-            )
-        common = validate_common(replace(request, platform=""), self.rules)
+        common = validate_common(request, self.rules)
         if common.egress != "allow":
             raise UnsupportedError(
                 "label vz.egress=deny is not enforced by the macos_vm driver (NAT networking only); remove it",
@@ -565,20 +567,3 @@ class MacosVmDriver(AgentMachineDriver[MacosVmRecord, MacosVmPaths]):
         keep their base; ``remove_everything`` removes those too)."""
         for record in list(self._store.records()):
             await self.delete(record.workspace_id)
-
-    async def extensions(self) -> Extensions | None:
-        backend = self._backend
-        assert isinstance(backend, MacosVmBackend)
-        facts, accelerator, reason = await backend.extension_facts()
-        return Extensions(
-            target_os=("darwin",),
-            profiles=backend.rules.profiles,
-            tty=False,
-            accelerator=accelerator,
-            accelerator_reason=reason,
-            snapshots=backend.host.save_restore,
-            egress_policies=(EgressPolicy.ALLOW,),
-            facts=facts,
-            resource_limits=True,
-            storage_limits=False,
-        )

@@ -32,12 +32,6 @@ def _rows(text: str) -> list[dict[str, object]]:
     return [r for r in rows if isinstance(r, dict)]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="vz up applies the OCI reference grammar to every built-in driver's image and refuses 'macos:stable' "
-    "(names no registry host) before the driver is asked; passes once vz up accepts host-less names as Docker "
-    "does (requested H13 -> H11 in /work/coord/requests.md)",
-)
 def test_vz_up_fails_before_mutation_with_the_reason(tmp_path: Path) -> None:
     home, work = tmp_path / "home", tmp_path / "work"
     work.mkdir()
