@@ -72,7 +72,7 @@ _CONTROL_RE = re.compile(r"[\x00-\x20\x7f]")
 _IMAGE_NAME_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,127}")
 _IMAGE_FORMS = (
     "use vz:NAME, oci:/abs/layout[:tag|@sha256:...], docker-archive:/abs/file.tar[:repo:tag] or "
-    "host[:port]/repo[:tag|@sha256:...] (docs/images.md)"
+    "[host[:port]/]repo[:tag|@sha256:...] (no host: Docker Hub, as Docker reads it; docs/images.md)"
 )
 
 
@@ -125,9 +125,11 @@ def check_image_reference(ref: str) -> str:
         raise ValueError(f"{ref!r}: the digest is not sha256:<64 hex digits>")
     host, slash, path = name.partition("/")
     if not slash or not names_registry_host(host):
-        raise ValueError(f"{ref!r} names no registry host (vz has no default registry); {_IMAGE_FORMS}")
-    if not HOST_RE.fullmatch(host):
+        host, path = "", name  # no registry host: Docker Hub, as Docker reads it (`alpine`, `library/debian:12`)
+    elif not HOST_RE.fullmatch(host):
         raise ValueError(f"{ref!r}: the registry host {host!r} is not a valid host[:port]")
+    if not path:
+        raise ValueError(f"{ref!r} names no repository; {_IMAGE_FORMS}")
     last = path.rsplit("/", 1)[-1]
     if ":" in last:
         path, _, tag = path.rpartition(":")

@@ -438,3 +438,20 @@ def _env_id(name: str) -> str:
     with Store(state_dir() / "state.db") as store:
         (env,) = [e for e in store.environments() if e.name == name]
         return env.env_id
+
+
+@pytest.mark.parametrize(
+    "ref", ["alpine", "ubuntu:24.04", "library/debian:12", "docker.io/library/alpine:3", "localhost:5000/app:1"]
+)
+def test_image_names_as_docker_users_write_them_are_accepted(ref: str) -> None:
+    from vz_core.env._definition import check_image_reference
+
+    assert check_image_reference(ref) == ref
+
+
+@pytest.mark.parametrize(("ref", "message"), [("Alpine", "repository component"), ("x@sha256:0", "digest")])
+def test_malformed_docker_names_are_still_refused(ref: str, message: str) -> None:
+    from vz_core.env._definition import check_image_reference
+
+    with pytest.raises(ValueError, match=message):
+        check_image_reference(ref)
