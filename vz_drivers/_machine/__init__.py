@@ -42,6 +42,7 @@ from vz_drivers._machine._driver import (
 from vz_drivers._machine._files import atomic_write, host_write_error, read_chunks_nofollow
 from vz_drivers._machine._identity import ResolvedUser, check_user_syntax, resolve_user
 from vz_drivers._machine._procs import kill_process, proc_start_time, wait_gone
+from vz_drivers._machine._sockets import SOCKET_LIMIT, private_dir, socket_dir
 from vz_drivers._machine._validate import (
     KNOWN_PROFILES,
     RESERVED_TARGETS,
@@ -55,6 +56,7 @@ from vz_drivers._machine._validate import (
 __all__ = [
     "KNOWN_PROFILES",
     "RESERVED_TARGETS",
+    "SOCKET_LIMIT",
     "AgentLink",
     "AgentMachineDriver",
     "Backend",
@@ -81,10 +83,12 @@ __all__ = [
     "now",
     "open_agent_socket",
     "peer_pid",
+    "private_dir",
     "proc_start_time",
     "read_chunks_nofollow",
     "record_fields",
     "resolve_user",
+    "socket_dir",
     "subpath",
     "tail",
     "validate_common",

@@ -17,19 +17,13 @@ Unix socket paths are limited to 104 bytes on macOS: when ``run/`` is too deep, 
 
 from __future__ import annotations
 
-import os
-import stat
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from vz_core.errors import FailedPreconditionError
-from vz_drivers._machine import MachinePaths, MachineRecord, RecordBook, subpath
+from vz_drivers._machine import SOCKET_LIMIT, MachinePaths, MachineRecord, RecordBook, subpath
+from vz_drivers._machine import socket_dir as shared_socket_dir
 
 __all__ = ["SOCKET_LIMIT", "VfkitBook", "VfkitPaths", "VfkitRecord", "socket_dir"]
-
-SOCKET_LIMIT = 100
-"""Longest socket path used (macOS ``sun_path`` holds 104 bytes with the terminating NUL)."""
 
 
 @dataclass(kw_only=True)
@@ -58,24 +52,6 @@ class VfkitBook(RecordBook[VfkitRecord, VfkitPaths]):
         super().__init__(root, VfkitRecord, VfkitPaths)
 
 
-def _private_dir(path: Path) -> Path:
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o077:
-        raise FailedPreconditionError(
-            f"{path} is not a private directory of this user (mode 0700, owned by uid {os.geteuid()}); remove it "
-            "so that vz can create it",
-            details={"path": str(path)},
-        )
-    return path
-
-
 def socket_dir(paths: VfkitPaths, key: str, *, create: bool = True) -> Path:
-    """Where a Machine's sockets live: ``run/`` when short enough, else a private directory in the temp dir
-    (created and checked when ``create``)."""
-    if len(os.fsencode(paths.run / "ready.sock")) <= SOCKET_LIMIT:
-        return paths.run
-    base = Path(tempfile.gettempdir()) / f"vz-{os.geteuid()}-vfkit"
-    if not create:
-        return base / key[:16]
-    return _private_dir(_private_dir(base) / key[:16])
+    """Where a vfkit Machine's sockets live (the shared short-path rule; its longest name is ``ready.sock``)."""
+    return shared_socket_dir(paths, key, driver="vfkit", longest="ready.sock", create=create)
