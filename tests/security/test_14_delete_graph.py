@@ -1,9 +1,8 @@
 """#14 item 2 through the real `vz` console script: `vz delete` removes everything the Environment owns and says
 so; a sibling Environment stays byte-identical; `--keep-volumes` keeps volumes listed and removable.
 
-On linux_native (root) the Machine has a named volume. The drivers have no volume-removal operation yet, so
-the volume is reported kept, naming the driver, and stays listed; "nothing left on disk" is marked xfail
-(strict) until the drivers gain it (request in the coordination notes).
+On linux_native (root) the Machine has a named volume; the built-in agent-Machine drivers remove a volume's
+data (``delete_volume``), so nothing of the Environment is left on disk.
 """
 
 from __future__ import annotations
@@ -105,36 +104,26 @@ def test_delete_reports_what_it_removed_and_keeps_the_sibling(graph: tuple[Vz, P
     assert [m["state"] for m in result["machines"]] == ["deleted"]
     assert result["bindings"] == [str(a)] and result["operations_removed"] >= 2
     (volume,) = result["volumes"]
-    assert volume["volume"] == "cache" and volume["state"] == "kept"
-    assert "driver 'linux_native' has no volume-removal operation" in volume["reason"]
-    listed = json.loads(vz("volume", "list", "--json", cwd=a))["volumes"]
-    assert [v["name"] for v in listed] == [volume["name"]]
-    vz("volume", "rm", volume["name"], cwd=a, code=2)  # names the driver; the volume stays listed
-    assert [v["name"] for v in json.loads(vz("volume", "list", "--json", cwd=a))["volumes"]] == [volume["name"]]
+    assert volume["volume"] == "cache" and volume["state"] == "removed"  # through the driver's delete_volume
+    assert json.loads(vz("volume", "list", "--json", cwd=a))["volumes"] == []
     # The sibling: its Machine, its volume and every byte the driver keeps for it are unchanged.
     after = {p: d for p, d in digests(vz.home / "drivers").items() if p.endswith("sentinel")}
     assert set(after) < set(sentinels) and all(sentinels[p] == d for p, d in after.items())
     assert any("volumes" in p for p in after) and any("volumes" not in p for p in after)
     assert ids["sibling"] in env_ids(vz, b).values()
     assert vz("exec", "--", "cat", "sentinel", cwd=b) == "x\n"
-    # Nothing of the deleted Environment is left in vz's own files (locks, ...) and in the store but the record
-    # of the volume it kept.
+    # Nothing of the deleted Environment is left in vz's own files (locks, ...) nor in the store.
     assert [p for p in mentioning(vz.home, ids["default"]) if not p.startswith("drivers") and "state.db" not in p] == []
     db = sqlite3.connect(vz.home / "state.db")
     try:
         for table in ("environments", "machines", "bindings", "operations"):
             assert db.execute(f"SELECT COUNT(*) FROM {table} WHERE env_id = ?", (ids["default"],)).fetchone() == (0,)
         rows = db.execute("SELECT backend_name, state FROM volumes WHERE env_id = ?", (ids["default"],)).fetchall()
-        assert rows == [(volume["name"], "kept")]
+        assert rows == []
     finally:
         db.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="no built-in driver has a volume-removal operation yet: the volume's data stays (driver side of #14 item 2)",
-)
 def test_delete_leaves_nothing_of_the_environment_on_disk(graph: tuple[Vz, Path, Path, dict[str, str]]) -> None:
     vz, a, _, ids = graph
     vz("delete", cwd=a)

@@ -933,6 +933,25 @@ class AgentMachineDriver(Driver, Generic[R, P]):
             async for chunk in chunks:
                 yield chunk
 
+    async def delete_volume(self, name: str) -> None:
+        """Remove the named volume's data (idempotent: a missing volume is success).
+
+        ``FailedPreconditionError`` while a Machine of this driver (running or stopped) still mounts it.
+        """
+        if not name:
+            raise InvalidArgumentError("a volume name is required", details={"field": "name"})
+        users = sorted(
+            r.workspace_id
+            for r in await asyncio.to_thread(lambda: list(self._store.records()))
+            if any(m.type == "volume" and m.source == name for m in r.mounts)
+        )
+        if users:
+            raise FailedPreconditionError(
+                f"volume {name!r} is still mounted by Machine(s) {', '.join(map(repr, users))}; delete them first",
+                details={"volume": name},
+            )
+        await asyncio.to_thread(shutil.rmtree, self._store.volume_dir(name), True)
+
     async def close(self) -> None:
         state = self._ls()
         links = list(state.links.values())

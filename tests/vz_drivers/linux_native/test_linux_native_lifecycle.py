@@ -245,3 +245,21 @@ async def test_snapshot_workspace_is_a_point_in_time_copy(
     await driver.delete(wid)
     assert not copy.exists()
     assert sorted(p.name for p in worktree.iterdir()) == ["a.txt", "link", "new.txt", "sub"]
+
+
+async def test_delete_volume_refuses_while_mounted_then_removes_the_data(
+    driver: LinuxNativeDriver, state_dir: Path
+) -> None:
+    wid = "vol-owner"
+    await driver.run_image(request(wid, mounts=(Mount(MountType.VOLUME, "vz-test-vol", "/data"),)))
+    await sh(driver, wid, "echo kept > /data/f")
+    volumes = state_dir / "volumes"
+    assert len(list(volumes.iterdir())) == 1
+    await driver.stop(wid)
+    with pytest.raises(FailedPreconditionError, match="vol-owner"):
+        await driver.delete_volume("vz-test-vol")
+    assert len(list(volumes.iterdir())) == 1
+    await driver.delete(wid)
+    await driver.delete_volume("vz-test-vol")
+    assert list(volumes.iterdir()) == []
+    await driver.delete_volume("vz-test-vol")  # idempotent
