@@ -11,18 +11,24 @@ import asyncio
 import contextlib
 import os
 import shutil
+import uuid
 from pathlib import Path
+from typing import Any
 
 from vz_core.errors import InvalidArgumentError, UnavailableError
+from vz_drivers._machine import MachinePlan
 
 __all__ = [
     "DEFAULT_MIN_DISK",
     "MKE2FS_HINT",
     "create_root_disk",
     "default_disk_size",
+    "install_root_disk",
     "minimum_disk_size",
     "root_disk_size",
+    "stage_root_disk",
     "tree_usage",
+    "unstage_root_disk",
 ]
 
 DEFAULT_MIN_DISK = 2 * 1024**3
@@ -131,3 +137,27 @@ async def create_root_disk(rootfs: Path, target: Path, size: int, *, image: str)
 def _remove(path: Path) -> None:
     with contextlib.suppress(FileNotFoundError):
         path.unlink()
+
+
+async def stage_root_disk(plan: MachinePlan[Any], staging: Path, size: int) -> None:
+    """Build the planned Machine's root disk (``size`` bytes, from ``plan.staged["rootfs"]``) in the private
+    ``staging`` directory; its path is ``plan.staged["disk"]`` (set first, so that ``unstage_root_disk`` finds a
+    partial one)."""
+    record = plan.record
+    await asyncio.to_thread(staging.mkdir, parents=True, exist_ok=True, mode=0o700)
+    disk = staging / f"{record.key}-{uuid.uuid4().hex[:8]}.img"
+    plan.staged["disk"] = disk
+    await create_root_disk(plan.staged["rootfs"], disk, size, image=record.image_ref)
+
+
+def unstage_root_disk(plan: MachinePlan[Any]) -> None:
+    """Remove a staged root disk that did not become a Machine's."""
+    disk = plan.staged.get("disk")
+    if disk is not None:
+        _remove(disk)
+
+
+def install_root_disk(plan: MachinePlan[Any], disk: Path, cfg: Path) -> None:
+    """Move the staged root disk to the Machine's ``disk`` path and create its private ``cfg`` directory."""
+    cfg.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.replace(plan.staged["disk"], disk)

@@ -25,7 +25,6 @@ import hashlib
 import os
 import shutil
 import stat
-import uuid
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -47,7 +46,15 @@ from vz_drivers._machine import (
     tail,
 )
 from vz_drivers.qemu._accel import ACCELERATORS, Accelerator, choose_accelerator
-from vz_drivers.qemu._disk import create_root_disk, default_disk_size, find_mke2fs, minimum_disk_size, tree_usage
+from vz_drivers.qemu._disk import (
+    default_disk_size,
+    find_mke2fs,
+    install_root_disk,
+    minimum_disk_size,
+    stage_root_disk,
+    tree_usage,
+    unstage_root_disk,
+)
 from vz_drivers.qemu._guestconfig import LOG_PATH, GuestConfig, GuestMount, env_list, hosts_file, render, resolv_file
 from vz_drivers.qemu._initramfs import Initramfs, build_initramfs, find_busybox
 from vz_drivers.qemu._kernel import Kernel, extract_vmlinux, find_kernel, resolve_modules
@@ -254,22 +261,14 @@ class QemuBackend(Backend[QemuRecord, QemuPaths]):
         return MachinePlan(record, staged={"rootfs": image.rootfs})
 
     async def stage(self, plan: MachinePlan[QemuRecord]) -> None:
-        record = plan.record
-        await asyncio.to_thread(self.book.staging.mkdir, parents=True, exist_ok=True)
-        disk = self.book.staging / f"{record.key}-{uuid.uuid4().hex[:8]}.img"
-        plan.staged["disk"] = disk
-        await create_root_disk(plan.staged["rootfs"], disk, record.disk_bytes, image=record.image_ref)
+        await stage_root_disk(plan, self.book.staging, plan.record.disk_bytes)
 
     def unstage(self, plan: MachinePlan[QemuRecord]) -> None:
-        disk = plan.staged.get("disk")
-        if disk is not None:
-            with contextlib.suppress(FileNotFoundError):
-                disk.unlink()
+        unstage_root_disk(plan)
 
     def make_machine_dir(self, record: QemuRecord, plan: MachinePlan[QemuRecord]) -> None:
         paths = self.book.paths(record.key)
-        paths.cfg.mkdir(parents=True, exist_ok=True, mode=0o700)
-        os.replace(plan.staged["disk"], paths.disk)
+        install_root_disk(plan, paths.disk, paths.cfg)
 
     # ------------------------------------------------------------------ boot
 

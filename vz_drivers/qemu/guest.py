@@ -11,9 +11,12 @@ from vz_drivers.qemu._disk import (
     create_root_disk,
     default_disk_size,
     find_mke2fs,
+    install_root_disk,
     minimum_disk_size,
     root_disk_size,
+    stage_root_disk,
     tree_usage,
+    unstage_root_disk,
 )
 from vz_drivers.qemu._guestconfig import GuestConfig, GuestMount, env_list, hosts_file, render, resolv_file
 from vz_drivers.qemu._initramfs import (
@@ -47,11 +50,14 @@ __all__ = [
     "find_kernel",
     "find_mke2fs",
     "hosts_file",
+    "install_root_disk",
     "minimum_disk_size",
     "render",
     "resolv_file",
     "resolve_modules",
     "root_disk_size",
+    "stage_root_disk",
     "tree_usage",
+    "unstage_root_disk",
     "write_cpio",
 ]

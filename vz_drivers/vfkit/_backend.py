@@ -46,13 +46,15 @@ from vz_drivers.qemu.guest import (
     CONFIG_TAG,
     GuestConfig,
     GuestMount,
-    create_root_disk,
     env_list,
     find_mke2fs,
     hosts_file,
+    install_root_disk,
     render,
     root_disk_size,
+    stage_root_disk,
     tree_usage,
+    unstage_root_disk,
 )
 from vz_drivers.vfkit._binary import VfkitBinary
 from vz_drivers.vfkit._cmdline import AGENT_VSOCK_PORT, READY_VSOCK_PORT, Share, VfkitSpec, build_argv
@@ -284,22 +286,14 @@ class VfkitBackend(Backend[VfkitRecord, VfkitPaths]):
         )
 
     async def stage(self, plan: MachinePlan[VfkitRecord]) -> None:
-        record = plan.record
-        await asyncio.to_thread(self.book.staging.mkdir, parents=True, exist_ok=True, mode=0o700)
-        disk = self.book.staging / f"{record.key}-{uuid.uuid4().hex[:8]}.img"
-        plan.staged["disk"] = disk
-        await create_root_disk(plan.staged["rootfs"], disk, record.disk_bytes, image=record.image_ref)
+        await stage_root_disk(plan, self.book.staging, plan.record.disk_bytes)
 
     def unstage(self, plan: MachinePlan[VfkitRecord]) -> None:
-        disk = plan.staged.get("disk")
-        if disk is not None:
-            with contextlib.suppress(FileNotFoundError):
-                disk.unlink()
+        unstage_root_disk(plan)
 
     def make_machine_dir(self, record: VfkitRecord, plan: MachinePlan[VfkitRecord]) -> None:
         paths = self.book.paths(record.key)
-        paths.cfg.mkdir(parents=True, exist_ok=True, mode=0o700)
-        os.replace(plan.staged["disk"], paths.disk)
+        install_root_disk(plan, paths.disk, paths.cfg)
 
     # ------------------------------------------------------------------ boot
 
