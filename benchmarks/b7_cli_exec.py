@@ -36,7 +36,7 @@ async def prepare_cli(ctx: Any, home: Path) -> tuple[str, Path | None]:
     if problem:
         ctx.notes.append(f"linux_native cannot run Machines here ({problem}): measured on the fake driver instead")
         return "fake", None
-    from vz_drivers._agent import ensure_agent_binary
+    from vz_drivers.agent import ensure_agent_binary
 
     return "linux_native", await asyncio.to_thread(ensure_agent_binary)
 
