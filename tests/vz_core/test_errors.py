@@ -12,7 +12,7 @@ import pytest
 
 from vz_core import errors
 from vz_core._proto.devsy.runtime.v1 import runtime_pb2 as pb
-from vz_core._wire import error_from_rpc, error_to_status, runtime_errors_in
+from vz_core.rpc import error_from_rpc, error_to_status, runtime_errors_in
 
 TABLE = {
     "UNKNOWN": (0, grpc.StatusCode.UNKNOWN),
