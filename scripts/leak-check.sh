@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Fails when the test suite left vz processes, mounts, network namespaces, links or cgroups behind.
+# Fails when the test suite left vz processes, mounts, network namespaces, links, nft tables or cgroups behind.
 # Usage: leak-check.sh snapshot FILE   (record what exists before the suite)
 #        leak-check.sh [FILE]          (report what exists now and was not in FILE)
 set -uo pipefail
@@ -11,6 +11,9 @@ inventory() {
   if command -v ip >/dev/null; then
     ip netns list 2>/dev/null | grep -E '^vz' | sed 's/^/netns /'
     ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | grep -E '^vz' | sed 's/^/link /'
+  fi
+  if command -v nft >/dev/null; then
+    nft list tables 2>/dev/null | awk '$3 ~ /^vz/ {print "nft " $2 " " $3}'
   fi
   find /sys/fs/cgroup -mindepth 2 -maxdepth 4 -type d -name 'vz-*' 2>/dev/null | sed 's/^/cgroup /'
 }
