@@ -9,7 +9,6 @@ the hardened profile cannot.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from collections.abc import AsyncIterator
@@ -23,6 +22,8 @@ from machine_testlib import request, sh
 from vz_core.errors import InvalidArgumentError
 from vz_drivers._machine import machine_key
 from vz_drivers.linux_native import LinuxNativeDriver, cleanup_state
+from vz_drivers.linux_native._seccomp import seccomp_profile
+from vz_drivers.linux_native._spec import _capabilities
 
 BLOCKED = (
     "keyctl",
@@ -59,8 +60,13 @@ async def driver(tmp_path: Path, image_dir: Path) -> AsyncIterator[LinuxNativeDr
 
 
 def _seccomp(driver: LinuxNativeDriver, workspace_id: str) -> dict[str, object] | None:
-    spec = json.loads((driver._store.paths(machine_key(workspace_id)).bundle / "config.json").read_text())
-    profile: dict[str, object] | None = spec["linux"].get("seccomp")
+    # The runc spec lives in memory only (it may hold environment values): rebuild the profile the driver gave
+    # runc from the Machine's record, the same function the spec builder calls.
+    record = driver._backend.book.load(machine_key(workspace_id))  # type: ignore[attr-defined]
+    assert record is not None
+    if not record.seccomp:
+        return None
+    profile: dict[str, object] = seccomp_profile(_capabilities(record))
     return profile
 
 
