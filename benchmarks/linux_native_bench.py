@@ -49,7 +49,7 @@ def _plugin_executable(workdir: Path) -> Path:
     if installed:
         return Path(installed)
     script = workdir / "vz-driver-linux-native"
-    script.write_text(f"#!{sys.executable}\nfrom vz_drivers.linux_native.plugin import main\nmain()\n")
+    script.write_text(f"#!{sys.executable}\nfrom vz_drivers.linux_native.registration import main\nmain()\n")
     script.chmod(0o755)
     return script
 

@@ -358,7 +358,7 @@ def serve(driver, *, on_serving=None):
     print(type(made).__name__, early, file=sys.stderr)
     sys.exit(0)
 vz_plugins.serve = serve
-from vz_drivers.qemu.plugin import main
+from vz_drivers.qemu.registration import main
 main(sys.argv[1:])
 """
 

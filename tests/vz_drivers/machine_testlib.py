@@ -105,7 +105,7 @@ def plugin_driver(tmp_path: Path, name: str, state_dir: Path, image_dir: Path, a
     from vz_core.transport import LaunchSpec, PluginLauncher
 
     script = tmp_path / f"vz-driver-{name}"
-    script.write_text(f"#!{sys.executable}\nfrom vz_drivers.{name}.plugin import main\nmain()\n")
+    script.write_text(f"#!{sys.executable}\nfrom vz_drivers.{name}.registration import main\nmain()\n")
     script.chmod(0o755)
     argv = [str(script), "--state-dir", str(state_dir), "--image-dir", str(image_dir)]
     argv += ["--option", f"agent_binary={agent_binary}"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from vz_core.registry import DriverDeclaration, MatrixRow, Option, hookimpl
 
-__all__ = ["DECLARATION", "vz_builtin_drivers"]
+__all__ = ["DECLARATION", "build_parser", "main", "vz_builtin_drivers"]
 
 DECLARATION = DriverDeclaration(
     name="linux_native",
@@ -35,3 +35,9 @@ DECLARATION = DriverDeclaration(
 @hookimpl
 def vz_builtin_drivers() -> list[DriverDeclaration]:
     return [DECLARATION]
+
+
+# The ``vz-driver-linux-native`` console script and its parser: the shared built-in plugin main, generated
+# from the declaration (``vz_core.registry.DriverDeclaration.serve_plugin``).
+main = DECLARATION.serve_plugin
+build_parser = DECLARATION.plugin_parser

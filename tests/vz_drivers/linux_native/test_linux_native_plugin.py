@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from machine_testlib import check_machines_outlive_the_plugin
 
-from vz_drivers.linux_native.plugin import build_parser
+from vz_drivers.linux_native.registration import build_parser
 
 pytestmark = pytest.mark.root
 

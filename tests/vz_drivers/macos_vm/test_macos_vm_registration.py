@@ -8,8 +8,7 @@ import pytest
 
 from vz_core.errors import InvalidArgumentError
 from vz_drivers.macos_vm._backend import MacosVmBackend
-from vz_drivers.macos_vm.plugin import build_parser
-from vz_drivers.macos_vm.registration import DECLARATION, vz_builtin_drivers
+from vz_drivers.macos_vm.registration import DECLARATION, build_parser, vz_builtin_drivers
 
 
 def test_the_declaration_is_valid_and_dev_on_macos_only() -> None:

@@ -11,7 +11,7 @@ from qemu_testlib import qemu_processes
 import vz_drivers.qemu as package
 from vz_core.registry import DriverRegistry
 from vz_drivers.qemu import registration
-from vz_drivers.qemu.plugin import build_parser
+from vz_drivers.qemu.registration import build_parser
 
 
 def test_public_names_resolve() -> None:

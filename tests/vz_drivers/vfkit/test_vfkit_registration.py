@@ -36,7 +36,7 @@ async def test_the_declared_factory_builds_the_driver(tmp_path: Path) -> None:
 
 
 def test_the_plugin_command_line_is_generated() -> None:
-    from vz_drivers.vfkit.plugin import build_parser
+    from vz_drivers.vfkit.registration import build_parser
 
     help_text = build_parser().format_help()
     for flag in ("--vfkit", "--vfkit-sha256", "--kernel", "--initrd", "--rosetta", "--nested", "--boot-timeout"):
@@ -83,7 +83,7 @@ async def test_listed_and_served_as_its_plugin(tmp_path: Path, monkeypatch: pyte
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     script = bin_dir / "vz-driver-vfkit"
-    script.write_text(f"#!{sys.executable}\nfrom vz_drivers.vfkit.plugin import main\nmain()\n")
+    script.write_text(f"#!{sys.executable}\nfrom vz_drivers.vfkit.registration import main\nmain()\n")
     script.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
 
