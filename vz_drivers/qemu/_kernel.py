@@ -8,21 +8,19 @@ initramfs that vz builds; whatever is built in is skipped.
 from __future__ import annotations
 
 import bz2
-import contextlib
 import gzip
 import hashlib
 import lzma
-import os
 import re
 import shutil
 import struct
 import subprocess
-import tempfile
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
 from vz_core.errors import UnavailableError
+from vz_drivers._machine import atomic_write
 
 __all__ = [
     "GUEST_MODULES",
@@ -314,13 +312,5 @@ def extract_vmlinux(kernel: Kernel, cache: Path) -> Path | None:
     if elf is None or not has_pvh_entry(elf):
         return None
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".vmlinux.")
-    try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(elf)
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    atomic_write(target, elf, 0o644)
     return target
