@@ -8,8 +8,11 @@ status 0, and the pane's own terminal settings (``stty -a``) identical before an
 killed (SIGTERM, SIGHUP) or the session's command is killed from outside. The tmux server is
 killed at the end and the test checks that nothing of it is left.
 
-Drivers: the fake (a pseudo-terminal on the host). ``VZ_E2E_DRIVER`` runs it on another installed driver
-whose extensions declare terminals.
+Drivers: every test runs on the fake (a pseudo-terminal on the host) and on linux_native (busybox ``sh`` in
+the Machine), except the one that kills the command from the host, which needs host-visible processes; the
+interactive-shell test also runs in a qemu Machine. One Machine per driver serves the whole module.
+``VZ_E2E_DRIVER`` set keeps only that driver (another installed driver whose extensions declare terminals
+runs every test that is not fake-only).
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-DRIVER = os.environ.get("VZ_E2E_DRIVER", "fake")
+ONLY = os.environ.get("VZ_E2E_DRIVER")
+KNOWN = ("fake", "linux_native", "qemu")
 IMAGE = os.environ.get("VZ_E2E_IMAGE", "vz:default")
 HOST_PROMPT = "host-pane$ "
 
@@ -37,6 +41,17 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux (Debian package tmux)"),
 ]
+
+
+def _drivers(*candidates: str) -> list[str]:
+    """The drivers a test runs on: ``candidates``, narrowed to ``VZ_E2E_DRIVER`` when that is set."""
+    if ONLY is None:
+        return list(candidates)
+    return [ONLY] if ONLY in candidates or ONLY not in KNOWN else []
+
+
+def _on(*candidates: str) -> pytest.MarkDecorator:
+    return pytest.mark.parametrize("project", _drivers(*candidates), indirect=True)
 
 
 def _vz() -> str:
@@ -114,12 +129,17 @@ class Tmux:
         socket.unlink(missing_ok=True)
 
 
-@pytest.fixture
-def project(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str]]]:
+@pytest.fixture(scope="module")
+def project(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Path, dict[str, str]]]:
+    """One Machine of driver ``request.param`` for the module (deleted at the end); the tests share it."""
+    driver = request.param
+    tmp_path = tmp_path_factory.mktemp(f"pty-{driver}")
     home = tmp_path / "home"
     work = tmp_path / "proj"
     work.mkdir()
-    machine = {"name": "web", "profile": "developer", "driver": DRIVER, "image": IMAGE}
+    machine = {"name": "web", "profile": "developer", "driver": driver, "image": IMAGE}
     machine["workspace"] = {"projection": "none"}
     (work / "vz.json").write_text(json.dumps({"version": 1, "project_id": "pty-e2e", "machines": [machine]}))
     env = {
@@ -136,7 +156,8 @@ def project(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str]]]:
     try:
         yield work, env
     finally:
-        subprocess.run([_vz(), "delete"], cwd=work, env=env, capture_output=True, timeout=600, check=False)
+        gone = subprocess.run([_vz(), "delete"], cwd=work, env=env, capture_output=True, timeout=600, check=False)
+        assert gone.returncode == 0, gone.stderr.decode()
 
 
 @pytest.fixture
@@ -150,6 +171,7 @@ def pane(project: tuple[Path, dict[str, str]]) -> Iterator[Tmux]:
         assert tmux.server_pids() == [], "the tmux server outlived kill-server"
 
 
+@_on("fake", "linux_native", "qemu")
 def test_interactive_shell_in_a_real_terminal(pane: Tmux, project: tuple[Path, dict[str, str]]) -> None:
     work, _ = project
     pane.send_line("stty -a > before.txt")
@@ -192,6 +214,7 @@ def test_interactive_shell_in_a_real_terminal(pane: Tmux, project: tuple[Path, d
     assert (work / "before.txt").read_text() == (work / "after.txt").read_text()
 
 
+@_on("fake", "linux_native")
 def test_a_killed_vz_restores_the_terminal(pane: Tmux) -> None:
     """SIGTERM and SIGHUP to vz while the terminal is raw: vz exits 128+N and the settings are restored."""
     pane.send_line("stty -a > before.txt")
@@ -213,14 +236,21 @@ def test_a_killed_vz_restores_the_terminal(pane: Tmux) -> None:
     pane.wait_for(r"^settings-same-hup$")
 
 
-def test_a_command_killed_from_outside_ends_the_session_and_restores_the_terminal(pane: Tmux) -> None:
-    """The session's command dies of SIGKILL (as when its Machine is torn down): vz exits 137, terminal restored."""
+@_on("fake")
+def test_a_command_killed_from_outside_ends_the_session_and_restores_the_terminal(
+    pane: Tmux, request: pytest.FixtureRequest
+) -> None:
+    """The session's command dies of SIGKILL (as when its Machine is torn down): vz exits 137, terminal restored.
+
+    Fake only: the test finds the command by its command line among the host's processes, which is where the
+    fake runs it; a linux_native or qemu Machine's processes are not the host's to find that way.
+    """
     pane.send_line("stty -a > before.txt")
     pane.send_line(f"{shlex.quote(_vz())} exec -it -- sh -c 'echo kill-victim; sleep 100'; echo vz-exit=$?")
     pane.wait_for(r"^kill-victim")
-    victims = _host_processes("kill-victim") if DRIVER == "fake" else []
-    if DRIVER != "fake":
+    if request.node.callspec.params["project"] != "fake":
         pytest.skip("the command's processes are visible on the host only for the fake driver")
+    victims = _host_processes("kill-victim")
     for pid in victims:
         os.kill(pid, 9)
     pane.wait_for(r"^vz-exit=137$")
@@ -254,6 +284,7 @@ def _vz_processes(word: str) -> list[int]:
     return found
 
 
+@_on("fake", "linux_native")
 def test_without_a_terminal_it_is_refused_like_docker(project: tuple[Path, dict[str, str]]) -> None:
     work, env = project
     out = subprocess.run(
