@@ -6,7 +6,7 @@ are searched for the value.
 vz's own files (the state database, locks, logs: everything under VZ_HOME outside the drivers' state
 directories) and the outputs must never hold it. The drivers' own files are checked separately, while the
 Machine runs and after it stopped (linux_native: its record and runc bundle hold only the variable names; the
-fake is marked xfail, strict, until its side of #14 item 7 lands: it must then pass, and the mark must go).
+fake's machine.json likewise: the values stay in the driver process's memory).
 """
 
 from __future__ import annotations
@@ -133,15 +133,7 @@ def test_vz_itself_keeps_no_secret_at_rest_nor_in_arguments_or_output(tmp_path: 
 
 
 DRIVER_FILES = [
-    pytest.param(
-        "fake",
-        id="fake",
-        marks=pytest.mark.xfail(
-            strict=True,
-            raises=AssertionError,
-            reason="the fake driver stores the environment in its machine.json (driver side of #14 item 7)",
-        ),
-    ),
+    pytest.param("fake", id="fake"),
     pytest.param(
         "linux_native",
         id="linux_native",

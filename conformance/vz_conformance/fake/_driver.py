@@ -59,6 +59,7 @@ from vz_core.errors import (
     UnavailableError,
     UnsupportedError,
 )
+from vz_drivers._machine._secrets import SecretKeeper
 
 from ._exec import (
     MINIMAL_PATH,
@@ -91,9 +92,10 @@ class FakeDriver(Driver):
 
     ``state_dir`` defaults to ``<vz state dir>/drivers/fake``. ``faults`` names fault modes (see
     ``FAULT_DESCRIPTIONS``; a string is read as a comma-separated list); an unknown name is a ``UserError``.
-    Everything lives on disk, so a new instance on the same directory (a relaunched plugin) finds every
-    Machine in the state the last one left it. Calls are serialized per workspace within a process (asyncio
-    lock) and across processes (fcntl lock).
+    Everything but the environment values lives on disk, so a new instance on the same directory (a relaunched
+    plugin) finds every Machine in the state the last one left it; the values are kept in memory (this process
+    and the kernel keyring, see ``vz_drivers._machine._secrets``), never in a file. Calls are serialized per
+    workspace within a process (asyncio lock) and across processes (fcntl lock).
     """
 
     def __init__(self, state_dir: str | Path | None = None, faults: Iterable[str] | str = ()) -> None:
@@ -101,9 +103,14 @@ class FakeDriver(Driver):
             faults = [name.strip() for name in faults.split(",") if name.strip()]
         self.faults = check_faults(faults)
         self.state_dir = Path(state_dir) if state_dir is not None else vz_paths.state_dir() / "drivers" / "fake"
-        self._store = MachineStore(self.state_dir, raw_id_paths="raw-id-paths" in self.faults)
+        self._store = MachineStore(
+            self.state_dir, raw_id_paths="raw-id-paths" in self.faults, keep_legacy_environment=self._keep_legacy
+        )
         # Process groups of the execs this instance is running, per Machine key: Stop/Delete/recreation kill them.
         self._active: dict[str, set[int]] = {}
+        # The Machines' environment values: never on disk (the record keeps the names only), in this process's
+        # memory and the user's kernel keyring, as for the built-in drivers; a Start without them is refused.
+        self._secrets = SecretKeeper(self.state_dir)
 
     def __repr__(self) -> str:
         return f"FakeDriver(state_dir={str(self.state_dir)!r}, faults={sorted(self.faults)!r})"
@@ -196,7 +203,7 @@ class FakeDriver(Driver):
         key = self._store.key(request.workspace_id)
         if "recreate-before-validate" in self.faults and request.allow_recreate:
             async with self._store.locked(key):
-                self._halt(key, self._store.read(key))
+                self._forget(key, self._store.read(key))
                 await self._store.discard(self._store.remove(key))
         record = self._validate_run(request, key)
         if "failing-run" in self.faults:
@@ -211,19 +218,33 @@ class FakeDriver(Driver):
                 )
             now = _now()
             record = replace(record, id=secrets.token_hex(32), created_at=now, started_at=now)
-            self._halt(key, existing)
+            self._forget(key, existing)
+            values = dict(request.environment)
+            if values:
+                self._secrets.put(key, record.id, values)
             await self._store.discard(self._store.install(key, record))
-            self._start_main_process(key, record)
+            self._start_main_process(key, record, values)
 
     async def start(self, workspace_id: str) -> None:
         async with self._locked_record(workspace_id, "Start") as (key, record):
             if record is None or record.status == "running":
                 return
+            values = self._values(key, record)
+            if values is None:
+                names = ", ".join(record.environment_names)
+                raise FailedPreconditionError(
+                    f"the Machine for workspace {workspace_id!r} cannot start: the values of its environment "
+                    f"variables ({names}) are never written to disk, and neither this driver process nor the "
+                    "kernel keyring holds them any more (the host restarted, or the keyring is unavailable and "
+                    "another driver process created the Machine); recreate the Machine to give them again "
+                    "(vz up --recreate)",
+                    details={"workspace_id": workspace_id, "variables": names},
+                )
             record.status = "running"
             record.started_at = _now()
             record.reported_status = ""
             self._store.write(key, record)
-            self._start_main_process(key, record)
+            self._start_main_process(key, record, values)
 
     async def stop(self, workspace_id: str) -> None:
         async with self._locked_record(workspace_id, "Stop") as (key, record):
@@ -247,7 +268,7 @@ class FakeDriver(Driver):
         _require_id(workspace_id, "Delete")
         key = self._store.key(workspace_id)
         async with self._store.locked(key):
-            self._halt(key, self._store.read(key))
+            self._forget(key, self._store.read(key))
             old = self._store.remove(key)
             if old is None and "delete-not-idempotent" in self.faults:
                 raise _not_found(workspace_id, "Delete")
@@ -383,6 +404,27 @@ class FakeDriver(Driver):
             )
         return record
 
+    def _values(self, key: str, record: MachineRecord) -> dict[str, str] | None:
+        """The Machine's environment values: kept since its creation, or read from an old record (kept from now
+        on; the store has rewritten that record without them). None when the Machine has environment variables
+        whose values neither this process nor the keyring holds (e.g. after a host restart)."""
+        if record.legacy_environment is not None:
+            return dict(record.legacy_environment)
+        if not record.environment_names:
+            return {}
+        return self._secrets.get(key, record.id)
+
+    def _keep_legacy(self, key: str, record: MachineRecord) -> None:
+        """Keep the values of a record written by an older fake (the store rewrites it without them)."""
+        if record.legacy_environment and record.id:
+            self._secrets.put(key, record.id, record.legacy_environment)
+
+    def _forget(self, key: str, record: MachineRecord | None) -> None:
+        """Halt the Machine (if any) and drop its environment values: it is being removed or replaced."""
+        self._halt(key, record)
+        if record is not None and record.id:
+            self._secrets.drop(key, record.id)
+
     def _halt(self, key: str, record: MachineRecord | None) -> None:
         """Kill everything running in the Machine: its main process and the execs this instance started."""
         if record is not None:
@@ -469,10 +511,10 @@ class FakeDriver(Driver):
             mounts=[],
             entrypoint=request.entrypoint,
             args=list(request.args),
-            environment=dict(request.environment),
+            environment_names=sorted(request.environment),
         )
 
-    def _start_main_process(self, key: str, record: MachineRecord) -> None:
+    def _start_main_process(self, key: str, record: MachineRecord, values: Mapping[str, str]) -> None:
         """Start the Machine's entrypoint/args (if any) in the background and record its identity."""
         argv = _main_argv(record.entrypoint, tuple(record.args))
         if not argv:
@@ -484,7 +526,7 @@ class FakeDriver(Driver):
             append_log(machine_dir, f"vz-fake: cannot start the main process: {exc.message}\n")
             return
         root = self._store.root_dir(key)
-        launch = Launch(argv=argv, cwd=str(root), env=_environment(user, root, record.environment), user=user)
+        launch = Launch(argv=argv, cwd=str(root), env=_environment(user, root, values), user=user)
         main = start_main_process(launch, machine_dir, keep=LOG_LIMIT)
         if main is not None:
             record.main_pid, record.main_started = main.pid, main.create_time
@@ -505,7 +547,8 @@ class FakeDriver(Driver):
         argv = spec.argv
         if "exec-shell-reparse" in self.faults:
             argv = ("sh", "-c", " ".join(spec.argv))
-        env = _environment(user, root, record.environment, spec.environment)
+        # Without the values (see ``_values``; the running Machine was started with them), the exec gets none.
+        env = _environment(user, root, self._values(key, record) or {}, spec.environment)
         return Launch(argv=argv, cwd=str(cwd), env=env, user=user)
 
 

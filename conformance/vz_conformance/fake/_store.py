@@ -41,7 +41,13 @@ _LOCK_TIMEOUT = 60.0
 
 @dataclass
 class MachineRecord:
-    """What the fake remembers about one Machine. ``environment`` values are secrets (file mode 0600)."""
+    """What the fake remembers about one Machine.
+
+    Only the names of the main process's environment variables are kept (``environment_names``): every value
+    is a secret, and the values live in the driver's memory (``FakeDriver``), never on disk. A record written
+    by an older fake still holding ``environment`` values is read with them in ``legacy_environment`` (never
+    written back) and rewritten without them.
+    """
 
     workspace_id: str
     id: str
@@ -57,15 +63,19 @@ class MachineRecord:
     mounts: list[dict[str, str]] = field(default_factory=list)
     entrypoint: str = ""
     args: list[str] = field(default_factory=list)
-    environment: dict[str, str] = field(default_factory=dict)
+    environment_names: list[str] = field(default_factory=list)
     # The running main process (pid = its process group) and its start time; 0 when none runs.
     main_pid: int = 0
     main_started: float = 0.0
     # Set only under the "find-stale-status" fault: the status Find reports instead of ``status``.
     reported_status: Literal["running", "stopped", ""] = ""
+    # Not part of the record: the values found in an old record (see above); None when it had none.
+    legacy_environment: dict[str, str] | None = field(default=None, compare=False, repr=False)
 
     def to_json(self) -> bytes:
-        return json.dumps({"version": RECORD_VERSION, **asdict(self)}, indent=1, sort_keys=True).encode()
+        data = asdict(self)
+        del data["legacy_environment"]
+        return json.dumps({"version": RECORD_VERSION, **data}, indent=1, sort_keys=True).encode()
 
     @classmethod
     def from_json(cls, raw: bytes) -> MachineRecord:
@@ -73,7 +83,16 @@ class MachineRecord:
         version = data.pop("version", None)
         if version != RECORD_VERSION:
             raise ValueError(f"record version {version!r}, expected {RECORD_VERSION}")
-        return cls(**data)
+        data.pop("legacy_environment", None)
+        legacy = data.pop("environment", None)
+        if legacy is not None:
+            if not isinstance(legacy, dict):
+                raise ValueError("environment: expected an object")
+            data.setdefault("environment_names", sorted(legacy))
+        record = cls(**data)
+        if legacy is not None:
+            record.legacy_environment = {str(k): str(v) for k, v in legacy.items()}
+        return record
 
 
 def _sha256(text: str) -> str:
@@ -87,8 +106,16 @@ class MachineStore:
     "_" (prefixed so that ".." stays a plain name), which makes distinct ids collide.
     """
 
-    def __init__(self, root: Path, *, raw_id_paths: bool = False) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        raw_id_paths: bool = False,
+        keep_legacy_environment: Callable[[str, MachineRecord], None] | None = None,
+    ) -> None:
         self.root = root
+        # Called with an old record's values (``legacy_environment``) before it is rewritten without them.
+        self._keep_legacy_environment = keep_legacy_environment
         self._machines = root / "machines"
         self._lock_dir = root / "locks"
         self._raw_id_paths = raw_id_paths
@@ -120,13 +147,22 @@ class MachineStore:
         except (FileNotFoundError, NotADirectoryError):
             return None
         try:
-            return MachineRecord.from_json(raw)
+            record = MachineRecord.from_json(raw)
         except (ValueError, TypeError) as exc:
             raise RuntimeFailureError(
                 f"the fake driver's record {path} is unreadable; delete the directory {path.parent} to discard "
                 "that Machine",
                 runtime_message=str(exc),
             ) from exc
+        if record.legacy_environment is not None:
+            # An older fake's record holding environment values: rewrite it at once with the names only.
+            # Only if it is still the same file (another process may have replaced it since it was read).
+            if self._keep_legacy_environment is not None and record.legacy_environment:
+                self._keep_legacy_environment(key, record)
+            with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+                if path.read_bytes() == raw:
+                    atomic_write(path, record.to_json())
+        return record
 
     def write(self, key: str, record: MachineRecord) -> None:
         """Replace the record of an existing Machine atomically."""
