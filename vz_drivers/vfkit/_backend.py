@@ -85,14 +85,13 @@ def _check_layer() -> None:
     """Refuse before anything is created when the shared Machine layer cannot track processes here.
 
     Machines are known by process identity (pid and start time) and their agent channel by its listening peer;
-    the layer implements both for Linux today (``/proc``, pidfds, ``SO_PEERCRED``). Booting a vfkit it could
-    not find again would leave a VM nobody manages.
+    the layer reads both from /proc or, on macOS, through psutil, kqueue and ``LOCAL_PEERPID``. Booting a vfkit
+    it could not find again would leave a VM nobody manages.
     """
-    if proc_start_time(os.getpid()) is None or not hasattr(os, "O_PATH"):
+    if proc_start_time(os.getpid()) is None:
         raise UnsupportedError(
-            f"the vfkit driver cannot manage Machines on {sys.platform} yet: the shared Machine layer "
-            "(vz_drivers._machine) tracks Machine processes and agent channels only on Linux so far; the driver is "
-            f"{STATUS}",
+            f"the vfkit driver cannot manage Machines on {sys.platform}: the process start time of this process "
+            f"cannot be read, so a Machine could not be found again; the driver is {STATUS}",
             details={"driver": DRIVER_NAME, "platform": sys.platform},
         )
 
