@@ -8,6 +8,7 @@ one place that translates between these and the wire messages.
 from __future__ import annotations
 
 import enum
+import signal as _signal
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -298,6 +299,19 @@ class ExecExit:
     @property
     def success(self) -> bool:
         return self.exit_code == 0 and not self.signal
+
+    @classmethod
+    def from_returncode(cls, returncode: int) -> ExecExit:
+        """The exit of a host process from its ``subprocess`` return code: a death by signal N (a negative
+        return code) is ``exit_code = 128 + N`` with the signal's name (``SIG<N>`` when it has none)."""
+        if returncode >= 0:
+            return cls(returncode)
+        number = -returncode
+        try:
+            name = _signal.Signals(number).name
+        except ValueError:
+            name = f"SIG{number}"
+        return cls(128 + number, name)
 
 
 ExecEvent = ExecOutput | ExecExit

@@ -86,15 +86,7 @@ def kill_session(sid: int) -> None:
                 os.kill(pid, signal.SIGKILL)
 
 
-def _exit_event(returncode: int) -> ExecExit:
-    if returncode >= 0:
-        return ExecExit(returncode)
-    number = -returncode
-    try:
-        name = signal.Signals(number).name
-    except ValueError:
-        name = f"SIG{number}"
-    return ExecExit(128 + number, name)
+_exit_event = ExecExit.from_returncode
 
 
 _TRAMPOLINE = (

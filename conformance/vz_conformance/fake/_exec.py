@@ -148,16 +148,8 @@ def kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
-def exit_event(returncode: int) -> ExecExit:
-    """The ExecExit for a Popen return code: a signal death is ``exit_code = 128 + n`` and the signal's name."""
-    if returncode >= 0:
-        return ExecExit(returncode)
-    number = -returncode
-    try:
-        name = signal.Signals(number).name
-    except ValueError:
-        name = f"SIG{number}"
-    return ExecExit(128 + number, name)
+exit_event = ExecExit.from_returncode
+"""The ExecExit for a Popen return code: a signal death is ``exit_code = 128 + n`` and the signal's name."""
 
 
 async def _wait_exit(proc: subprocess.Popen[bytes]) -> int:
