@@ -59,7 +59,7 @@ from vz_core.errors import (
     UnavailableError,
     UnsupportedError,
 )
-from vz_drivers._machine._secrets import SecretKeeper
+from vz_core.secrets import SecretKeeper
 
 from ._exec import (
     MINIMAL_PATH,
@@ -94,7 +94,7 @@ class FakeDriver(Driver):
     ``FAULT_DESCRIPTIONS``; a string is read as a comma-separated list); an unknown name is a ``UserError``.
     Everything but the environment values lives on disk, so a new instance on the same directory (a relaunched
     plugin) finds every Machine in the state the last one left it; the values are kept in memory (this process
-    and the kernel keyring, see ``vz_drivers._machine._secrets``), never in a file. Calls are serialized per
+    and the kernel keyring, see ``vz_core.secrets``), never in a file. Calls are serialized per
     workspace within a process (asyncio lock) and across processes (fcntl lock).
     """
 

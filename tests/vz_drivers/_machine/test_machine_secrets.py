@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from vz_core.secrets import SecretKeeper
 from vz_drivers._machine import MachineRecord
-from vz_drivers._machine._secrets import SecretKeeper
 
 
 def _read_elsewhere(root: Path, key: str, machine_id: str) -> str:
@@ -19,7 +19,7 @@ def _read_elsewhere(root: Path, key: str, machine_id: str) -> str:
     code = textwrap.dedent(
         f"""
         import json
-        from vz_drivers._machine._secrets import SecretKeeper
+        from vz_core.secrets import SecretKeeper
         print(json.dumps(SecretKeeper({str(root)!r}).get({key!r}, {machine_id!r})))
         """
     )
