@@ -149,7 +149,7 @@ class MacosVmBackend(Backend[MacosVmRecord, MacosVmPaths]):
     stop_timeout = 30.0
     declaration = DECLARATION
     egress_policies = (EgressPolicy.ALLOW,)
-    terminals = False
+    terminals = True  # the darwin agent serves terminals (pty.go + pty_darwin.go), as on Linux Machines
 
     def __init__(self, options: dict[str, Any], *, host: MacHost | None = None) -> None:
         super().__init__(options)
