@@ -44,7 +44,9 @@ fi
 
 # The arm64 guest parts (Debian's arm64 kernel and busybox, pinned by SHA-256) for the aarch64 boot test.
 if [ "${VZ_SKIP_APT:-0}" != "1" ] && [ "$(id -u)" = "0" ]; then
-  sh tests/vz_drivers/vfkit/fetch_arm64_guest.sh
+  # Pinned by version and SHA-256: when Debian's archive has dropped that build, the arm64 boot test fails naming
+  # this script (update its pins); everything else still installs.
+  sh tests/vz_drivers/vfkit/fetch_arm64_guest.sh || echo "warning: the arm64 guest parts could not be fetched" >&2
 fi
 
 VENV="${VZ_VENV:-.venv}"
