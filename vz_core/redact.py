@@ -68,6 +68,17 @@ class Redactor:
             # A short token is only decided once the byte after it is known: hold back one more.
             self._longest = max(len(ordered[0]) if ordered else 0, max((len(s) + 1 for s in short), default=0))
 
+    def merge(self, other: Redactor) -> None:
+        """Learn every secret ``other`` knows (its short whole-token secrets too, whatever this one's setting)."""
+        if other is self:
+            return
+        short_tokens = self._short_tokens
+        self._short_tokens = True
+        try:
+            self.add(*other._secrets, *other._short)
+        finally:
+            self._short_tokens = short_tokens
+
     @property
     def longest(self) -> int:
         """Length in bytes of the longest secret (0 when there is none)."""

@@ -91,3 +91,16 @@ def test_short_token_fed_one_byte_at_a_time() -> None:
     stream = Redactor(["ab1"], short_tokens=True).stream()
     out = b"".join(stream.feed(data[i : i + 1]) for i in range(len(data))) + stream.flush()
     assert out == f"{MASK} zab1 ab1z {MASK}".encode()
+
+
+def test_merge_learns_every_secret_of_another_redactor() -> None:
+    from vz_core.redact import Redactor
+
+    project = Redactor(["long-secret-value"], short_tokens=True)
+    project.add("pw")
+    shared = Redactor()
+    assert shared.redact("long-secret-value pw") == "long-secret-value pw"
+    shared.merge(project)
+    assert shared.redact("long-secret-value pw upward") == "*** *** upward"
+    shared.add("xy")  # its own setting still applies to what it is given directly: short secrets ignored
+    assert shared.redact("xy") == "xy"
