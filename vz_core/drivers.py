@@ -13,6 +13,16 @@ up. A name resolves to exactly one driver:
   host does not already trust by running.
   ``builtin_manifest()`` writes a manifest for a built-in's console script (with its SHA-256 now) for use by
   other hosts or to run a built-in through the external path.
+* **built-in, pinned** (what the vz daemon launches): ``pin_builtin()`` builds the manifest-equivalent record of
+  a built-in's installed console script (``vz-driver-<name>``, i.e. ``<registration>:main``) in memory: its
+  SHA-256 is taken once, checked against the hash the installer wrote in the distribution's ``RECORD`` when
+  there is one, and its ``#!`` interpreter must be this interpreter. ``ResolvedDriver.launch_spec`` then
+  verifies the script with ``vz_core.trust.verify_binary`` at **every** launch and executes the sealed copy of
+  the verified bytes, exactly like an external binary. What that covers: the console script (which names the
+  interpreter and the registration module it imports). The interpreter and the installed packages
+  (site-packages, the editable source tree) are not hashed: they are the code the daemon itself runs (same
+  ``sys.executable``; the daemon's fingerprint names it), so a hash of them taken by that code would prove
+  nothing the daemon does not already trust by running.
 * **external**: added from a manifest (``vz_core.trust``) with ``add_manifest``; the validated manifest is
   recorded under ``<state dir>/driver-manifests/<name>.json`` together with its directory (where relative
   binary paths live). A record is found only among the drivers the user added: by exact name among the
@@ -42,7 +52,7 @@ import sysconfig
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from vz_core._driver import Driver
 from vz_core.errors import NotFoundError, TrustError, UserError
@@ -66,20 +76,25 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DRIVER_NAME_PATTERN",
+    "DriverSource",
     "HostConfig",
     "ManifestStore",
+    "PinnedScript",
     "ResolvedDriver",
     "add_manifest",
     "builtin_manifest",
     "check_driver_name",
     "configure",
+    "driver_source",
     "effective_options",
     "host_config_path",
     "launcher_for",
     "list_drivers",
     "open_driver",
+    "pin_builtin",
     "remote_driver",
     "resolve",
+    "use_driver_source",
     "validate_project_options",
     "verify",
 ]
@@ -175,20 +190,68 @@ class ManifestStore:
 
 
 @dataclass(frozen=True)
+class PinnedScript:
+    """The manifest-equivalent record of a built-in's installed console script (``pin_builtin``)."""
+
+    name: str
+    script: Path
+    """Absolute path of the console script (``<scripts dir>/vz-driver-<name>``)."""
+    sha256: str
+    """Its SHA-256 when it was pinned; every launch verifies the file against it."""
+    args: tuple[str, ...]
+    interpreter: str
+    """The interpreter its ``#!`` line names (the pinning interpreter)."""
+    anchor: str
+    """Where the expected hash was confirmed: ``"installation RECORD"`` (the installer's hash matched) or
+    ``"pinned"`` (no installer hash for it: taken from the file as found when pinned)."""
+    pinned_at: str
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "script": str(self.script),
+            "sha256": self.sha256,
+            "interpreter": self.interpreter,
+            "anchor": self.anchor,
+            "pinned_at": self.pinned_at,
+        }
+
+
+@dataclass(frozen=True)
 class ResolvedDriver:
-    """What a name stands for: exactly one of ``builtin`` or ``external``."""
+    """What a name stands for: exactly one of ``builtin`` or ``external``; a built-in may carry ``pinned`` (its
+    console script, verified at every launch: the daemon's path)."""
 
     name: str
     builtin: DriverDeclaration | None = None
     external: ExternalRecord | None = None
     builtin_module: str | None = None
     """The registration module that declared a built-in (``DriverRegistry.module_of``)."""
+    pinned: PinnedScript | None = None
 
     def launch_spec(self, options: dict[str, Any] | None = None) -> Callable[[], LaunchSpec]:
         """A ``prepare`` callable for ``PluginLauncher``: external binaries are verified on every call."""
         from vz_core.transport import LaunchSpec
         from vz_core.trust import verify_binary
 
+        if self.builtin is not None and self.pinned is not None:
+            pinned = self.pinned
+            pinned_env = {OPTIONS_ENV: json.dumps(options)} if options else {}
+
+            def prepare_pinned() -> LaunchSpec:
+                try:
+                    binary = verify_binary(
+                        pinned.script, pinned.sha256, driver_dir=pinned.script.parent, name=self.name
+                    )
+                except TrustError as exc:
+                    raise TrustError(
+                        f"built-in driver {self.name!r}: refusing to launch its console script {pinned.script}: "
+                        f"{_trust_reason(exc, self.name)}. It was pinned at {pinned.pinned_at} with SHA-256 "
+                        f"{pinned.sha256} ({pinned.anchor}); if vz was reinstalled or upgraded, restart the "
+                        "daemon (`vz daemon stop`, the next command starts a new one), otherwise reinstall vz"
+                    ) from None
+                return LaunchSpec(self.name, [str(pinned.script), *pinned.args], binary=binary, env=pinned_env)
+
+            return prepare_pinned
         if self.builtin is not None:
             builtin = self.builtin
             env = {OPTIONS_ENV: json.dumps(options)} if options else {}
@@ -222,6 +285,89 @@ class ResolvedDriver:
             )
 
         return prepare_external
+
+
+def _trust_reason(exc: TrustError, name: str) -> str:
+    """What a verification error says is wrong with the file, without the advice meant for manifests."""
+    text = str(exc).split("; the file changed after the manifest was written", 1)[0]
+    return text.removeprefix(f"driver {name!r}: ").replace("the manifest says", "pinned")
+
+
+def _console_script(name: str, spec: DriverDeclaration) -> Path:
+    if not spec.plugin_command:
+        raise UserError(f"built-in driver {name!r} declares no plugin command")
+    script = Path(sysconfig.get_path("scripts")) / spec.plugin_command[0]
+    if not script.is_file():
+        raise UserError(
+            f"the console script {script} of built-in driver {name!r} is not installed; reinstall vz "
+            "(`pip install -e .` in its source tree)"
+        )
+    return script.absolute()
+
+
+def _installed_hash(script: Path, module: str | None) -> str | None:
+    """The SHA-256 (hex) the installer recorded for ``script`` in the RECORD of the distribution declaring the
+    driver (found through its ``vz.drivers`` entry point), or None when there is no such record."""
+    import base64
+    from importlib import metadata
+
+    from vz_core.registry import ENTRY_POINT_GROUP
+
+    dists = [ep.dist for ep in metadata.entry_points(group=ENTRY_POINT_GROUP) if ep.value == module and ep.dist]
+    target = os.path.realpath(script)
+    for dist in dists:
+        for entry in dist.files or ():
+            if entry.hash is None or entry.hash.mode != "sha256" or entry.name != script.name:
+                continue
+            if os.path.realpath(str(dist.locate_file(entry))) == target:
+                raw = base64.urlsafe_b64decode(entry.hash.value + "=" * (-len(entry.hash.value) % 4))
+                return raw.hex()
+    return None
+
+
+def _shebang(script: Path) -> str:
+    with open(script, "rb") as f:
+        first = f.readline(4096)
+    if not first.startswith(b"#!"):
+        return ""
+    return first[2:].decode(errors="replace").strip().split(" ", 1)[0]
+
+
+def pin_builtin(name: str, *, registry: DriverRegistry | None = None) -> ResolvedDriver:
+    """Built-in ``name`` resolved to its installed console script, SHA-256 pinned now (see the module docstring).
+
+    ``TrustError`` when the script differs from the hash its installer recorded, or runs another interpreter
+    than this one; ``UserError`` when it is not installed. Launching it verifies the script again, every time.
+    """
+    from vz_core.trust import sha256_of
+
+    registry = registry if registry is not None else DriverRegistry()
+    spec = registry.get(check_driver_name(name))
+    module = registry.module_of(name)
+    script = _console_script(name, spec)
+    digest = sha256_of(script, driver_dir=script.parent)
+    installed = _installed_hash(script, module)
+    if installed is not None and installed != digest:
+        raise TrustError(
+            f"built-in driver {name!r}: its console script {script} has SHA-256 {digest}, but the vz installation "
+            f"recorded {installed} for it: the script was modified after installation; reinstall vz"
+        )
+    interpreter = _shebang(script)
+    if interpreter and os.path.realpath(interpreter) != os.path.realpath(sys.executable):
+        raise TrustError(
+            f"built-in driver {name!r}: its console script {script} runs {interpreter}, not this interpreter "
+            f"({sys.executable}); reinstall vz for this interpreter"
+        )
+    pinned = PinnedScript(
+        name=name,
+        script=script,
+        sha256=digest,
+        args=tuple(spec.plugin_command[1:]),
+        interpreter=interpreter,
+        anchor="installation RECORD" if installed is not None else "pinned",
+        pinned_at=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    )
+    return ResolvedDriver(name, builtin=spec, builtin_module=module, pinned=pinned)
 
 
 def resolve(name: str, *, registry: DriverRegistry | None = None, store: ManifestStore | None = None) -> ResolvedDriver:
@@ -425,12 +571,7 @@ def builtin_manifest(
 
     registry = registry if registry is not None else DriverRegistry()
     spec = registry.get(name)
-    if not spec.plugin_command:
-        raise UserError(f"built-in driver {name!r} declares no plugin command")
-    script = Path(sysconfig.get_path("scripts")) / spec.plugin_command[0]
-    if not script.is_file():
-        raise UserError(f"the console script {script} of built-in driver {name!r} is not installed")
-    script = script.absolute()
+    script = _console_script(name, spec)
     manifest = {
         "manifest_version": 1,
         "name": name,
@@ -627,6 +768,37 @@ def open_driver(
         return factory(**options)
     except TypeError as exc:
         raise UserError(f"driver {name!r} rejected its options {sorted(options)}: {exc}") from None
+
+
+class DriverSource(Protocol):
+    """Where ``vz_core.env.acquire_driver`` gets drivers from when one is installed (``use_driver_source``): the
+    vz daemon's ``SessionPool`` (shared, supervised plugin sessions; the handles' ``close`` keeps them)."""
+
+    def driver(
+        self,
+        name: str,
+        project_options: Mapping[str, Any] | None,
+        *,
+        where: str,
+        recorded: bool,
+        redactor: Redactor | None,
+    ) -> Driver: ...
+
+
+_source: DriverSource | None = None
+
+
+def use_driver_source(source: DriverSource | None) -> DriverSource | None:
+    """Make ``vz_core.env.acquire_driver`` get every driver from ``source`` (None: back to ``open_driver``, which
+    builds built-ins in-process: tests and benchmarks). Returns the source that was in use. Process-wide."""
+    global _source
+    previous, _source = _source, source
+    return previous
+
+
+def driver_source() -> DriverSource | None:
+    """The source installed with ``use_driver_source`` (None: drivers are opened with ``open_driver``)."""
+    return _source
 
 
 def configure(

@@ -1,8 +1,10 @@
 """Getting a Driver for a Machine, and what it said about itself.
 
-``acquire_driver`` is the single place the Environment layer and the CLI obtain a driver. Today it builds
-built-in drivers in-process through ``DriverRegistry``; launching the driver's plugin under supervision (and
-external drivers from manifests) plugs in here and nowhere else.
+``acquire_driver`` is the single place the Environment layer and the CLI obtain a driver. Inside the vz daemon
+a driver source is installed (``vz_core.drivers.use_driver_source(pool)``, the daemon's ``SessionPool``): every
+driver, built-in ones included, is then a shared, supervised, checksum-verified plugin session, and the handle
+returned here does not stop it when closed. Without a source (tests, benchmarks) ``vz_core.drivers.open_driver``
+builds built-in drivers in-process and serves external ones out-of-process.
 
 ``DriverPool`` negotiates each driver once per command (Info with the 1.3 recreate opt-in, Extensions,
 Preflight) and closes them all at the end.
@@ -42,7 +44,9 @@ def acquire_driver(
     ``vz_core.drivers.open_driver`` does the work: project options are validated (unknown and host-scoped keys
     refused naming ``where``), merged over the user's host configuration (``vz driver configure``); built-in
     drivers run in-process, external ones (``vz driver add``) out-of-process with their binary verified at each
-    launch. ``recorded=True`` for options read from an existing Machine's record (an earlier vz may have accepted
+    launch. When a driver source is installed (the daemon's ``SessionPool``) it answers instead, with the same
+    validation: a handle on the shared plugin session for ``(name, effective options)``.
+    ``recorded=True`` for options read from an existing Machine's record (an earlier vz may have accepted
     host-scoped keys there; they stay, so the Machine is found where it is). ``redactor`` masks what a plugin
     writes to stderr and its error texts. Raises ``NotFoundError`` for an unknown name (listing what is
     installed) and ``UserError`` for a bad name or options. The caller closes the driver (``await
@@ -50,6 +54,9 @@ def acquire_driver(
     """
     from vz_core import drivers
 
+    source = drivers.driver_source()
+    if source is not None:
+        return source.driver(name, dict(options or {}), where=where, recorded=recorded, redactor=redactor)
     return drivers.open_driver(name, dict(options or {}), where=where, recorded=recorded, redactor=redactor)
 
 

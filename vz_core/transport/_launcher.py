@@ -183,6 +183,9 @@ class PluginConnection:
         self._grace = shutdown_grace
         self._closed = False
         self._lock = asyncio.Lock()
+        self.stopping = False
+        """True once the host asked the plugin to end (``shutdown`` or ``kill``): an exit after that is not a
+        crash."""
 
     @property
     def pid(self) -> int:
@@ -205,6 +208,7 @@ class PluginConnection:
     async def shutdown(self, grace: float | None = None) -> ExitStatus:
         """Ask the plugin to exit (GRPCController/Shutdown), then SIGTERM, then SIGKILL; remove everything."""
         grace = self._grace if grace is None else grace
+        self.stopping = True
         async with self._lock:
             if not self.process.exited.is_set():
                 from vz_core._proto.plugin import grpc_controller_pb2, grpc_controller_pb2_grpc
@@ -220,6 +224,7 @@ class PluginConnection:
 
     async def kill(self) -> ExitStatus:
         """Kill the plugin's whole tree now; remove everything."""
+        self.stopping = True
         async with self._lock:
             status = await self.process.kill()
             await self._release()

@@ -1,0 +1,624 @@
+"""Driver sessions of the vz daemon: every driver a supervised, checksum-verified plugin, kept warm and shared.
+
+``SessionPool`` is what ``vz_core.env.acquire_driver`` returns drivers from inside the daemon (``start()``
+installs it with ``vz_core.drivers.use_driver_source``; ``aclose()`` stops every plugin and uninstalls it).
+
+One door for every driver. A built-in has no manifest file: at ``start()`` the pool builds the equivalent
+record for its installed console script (``vz-driver-<name>``, i.e. ``<registration module>:main``) with
+``vz_core.drivers.pin_builtin``: SHA-256 pinned then (and checked against the hash the installer wrote in the
+distribution's RECORD when there is one; the script's ``#!`` interpreter must be the daemon's). Every launch,
+built-in or external, then goes: ``vz_core.trust.verify_binary`` (the file is hashed again through one open
+descriptor; a changed script is refused with a message naming it, before anything runs) → the sealed copy of
+exactly those bytes is executed under the supervisor (``PR_SET_PDEATHSIG``: plugins die with the daemon, even
+a SIGKILLed one) → go-plugin handshake with AutoMTLS → health check → negotiation (Info with the recreate
+opt-in, validated; Extensions). What the checksum covers: the console script, which names the interpreter and
+the registration module it imports. The interpreter and site-packages are not hashed: they are the code the
+daemon itself runs from (its fingerprint names ``sys.executable``), so a hash of them taken by that code would
+prove nothing more than running it does.
+
+Sharing. One warm ``vz_core.rpc.RemoteDriver`` per (driver name, effective options) (the options after the
+host configuration is merged in: two Machines with the same options share a plugin); concurrent calls share its
+connection. ``acquire_driver`` hands out ``SharedDriver`` handles whose ``close()`` leaves the session running.
+
+Lifecycle. A plugin with no call for ``VZ_DAEMON_PLUGIN_IDLE`` seconds (default 300; 0 = never) is stopped;
+the next call launches it again. A plugin that dies (a crash, a kill) is counted and logged; the call that was
+running fails with ``UnavailableError`` (the plugin's redacted stderr tail attached) and the next call
+launches a new one, which finds its Machines where drivers keep them: on disk (records in their state
+directories, found by Find). Machines never depend on a plugin process staying alive.
+
+Secrets. The pool has one redactor for every plugin's stderr and error texts; it learns every secret of every
+Environment it serves (each ``acquire_driver(redactor=...)`` adds the command's secrets) and the environment
+values sent to plugins.
+
+States (``status()``): ``"warm"`` a plugin process runs and a call is in flight; ``"idle"`` it runs with no
+call in flight (it is stopped after the idle time); ``"stopped"`` no plugin process runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import json
+import logging
+import math
+import os
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+from vz_core._driver import Driver
+from vz_core.errors import DriverError, NotFoundError, TrustError, UnsupportedError, UserError, VzError
+from vz_core.redact import MIN_SECRET_LENGTH, Redactor
+from vz_core.transport import PluginLauncher
+
+if TYPE_CHECKING:
+    from vz_core._types import (
+        DriverInfo,
+        ExecEvent,
+        ExecExit,
+        ExecSpec,
+        Extensions,
+        MachineDetails,
+        RunImageRequest,
+        TerminalEvent,
+        TerminalInput,
+        TerminalSpec,
+    )
+    from vz_core.drivers import DriverSource, HostConfig, ManifestStore, ResolvedDriver
+    from vz_core.env import DriverFacts
+    from vz_core.registry import DriverRegistry
+    from vz_core.rpc import RemoteDriver
+    from vz_core.transport import LaunchSpec, PluginConnection
+
+__all__ = [
+    "DEFAULT_PLUGIN_IDLE",
+    "ENV_PLUGIN_IDLE",
+    "PluginSession",
+    "PoolRedactor",
+    "SessionPool",
+    "SharedDriver",
+    "plugin_idle_seconds",
+]
+
+log = logging.getLogger("vz.daemon.sessions")
+
+ENV_PLUGIN_IDLE = "VZ_DAEMON_PLUGIN_IDLE"
+DEFAULT_PLUGIN_IDLE = 300.0
+
+
+def plugin_idle_seconds(raw: str | None = None) -> float | None:
+    """Seconds a warm plugin may stay without calls (``VZ_DAEMON_PLUGIN_IDLE``, default 300); None = never
+    stopped (the value 0). ``UserError`` naming the variable for anything else than a number >= 0."""
+    text = (os.environ.get(ENV_PLUGIN_IDLE, "") if raw is None else raw).strip()
+    if not text:
+        return DEFAULT_PLUGIN_IDLE
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not math.isfinite(value) or value < 0:
+        raise UserError(f"{ENV_PLUGIN_IDLE}={text!r} must be a number of seconds >= 0 (0: never stop idle plugins)")
+    return None if value == 0 else value
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds")
+
+
+class PoolRedactor(Redactor):
+    """The pool's redactor: declared secrets (``add_secret``) are masked even when short (as whole tokens);
+    other values (the environment values ``RemoteDriver`` registers, ``add``) only from ``MIN_SECRET_LENGTH``
+    characters, so that a "1" in some Environment's variables does not mask every "1" in every error."""
+
+    def __init__(self) -> None:
+        super().__init__(short_tokens=True)
+
+    def add(self, *secrets: str | bytes) -> None:
+        long = [s for s in secrets if len(s.encode() if isinstance(s, str) else s) >= MIN_SECRET_LENGTH]
+        if long:
+            super().add(*long)
+
+    def add_secret(self, *secrets: str | bytes) -> None:
+        """Register declared secrets (short ones too, masked as whole tokens)."""
+        Redactor.add(self, *secrets)
+
+
+def _secrets_of(redactor: Redactor) -> list[bytes]:
+    """Every secret ``redactor`` holds (long and short ones)."""
+    public = getattr(redactor, "secrets", None)
+    if callable(public):
+        found = public()
+        return [s for group in found for s in group] if isinstance(found, tuple) else list(found)
+    # Until vz_core.redact exposes them: the two sets Redactor keeps.
+    return [*getattr(redactor, "_secrets", ()), *getattr(redactor, "_short", ())]
+
+
+class _Launches:
+    """What happened to one session's plugin processes."""
+
+    def __init__(self) -> None:
+        self.launches = 0
+        self.launch_failures = 0
+        self.crashes = 0
+        self.last_crash: dict[str, str] | None = None
+        self.last_launch_ms: float | None = None
+
+
+class PluginSession:
+    """One warm plugin session: a ``RemoteDriver`` for (name, effective options) and what it went through."""
+
+    def __init__(
+        self,
+        pool: SessionPool,
+        resolved: ResolvedDriver,
+        options: dict[str, Any],
+        key: tuple[str, str],
+    ) -> None:
+        from vz_core.rpc import RemoteDriver
+
+        self.pool = pool
+        self.name = resolved.name
+        self.resolved = resolved
+        self.options = options
+        self.key = key
+        self.stats = _Launches()
+        self.in_flight = 0
+        self.last_use: str | None = None
+        self.facts: DriverFacts | None = None
+        self._facts_launch = -1
+        self._facts_lock = asyncio.Lock()
+        self._watchers: set[asyncio.Task[None]] = set()
+        launcher = _CountingLauncher(
+            self,
+            resolved.launch_spec(options),
+            name=self.name,
+            redactor=pool.redactor,
+            handshake_timeout=pool.handshake_timeout,
+            run_root=pool.run_root,
+        )
+        self.remote: RemoteDriver = RemoteDriver(
+            launcher, mode="warm", idle_timeout=pool.plugin_idle, name=self.name, redactor=pool.redactor
+        )
+
+    # what the launcher reports ---------------------------------------------------------------------------
+
+    def _launched(self, conn: PluginConnection, seconds: float) -> None:
+        self.stats.launches += 1
+        self.stats.last_launch_ms = round(seconds * 1000, 1)
+        log.info("driver %s: plugin launched (pid %s, %.0f ms)", self.name, conn.pid, seconds * 1000)
+        task = asyncio.get_running_loop().create_task(self._watch(conn))
+        self._watchers.add(task)
+        task.add_done_callback(self._watchers.discard)
+
+    async def _watch(self, conn: PluginConnection) -> None:
+        status = await conn.process.wait()
+        if conn.stopping:
+            log.info("driver %s: plugin %s stopped (%s)", self.name, conn.pid, status)
+            return
+        await conn.stderr.finish(0.5)
+        self.stats.crashes += 1
+        tail = conn.stderr_tail(2000)
+        self.stats.last_crash = {"time": _now(), "pid": str(conn.pid), "status": str(status), "stderr": tail}
+        log.warning(
+            "driver %s: plugin %s died (%s); the next call starts it again%s",
+            self.name,
+            conn.pid,
+            status,
+            f"; its last stderr lines:\n{tail}" if tail else "",
+        )
+
+    # state ----------------------------------------------------------------------------------------------
+
+    @property
+    def pid(self) -> int | None:
+        conn = self.remote.connection
+        return conn.pid if conn is not None else None
+
+    @property
+    def state(self) -> str:
+        if self.remote.connection is None:
+            return "stopped"
+        return "warm" if self.in_flight else "idle"
+
+    def describe(self) -> dict[str, Any]:
+        row: dict[str, Any] = {
+            "name": self.name,
+            "options": self.pool.redactor.redact_data(dict(self.options)),
+            "origin": "builtin" if self.resolved.builtin is not None else "external",
+            "pid": self.pid,
+            "state": self.state,
+            "in_flight": self.in_flight,
+            "last_use": self.last_use,
+            "launches": self.stats.launches,
+            "launch_failures": self.stats.launch_failures,
+            "crashes": self.stats.crashes,
+            "last_crash": self.stats.last_crash,
+            "last_launch_ms": self.stats.last_launch_ms,
+        }
+        if self.resolved.pinned is not None:
+            row.update(script=str(self.resolved.pinned.script), sha256=self.resolved.pinned.sha256)
+        elif self.resolved.external is not None:
+            manifest = self.resolved.external.manifest
+            with contextlib.suppress(VzError):
+                row["sha256"] = manifest.entry_for().sha256
+                row["script"] = str(manifest.binary_path(self.resolved.external.driver_dir))
+        return row
+
+    @contextlib.contextmanager
+    def using(self) -> Iterator[None]:
+        self.in_flight += 1
+        self.last_use = _now()
+        try:
+            yield
+        finally:
+            self.in_flight -= 1
+            self.last_use = _now()
+
+    async def negotiated(self) -> DriverFacts:
+        """The driver's negotiated facts (Info with the recreate opt-in, Extensions), taken once per plugin
+        launch; a stopped plugin's last facts are returned without launching it again."""
+        from vz_core.env import DriverFacts
+
+        async with self._facts_lock:
+            if self.facts is not None and (self.remote.connection is None or self._facts_launch == self.stats.launches):
+                return self.facts
+            with self.using():
+                info = await self.remote.info(supports_recreate_on_run=True)
+                try:
+                    extensions = await self.remote.extensions()
+                except (UnsupportedError, NotFoundError):
+                    extensions = None
+            self.facts = DriverFacts(name=self.name, info=info, extensions=extensions)
+            self._facts_launch = self.stats.launches
+            return self.facts
+
+    def cached_extensions(self) -> tuple[bool, Extensions | None]:
+        """(True, the Extensions) when they are known for the plugin running now."""
+        if self.facts is not None and self.remote.connection is not None and self._facts_launch == self.stats.launches:
+            return True, self.facts.extensions
+        return False, None
+
+    async def aclose(self) -> None:
+        await self.remote.close()
+        for task in list(self._watchers):
+            with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(asyncio.shield(task), 2.0)
+            task.cancel()
+
+
+class _CountingLauncher(PluginLauncher):
+    """A launcher that tells its session about every plugin it starts (for status and crash counts)."""
+
+    def __init__(self, session: PluginSession, prepare: Callable[[], LaunchSpec], **kwargs: Any) -> None:
+        super().__init__(prepare, **kwargs)
+        self._session = session
+
+    async def launch(self) -> PluginConnection:
+        started = time.monotonic()
+        try:
+            conn = await super().launch()
+        except BaseException:
+            self._session.stats.launch_failures += 1
+            raise
+        self._session._launched(conn, time.monotonic() - started)
+        return conn
+
+
+class SharedDriver(Driver):
+    """A handle on a shared plugin session (what ``acquire_driver`` returns in the daemon): every call goes to
+    the session's ``RemoteDriver``; ``close()`` leaves the plugin running for the next command."""
+
+    def __init__(self, session: PluginSession) -> None:
+        self._session = session
+        self._remote = session.remote
+
+    def __repr__(self) -> str:
+        return f"SharedDriver(name={self._session.name!r}, pid={self._session.pid})"
+
+    @property
+    def session(self) -> PluginSession:
+        return self._session
+
+    async def info(self, *, supports_recreate_on_run: bool = False) -> DriverInfo:
+        with self._session.using():
+            return await self._remote.info(supports_recreate_on_run=supports_recreate_on_run)
+
+    async def preflight(self, *, disable_auto_start: bool = False) -> None:
+        with self._session.using():
+            await self._remote.preflight(disable_auto_start=disable_auto_start)
+
+    async def provisioning_preflight(self) -> None:
+        with self._session.using():
+            await self._remote.provisioning_preflight()
+
+    async def reuse_preflight(self, workspace_id: str, remote_user: str) -> None:
+        with self._session.using():
+            await self._remote.reuse_preflight(workspace_id, remote_user)
+
+    async def find(self, workspace_id: str) -> MachineDetails | None:
+        with self._session.using():
+            return await self._remote.find(workspace_id)
+
+    async def target_architecture(self, workspace_id: str) -> str:
+        with self._session.using():
+            return await self._remote.target_architecture(workspace_id)
+
+    async def run_image(self, request: RunImageRequest) -> None:
+        with self._session.using():
+            await self._remote.run_image(request)
+
+    async def start(self, workspace_id: str) -> None:
+        with self._session.using():
+            await self._remote.start(workspace_id)
+
+    async def stop(self, workspace_id: str) -> None:
+        with self._session.using():
+            await self._remote.stop(workspace_id)
+
+    async def delete(self, workspace_id: str) -> None:
+        with self._session.using():
+            await self._remote.delete(workspace_id)
+
+    async def exec(self, spec: ExecSpec, stdin: AsyncIterator[bytes]) -> AsyncIterator[ExecEvent]:
+        with self._session.using():
+            events = self._remote.exec(spec, stdin)
+            try:
+                async for event in events:
+                    yield event
+            finally:
+                await events.aclose()  # type: ignore[attr-defined]
+
+    async def exec_local(self, machine_id: str, spec: ExecSpec, stdio: tuple[int, int, int]) -> ExecExit:
+        with self._session.using():
+            return await self._remote.exec_local(machine_id, spec, stdio)
+
+    async def logs(self, workspace_id: str) -> AsyncIterator[bytes]:
+        with self._session.using():
+            chunks = self._remote.logs(workspace_id)
+            try:
+                async for chunk in chunks:
+                    yield chunk
+            finally:
+                await chunks.aclose()  # type: ignore[attr-defined]
+
+    async def terminal(self, spec: TerminalSpec, input: AsyncIterator[TerminalInput]) -> AsyncIterator[TerminalEvent]:
+        with self._session.using():
+            events = self._remote.terminal(spec, input)
+            try:
+                async for event in events:
+                    yield event
+            finally:
+                await events.aclose()  # type: ignore[attr-defined]
+
+    async def extensions(self) -> Extensions | None:
+        known, extensions = self._session.cached_extensions()
+        if known:
+            return extensions
+        with self._session.using():
+            return await self._remote.extensions()
+
+    async def close(self) -> None:
+        """Nothing to do: the session stays warm for the next command (the pool stops it)."""
+
+
+class SessionPool:
+    """The daemon's driver sessions (see the module docstring).
+
+    ``plugin_idle``: seconds before an idle plugin is stopped (None: ``VZ_DAEMON_PLUGIN_IDLE``, default 300;
+    0: never). ``registry``, ``store``, ``host_config``: where drivers, external manifests and host options come
+    from (defaults: this installation and ``VZ_HOME``). ``run_root``: where the plugins' private socket
+    directories are made (default: the temporary directory).
+    """
+
+    def __init__(
+        self,
+        *,
+        plugin_idle: float | None = None,
+        redactor: PoolRedactor | None = None,
+        registry: DriverRegistry | None = None,
+        store: ManifestStore | None = None,
+        host_config: HostConfig | None = None,
+        run_root: str | None = None,
+        handshake_timeout: float = 15.0,
+    ) -> None:
+        if plugin_idle is None:
+            self.plugin_idle = plugin_idle_seconds()
+        elif not math.isfinite(plugin_idle) or plugin_idle < 0:
+            raise UserError(f"plugin_idle must be a number of seconds >= 0, not {plugin_idle!r}")
+        else:
+            self.plugin_idle = None if plugin_idle == 0 else float(plugin_idle)
+        self.redactor = redactor if redactor is not None else PoolRedactor()
+        self._registry = registry
+        self._store = store
+        self._host_config = host_config
+        self.run_root = run_root
+        self.handshake_timeout = handshake_timeout
+        self._pins: dict[str, ResolvedDriver] = {}
+        self._pin_errors: dict[str, VzError] = {}
+        self._sessions: dict[tuple[str, str], PluginSession] = {}
+        self._previous: DriverSource | None = None
+        self._started = False
+        self._closed = False
+
+    # lifecycle ------------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Pin every built-in's console script and make ``acquire_driver`` use this pool. Call once, at daemon
+        start, in the daemon's event loop. A built-in whose script cannot be pinned stays listed; launching it
+        fails with the reason."""
+        from vz_core import drivers
+
+        if self._started:
+            return
+        await asyncio.to_thread(self._pin_all)
+        self._started = True
+        self._previous = drivers.use_driver_source(self)
+
+    def _pin_all(self) -> None:
+        from vz_core import drivers
+
+        registry = self.registry
+        for name in registry.names():
+            try:
+                self._pins[name] = drivers.pin_builtin(name, registry=registry)
+            except (TrustError, UserError) as exc:
+                self._pin_errors[name] = exc
+                log.warning("built-in driver %s cannot be launched: %s", name, exc)
+
+    async def aclose(self) -> None:
+        """Stop every plugin (Machines keep running) and give ``acquire_driver`` back its in-process default."""
+        from vz_core import drivers
+
+        if self._closed:
+            return
+        self._closed = True
+        if self._started and drivers.driver_source() is self:
+            drivers.use_driver_source(self._previous)
+        sessions, self._sessions = list(self._sessions.values()), {}
+        results = await asyncio.gather(*(s.aclose() for s in sessions), return_exceptions=True)
+        for session, result in zip(sessions, results, strict=True):
+            if isinstance(result, BaseException):
+                log.warning("driver %s: stopping its plugin failed: %s", session.name, result)
+
+    async def __aenter__(self) -> SessionPool:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    @property
+    def registry(self) -> DriverRegistry:
+        if self._registry is None:
+            from vz_core.registry import DriverRegistry
+
+            self._registry = DriverRegistry()
+        return self._registry
+
+    @property
+    def pins(self) -> Mapping[str, ResolvedDriver]:
+        """The pinned built-ins by name."""
+        return dict(self._pins)
+
+    # the DriverSource contract --------------------------------------------------------------------------
+
+    def learn(self, redactor: Redactor | None) -> None:
+        """Add every secret ``redactor`` holds (a command's: its Environment's secrets) to the pool's."""
+        if redactor is not None and redactor is not self.redactor:
+            secrets = _secrets_of(redactor)
+            if secrets:
+                self.redactor.add_secret(*secrets)
+
+    def driver(
+        self,
+        name: str,
+        project_options: Mapping[str, Any] | None = None,
+        *,
+        where: str = "driver_options",
+        recorded: bool = False,
+        redactor: Redactor | None = None,
+    ) -> Driver:
+        """A handle on the shared session of driver ``name`` with the effective options for ``project_options``
+        (validated exactly as ``vz_core.drivers.open_driver`` does; ``UserError``/``NotFoundError`` before
+        anything is launched). Nothing is launched until the first call."""
+        self.learn(redactor)
+        return SharedDriver(self.session(name, project_options, where=where, recorded=recorded))
+
+    def session(
+        self,
+        name: str,
+        project_options: Mapping[str, Any] | None = None,
+        *,
+        where: str = "driver_options",
+        recorded: bool = False,
+    ) -> PluginSession:
+        """The session for driver ``name`` and those options (made on first use)."""
+        from vz_core import drivers
+
+        if self._closed:
+            raise UserError("the vz daemon is shutting down; run the command again")
+        options = drivers.effective_options(
+            name,
+            project_options,
+            where=where,
+            registry=self.registry,
+            store=self._store,
+            host_config=self._host_config,
+            recorded=recorded,
+        )
+        key = (name, json.dumps(options, sort_keys=True, default=str))
+        session = self._sessions.get(key)
+        if session is None:
+            session = PluginSession(self, self._resolve(name), options, key)
+            self._sessions[key] = session
+        return session
+
+    def _resolve(self, name: str) -> ResolvedDriver:
+        from vz_core import drivers
+
+        pinned = self._pins.get(name)
+        if pinned is not None:
+            return pinned
+        failed = self._pin_errors.get(name)
+        if failed is not None:
+            raise type(failed)(str(failed))
+        resolved = drivers.resolve(name, registry=self.registry, store=self._store)
+        if resolved.builtin is not None:
+            # A built-in registered after start (not pinned): pin it now rather than launch it unchecked.
+            resolved = drivers.pin_builtin(name, registry=self.registry)
+            self._pins[name] = resolved
+        return resolved
+
+    # System.Status and System.Capabilities --------------------------------------------------------------
+
+    def status(self) -> list[dict[str, Any]]:
+        """One row per plugin session (and per pinned built-in not used yet): name, pid, state, last use,
+        launches, crashes, the script and its pinned SHA-256."""
+        rows = [s.describe() for s in self._sessions.values()]
+        used = {s.name for s in self._sessions.values()}
+        for name, resolved in sorted(self._pins.items()):
+            if name in used:
+                continue
+            pinned = resolved.pinned
+            assert pinned is not None
+            rows.append(
+                {
+                    "name": name,
+                    "options": None,
+                    "origin": "builtin",
+                    "pid": None,
+                    "state": "stopped",
+                    "in_flight": 0,
+                    "last_use": None,
+                    "launches": 0,
+                    "launch_failures": 0,
+                    "crashes": 0,
+                    "last_crash": None,
+                    "last_launch_ms": None,
+                    "script": str(pinned.script),
+                    "sha256": pinned.sha256,
+                }
+            )
+        for name, exc in sorted(self._pin_errors.items()):
+            rows.append({"name": name, "origin": "builtin", "pid": None, "state": "refused", "error": str(exc)})
+        return sorted(rows, key=lambda row: row["name"])
+
+    async def capabilities(self, names: list[str] | None = None) -> list[dict[str, Any]]:
+        """Every driver's negotiated facts (``DriverFacts.describe()``: Info, Extensions), launching plugins
+        that never ran (they then idle out). A driver that cannot be launched gets ``"error"`` instead."""
+        if names is None:
+            from vz_core.drivers import ManifestStore
+
+            store = self._store if self._store is not None else ManifestStore()
+            names = sorted({*self.registry.names(), *store.names()})
+
+        async def one(name: str) -> dict[str, Any]:
+            try:
+                facts = await self.session(name, None, where="System.Capabilities").negotiated()
+            except (VzError, OSError) as exc:
+                code = exc.code if isinstance(exc, DriverError) else type(exc).__name__
+                return {"name": name, "error": {"code": code, "message": self.redactor.redact(str(exc))}}
+            return {"name": name, "facts": facts.describe()}
+
+        return list(await asyncio.gather(*(one(name) for name in names)))
