@@ -10,10 +10,12 @@ import it (see ``vz_core.env._discover.read_header``).
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import posixpath
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from types import UnionType
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
@@ -46,22 +48,36 @@ from vz_core.rules import (
 __all__ = [
     "DEFINITION_FILE",
     "DEFINITION_VERSION",
+    "SUPPORTED_VERSIONS",
+    "EgressAllowlist",
+    "EgressPolicy",
+    "Export",
+    "Import",
     "Machine",
     "Mount",
+    "Network",
+    "NetworkPath",
     "ProjectDefinition",
     "Resources",
     "SecretRef",
+    "Service",
     "Target",
     "Volume",
     "Workspace",
     "definition_json_schema",
     "load_definition",
+    "migrate_definition",
     "parse_definition",
 ]
 
 DEFINITION_FILE = "vz.json"
-DEFINITION_VERSION = 1
-SCHEMA_ID = "urn:vz:schema:project-definition:1"
+DEFINITION_VERSION = 2
+"""The newest vz.json format: version 2 adds the network declarations (docs/network.md)."""
+SUPPORTED_VERSIONS = (1, 2)
+"""Every format this vz reads. A version 1 file keeps exactly its version 1 meaning (see ``migrate_definition``)."""
+SCHEMA_ID = "urn:vz:schema:project-definition:2"
+NETWORK_FIELDS = ("networks", "paths", "exports", "imports")
+"""Top-level fields that exist from version 2 on (a version 1 file naming one is refused, never ignored)."""
 
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 RESERVED_ENV = frozenset({"VZ_PROJECT_ID", "VZ_ENVIRONMENT_ID", "VZ_MACHINE_ID"})
@@ -353,6 +369,247 @@ EnvValue = Annotated[
 ]
 
 
+# --- network declarations (version 2; docs/network.md) -------------------------------------------------------
+
+Port = Annotated[int, Field(ge=1, le=65535, description="a TCP or UDP port, 1..65535")]
+Protocol = Literal["tcp", "udp"]
+RESERVED_PORTS = frozenset({53})
+"""Ports of the Environment's own address (its DNS resolver) that no import may take on the Machine side."""
+
+_DOMAIN_LABEL = r"(?!-)[a-z0-9-]{1,63}(?<!-)"
+_DOMAIN_RE = re.compile(rf"(?:\*\.)?(?:{_DOMAIN_LABEL}\.)+{_DOMAIN_LABEL}")
+RESERVED_DOMAINS = ("vz.internal", "docker.internal", "localhost")
+"""Names that belong to the Environment's resolver (or to no one): an allowlist cannot name them."""
+_EGRESS_NEVER: tuple[tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, str], ...] = (
+    (ipaddress.ip_network("0.0.0.0/8"), "'this network' (0.0.0.0/8)"),
+    (ipaddress.ip_network("127.0.0.0/8"), "host loopback (127.0.0.0/8)"),
+    (ipaddress.ip_network("169.254.0.0/16"), "link-local and cloud metadata (169.254.0.0/16)"),
+    (ipaddress.ip_network("224.0.0.0/4"), "multicast (224.0.0.0/4)"),
+    (ipaddress.ip_network("240.0.0.0/4"), "reserved and broadcast (240.0.0.0/4)"),
+    (ipaddress.ip_network("::/128"), "the unspecified address (::)"),
+    (ipaddress.ip_network("::1/128"), "host loopback (::1)"),
+    (ipaddress.ip_network("::ffff:0:0/96"), "IPv4-mapped addresses (::ffff:0:0/96)"),
+    (ipaddress.ip_network("fe80::/10"), "link-local (fe80::/10)"),
+    (ipaddress.ip_network("ff00::/8"), "multicast (ff00::/8)"),
+)
+_SUBNET_RANGES = tuple(
+    ipaddress.IPv4Network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10")
+)
+
+
+def _is_network(text: str) -> bool:
+    try:
+        ipaddress.ip_network(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _network_key(text: str) -> tuple[int, int, int]:
+    net = ipaddress.ip_network(text)
+    return (net.version, int(net.network_address), net.prefixlen)
+
+
+def check_egress_destination(text: str) -> str:
+    """One allowlist entry, normalized: an IPv4/IPv6 address or CIDR (``10.0.0.0/8``) or a domain name
+    (``example.com``, ``*.example.com`` for every name below it). Raises ValueError saying what is wrong."""
+    if len(text) > 253 or _CONTROL_RE.search(text):
+        raise ValueError(f"{text[:40]!r}: an allowlist entry is an address, a CIDR or a domain name")
+    looks_numeric = ":" in text or "/" in text or re.fullmatch(r"[0-9.]+", text) is not None
+    if looks_numeric:
+        try:
+            net = ipaddress.ip_network(text, strict=True)
+        except ValueError:
+            try:
+                loose = ipaddress.ip_network(text, strict=False)
+            except ValueError:
+                raise ValueError(f"{text!r} is not an IP address, a CIDR (e.g. 10.0.0.0/8) or a domain name") from None
+            raise ValueError(f"{text!r} has host bits set; the network is {loose}") from None
+        for never, what in _EGRESS_NEVER:
+            if net.version == never.version and net.overlaps(never):
+                hint = (
+                    'write "egress": "allowed" for every public destination'
+                    if net.prefixlen == 0
+                    else 'a host service is offered to a Machine with "imports"'
+                )
+                raise ValueError(f"{text!r} covers {what}, which egress never reaches; {hint}")
+        return str(net)
+    name = text.lower()
+    name = name[:-1] if name.endswith(".") else name
+    if not _DOMAIN_RE.fullmatch(name) or name.rsplit(".", 1)[-1].isdigit():
+        raise ValueError(
+            f"{text!r} is not a domain name (labels of letters, digits and inner '-', at least two labels, "
+            "optionally '*.' first), an IP address or a CIDR"
+        )
+    bare = name[2:] if name.startswith("*.") else name
+    for reserved in RESERVED_DOMAINS:
+        if bare == reserved or bare.endswith("." + reserved):
+            raise ValueError(f"{text!r}: names under {reserved} belong to vz's Environment resolver, not to egress")
+    return name
+
+
+def _egress_destination(value: object) -> object:
+    return check_egress_destination(value) if isinstance(value, str) else value
+
+
+EgressDestination = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=253,
+        description="an IP address, a CIDR (10.0.0.0/8) or a domain name (example.com, *.example.com)",
+    ),
+    BeforeValidator(_egress_destination),
+]
+
+
+class EgressAllowlist(_Model):
+    """Egress only to these destinations (version 2): CIDRs, addresses and domain names."""
+
+    allow: Annotated[list[EgressDestination], Field(min_length=1, max_length=256)] = Field(
+        description="destinations the Machine may reach; domain names are enforced through the Environment's resolver"
+    )
+
+    @field_validator("allow")
+    @classmethod
+    def _unique(cls, value: list[str]) -> list[str]:
+        dupes = sorted({v for v in value if value.count(v) > 1})
+        if dupes:
+            raise ValueError(f"allowlist entries must be unique; repeated: {', '.join(dupes)}")
+        return value
+
+
+def _egress_kind(value: Any) -> str | None:
+    if isinstance(value, str):
+        return "policy"
+    if isinstance(value, dict | EgressAllowlist):
+        return "allowlist"
+    return None
+
+
+EgressValue = Annotated[
+    Annotated[Literal["allow", "deny", "offline", "allowed"], Tag("policy")]
+    | Annotated[EgressAllowlist, Tag("allowlist")],
+    Discriminator(
+        _egress_kind,
+        custom_error_type="egress",
+        custom_error_message=(
+            'expected "offline", "allowed" or {"allow": [...]} (version 2), or "allow" / "deny" (version 1)'
+        ),
+    ),
+]
+
+
+@dataclass(frozen=True)
+class EgressPolicy:
+    """A Machine's declared outbound policy in one shape, whatever the file's version spelled.
+
+    ``mode`` is ``offline`` (nothing outside the Environment), ``allowed`` (public destinations; never the host,
+    its LAN, the control plane or another Environment) or ``allowlist`` (only ``cidrs`` and ``domains``)."""
+
+    mode: Literal["offline", "allowed", "allowlist"]
+    cidrs: tuple[str, ...] = ()
+    domains: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"mode": self.mode, "cidrs": list(self.cidrs), "domains": list(self.domains)}
+
+
+class Service(_Model):
+    """A service a Machine offers; only Machines with a declared path to it reach it (version 2)."""
+
+    name: Name
+    port: Port
+    protocol: Protocol = Field(default="tcp", description="tcp or udp")
+
+
+def _subnet(value: object) -> object:
+    if not isinstance(value, str):
+        return value
+    try:
+        net = ipaddress.IPv4Network(value, strict=True)
+    except ValueError as exc:
+        raise ValueError(f"{value!r} is not an IPv4 network in CIDR form (e.g. 10.89.0.0/24): {exc}") from None
+    if not any(net.subnet_of(r) for r in _SUBNET_RANGES):
+        raise ValueError(
+            f"{value!r} is not inside a private range (10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16, 100.64.0.0/10)"
+        )
+    if not 8 <= net.prefixlen <= 29:
+        raise ValueError(f"{value!r}: a network's prefix is /8 to /29 (a gateway and at least one Machine)")
+    return str(net)
+
+
+class Network(_Model):
+    """A named network of every Environment of the project, and the Machines attached to it (version 2)."""
+
+    name: Name
+    machines: Annotated[list[Name], Field(max_length=1024)] = Field(
+        default_factory=list, description="names of the Machines attached to this network"
+    )
+    subnet: Annotated[str, BeforeValidator(_subnet)] | None = Field(
+        default=None,
+        description=(
+            "IPv4 range inside the Environment's own route domain (Environments may use the same range); "
+            "omitted: a /24 of 10.89.0.0/16 chosen from the network's name"
+        ),
+    )
+
+
+class NetworkPath(_Model):
+    """A declared path: Machine ``from`` may open connections to one service of Machine ``to`` (version 2)."""
+
+    source: Name = Field(alias="from", description="the Machine that connects")
+    to: Name = Field(description="the Machine that offers the service")
+    service: Name | None = Field(default=None, description="the service's name (or give port and protocol)")
+    port: Port | None = Field(default=None, description="the service's port, instead of its name")
+    protocol: Protocol | None = Field(default=None, description="with port: tcp (default) or udp")
+
+
+class Export(_Model):
+    """A Machine's service offered to the host on 127.0.0.1 only (version 2)."""
+
+    machine: Name
+    service: Name
+    host_port: Port | None = Field(
+        default=None,
+        description=(
+            "preferred port on 127.0.0.1; omitted: the service's port when it is 1024 or above. Another is chosen, "
+            "stably, when it is taken"
+        ),
+    )
+
+
+def _loopback(value: object) -> object:
+    if isinstance(value, str):
+        try:
+            address = ipaddress.ip_address(value)
+        except ValueError:
+            raise ValueError(f"{value!r} is not an IP address; an import reaches host loopback (127.0.0.1)") from None
+        if not address.is_loopback:
+            raise ValueError(
+                f"{value!r} is not a loopback address: an import carries one host loopback port "
+                "(127.0.0.0/8 or ::1) into a Machine, never a LAN or wildcard address"
+            )
+        return str(address)
+    return value
+
+
+class Import(_Model):
+    """One host loopback port offered to one Machine, at host.vz.internal (version 2)."""
+
+    machine: Name
+    host_port: Port = Field(description="the port on the host's loopback")
+    host_address: Annotated[str, BeforeValidator(_loopback)] = Field(
+        default="127.0.0.1", description="a loopback address of the host: 127.0.0.0/8 or ::1"
+    )
+    protocol: Protocol = Field(default="tcp", description="tcp or udp")
+    port: Port | None = Field(default=None, description="the port the Machine connects to (default: host_port)")
+
+    @property
+    def machine_port(self) -> int:
+        return self.port if self.port is not None else self.host_port
+
+
 class Machine(_Model):
     """One Machine of every Environment made from this project."""
 
@@ -371,7 +628,17 @@ class Machine(_Model):
     environment: dict[str, EnvValue] = Field(
         default_factory=dict, description="environment variables; secret references keep values out of vz.json"
     )
-    egress: Literal["allow", "deny"] = Field(default="allow", description="outbound network policy")
+    services: list[Service] = Field(
+        default_factory=list, description="services this Machine offers to declared paths and exports (version 2)"
+    )
+    egress_declared: EgressValue = Field(
+        default="allow",
+        alias="egress",
+        description=(
+            'outbound network policy. Version 2: "offline" (the default), "allowed", or {"allow": [CIDRs and '
+            'domain names]}. Version 1: "allow" (the default) or "deny"'
+        ),
+    )
     remote_user: UserName | None = Field(
         default=None,
         description=(
@@ -412,6 +679,32 @@ class Machine(_Model):
             raise ValueError(f"volume names must be unique; repeated: {', '.join(dupes)}")
         return self
 
+    @property
+    def egress(self) -> Literal["allow", "deny"]:
+        """The driver-level policy a driver enforces today (``vz.egress`` label): ``allow`` or ``deny``.
+
+        Version 1 spells it directly. A version 2 policy maps to ``deny`` until the route-domain attachment
+        realizes it (docs/network.md): ``deny`` never grants more than the declaration, while the drivers'
+        ``allow`` reaches the host and its LAN, which no version 2 policy grants."""
+        value = self.egress_declared
+        return "allow" if value == "allow" else "deny"
+
+    @property
+    def egress_policy(self) -> EgressPolicy:
+        """The declared policy, normalized (version 1 ``allow`` is ``allowed``, ``deny`` is ``offline``)."""
+        value = self.egress_declared
+        if isinstance(value, EgressAllowlist):
+            cidrs = sorted({v for v in value.allow if _is_network(v)}, key=_network_key)
+            domains = sorted({v for v in value.allow if not _is_network(v)})
+            return EgressPolicy("allowlist", tuple(cidrs), tuple(domains))
+        return EgressPolicy("allowed" if value in ("allow", "allowed") else "offline")
+
+    def service(self, name: str) -> Service:
+        for item in self.services:
+            if item.name == name:
+                return item
+        raise KeyError(name)
+
     def secret_refs(self) -> dict[str, str]:
         """Environment key → the caller's variable it is read from."""
         return {k: v.from_env for k, v in self.environment.items() if isinstance(v, SecretRef)}
@@ -429,17 +722,31 @@ class Machine(_Model):
         for key in ("remote_user", "user"):
             if data.get(key) is None:
                 data.pop(key, None)
+        # Services are Environment topology (docs/network.md), not a creation-time setting of the Machine.
+        data.pop("services", None)
         workspace = data.get("workspace")
         if isinstance(workspace, dict):
             workspace.pop("sharing", None)
         return data
 
 
+class _LocatedProblems(ValueError):
+    """Several problems, each at its own JSON path (cross-references that one field's validator cannot see)."""
+
+    def __init__(self, problems: list[tuple[str, str]]) -> None:
+        super().__init__("; ".join(f"{path}: {message}" for path, message in problems))
+        self.problems = problems
+
+
 class ProjectDefinition(_Model):
-    """A project's vz.json (version 1)."""
+    """A project's vz.json (version 1 or 2; version 2 adds the network declarations of docs/network.md)."""
 
     schema_: str | None = Field(default=None, alias="$schema", description="optional path or URI of this schema")
-    version: Literal[1] = Field(description="definition format version; this vz reads version 1")
+    version: Literal[1, 2] = Field(
+        description=(
+            "definition format version: 2 (the network model of docs/network.md) or 1 (read with its version 1 meaning)"
+        )
+    )
     project_id: Annotated[
         str,
         Field(
@@ -452,6 +759,35 @@ class ProjectDefinition(_Model):
     default_machine: Name | None = Field(
         default=None, description="the Machine `vz exec` uses without --machine (required with several Machines)"
     )
+    networks: Annotated[list[Network], Field(max_length=64)] = Field(
+        default_factory=list,
+        description=(
+            "version 2: the Environment's named networks and the Machines attached to each; omitted: one network "
+            "'default' with every Machine"
+        ),
+    )
+    paths: Annotated[list[NetworkPath], Field(max_length=4096)] = Field(
+        default_factory=list,
+        description="version 2: which Machine may reach which service of which Machine; nothing else connects",
+    )
+    exports: Annotated[list[Export], Field(max_length=1024)] = Field(
+        default_factory=list, description="version 2: Machine services offered to the host on 127.0.0.1"
+    )
+    imports: Annotated[list[Import], Field(max_length=1024)] = Field(
+        default_factory=list,
+        description="version 2: host loopback ports offered to one Machine each, at host.vz.internal",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _version_defaults(cls, data: Any) -> Any:
+        """Version 2 Machines are offline unless they say otherwise (version 1 keeps its default, allow)."""
+        if isinstance(data, dict) and data.get("version") == 2 and isinstance(data.get("machines"), list):
+            machines = [
+                {**m, "egress": "offline"} if isinstance(m, dict) and "egress" not in m else m for m in data["machines"]
+            ]
+            data = {**data, "machines": machines}
+        return data
 
     @field_validator("machines")
     @classmethod
@@ -469,6 +805,19 @@ class ProjectDefinition(_Model):
             raise ValueError(f"default_machine {self.default_machine!r} is not one of the machines: {', '.join(names)}")
         return self
 
+    @model_validator(mode="after")
+    def _network_declarations(self) -> ProjectDefinition:
+        problems = network_problems(self)
+        if problems:
+            raise _LocatedProblems(problems)
+        return self
+
+    def effective_networks(self) -> list[Network]:
+        """The declared networks, or (none declared) one network ``default`` holding every Machine."""
+        if self.networks:
+            return list(self.networks)
+        return [Network(name="default", machines=[m.name for m in self.machines])]
+
     def machine(self, name: str) -> Machine:
         for m in self.machines:
             if m.name == name:
@@ -482,8 +831,247 @@ class ProjectDefinition(_Model):
         return self.machines[0].name if len(self.machines) == 1 else None
 
 
+# --- cross-references of the network declarations ----------------------------------------------------------
+
+_V2_HINT = 'set "version": 2 (docs/network.md says what changes from version 1)'
+
+
+def _spelled(item: Service) -> str:
+    return f"{item.name} {item.protocol}/{item.port}"
+
+
+def _services_text(machine: Machine) -> str:
+    return ", ".join(_spelled(s) for s in machine.services) or "none declared"
+
+
+def network_problems(definition: ProjectDefinition) -> list[tuple[str, str]]:
+    """Every problem of the network declarations as (JSON path, message); empty when they are consistent.
+
+    Version 1: the version 2 fields are refused (never ignored) and egress is ``allow`` or ``deny``. Version 2:
+    names unique, every reference resolves (Machines, services, networks), paths go to declared ports of
+    Machines sharing a network, exports do not overlap, imports reach host loopback only."""
+    out: list[tuple[str, str]] = []
+    if definition.version == 1:
+        for key in NETWORK_FIELDS:
+            if key in definition.model_fields_set:
+                out.append((f"$.{key}", f"{key} needs version 2 of vz.json; {_V2_HINT}"))
+        for i, m in enumerate(definition.machines):
+            if "services" in m.model_fields_set:
+                out.append((f"$.machines[{i}].services", f"services need version 2 of vz.json; {_V2_HINT}"))
+            if isinstance(m.egress_declared, EgressAllowlist) or m.egress_declared in ("offline", "allowed"):
+                shown = "an allowlist" if isinstance(m.egress_declared, EgressAllowlist) else repr(m.egress_declared)
+                out.append(
+                    (
+                        f"$.machines[{i}].egress",
+                        f"{shown} is version 2 egress; version 1 reads 'allow' or 'deny' ({_V2_HINT})",
+                    )
+                )
+        return out
+    machines = {m.name: m for m in definition.machines}
+    known = ", ".join(machines)
+
+    def unknown(name: str) -> str:
+        return f"unknown Machine {name!r} (machines: {known})"
+
+    for i, m in enumerate(definition.machines):
+        where = f"$.machines[{i}]"
+        if m.egress_declared in ("allow", "deny"):
+            new = "allowed" if m.egress_declared == "allow" else "offline"
+            out.append(
+                (
+                    f"{where}.egress",
+                    f"{m.egress_declared!r} is the version 1 spelling; version 2 reads {new!r} "
+                    '("offline", the default, "allowed" or {"allow": [CIDRs, domain names]})',
+                )
+            )
+        names: dict[str, int] = {}
+        ports: dict[tuple[str, int], int] = {}
+        for j, svc in enumerate(m.services):
+            if svc.name in names:
+                out.append(
+                    (f"{where}.services[{j}].name", f"service {svc.name!r} is already services[{names[svc.name]}]")
+                )
+            names.setdefault(svc.name, j)
+            port_key = (svc.protocol, svc.port)
+            if port_key in ports:
+                out.append(
+                    (f"{where}.services[{j}].port", f"{svc.protocol}/{svc.port} is already services[{ports[port_key]}]")
+                )
+            ports.setdefault(port_key, j)
+
+    attached: dict[str, set[str]] = {name: set() for name in machines}
+    seen_networks: dict[str, int] = {}
+    subnets: list[tuple[ipaddress.IPv4Network, int]] = []
+    for i, net in enumerate(definition.networks):
+        where = f"$.networks[{i}]"
+        if net.name in seen_networks:
+            out.append((f"{where}.name", f"network {net.name!r} is already networks[{seen_networks[net.name]}]"))
+        seen_networks.setdefault(net.name, i)
+        members: dict[str, int] = {}
+        for j, name in enumerate(net.machines):
+            if name not in machines:
+                out.append((f"{where}.machines[{j}]", unknown(name)))
+            elif name in members:
+                out.append((f"{where}.machines[{j}]", f"{name!r} is already machines[{members[name]}]"))
+            else:
+                attached[name].add(net.name)
+            members.setdefault(name, j)
+        if net.subnet is not None:
+            subnet = ipaddress.IPv4Network(net.subnet)
+            for other, k in subnets:
+                if subnet.overlaps(other):
+                    out.append((f"{where}.subnet", f"{subnet} overlaps networks[{k}].subnet {other}"))
+            subnets.append((subnet, i))
+            room = subnet.num_addresses - 3  # network, gateway, broadcast
+            if len(members) > room:
+                out.append((f"{where}.subnet", f"{subnet} has room for {room} Machines, {len(members)} attach"))
+    if not definition.networks:
+        for name in attached:
+            attached[name].add("default")
+
+    seen_paths: dict[tuple[str, str, str, int], int] = {}
+    for i, path in enumerate(definition.paths):
+        where = f"$.paths[{i}]"
+        source, dest = machines.get(path.source), machines.get(path.to)
+        if source is None:
+            out.append((f"{where}.from", unknown(path.source)))
+        if dest is None:
+            out.append((f"{where}.to", unknown(path.to)))
+        if path.source == path.to:
+            out.append((f"{where}.to", f"{path.to!r} reaches its own services on loopback; a path joins two Machines"))
+            continue
+        if path.protocol is not None and path.port is None:
+            out.append((f"{where}.protocol", "protocol goes with port (or name the service)"))
+        if (path.service is None) == (path.port is None):
+            out.append((where, "name the destination service with 'service' or with 'port' (and 'protocol'), not both"))
+            continue
+        if dest is None or source is None:
+            continue
+        target: Service | None = None
+        if path.service is not None:
+            try:
+                target = dest.service(path.service)
+            except KeyError:
+                out.append(
+                    (f"{where}.service", f"{path.to!r} declares no service {path.service!r} ({_services_text(dest)})")
+                )
+        else:
+            protocol = path.protocol or "tcp"
+            target = next((s for s in dest.services if (s.protocol, s.port) == (protocol, path.port)), None)
+            if target is None:
+                out.append(
+                    (
+                        f"{where}.port",
+                        f"{path.to!r} declares no {protocol} service on port {path.port} ({_services_text(dest)}); "
+                        f"declare it in machines[].services first",
+                    )
+                )
+        if target is None:
+            continue
+        if not attached[path.source] & attached[path.to]:
+            out.append(
+                (
+                    where,
+                    f"{path.source!r} and {path.to!r} share no network; attach both to one network in $.networks",
+                )
+            )
+        path_key = (path.source, path.to, target.protocol, target.port)
+        if path_key in seen_paths:
+            out.append((where, f"the same path as paths[{seen_paths[path_key]}]"))
+        seen_paths.setdefault(path_key, i)
+
+    exported: dict[tuple[str, str], int] = {}
+    host_ports: dict[tuple[str, int], int] = {}
+    for i, export in enumerate(definition.exports):
+        where = f"$.exports[{i}]"
+        owner = machines.get(export.machine)
+        if owner is None:
+            out.append((f"{where}.machine", unknown(export.machine)))
+            continue
+        try:
+            svc = owner.service(export.service)
+        except KeyError:
+            out.append(
+                (
+                    f"{where}.service",
+                    f"{export.machine!r} declares no service {export.service!r} ({_services_text(owner)})",
+                )
+            )
+            continue
+        export_key = (export.machine, export.service)
+        if export_key in exported:
+            out.append(
+                (where, f"{export.machine} {export.service} is already exported by exports[{exported[export_key]}]")
+            )
+        exported.setdefault(export_key, i)
+        if export.host_port is not None:
+            port_key = (svc.protocol, export.host_port)
+            if port_key in host_ports:
+                out.append(
+                    (
+                        f"{where}.host_port",
+                        f"{svc.protocol}/{export.host_port} on the host is already exports[{host_ports[port_key]}]",
+                    )
+                )
+            host_ports.setdefault(port_key, i)
+
+    imported: dict[tuple[str, str, int], int] = {}
+    relays: dict[tuple[str, int], tuple[str, int, int]] = {}
+    for i, item in enumerate(definition.imports):
+        where = f"$.imports[{i}]"
+        if item.machine not in machines:
+            out.append((f"{where}.machine", unknown(item.machine)))
+            continue
+        port = item.machine_port
+        if port in RESERVED_PORTS:
+            field = "port" if item.port is not None else "host_port"
+            out.append(
+                (f"{where}.{field}", f"port {port} of host.vz.internal is the Environment's DNS; set another 'port'")
+            )
+        import_key = (item.machine, item.protocol, port)
+        if import_key in imported:
+            out.append(
+                (where, f"{item.machine} already imports {item.protocol}/{port} (imports[{imported[import_key]}])")
+            )
+        imported.setdefault(import_key, i)
+        relay = (item.protocol, port)
+        host = (item.host_address, item.host_port, i)
+        if relay in relays and relays[relay][:2] != host[:2]:
+            first = relays[relay]
+            out.append(
+                (
+                    f"{where}.port",
+                    f"{item.protocol}/{port} at host.vz.internal already carries {first[0]}:{first[1]} "
+                    f"(imports[{first[2]}]); choose another 'port'",
+                )
+            )
+        relays.setdefault(relay, host)
+    return out
+
+
+def migrate_definition(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A version 1 vz.json rewritten as version 2 with the same meaning; a version 2 one is returned as is.
+
+    The only difference in meaning between the versions is egress: version 1's ``allow`` (its default) becomes
+    ``allowed``, ``deny`` becomes ``offline``, and every Machine says it explicitly because version 2's default
+    is ``offline``. Version 1 had no declared paths: the result declares none, so its Machines reach each
+    other only once paths are added (docs/network.md, "Version 1 files")."""
+    out: dict[str, Any] = json.loads(json.dumps(data))
+    if data.get("version") == 2:
+        return out
+    parse_definition(dict(data))  # refuse what is not a valid version 1 file before rewriting anything
+    out["version"] = 2
+    for machine in out["machines"]:
+        machine["egress"] = "offline" if machine.get("egress") == "deny" else "allowed"
+    return out
+
+
 def definition_json_schema() -> dict[str, Any]:
-    """The JSON Schema of vz.json version 1 (what ``schemas/vz.schema.json`` holds)."""
+    """The JSON Schema of vz.json versions 1 and 2 (what ``schemas/vz.schema.json`` holds).
+
+    The model reads both versions; conditions on ``version`` say what each one allows (version 1: no network
+    fields, egress allow/deny; version 2: egress offline/allowed/allowlist). The cross-references (unknown
+    Machines or services, overlapping exports) are checked by ``parse_definition``, which a schema cannot say."""
     schema = ProjectDefinition.model_json_schema(by_alias=True, mode="validation")
     out: dict[str, Any] = {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
@@ -492,6 +1080,44 @@ def definition_json_schema() -> dict[str, Any]:
     }
     out.update(schema)
     out["title"] = "vz project definition (vz.json)"
+    egress = out["$defs"]["Machine"]["properties"]["egress"]
+    egress.pop("default", None)  # the default depends on the version: the conditions below say which
+    allowlist = {"$ref": "#/$defs/EgressAllowlist"}
+    out["allOf"] = [
+        {
+            "if": {"properties": {"version": {"const": 1}}, "required": ["version"]},
+            "then": {
+                "properties": {
+                    **dict.fromkeys(NETWORK_FIELDS, False),
+                    "machines": {
+                        "items": {
+                            "properties": {
+                                "services": False,
+                                "egress": {"enum": ["allow", "deny"], "default": "allow"},
+                            }
+                        }
+                    },
+                }
+            },
+        },
+        {
+            "if": {"properties": {"version": {"const": 2}}, "required": ["version"]},
+            "then": {
+                "properties": {
+                    "machines": {
+                        "items": {
+                            "properties": {
+                                "egress": {
+                                    "oneOf": [{"type": "string", "enum": ["offline", "allowed"]}, allowlist],
+                                    "default": "offline",
+                                }
+                            }
+                        }
+                    }
+                }
+            },
+        },
+    ]
     return out
 
 
@@ -503,7 +1129,7 @@ _MESSAGES = {
 }
 
 
-_TAGS = ("literal", "secret")  # discriminator tags of EnvValue that pydantic puts in error locations
+_TAGS = ("literal", "secret", "policy", "allowlist")  # discriminator tags pydantic puts in error locations
 
 
 def _json_path(loc: tuple[int | str, ...], data: object) -> str:
@@ -584,6 +1210,10 @@ def _machine_label(loc: tuple[int | str, ...], data: object) -> str:
 def _problems(error: ValidationError, data: object) -> list[tuple[str, str]]:
     problems: list[tuple[str, str]] = []
     for item in error.errors(include_url=False):
+        located = (item.get("ctx") or {}).get("error")
+        if isinstance(located, _LocatedProblems) and not item["loc"]:
+            problems.extend(line for line in located.problems if line not in problems)
+            continue
         loc = tuple(item["loc"])
         kind = item["type"]
         message = _MESSAGES.get(kind, item["msg"])
@@ -614,10 +1244,10 @@ def parse_definition(data: object, *, source: str = DEFINITION_FILE) -> ProjectD
         problem = ("$", f"expected a JSON object, got {type(data).__name__}")
         raise DefinitionError(f"{source}: {problem[0]}: {problem[1]}", [problem])
     version = data.get("version")
-    if "version" in data and version != DEFINITION_VERSION:
+    if "version" in data and (isinstance(version, bool) or version not in SUPPORTED_VERSIONS):
         given = json.dumps(version)
         given = given if len(given) <= 40 else given[:37] + "..."
-        problem = ("$.version", f"this vz reads vz.json version {DEFINITION_VERSION}, not {given}")
+        problem = ("$.version", f"this vz reads vz.json versions 1 and 2, not {given}")
         raise DefinitionError(f"{source}: {problem[0]}: {problem[1]} (upgrade vz or fix the file)", [problem])
     try:
         return ProjectDefinition.model_validate(data)
