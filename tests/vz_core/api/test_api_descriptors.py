@@ -1,0 +1,191 @@
+"""vz.api.v1's generated descriptors: services, rpc names and streaming shapes as PLAN'd, field numbers of the
+messages clients depend on, the wire options, and a comment on every message and field of the .proto."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from google.protobuf.descriptor import FieldDescriptor as F
+
+from vz_core._proto.vz.api.v1 import api_pb2
+from vz_core.api import pb
+
+ROOT = Path(__file__).resolve().parents[3]
+PROTO = ROOT / "protocol" / "vz" / "api" / "v1" / "api.proto"
+
+UNARY, SERVER, BIDI = "unary", "server-stream", "bidi"
+
+# service -> rpc -> (shape, request, response)
+SERVICES: dict[str, dict[str, tuple[str, str, str]]] = {
+    "Environments": {
+        "Up": (SERVER, "UpRequest", "UpResponse"),
+        "Get": (UNARY, "GetEnvironmentRequest", "StatusReport"),
+        "List": (UNARY, "ListEnvironmentsRequest", "StatusReport"),
+        "Watch": (SERVER, "WatchRequest", "WatchResponse"),
+        "Stop": (SERVER, "StopRequest", "StopResponse"),
+        "Delete": (SERVER, "DeleteRequest", "DeleteResponse"),
+    },
+    "Machines": {
+        "Get": (UNARY, "GetMachineRequest", "MachineStatus"),
+        "List": (UNARY, "ListMachinesRequest", "MachineList"),
+        "Watch": (SERVER, "WatchRequest", "WatchResponse"),
+        "Exec": (BIDI, "ExecClientMessage", "ExecServerMessage"),
+        "Logs": (SERVER, "LogsRequest", "LogsResponse"),
+    },
+    "Volumes": {
+        "List": (UNARY, "ListVolumesRequest", "VolumeList"),
+        "Remove": (UNARY, "RemoveVolumeRequest", "VolumeList"),
+    },
+    "System": {
+        "Capabilities": (UNARY, "CapabilitiesRequest", "CapabilitiesResponse"),
+        "Events": (SERVER, "EventsRequest", "EventsResponse"),
+        "Status": (UNARY, "StatusRequest", "DaemonStatus"),
+        "Shutdown": (UNARY, "ShutdownRequest", "ShutdownResponse"),
+    },
+}
+
+S, B, I32, I64, D, BYTES, MSG = (
+    F.TYPE_STRING,
+    F.TYPE_BOOL,
+    F.TYPE_INT32,
+    F.TYPE_INT64,
+    F.TYPE_DOUBLE,
+    F.TYPE_BYTES,
+    F.TYPE_MESSAGE,
+)
+
+# message -> {field: (number, type, message type or None)}
+FIELDS: dict[str, dict[str, tuple[int, int, str | None]]] = {
+    "Context": {
+        "cwd": (1, S, None),
+        "environ": (2, MSG, "vz.api.v1.Context.EnvironEntry"),
+        "definition_file": (3, S, None),
+    },
+    "Event": {
+        "revision": (1, I64, None),
+        "time": (2, S, None),
+        "kind": (3, S, None),
+        "environment_id": (4, S, None),
+        "machine_id": (5, S, None),
+        "data": (6, MSG, "google.protobuf.Struct"),
+    },
+    "ErrorInfo": {
+        "code": (1, S, None),
+        "message": (2, S, None),
+        "kind": (3, S, None),
+        "exit_code": (4, I32, None),
+        "details": (5, MSG, "devsy.runtime.v1.RuntimeError"),
+    },
+    "UpResponse": {"progress": (1, MSG, "vz.api.v1.Progress"), "result": (2, MSG, "vz.api.v1.UpResult")},
+    "StopResponse": {"progress": (1, MSG, "vz.api.v1.Progress"), "result": (2, MSG, "vz.api.v1.StopResult")},
+    "DeleteResponse": {"progress": (1, MSG, "vz.api.v1.Progress"), "result": (2, MSG, "vz.api.v1.DeleteResult")},
+    "WatchRequest": {"from_revision": (1, I64, None), "environment": (2, S, None)},
+    "WatchResponse": {"event": (1, MSG, "vz.api.v1.Event")},
+    "EventsRequest": {"from_revision": (1, I64, None), "follow": (2, B, None)},
+    "EventsResponse": {"event": (1, MSG, "vz.api.v1.Event"), "result": (2, MSG, "vz.api.v1.EventsResult")},
+    "ExecClientMessage": {
+        "start": (1, MSG, "vz.api.v1.ExecRequest"),
+        "input": (2, MSG, "vz.api.v1.Chunk"),
+        "stdin_close": (3, MSG, "vz.api.v1.Empty"),
+        "resize": (4, MSG, "vz.api.v1.Resize"),
+        "signal": (5, MSG, "vz.api.v1.Signal"),
+        "cancel": (6, MSG, "vz.api.v1.Empty"),
+    },
+    "ExecServerMessage": {"output": (1, MSG, "vz.api.v1.Chunk"), "result": (2, MSG, "vz.api.v1.ExecResult")},
+    "ExecResult": {"exit_code": (1, I32, None), "signal": (2, S, None)},
+    "Chunk": {"stream": (1, I32, None), "data": (2, BYTES, None)},
+    "LogsResponse": {"output": (1, MSG, "vz.api.v1.Chunk"), "result": (2, MSG, "vz.api.v1.Empty")},
+    "DaemonStatus": {
+        "pid": (1, I32, None),
+        "version": (2, S, None),
+        "fingerprint": (3, S, None),
+        "started": (4, S, None),
+        "uptime_seconds": (5, D, None),
+        "busy": (6, B, None),
+        "plugins": (7, MSG, "vz.api.v1.PluginStatus"),
+        "operations": (8, MSG, "vz.api.v1.OperationInFlight"),
+        "revision": (9, I64, None),
+    },
+}
+
+
+def test_package_and_go_package() -> None:
+    assert api_pb2.DESCRIPTOR.package == "vz.api.v1"
+    assert api_pb2.DESCRIPTOR.GetOptions().go_package == "vz.dev/protocol/vz/api/v1;apiv1"
+
+
+def test_services_rpcs_and_streaming_shapes_are_exactly_the_plan() -> None:
+    found: dict[str, dict[str, tuple[str, str, str]]] = {}
+    for service in api_pb2.DESCRIPTOR.services_by_name.values():
+        rows = found.setdefault(service.name, {})
+        for rpc in service.methods:
+            shape = BIDI if rpc.client_streaming and rpc.server_streaming else SERVER if rpc.server_streaming else UNARY
+            assert not (rpc.client_streaming and not rpc.server_streaming), rpc.full_name
+            rows[rpc.name] = (shape, rpc.input_type.name, rpc.output_type.name)
+    assert found == SERVICES
+
+
+def test_method_table_names_every_rpc_by_its_local_wire_name() -> None:
+    names = {f"{service}.{rpc}" for service, rpcs in SERVICES.items() for rpc in rpcs}
+    assert set(pb.METHODS) == names
+    up = pb.method("Environments.Up")
+    assert up.path == "/vz.api.v1.Environments/Up" and up.server_streaming and not up.client_streaming
+    assert up.request is api_pb2.UpRequest and up.response is api_pb2.UpResponse
+    with pytest.raises(ValueError, match=re.escape("unknown vz.api.v1 method 'Environments.Nope'")):
+        pb.method("Environments.Nope")
+
+
+@pytest.mark.parametrize("message", sorted(FIELDS))
+def test_field_numbers_and_types(message: str) -> None:
+    descriptor = api_pb2.DESCRIPTOR.message_types_by_name[message]
+    found = {
+        f.name: (f.number, f.type, f.message_type.full_name if f.message_type is not None else None)
+        for f in descriptor.fields
+    }
+    assert found == FIELDS[message]
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "UpResponse",
+        "StopResponse",
+        "DeleteResponse",
+        "ExecClientMessage",
+        "ExecServerMessage",
+        "LogsResponse",
+        "EventsResponse",
+        "WatchResponse",
+    ],
+)
+def test_stream_messages_are_one_oneof(message: str) -> None:
+    descriptor = api_pb2.DESCRIPTOR.message_types_by_name[message]
+    assert [o.name for o in descriptor.oneofs] == ["message"]
+    assert {f.name for f in descriptor.oneofs[0].fields} == {f.name for f in descriptor.fields}
+
+
+def test_wire_options() -> None:
+    def opt(message: str, field: str, ext: object) -> bool:
+        options: object = api_pb2.DESCRIPTOR.message_types_by_name[message].fields_by_name[field].GetOptions()
+        return bool(options.Extensions[ext])  # type: ignore[attr-defined]
+
+    assert opt("Event", "environment_id", api_pb2.nullable) and opt("ExecResult", "signal", api_pb2.nullable)
+    assert not opt("Progress", "seconds", api_pb2.nullable)  # absent until a step finished
+    assert opt("Change", "keys", api_pb2.omit_empty) and not opt("UpResult", "plan_lines", api_pb2.omit_empty)
+
+
+def test_every_message_field_and_rpc_is_documented() -> None:
+    lines = PROTO.read_text().splitlines()
+    undocumented = []
+    field = r"(optional |repeated )?[\w.<>, ]+ \w+ = \d+( \[.*\])?;"
+    declaration = re.compile(rf"^\s*(message \w+|service \w+|rpc \w+|{field}|oneof \w+|enum \w+)")
+    for index, line in enumerate(lines):
+        if declaration.match(line) and not line.strip().startswith("//"):
+            previous = lines[index - 1].strip()
+            inside_oneof = line.strip().startswith("oneof")
+            if not previous.startswith("//") and not inside_oneof and not line.strip().endswith("{}"):
+                undocumented.append(f"{index + 1}: {line.strip()}")
+    # Request messages without fields ("message X {}") are documented by the line above too.
+    assert not undocumented, "\n".join(undocumented)
