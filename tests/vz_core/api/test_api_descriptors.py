@@ -82,7 +82,7 @@ FIELDS: dict[str, dict[str, tuple[int, int, str | None]]] = {
     "StopResponse": {"progress": (1, MSG, "vz.api.v1.Progress"), "result": (2, MSG, "vz.api.v1.StopResult")},
     "DeleteResponse": {"progress": (1, MSG, "vz.api.v1.Progress"), "result": (2, MSG, "vz.api.v1.DeleteResult")},
     "WatchRequest": {"from_revision": (1, I64, None), "environment": (2, S, None)},
-    "WatchResponse": {"event": (1, MSG, "vz.api.v1.Event")},
+    "WatchResponse": {"event": (1, MSG, "vz.api.v1.Event"), "result": (2, MSG, "vz.api.v1.EventsResult")},
     "EventsRequest": {"from_revision": (1, I64, None), "follow": (2, B, None)},
     "EventsResponse": {"event": (1, MSG, "vz.api.v1.Event"), "result": (2, MSG, "vz.api.v1.EventsResult")},
     "ExecClientMessage": {
@@ -106,7 +106,10 @@ FIELDS: dict[str, dict[str, tuple[int, int, str | None]]] = {
         "busy": (6, B, None),
         "plugins": (7, MSG, "vz.api.v1.PluginStatus"),
         "operations": (8, MSG, "vz.api.v1.OperationInFlight"),
-        "revision": (9, I64, None),
+        "socket": (9, S, None),
+        "home": (10, S, None),
+        "connections": (11, I32, None),
+        "idle_timeout": (12, D, None),
     },
 }
 

@@ -296,7 +296,7 @@ class EnvironmentHealth(_message.Message):
     def __init__(self, source: _Optional[str] = ..., state: _Optional[str] = ..., checked_at: _Optional[str] = ...) -> None: ...
 
 class MachineStatus(_message.Message):
-    __slots__ = ("id", "name", "workspace_id", "default", "target", "profile", "image", "workspace", "driver", "state", "recorded_state", "find", "error", "drift", "health")
+    __slots__ = ("id", "name", "workspace_id", "default", "target", "profile", "image", "workspace", "driver", "state", "recorded_state", "find", "error", "drift", "health", "environment")
     ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     WORKSPACE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -312,6 +312,7 @@ class MachineStatus(_message.Message):
     ERROR_FIELD_NUMBER: _ClassVar[int]
     DRIFT_FIELD_NUMBER: _ClassVar[int]
     HEALTH_FIELD_NUMBER: _ClassVar[int]
+    ENVIRONMENT_FIELD_NUMBER: _ClassVar[int]
     id: str
     name: str
     workspace_id: str
@@ -327,7 +328,16 @@ class MachineStatus(_message.Message):
     error: str
     drift: MachineDrift
     health: MachineHealth
-    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., workspace_id: _Optional[str] = ..., default: _Optional[bool] = ..., target: _Optional[_Union[Target, _Mapping]] = ..., profile: _Optional[str] = ..., image: _Optional[str] = ..., workspace: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., driver: _Optional[_Union[Driver, _Mapping]] = ..., state: _Optional[str] = ..., recorded_state: _Optional[str] = ..., find: _Optional[_Union[FindResult, _Mapping]] = ..., error: _Optional[str] = ..., drift: _Optional[_Union[MachineDrift, _Mapping]] = ..., health: _Optional[_Union[MachineHealth, _Mapping]] = ...) -> None: ...
+    environment: EnvironmentName
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., workspace_id: _Optional[str] = ..., default: _Optional[bool] = ..., target: _Optional[_Union[Target, _Mapping]] = ..., profile: _Optional[str] = ..., image: _Optional[str] = ..., workspace: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., driver: _Optional[_Union[Driver, _Mapping]] = ..., state: _Optional[str] = ..., recorded_state: _Optional[str] = ..., find: _Optional[_Union[FindResult, _Mapping]] = ..., error: _Optional[str] = ..., drift: _Optional[_Union[MachineDrift, _Mapping]] = ..., health: _Optional[_Union[MachineHealth, _Mapping]] = ..., environment: _Optional[_Union[EnvironmentName, _Mapping]] = ...) -> None: ...
+
+class EnvironmentName(_message.Message):
+    __slots__ = ("id", "name")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    name: str
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
 
 class Target(_message.Message):
     __slots__ = ("os", "arch")
@@ -481,10 +491,12 @@ class WatchRequest(_message.Message):
     def __init__(self, from_revision: _Optional[int] = ..., environment: _Optional[str] = ...) -> None: ...
 
 class WatchResponse(_message.Message):
-    __slots__ = ("event",)
+    __slots__ = ("event", "result")
     EVENT_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
     event: Event
-    def __init__(self, event: _Optional[_Union[Event, _Mapping]] = ...) -> None: ...
+    result: EventsResult
+    def __init__(self, event: _Optional[_Union[Event, _Mapping]] = ..., result: _Optional[_Union[EventsResult, _Mapping]] = ...) -> None: ...
 
 class Event(_message.Message):
     __slots__ = ("revision", "time", "kind", "environment_id", "machine_id", "data")
@@ -614,12 +626,12 @@ class MachineList(_message.Message):
     __slots__ = ("environment", "machines")
     ENVIRONMENT_FIELD_NUMBER: _ClassVar[int]
     MACHINES_FIELD_NUMBER: _ClassVar[int]
-    environment: EnvironmentRef
+    environment: EnvironmentName
     machines: _containers.RepeatedCompositeFieldContainer[MachineStatus]
-    def __init__(self, environment: _Optional[_Union[EnvironmentRef, _Mapping]] = ..., machines: _Optional[_Iterable[_Union[MachineStatus, _Mapping]]] = ...) -> None: ...
+    def __init__(self, environment: _Optional[_Union[EnvironmentName, _Mapping]] = ..., machines: _Optional[_Iterable[_Union[MachineStatus, _Mapping]]] = ...) -> None: ...
 
 class ExecRequest(_message.Message):
-    __slots__ = ("context", "environment", "machine", "argv", "workdir", "env", "tty", "rows", "cols", "stdio")
+    __slots__ = ("context", "environment", "machine", "argv", "workdir", "env", "tty", "rows", "cols", "stdio", "term")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -637,6 +649,7 @@ class ExecRequest(_message.Message):
     ROWS_FIELD_NUMBER: _ClassVar[int]
     COLS_FIELD_NUMBER: _ClassVar[int]
     STDIO_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
     context: Context
     environment: str
     machine: str
@@ -647,7 +660,8 @@ class ExecRequest(_message.Message):
     rows: int
     cols: int
     stdio: _containers.RepeatedScalarFieldContainer[bool]
-    def __init__(self, context: _Optional[_Union[Context, _Mapping]] = ..., environment: _Optional[str] = ..., machine: _Optional[str] = ..., argv: _Optional[_Iterable[str]] = ..., workdir: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., tty: _Optional[bool] = ..., rows: _Optional[int] = ..., cols: _Optional[int] = ..., stdio: _Optional[_Iterable[bool]] = ...) -> None: ...
+    term: str
+    def __init__(self, context: _Optional[_Union[Context, _Mapping]] = ..., environment: _Optional[str] = ..., machine: _Optional[str] = ..., argv: _Optional[_Iterable[str]] = ..., workdir: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., tty: _Optional[bool] = ..., rows: _Optional[int] = ..., cols: _Optional[int] = ..., stdio: _Optional[_Iterable[bool]] = ..., term: _Optional[str] = ...) -> None: ...
 
 class Chunk(_message.Message):
     __slots__ = ("stream", "data")
@@ -770,32 +784,16 @@ class Volume(_message.Message):
     def __init__(self, name: _Optional[str] = ..., volume: _Optional[str] = ..., project_id: _Optional[str] = ..., environment_id: _Optional[str] = ..., machine_id: _Optional[str] = ..., driver: _Optional[str] = ..., state: _Optional[str] = ..., created_at: _Optional[str] = ...) -> None: ...
 
 class CapabilitiesRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("drivers",)
+    DRIVERS_FIELD_NUMBER: _ClassVar[int]
+    drivers: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, drivers: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class CapabilitiesResponse(_message.Message):
     __slots__ = ("drivers",)
     DRIVERS_FIELD_NUMBER: _ClassVar[int]
-    drivers: _containers.RepeatedCompositeFieldContainer[DriverCapabilityRow]
-    def __init__(self, drivers: _Optional[_Iterable[_Union[DriverCapabilityRow, _Mapping]]] = ...) -> None: ...
-
-class DriverCapabilityRow(_message.Message):
-    __slots__ = ("name", "facts", "error")
-    NAME_FIELD_NUMBER: _ClassVar[int]
-    FACTS_FIELD_NUMBER: _ClassVar[int]
-    ERROR_FIELD_NUMBER: _ClassVar[int]
-    name: str
-    facts: Driver
-    error: ErrorSummary
-    def __init__(self, name: _Optional[str] = ..., facts: _Optional[_Union[Driver, _Mapping]] = ..., error: _Optional[_Union[ErrorSummary, _Mapping]] = ...) -> None: ...
-
-class ErrorSummary(_message.Message):
-    __slots__ = ("code", "message")
-    CODE_FIELD_NUMBER: _ClassVar[int]
-    MESSAGE_FIELD_NUMBER: _ClassVar[int]
-    code: str
-    message: str
-    def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+    drivers: _containers.RepeatedCompositeFieldContainer[Driver]
+    def __init__(self, drivers: _Optional[_Iterable[_Union[Driver, _Mapping]]] = ...) -> None: ...
 
 class EventsRequest(_message.Message):
     __slots__ = ("from_revision", "follow")
@@ -824,7 +822,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class DaemonStatus(_message.Message):
-    __slots__ = ("pid", "version", "fingerprint", "started", "uptime_seconds", "busy", "plugins", "operations", "revision")
+    __slots__ = ("pid", "version", "fingerprint", "started", "uptime_seconds", "busy", "plugins", "operations", "socket", "home", "connections", "idle_timeout")
     PID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
@@ -833,7 +831,10 @@ class DaemonStatus(_message.Message):
     BUSY_FIELD_NUMBER: _ClassVar[int]
     PLUGINS_FIELD_NUMBER: _ClassVar[int]
     OPERATIONS_FIELD_NUMBER: _ClassVar[int]
-    REVISION_FIELD_NUMBER: _ClassVar[int]
+    SOCKET_FIELD_NUMBER: _ClassVar[int]
+    HOME_FIELD_NUMBER: _ClassVar[int]
+    CONNECTIONS_FIELD_NUMBER: _ClassVar[int]
+    IDLE_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
     pid: int
     version: str
     fingerprint: str
@@ -842,8 +843,11 @@ class DaemonStatus(_message.Message):
     busy: bool
     plugins: _containers.RepeatedCompositeFieldContainer[PluginStatus]
     operations: _containers.RepeatedCompositeFieldContainer[OperationInFlight]
-    revision: int
-    def __init__(self, pid: _Optional[int] = ..., version: _Optional[str] = ..., fingerprint: _Optional[str] = ..., started: _Optional[str] = ..., uptime_seconds: _Optional[float] = ..., busy: _Optional[bool] = ..., plugins: _Optional[_Iterable[_Union[PluginStatus, _Mapping]]] = ..., operations: _Optional[_Iterable[_Union[OperationInFlight, _Mapping]]] = ..., revision: _Optional[int] = ...) -> None: ...
+    socket: str
+    home: str
+    connections: int
+    idle_timeout: float
+    def __init__(self, pid: _Optional[int] = ..., version: _Optional[str] = ..., fingerprint: _Optional[str] = ..., started: _Optional[str] = ..., uptime_seconds: _Optional[float] = ..., busy: _Optional[bool] = ..., plugins: _Optional[_Iterable[_Union[PluginStatus, _Mapping]]] = ..., operations: _Optional[_Iterable[_Union[OperationInFlight, _Mapping]]] = ..., socket: _Optional[str] = ..., home: _Optional[str] = ..., connections: _Optional[int] = ..., idle_timeout: _Optional[float] = ...) -> None: ...
 
 class PluginStatus(_message.Message):
     __slots__ = ("name", "options", "pid", "state", "in_flight", "last_use", "launches", "crashes", "script", "sha256")
@@ -870,22 +874,30 @@ class PluginStatus(_message.Message):
     def __init__(self, name: _Optional[str] = ..., options: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., pid: _Optional[int] = ..., state: _Optional[str] = ..., in_flight: _Optional[int] = ..., last_use: _Optional[str] = ..., launches: _Optional[int] = ..., crashes: _Optional[int] = ..., script: _Optional[str] = ..., sha256: _Optional[str] = ...) -> None: ...
 
 class OperationInFlight(_message.Message):
-    __slots__ = ("method", "environment_id", "started")
+    __slots__ = ("method", "environment", "environment_id", "started", "peer_pid")
     METHOD_FIELD_NUMBER: _ClassVar[int]
+    ENVIRONMENT_FIELD_NUMBER: _ClassVar[int]
     ENVIRONMENT_ID_FIELD_NUMBER: _ClassVar[int]
     STARTED_FIELD_NUMBER: _ClassVar[int]
+    PEER_PID_FIELD_NUMBER: _ClassVar[int]
     method: str
+    environment: str
     environment_id: str
     started: str
-    def __init__(self, method: _Optional[str] = ..., environment_id: _Optional[str] = ..., started: _Optional[str] = ...) -> None: ...
+    peer_pid: int
+    def __init__(self, method: _Optional[str] = ..., environment: _Optional[str] = ..., environment_id: _Optional[str] = ..., started: _Optional[str] = ..., peer_pid: _Optional[int] = ...) -> None: ...
 
 class ShutdownRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class ShutdownResponse(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("pid", "operations")
+    PID_FIELD_NUMBER: _ClassVar[int]
+    OPERATIONS_FIELD_NUMBER: _ClassVar[int]
+    pid: int
+    operations: int
+    def __init__(self, pid: _Optional[int] = ..., operations: _Optional[int] = ...) -> None: ...
 
 class ErrorInfo(_message.Message):
     __slots__ = ("code", "message", "kind", "exit_code", "details")
