@@ -293,10 +293,10 @@ def _trust_reason(exc: TrustError, name: str) -> str:
     return text.removeprefix(f"driver {name!r}: ").replace("the manifest says", "pinned")
 
 
-def _console_script(name: str, spec: DriverDeclaration) -> Path:
+def _console_script(name: str, spec: DriverDeclaration, scripts_dir: Path | None = None) -> Path:
     if not spec.plugin_command:
         raise UserError(f"built-in driver {name!r} declares no plugin command")
-    script = Path(sysconfig.get_path("scripts")) / spec.plugin_command[0]
+    script = (scripts_dir if scripts_dir is not None else Path(sysconfig.get_path("scripts"))) / spec.plugin_command[0]
     if not script.is_file():
         raise UserError(
             f"the console script {script} of built-in driver {name!r} is not installed; reinstall vz "
@@ -333,8 +333,12 @@ def _shebang(script: Path) -> str:
     return first[2:].decode(errors="replace").strip().split(" ", 1)[0]
 
 
-def pin_builtin(name: str, *, registry: DriverRegistry | None = None) -> ResolvedDriver:
+def pin_builtin(
+    name: str, *, registry: DriverRegistry | None = None, scripts_dir: str | os.PathLike[str] | None = None
+) -> ResolvedDriver:
     """Built-in ``name`` resolved to its installed console script, SHA-256 pinned now (see the module docstring).
+
+    ``scripts_dir``: where console scripts are (default: this interpreter's scripts directory).
 
     ``TrustError`` when the script differs from the hash its installer recorded, or runs another interpreter
     than this one; ``UserError`` when it is not installed. Launching it verifies the script again, every time.
@@ -344,7 +348,7 @@ def pin_builtin(name: str, *, registry: DriverRegistry | None = None) -> Resolve
     registry = registry if registry is not None else DriverRegistry()
     spec = registry.get(check_driver_name(name))
     module = registry.module_of(name)
-    script = _console_script(name, spec)
+    script = _console_script(name, spec, Path(scripts_dir) if scripts_dir is not None else None)
     digest = sha256_of(script, driver_dir=script.parent)
     installed = _installed_hash(script, module)
     if installed is not None and installed != digest:

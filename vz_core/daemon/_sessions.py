@@ -408,7 +408,8 @@ class SessionPool:
     ``plugin_idle``: seconds before an idle plugin is stopped (None: ``VZ_DAEMON_PLUGIN_IDLE``, default 300;
     0: never). ``registry``, ``store``, ``host_config``: where drivers, external manifests and host options come
     from (defaults: this installation and ``VZ_HOME``). ``run_root``: where the plugins' private socket
-    directories are made (default: the temporary directory).
+    directories are made (default: the temporary directory). ``scripts_dir``: where the built-ins' console
+    scripts are (default: this interpreter's scripts directory).
     """
 
     def __init__(
@@ -421,6 +422,7 @@ class SessionPool:
         host_config: HostConfig | None = None,
         run_root: str | None = None,
         handshake_timeout: float = 15.0,
+        scripts_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         if plugin_idle is None:
             self.plugin_idle = plugin_idle_seconds()
@@ -434,6 +436,7 @@ class SessionPool:
         self._host_config = host_config
         self.run_root = run_root
         self.handshake_timeout = handshake_timeout
+        self._scripts_dir = scripts_dir
         self._pins: dict[str, ResolvedDriver] = {}
         self._pin_errors: dict[str, VzError] = {}
         self._sessions: dict[tuple[str, str], PluginSession] = {}
@@ -461,7 +464,7 @@ class SessionPool:
         registry = self.registry
         for name in registry.names():
             try:
-                self._pins[name] = drivers.pin_builtin(name, registry=registry)
+                self._pins[name] = drivers.pin_builtin(name, registry=registry, scripts_dir=self._scripts_dir)
             except (TrustError, UserError) as exc:
                 self._pin_errors[name] = exc
                 log.warning("built-in driver %s cannot be launched: %s", name, exc)
@@ -566,7 +569,7 @@ class SessionPool:
         resolved = drivers.resolve(name, registry=self.registry, store=self._store)
         if resolved.builtin is not None:
             # A built-in registered after start (not pinned): pin it now rather than launch it unchecked.
-            resolved = drivers.pin_builtin(name, registry=self.registry)
+            resolved = drivers.pin_builtin(name, registry=self.registry, scripts_dir=self._scripts_dir)
             self._pins[name] = resolved
         return resolved
 
