@@ -1015,6 +1015,24 @@ def network_problems(definition: ProjectDefinition) -> list[tuple[str, str]]:
                 )
             host_ports.setdefault(port_key, i)
 
+    for i, export in enumerate(definition.exports):
+        if export.machine in attached and not attached[export.machine]:
+            out.append(
+                (
+                    f"$.exports[{i}].machine",
+                    f"{export.machine!r} is attached to no network; an export reaches it through the Environment's "
+                    "route domain: attach it in $.networks",
+                )
+            )
+    for i, item in enumerate(definition.imports):
+        if item.machine in attached and not attached[item.machine]:
+            out.append(
+                (
+                    f"$.imports[{i}].machine",
+                    f"{item.machine!r} is attached to no network; an import's relay lives in the Environment's route "
+                    "domain: attach it in $.networks",
+                )
+            )
     imported: dict[tuple[str, str, int], int] = {}
     relays: dict[tuple[str, int], tuple[str, int, int]] = {}
     for i, item in enumerate(definition.imports):
