@@ -19,11 +19,19 @@ Rules every implementation follows (the conformance suite checks them):
 from __future__ import annotations
 
 import abc
+import asyncio
+import contextlib
+import dataclasses
+import errno
+import os
+import socket
+import stat
 from collections.abc import AsyncIterator
 
 from vz_core._types import (
     DriverInfo,
     ExecEvent,
+    ExecExit,
     ExecSpec,
     Extensions,
     MachineDetails,
@@ -32,9 +40,9 @@ from vz_core._types import (
     TerminalInput,
     TerminalSpec,
 )
-from vz_core.errors import UnsupportedError
+from vz_core.errors import InvalidArgumentError, RuntimeFailureError, UnsupportedError
 
-__all__ = ["Driver"]
+__all__ = ["Driver", "check_local_stdio", "copy_exec_local"]
 
 
 class Driver(abc.ABC):
@@ -118,6 +126,26 @@ class Driver(abc.ABC):
         the driver's extensions advertise tty.
         """
 
+    async def exec_local(self, machine_id: str, spec: ExecSpec, stdio: tuple[int, int, int]) -> ExecExit:
+        """Run ``spec.argv`` inside the running Machine ``machine_id`` with ``stdio`` as its stdin, stdout, stderr.
+
+        ``stdio`` are open descriptors of this process: pipes, sockets or files, never a terminal (refused with
+        ``InvalidArgumentError`` before anything runs: a process in a Machine could inject input into a
+        terminal). The caller keeps them: they are not closed, and their file status flags are not changed.
+        ``spec.workspace_id`` is replaced by ``machine_id``; ``spec.tty`` must be false. Returns the command's
+        exit; a non-zero exit is an ``ExecExit``, not an error. Cancelling the call kills the command.
+
+        This default copies between the descriptors and ``exec()``'s stream, one chunk in flight per
+        direction, so a reader that stops reading stops the command (backpressure), and memory stays bounded.
+        When the reader of stdout or stderr goes away (EPIPE), the command is stopped and the exit is
+        ``128 + 13, "SIGPIPE"``, as a local command writing to a closed pipe would end. Drivers that can hand
+        the descriptors to the command itself (zero copies) override it with the same contract.
+        """
+        check_local_stdio(stdio)
+        if spec.tty:
+            raise InvalidArgumentError("exec_local runs commands without a terminal (tty=False); use terminal()")
+        return await copy_exec_local(self, dataclasses.replace(spec, workspace_id=machine_id), stdio)
+
     def logs(self, workspace_id: str) -> AsyncIterator[bytes]:
         """The main process's output so far, merged, as chunks of 1..MAX_CHUNK bytes; a finite stream.
 
@@ -163,3 +191,190 @@ class Driver(abc.ABC):
     async def close(self) -> None:
         """Release connections and helpers held by this object. Machines keep running."""
         return None
+
+
+# Local exec: descriptors of this process as a command's stdio -------------------------------------------------
+
+_TTY_MAJORS = frozenset({2, 3, 4, 5, *range(136, 144)})
+"""Character-device majors of terminals on Linux: BSD pty masters/slaves (2, 3), virtual consoles and serial
+ports (4), /dev/tty, /dev/console and /dev/ptmx (5), Unix98 pseudo-terminal slaves (136-143)."""
+_STDIO_NAMES = ("stdin", "stdout", "stderr")
+
+
+def check_local_stdio(stdio: tuple[int, int, int]) -> None:
+    """Refuse stdio descriptors that may not become a command's: not three, not open, or a terminal.
+
+    A terminal never enters a Machine (a process there could push input into it with TIOCSTI): the message
+    says to copy it instead. Raises ``InvalidArgumentError`` naming the stream.
+    """
+    if not isinstance(stdio, tuple) or len(stdio) != 3:
+        raise InvalidArgumentError("exec_local needs exactly three descriptors: (stdin, stdout, stderr)")
+    for name, fd in zip(_STDIO_NAMES, stdio, strict=True):
+        if not isinstance(fd, int) or isinstance(fd, bool) or fd < 0:
+            raise InvalidArgumentError(f"exec_local: {name} must be an open file descriptor, got {fd!r}")
+        try:
+            st = os.fstat(fd)
+        except OSError as exc:
+            raise InvalidArgumentError(
+                f"exec_local: {name} (descriptor {fd}) is not an open file descriptor ({exc.strerror})"
+            ) from None
+        if is_terminal(fd, st):
+            raise InvalidArgumentError(
+                f"exec_local: {name} (descriptor {fd}) is a terminal; a terminal is never passed into a Machine: "
+                "copy its bytes instead (exec) or open a terminal session (terminal)",
+                details={"stream": name},
+            )
+
+
+def is_terminal(fd: int, st: os.stat_result | None = None) -> bool:
+    """Whether ``fd`` is a terminal: ``isatty`` (a terminal's ioctl answers), or a character device whose major
+    number is a terminal's (a terminal that refuses the ioctl is still one)."""
+    st = os.fstat(fd) if st is None else st
+    if not stat.S_ISCHR(st.st_mode):
+        return False
+    return os.isatty(fd) or (os.uname().sysname == "Linux" and os.major(st.st_rdev) in _TTY_MAJORS)
+
+
+_READ_SIZE = 65536
+_SIGPIPE_EXIT = ExecExit(128 + 13, "SIGPIPE")
+
+
+class _Endpoint:
+    """One stdio descriptor of a local exec, read or written without blocking the event loop and without
+    touching the caller's file status flags.
+
+    A pipe is reopened through ``/proc/self/fd`` as a non-blocking file description of our own; a socket is
+    used with ``MSG_DONTWAIT`` on a duplicate; both wait for readiness in the event loop, so a stalled peer
+    stalls only this exec and cancelling it returns at once. Regular files and other devices never block.
+    Where a pipe cannot be reopened (no ``/proc``) it is used blocking from a worker thread.
+    """
+
+    def __init__(self, fd: int, *, write: bool) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._fd = fd
+        self._own = -1
+        self._sock: socket.socket | None = None
+        self._kind = "inline"
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISFIFO(mode):
+            flags = (os.O_WRONLY if write else os.O_RDONLY) | os.O_NONBLOCK | os.O_CLOEXEC
+            try:
+                self._own = os.open(f"/proc/self/fd/{fd}", flags)
+                self._kind = "poll"
+            except OSError:
+                self._kind = "thread"
+        elif stat.S_ISSOCK(mode):
+            self._sock = socket.socket(fileno=os.dup(fd))
+            self._kind = "socket"
+
+    def close(self) -> None:
+        if self._own >= 0:
+            os.close(self._own)
+            self._own = -1
+        if self._sock is not None:
+            self._sock.detach()
+            self._sock = None
+
+    async def _ready(self, fd: int, *, write: bool) -> None:
+        waiter = self._loop.create_future()
+        add, remove = (
+            (self._loop.add_writer, self._loop.remove_writer)
+            if write
+            else (self._loop.add_reader, self._loop.remove_reader)
+        )
+
+        def wake() -> None:
+            if not waiter.done():
+                waiter.set_result(None)
+
+        add(fd, wake)
+        try:
+            await waiter
+        finally:
+            remove(fd)
+
+    async def read(self) -> bytes:
+        if self._kind == "poll":
+            while True:
+                try:
+                    return os.read(self._own, _READ_SIZE)
+                except BlockingIOError:
+                    await self._ready(self._own, write=False)
+        if self._kind == "socket":
+            assert self._sock is not None
+            while True:
+                try:
+                    return self._sock.recv(_READ_SIZE, socket.MSG_DONTWAIT)
+                except BlockingIOError:
+                    await self._ready(self._sock.fileno(), write=False)
+        if self._kind == "thread":
+            return await asyncio.to_thread(os.read, self._fd, _READ_SIZE)
+        return os.read(self._fd, _READ_SIZE)
+
+    async def write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            if self._kind == "poll":
+                try:
+                    n = os.write(self._own, view)
+                except BlockingIOError:
+                    await self._ready(self._own, write=True)
+                    continue
+            elif self._kind == "socket":
+                assert self._sock is not None
+                try:
+                    n = self._sock.send(view, socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL)
+                except BlockingIOError:
+                    await self._ready(self._sock.fileno(), write=True)
+                    continue
+            elif self._kind == "thread":
+                n = await asyncio.to_thread(os.write, self._fd, view)
+            else:
+                n = os.write(self._fd, view)
+            view = view[n:]
+
+
+async def copy_exec_local(driver: Driver, spec: ExecSpec, stdio: tuple[int, int, int]) -> ExecExit:
+    """``Driver.exec_local`` by copying: ``stdio[0]`` feeds ``driver.exec``'s stdin, its output goes to
+    ``stdio[1]``/``stdio[2]``. One chunk in flight per direction (backpressure both ways); cancellation kills
+    the command. The descriptors are not checked here (``check_local_stdio``) and stay open."""
+    endpoints: list[_Endpoint] = []
+    try:
+        source = _Endpoint(stdio[0], write=False)
+        endpoints.append(source)
+        sinks = {"stdout": _Endpoint(stdio[1], write=True)}
+        endpoints.append(sinks["stdout"])
+        sinks["stderr"] = _Endpoint(stdio[2], write=True)
+        endpoints.append(sinks["stderr"])
+    except OSError as exc:
+        for endpoint in endpoints:
+            endpoint.close()
+        raise InvalidArgumentError(f"exec_local: a stdio descriptor cannot be used: {exc.strerror or exc}") from None
+
+    async def stdin() -> AsyncIterator[bytes]:
+        while True:
+            try:
+                data = await source.read()
+            except OSError as exc:
+                raise RuntimeFailureError(f"exec_local: reading stdin failed: {exc.strerror or exc}") from None
+            if not data:
+                return
+            yield data
+
+    try:
+        async with contextlib.aclosing(driver.exec(spec, stdin())) as events:  # type: ignore[type-var]
+            async for event in events:
+                if isinstance(event, ExecExit):
+                    return event
+                try:
+                    await sinks[event.stream].write(event.data)
+                except OSError as exc:
+                    if exc.errno == errno.EPIPE:
+                        return _SIGPIPE_EXIT  # closing the stream (aclosing) stops the command
+                    raise RuntimeFailureError(
+                        f"exec_local: writing {event.stream} failed: {exc.strerror or exc}"
+                    ) from None
+        raise RuntimeFailureError("the driver's exec ended without an exit (protocol violation)")
+    finally:
+        for endpoint in endpoints:
+            endpoint.close()

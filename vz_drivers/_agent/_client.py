@@ -9,11 +9,13 @@ blocks. All failures of the connection surface as ``vz_core.errors.UnavailableEr
 
 from __future__ import annotations
 
+import array
 import asyncio
 import contextlib
 import json
 import os
 import secrets
+import socket
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from dataclasses import dataclass, field
@@ -341,6 +343,84 @@ class AgentClient:
         finally:
             await self._stop_task(pump)
             await self._end_stream(st)
+
+    async def exec_fds(
+        self, spec: ExecSpec, stdio: tuple[int, int, int], *, root_override: str | None = None
+    ) -> ExecExit:
+        """Run ``spec.argv`` through the agent with the three descriptors ``stdio`` as its stdin, stdout, stderr.
+
+        The descriptors are passed to the agent (SCM_RIGHTS on this Unix socket connection) and become the
+        command's own: the agent copies nothing and neither does this client. They stay open here (the
+        caller's). Returns the command's exit. Raises ``UnsupportedError`` when the agent predates EXEC_FDS or
+        the connection is not a Unix socket, ``InvalidArgumentError`` for a terminal descriptor (refused here
+        and by the agent) and the errors of ``exec``. Cancelling the call kills the command and all its
+        descendants (KILL) and waits briefly for the agent to confirm.
+        """
+        if not spec.argv:
+            raise InvalidArgumentError("exec needs a non-empty argv")
+        if spec.tty:
+            raise UnsupportedError("the guest agent does not run tty execs")
+        if "exec_fds" not in self.info.features:
+            raise UnsupportedError(
+                "this Machine's guest agent cannot take descriptors (it predates EXEC_FDS); recreate the Machine "
+                "(`vz up --recreate`) to update its agent"
+            )
+        raw = self._writer.get_extra_info("socket")
+        if raw is None or raw.family != socket.AF_UNIX or self._stream_mode:
+            raise UnsupportedError("descriptors can only be passed to the guest agent over a Unix socket")
+        for name, fd in zip(("stdin", "stdout", "stderr"), stdio, strict=True):
+            if os.isatty(fd):
+                raise InvalidArgumentError(
+                    f"the {name} descriptor is a terminal; a terminal is never passed into a Machine"
+                )
+        request: dict[str, Any] = {
+            "argv": list(spec.argv),
+            "env": dict(spec.environment),
+            "user": spec.user,
+            "workdir": spec.workdir,
+            "fds": 3,
+        }
+        if root_override is not None:
+            request["root"] = root_override
+        st = self._open_stream()
+        try:
+            data = p.frame(p.T_EXEC_FDS, st.id, json.dumps(request).encode())
+            await self._send_with_fds(raw.fileno(), data, stdio)
+        except BaseException:
+            self._streams.pop(st.id, None)
+            raise
+        try:
+            item = await st.queue.get()
+            if item[0] == "exit":
+                self._streams.pop(st.id, None)
+                return ExecExit(item[1], item[2])
+            raise item[1]
+        finally:
+            await self._end_stream(st)
+
+    async def _send_with_fds(self, fileno: int, data: bytes, fds: tuple[int, int, int]) -> None:
+        """Send ``data`` with ``fds`` riding on its first byte, in order with every other frame of the stream."""
+        transport = self._writer.transport
+        while transport.get_write_buffer_size() > 0:
+            # Earlier frames still queued in the transport must go first; wait until it is empty.
+            self._check_open()
+            await asyncio.sleep(0.001)
+        self._check_open()
+        sock = socket.socket(fileno=os.dup(fileno))
+        try:
+            rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())]
+            while True:
+                try:
+                    sent = sock.sendmsg([data], rights, socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL)
+                    break
+                except BlockingIOError:
+                    await asyncio.sleep(0.001)
+                except OSError as exc:
+                    raise UnavailableError(f"the guest agent connection failed: {exc.strerror or exc}") from None
+        finally:
+            sock.close()
+        if sent < len(data):
+            self._writer.write(data[sent:])  # the descriptors went with the first part; the rest is ordinary data
 
     async def terminal(
         self, spec: TerminalSpec, input: AsyncIterator[TerminalInput], *, root_override: str | None = None

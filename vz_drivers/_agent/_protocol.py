@@ -33,6 +33,7 @@ __all__ = [
     "SUPPORTED_VERSIONS",
     "TYPE_NAMES",
     "T_ERROR",
+    "T_EXEC_FDS",
     "T_EXEC_START",
     "T_EXEC_STARTED",
     "T_EXIT",
@@ -101,6 +102,9 @@ T_WINDOW: Final = 0x18
 T_LOGS: Final = 0x19
 T_RESIZE: Final = 0x1A
 """Terminal sessions: the new window size of an exec started with "pty" (u16 rows, u16 cols)."""
+T_EXEC_FDS: Final = 0x1B
+"""An exec whose stdin, stdout and stderr are the three descriptors passed with this frame (SCM_RIGHTS on the
+sendmsg carrying its first header byte; Unix socket connections only). JSON: EXEC_START's fields + "fds": 3."""
 T_ERROR: Final = 0x1F
 
 TYPE_NAMES: Final = {

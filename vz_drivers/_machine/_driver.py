@@ -35,6 +35,7 @@ from vz_core import (
     DriverInfo,
     EgressPolicy,
     ExecEvent,
+    ExecExit,
     ExecSpec,
     Extensions,
     MachineConfig,
@@ -355,6 +356,9 @@ class Backend(abc.ABC, Generic[R, P]):
     """The egress policies the backend enforces (``Extensions.egress_policies``)."""
     terminals: bool = True
     """Whether terminal sessions are served (``Extensions.terminal``)."""
+    shares_host_kernel: bool = False
+    """Whether the Machine runs on this host's kernel, so the host's descriptors can become a command's own stdio
+    (``exec_local`` hands them to the agent: EXEC_FDS). VM backends copy once between descriptors and frames."""
 
     def snapshots(self) -> bool:
         """``Extensions.snapshots``: by default whether the workspace snapshot projection is offered."""
@@ -908,6 +912,26 @@ class AgentMachineDriver(Driver, Generic[R, P]):
         async with contextlib.aclosing(link.client.exec(full, stdin)) as events:
             async for event in events:
                 yield event
+
+    async def exec_local(self, machine_id: str, spec: ExecSpec, stdio: tuple[int, int, int]) -> ExecExit:
+        """``Driver.exec_local``. A Machine on this host's kernel (``Backend.shares_host_kernel``) gets the
+        descriptors themselves: the agent starts the command with exactly them as its stdin, stdout and stderr
+        (EXEC_FDS; nothing is copied on the host). Other Machines, and agents that predate EXEC_FDS, get the
+        copying default (one copy, between the descriptors and agent frames)."""
+        if not self._backend.shares_host_kernel:
+            return await super().exec_local(machine_id, spec, stdio)
+        if not spec.argv:
+            raise InvalidArgumentError("exec needs a non-empty argv", details={"field": "argv"})
+        if spec.tty:
+            raise InvalidArgumentError("exec_local runs commands without a terminal (tty=False); use terminal()")
+        record = self._require_running(machine_id)
+        link = await self._link(record)
+        if "exec_fds" not in link.client.info.features:
+            return await super().exec_local(machine_id, spec, stdio)
+        full = replace(
+            spec, workspace_id=machine_id, user=spec.user or record.user, workdir=spec.workdir or record.working_dir
+        )
+        return await link.client.exec_fds(full, stdio)
 
     async def terminal(self, spec: TerminalSpec, input: AsyncIterator[TerminalInput]) -> AsyncIterator[TerminalEvent]:
         """A terminal session through the guest agent: the pseudo-terminal is allocated inside the Machine."""

@@ -75,6 +75,7 @@ class LinuxNativeBackend(Backend[LinuxNativeRecord, LinuxNativePaths]):
     runtime_name = "runc"
     graceful_replace = True
     workspace_snapshots = True
+    shares_host_kernel = True
     book: LinuxNativeBook
 
     declaration = DECLARATION

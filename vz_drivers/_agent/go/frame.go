@@ -41,6 +41,7 @@ const (
 	tWindow        = 0x18
 	tLogs          = 0x19
 	tResize        = 0x1A
+	tExecFds       = 0x1B
 	tError         = 0x1F
 	chStdin        = 0
 	chStdout       = 1

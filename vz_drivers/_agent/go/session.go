@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"sync"
 )
 
@@ -45,14 +46,21 @@ type session struct {
 	streams map[uint32]stream
 	hello   bool
 	nonce   string
+	fds     *fdReader // descriptors passed by the host (Unix socket connections only), nil elsewhere
 }
 
 func newSession(ag *agent, r io.Reader, w io.Writer, closeConn func(), streamMode bool) *session {
-	return &session{
-		ag: ag, r: bufio.NewReaderSize(r, 64*1024), w: w, closeConn: closeConn, streamMode: streamMode,
+	s := &session{
+		ag: ag, w: w, closeConn: closeConn, streamMode: streamMode,
 		out: make(chan outFrame, 256), done: make(chan struct{}), writerDone: make(chan struct{}),
 		streams: map[uint32]stream{},
 	}
+	if uc, ok := r.(*net.UnixConn); ok {
+		s.fds = newFdReader(uc)
+		r = s.fds
+	}
+	s.r = bufio.NewReaderSize(r, 64*1024)
+	return s
 }
 
 // send queues a frame; false when the session is over (the frame is dropped).
@@ -163,6 +171,9 @@ func (s *session) run() {
 	if s.closeConn != nil {
 		s.closeConn()
 	}
+	if s.fds != nil {
+		s.fds.closeAll()
+	}
 	<-s.writerDone
 	s.ag.removeSession(s)
 }
@@ -246,7 +257,8 @@ func (s *session) countExecs() int {
 	defer s.mu.Unlock()
 	n := 0
 	for _, st := range s.streams {
-		if _, ok := st.(*execState); ok {
+		switch st.(type) {
+		case *execState, *fdExec:
 			n++
 		}
 	}
@@ -267,7 +279,7 @@ func (s *session) dispatch(h header, payload []byte) {
 		return
 	}
 	if !s.hello {
-		if h.typ == tExecStart || h.typ == tLogs || h.typ == tShutdown {
+		if h.typ == tExecStart || h.typ == tExecFds || h.typ == tLogs || h.typ == tShutdown {
 			s.sendError(h.stream, codeFailedPrecondition, "the host must send HELLO before any other request")
 		}
 		return
@@ -286,6 +298,8 @@ func (s *session) dispatch(h header, payload []byte) {
 		go s.ag.shutdown(s, h.stream, req.GraceMs)
 	case tExecStart:
 		s.startExec(h.stream, payload)
+	case tExecFds:
+		s.startExecFds(h.stream, payload)
 	case tLogs:
 		s.startLogs(h.stream, payload)
 	case tStdin:

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"os"
 	"syscall"
+	"unsafe"
 )
 
 // macOS: the agent runs as a launchd job inside the guest. launchd adopts orphans (there is no
@@ -54,4 +55,14 @@ func unameFacts() (release, hostname string) {
 	release, _ = syscall.Sysctl("kern.osrelease")
 	hostname, _ = os.Hostname()
 	return release, hostname
+}
+
+// isTerminalFd: a terminal's ioctl (TIOCGETA) answers on fd.
+func isTerminalFd(fd int) bool {
+	var st syscall.Stat_t
+	if err := syscall.Fstat(fd, &st); err != nil || st.Mode&syscall.S_IFMT != syscall.S_IFCHR {
+		return false
+	}
+	var t syscall.Termios
+	return ioctl(uintptr(fd), syscall.TIOCGETA, unsafe.Pointer(&t)) == nil
 }

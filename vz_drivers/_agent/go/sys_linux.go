@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"unsafe"
 )
 
 const (
@@ -138,4 +139,24 @@ func setParentDeathSignal(attr *syscall.SysProcAttr) {
 // platformRefusal: the serve options this platform cannot honour ("" when none).
 func platformRefusal(o options) string {
 	return ""
+}
+
+// Character-device majors of terminals: BSD ptys (2, 3), consoles and serial ports (4), /dev/tty,
+// /dev/console and /dev/ptmx (5), Unix98 pseudo-terminal slaves (136-143).
+func ttyMajor(major uint32) bool {
+	return major == 2 || major == 3 || major == 4 || major == 5 || (major >= 136 && major <= 143)
+}
+
+// isTerminalFd: a terminal's ioctl answers on fd, or fd is a character device with a terminal's major.
+func isTerminalFd(fd int) bool {
+	var st syscall.Stat_t
+	if err := syscall.Fstat(fd, &st); err != nil || st.Mode&syscall.S_IFMT != syscall.S_IFCHR {
+		return false
+	}
+	var t syscall.Termios
+	if ioctl(uintptr(fd), syscall.TCGETS, unsafe.Pointer(&t)) == nil {
+		return true
+	}
+	major := uint32((st.Rdev>>8)&0xfff) | uint32((st.Rdev>>32)&^0xfff)
+	return ttyMajor(major)
 }
