@@ -11,7 +11,10 @@ for pydantic. The public surface:
 * operations: ``Context``, ``Progress``, ``up``, ``status`` (``STATUS_SCHEMA``), ``stop``, ``delete``;
   kept volumes: ``list_volumes``, ``remove_volume``;
 * exec: ``prepare_exec`` (selection, fast) then ``execute`` (driver, ExecSpec, stream, errors translated once),
-  ``ExecTarget``, ``OutputSink``; a terminal session (`vz exec -t`): ``execute_terminal``, ``TerminalSink``;
+  ``ExecTarget``, ``OutputSink``; on descriptors (the daemon's local exec: ``Driver.exec_local``, else copied
+  by ``FdReader``/``FdWriter`` threads): ``execute_local``; a terminal session (`vz exec -t`):
+  ``execute_terminal``, ``TerminalSink``; a Machine's log: ``execute_logs``, ``LogSink``;
+* status: ``status`` and its live-health summary ``environment_health``;
 * drivers: ``acquire_driver`` (the one place a Driver is obtained), ``DriverPool``, ``DriverFacts``;
 * errors: ``DefinitionError``, ``DefinitionNotFoundError``, ``PlanError``, ``ConflictError``,
   ``SelectionNotFoundError``, ``AmbiguousSelectionError``, ``UnboundWorktreeError``, ``StoreError``, ``StoreBusyError``.
@@ -47,13 +50,24 @@ if TYPE_CHECKING:
         SelectionNotFoundError,
         UnboundWorktreeError,
     )
-    from vz_core.env._exec import ExecTarget, OutputSink, TerminalSink, execute, execute_terminal, prepare_exec
+    from vz_core.env._exec import (
+        ExecTarget,
+        LogSink,
+        OutputSink,
+        TerminalSink,
+        execute,
+        execute_local,
+        execute_logs,
+        execute_terminal,
+        prepare_exec,
+    )
+    from vz_core.env._fdcopy import FdReader, FdWriter
     from vz_core.env._ids import workspace_id
     from vz_core.env._lifecycle import delete, stop
     from vz_core.env._plan import Change, Plan, Step, compute_plan
     from vz_core.env._progress import Progress
     from vz_core.env._select import select_environment, select_machine
-    from vz_core.env._status import STATUS_SCHEMA, status
+    from vz_core.env._status import STATUS_SCHEMA, environment_health, status
     from vz_core.env._store import (
         MIGRATIONS,
         EnvironmentRecord,
@@ -79,6 +93,12 @@ _WHERE = {
     "acquire_driver": "_drivers",
     "Context": "_context",
     "ExecTarget": "_exec",
+    "LogSink": "_exec",
+    "execute_local": "_exec",
+    "execute_logs": "_exec",
+    "FdReader": "_fdcopy",
+    "FdWriter": "_fdcopy",
+    "environment_health": "_status",
     "OutputSink": "_exec",
     "TerminalSink": "_exec",
     "execute_terminal": "_exec",
@@ -128,6 +148,9 @@ __all__ = [
     "DriverPool",
     "EnvironmentRecord",
     "ExecTarget",
+    "FdReader",
+    "FdWriter",
+    "LogSink",
     "Machine",
     "MachineRecord",
     "OperationRecord",
@@ -148,7 +171,10 @@ __all__ = [
     "compute_plan",
     "definition_json_schema",
     "delete",
+    "environment_health",
     "execute",
+    "execute_local",
+    "execute_logs",
     "execute_terminal",
     "find_definition",
     "list_volumes",

@@ -13,9 +13,11 @@ naming the Machine, the Environment and the `vz up` that fixes it; every other e
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterator
+import inspect
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
+from typing import Any
 
 from vz_core._types import (
     TERMINAL_COLS,
@@ -42,12 +44,30 @@ from vz_core.env._select import ENV_VAR_MACHINE, select_machine
 from vz_core.env._store import EnvironmentRecord, MachineRecord
 from vz_core.errors import FailedPreconditionError, NotFoundError, RuntimeFailureError, UnsupportedError
 
-__all__ = ["ExecTarget", "OutputSink", "TerminalSink", "execute", "execute_terminal", "prepare_exec"]
+__all__ = [
+    "ExecTarget",
+    "LogSink",
+    "OutputSink",
+    "TerminalSink",
+    "execute",
+    "execute_local",
+    "execute_logs",
+    "execute_terminal",
+    "prepare_exec",
+]
 
-OutputSink = Callable[[str, bytes], None]
-"""Receives each output chunk: (``"stdout"`` or ``"stderr"``, data)."""
-TerminalSink = Callable[[bytes], None]
-"""Receives each chunk of a terminal session's one output stream."""
+OutputSink = Callable[[str, bytes], "Awaitable[None] | None"]
+"""Receives each output chunk: (``"stdout"`` or ``"stderr"``, data). An async sink is awaited before the next
+chunk is pulled (backpressure)."""
+TerminalSink = Callable[[bytes], "Awaitable[None] | None"]
+"""Receives each chunk of a terminal session's one output stream (awaited when it returns an awaitable)."""
+LogSink = Callable[[bytes], Awaitable[None]]
+"""Receives each chunk of a Machine's log."""
+
+
+async def _deliver(result: Any) -> None:
+    if inspect.isawaitable(result):
+        await result
 
 
 @dataclass(frozen=True)
@@ -119,6 +139,7 @@ async def execute(
     output: OutputSink,
     *,
     workdir: str | None = None,
+    environment: dict[str, str] | None = None,
 ) -> ExecExit:
     """Run ``argv`` in the target Machine (from ``prepare_exec(ctx, ...)``); output chunks go to ``output``.
 
@@ -127,19 +148,14 @@ async def execute(
     exec the same way and propagates. The driver is closed before this returns.
     """
     driver = acquire_driver(target.machine.driver, target.machine.driver_options, recorded=True, redactor=ctx.redactor)
-    spec = ExecSpec(
-        workspace_id=target.machine.workspace_id,
-        argv=tuple(argv),
-        user=target.user,
-        workdir=target.workdir if workdir is None else workdir,
-    )
+    spec = _exec_spec(target, argv, workdir, environment)
     try:
         with _exec_errors(target):
             events = driver.exec(spec, stdin)
             try:
                 async for event in events:
                     if isinstance(event, ExecOutput):
-                        output(event.stream, event.data)
+                        await _deliver(output(event.stream, event.data))
                     else:
                         return event
             finally:
@@ -162,6 +178,7 @@ async def execute_terminal(
     cols: int = TERMINAL_COLS,
     term: str = TERMINAL_TERM,
     workdir: str | None = None,
+    environment: dict[str, str] | None = None,
 ) -> ExecExit:
     """Run ``argv`` on a new terminal in the target Machine (``Driver.terminal``): `vz exec -t`.
 
@@ -180,6 +197,7 @@ async def execute_terminal(
         rows=rows,
         cols=cols,
         term=term or TERMINAL_TERM,
+        environment=dict(environment or {}),
     )
     try:
         with _exec_errors(target):
@@ -188,7 +206,7 @@ async def execute_terminal(
                 try:
                     async for event in events:
                         if isinstance(event, TerminalOutput):
-                            output(event.data)
+                            await _deliver(output(event.data))
                         else:
                             return event
                 finally:
@@ -204,3 +222,109 @@ async def execute_terminal(
     finally:
         with suppress(Exception):
             await driver.close()
+
+
+def _exec_spec(
+    target: ExecTarget, argv: list[str], workdir: str | None, environment: dict[str, str] | None
+) -> ExecSpec:
+    return ExecSpec(
+        workspace_id=target.machine.workspace_id,
+        argv=tuple(argv),
+        user=target.user,
+        workdir=target.workdir if workdir is None else workdir,
+        environment=dict(environment or {}),
+    )
+
+
+async def execute_local(
+    ctx: Context,
+    target: ExecTarget,
+    argv: list[str],
+    stdio: tuple[int, int, int],
+    *,
+    workdir: str | None = None,
+    environment: dict[str, str] | None = None,
+) -> ExecExit:
+    """Run ``argv`` in the target Machine with its stdin/stdout/stderr on the descriptors ``stdio``.
+
+    The descriptors stay the caller's (not closed here). The driver's ``exec_local`` takes them when it has one
+    (the fast local path: the descriptors travel on to the plugin and, where the Machine shares the host
+    kernel, become the command's own); otherwise the bytes are copied between them and ``Driver.exec``'s
+    stream. Errors, cancellation and closing are as for ``execute``; a descriptor that breaks while output is
+    written to it raises ``BrokenPipeError``.
+    """
+    driver = acquire_driver(target.machine.driver, target.machine.driver_options, recorded=True, redactor=ctx.redactor)
+    spec = _exec_spec(target, argv, workdir, environment)
+    try:
+        with _exec_errors(target):
+            local = getattr(driver, "exec_local", None)
+            if local is not None:
+                result: ExecExit = await local(spec.workspace_id, spec, stdio)
+                return result
+            from vz_core.env._fdcopy import copy_exec
+
+            return await copy_exec(driver, spec, stdio)
+    finally:
+        with suppress(Exception):
+            await driver.close()
+
+
+async def execute_logs(
+    ctx: Context,
+    target: ExecTarget,
+    output: LogSink,
+    *,
+    follow: bool = False,
+    tail: int | None = None,
+    interval: float = 1.0,
+) -> None:
+    """The target Machine's log (its main process's output, ``Driver.logs``) to ``output``.
+
+    ``tail``: only the last ``tail`` lines of what is there now. ``follow``: then keep sending what the
+    Machine adds, asking the driver every ``interval`` seconds, until the Machine no longer runs or the calling
+    task is cancelled. A driver without logs fails with ``UnsupportedError`` naming it.
+    """
+    import asyncio
+
+    from vz_core._types import MAX_CHUNK
+
+    machine = target.machine
+    driver = acquire_driver(machine.driver, machine.driver_options, recorded=True, redactor=ctx.redactor)
+    sent = 0
+    first = True
+    try:
+        with _exec_errors(target):
+            while True:
+                try:
+                    chunks = [chunk async for chunk in driver.logs(machine.workspace_id)]
+                except UnsupportedError as exc:
+                    raise UnsupportedError(
+                        f"driver {machine.driver!r} of machine {machine.name} keeps no logs ({exc.message})",
+                        details=dict(exc.details),
+                    ) from None
+                data = b"".join(chunks)
+                if len(data) < sent:  # a new run of the Machine: its log started again
+                    sent = 0
+                fresh = data[sent:]
+                if first and tail is not None:
+                    fresh = _last_lines(fresh, tail)
+                first = False
+                for start in range(0, len(fresh), MAX_CHUNK):
+                    await output(fresh[start : start + MAX_CHUNK])
+                sent = len(data)
+                if not follow:
+                    return
+                found = await driver.find(machine.workspace_id)
+                if found is None or found.state.status != "running":
+                    return
+                await asyncio.sleep(interval)
+    finally:
+        with suppress(Exception):
+            await driver.close()
+
+
+def _last_lines(data: bytes, count: int) -> bytes:
+    if count <= 0:
+        return b""
+    lines = data.splitlines(keepends=True)
+    return b"".join(lines[-count:])

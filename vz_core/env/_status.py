@@ -2,6 +2,14 @@
 
 Read-only: no lock, no operation record. A driver that fails is reported in its Machine's row (masked), never
 raised.
+
+Live health: every Machine row says where its state comes from. ``health`` is ``{"source": "driver", "state",
+"checked_at", "error": null}`` when its driver answered Find just now (``state`` is then what the driver
+reports: running, stopped or missing), and ``{"source": "record", "state": <recorded state>, ...,
+"error": "..."}`` when it could not be asked (the recorded state is all there is). ``recorded_state`` is always
+the record's; ``state`` keeps its old meaning (observed, "unknown" without an answer). Each Environment gets a
+``health`` summary of its Machines' (``running`` when all run, ``stopped`` when none does, ``degraded`` in
+between or when one is missing, ``unknown`` when a driver could not be asked, ``empty`` without Machines).
 """
 
 from __future__ import annotations
@@ -24,13 +32,13 @@ from vz_core.env._drivers import DriverPool
 from vz_core.env._errors import DefinitionError
 from vz_core.env._plan import diff_specs
 from vz_core.env._select import select_machine
-from vz_core.env._store import EnvironmentRecord, MachineRecord, OperationRecord, Store
+from vz_core.env._store import EnvironmentRecord, MachineRecord, OperationRecord, Store, utcnow
 from vz_core.errors import VzError
 
 if TYPE_CHECKING:
     from vz_core.env._definition import ProjectDefinition
 
-__all__ = ["STATUS_SCHEMA", "status"]
+__all__ = ["STATUS_SCHEMA", "environment_health", "status"]
 
 STATUS_SCHEMA = "vz.status/1"
 
@@ -129,6 +137,7 @@ async def _env_status(
         "name": env.name,
         "project_id": env.project_id,
         "state": env.state,
+        "health": environment_health(machines_out),
         "worktree": env.worktree,
         "bound_worktrees": store.bindings_of(env.env_id),
         "default_machine": env.default_machine,
@@ -167,6 +176,12 @@ async def _machine_status(
     except VzError as exc:
         driver_json = {"name": record.driver, "error": str(exc)}
         error = str(exc)
+    health = {
+        "source": "record" if find_json is None and state == "unknown" else "driver",
+        "state": record.state if state == "unknown" else state,
+        "checked_at": utcnow(),
+        "error": error or None,
+    }
     driver_json["matrix"] = _matrix_json(record.driver, str(target.get("os") or "linux"))
     drift: dict[str, Any]
     if definition is None:
@@ -191,10 +206,30 @@ async def _machine_status(
         "driver": driver_json,
         "state": state,
         "recorded_state": record.state,
+        "health": health,
         "find": find_json,
         "error": error or None,
         "drift": drift,
     }
+
+
+def environment_health(machines: list[dict[str, Any]]) -> dict[str, Any]:
+    """The health summary of an Environment from its Machine rows (see the module docstring)."""
+    healths = [m["health"] for m in machines]
+    states = {h["state"] for h in healths}
+    if not healths:
+        state = "empty"
+    elif any(h["source"] != "driver" for h in healths):
+        state = "unknown"
+    elif states == {"running"}:
+        state = "running"
+    elif "running" not in states and "missing" not in states:
+        state = "stopped"
+    else:
+        state = "degraded"
+    source = "driver" if healths and all(h["source"] == "driver" for h in healths) else "record"
+    checked = max((h["checked_at"] for h in healths), default=utcnow())
+    return {"source": source, "state": state, "checked_at": checked}
 
 
 def _matrix_json(driver: str, target_os: str) -> dict[str, str] | None:

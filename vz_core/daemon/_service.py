@@ -1,0 +1,1098 @@
+"""What the vz daemon does for each method: the one dispatcher both fronts (local wire, gRPC) call.
+
+``await service.dispatch(call)`` reads the call's request (``_calls``), runs the Environment operation it names
+(``vz_core.env``: up, status, stop, delete, exec, volumes: nothing here repeats their logic), streams its
+progress (``_progress``) and output, and returns the result object, or raises ``CallFailed`` carrying the wire's
+error object (``_errors``), redacted with the call's secrets.
+
+Several calls run at once on the daemon's one event loop; each gets its own ``vz_core.env.Context`` (the
+client's cwd, environment variables in memory only, definition file), its own ``Redactor`` and its own
+progress. Operations on one Environment serialize exactly as separate commands did: through the Environment
+and project file locks (``flock`` per open file description, so two calls of one process exclude each other;
+waits happen in threads, never on the loop).
+
+Cancellation: a client that closes its connection, sends ``cancel`` or a ``signal`` cancels its call's task; the
+Environment layer then records the operation as interrupted (exactly what Ctrl-C did to a command) and the
+next operation explains and converges. An exec's command is killed.
+
+Events (``_events.EventLog`` when there is one): ``operation.started`` / ``operation.finished`` around every
+Environment operation, ``machine.state`` when a Machine's recorded state (or the state its driver reports to a
+status call) changes, ``environment.updated`` when an Environment is created, changes state or is deleted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import signal as signals
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from vz_core.daemon._calls import MAX_WINDOW, Request, RequestError
+from vz_core.daemon._errors import CallFailed, encode_error
+from vz_core.daemon._progress import CallProgress
+from vz_core.redact import Redactor
+
+__all__ = ["METHODS", "CallLike", "EventSink", "Service", "dispatch"]
+
+
+class CallLike(Protocol):
+    """The interface of ``vz_core.daemon.Call`` the service uses (both fronts build one)."""
+
+    method: str
+    request: dict[str, Any]
+    fds: list[int]
+    peer_pid: int | None
+    cancelled: asyncio.Event
+
+    async def progress(self, message: dict[str, Any]) -> None: ...
+
+    async def event(self, message: dict[str, Any]) -> None: ...
+
+    async def write(self, stream: int, data: bytes) -> None: ...
+
+    async def receive(self) -> dict[str, Any] | tuple[int, bytes] | None: ...
+
+
+class EventSink(Protocol):
+    """What the service needs of the event log (``vz_core.daemon._events.EventLog``)."""
+
+    def append(self, kind: str, environment_id: str | None, machine_id: str | None, data: dict[str, Any]) -> int: ...
+
+    def follow(self, from_revision: int, environment_id: str | None = None) -> AsyncIterator[dict[str, Any]]: ...
+
+
+# Methods that are not Machine operations: they never keep the daemon busy (idle timer) and are not recorded.
+PASSIVE = frozenset({"Environments.Watch", "Machines.Watch", "System.Events", "System.Status", "System.Capabilities"})
+# Methods whose progress and outcome are published as operation events.
+OPERATIONS = {
+    "Environments.Up": "up",
+    "Environments.Stop": "stop",
+    "Environments.Delete": "delete",
+    "Volumes.Remove": "volume",
+}
+STDIO_DRAIN_SECONDS = 5.0
+"""After an exec's exit, how long its output pipes may take to reach end of file (a background process of the
+command may hold them open)."""
+
+
+def _now() -> str:
+    """The current UTC time, RFC 3339 with milliseconds (as the state store writes it)."""
+    now = time.time()
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
+
+
+@dataclass
+class _Operation:
+    number: int
+    method: str
+    started: str
+    peer_pid: int | None
+    environment: str | None = None
+    environment_id: str | None = None
+
+    def row(self) -> dict[str, Any]:
+        return {
+            "call": self.number,
+            "method": self.method,
+            "environment": self.environment,
+            "environment_id": self.environment_id,
+            "started": self.started,
+            "peer_pid": self.peer_pid,
+        }
+
+
+@dataclass
+class _CallState:
+    """One call in progress: its request, secrets, progress and what it observed."""
+
+    call: CallLike
+    operation: _Operation
+    redactor: Redactor = field(default_factory=lambda: Redactor(short_tokens=True))
+    progress: CallProgress | None = None
+    tracker: _Tracker | None = None
+    store_path: Path | None = None
+    signal: str | None = None
+    cancel_reason: str | None = None
+
+
+class _Tracker:
+    """Turns what an operation did to the state store into events (the Environment layer reports progress with
+    ``environment_id``/``machine_id`` fields; after each such report the records are compared with the last
+    look)."""
+
+    def __init__(self, service: Service, store_path: Path | None) -> None:
+        self._service = service
+        self._store_path = store_path
+        self._store: Any = None
+        self._seen: dict[str, tuple[str, str, dict[str, tuple[str, str]]] | None] = {}
+
+    def _snapshot(self, env_id: str) -> tuple[str, str, dict[str, tuple[str, str]]] | None:
+        from vz_core.env import Store
+
+        if self._store is None:
+            self._store = Store(self._store_path)
+        store = self._store
+        env = store.environment(env_id)
+        if env is None:
+            return None
+        machines = {m.machine_id: (m.name, m.state) for m in store.machines(env_id)}
+        return env.name, env.state, machines
+
+    def close(self) -> None:
+        store, self._store = self._store, None
+        if store is not None:
+            store.close()
+
+    def listen(self, message: dict[str, Any]) -> None:
+        env_id = message.get("environment_id")
+        if not isinstance(env_id, str) or not env_id:
+            return
+        if env_id not in self._seen:
+            baseline = None if message.get("kind") == "environment-created" else self._snapshot(env_id)
+            self._seen[env_id] = baseline
+            if baseline is not None:
+                return
+        self.compare(env_id)
+
+    def compare(self, env_id: str, *, name: str | None = None) -> None:
+        before = self._seen.get(env_id)
+        after = self._snapshot(env_id)
+        self._seen[env_id] = after
+        events = self._service._publish
+        if after is None:
+            if before is not None:
+                for machine_id, (machine, state) in before[2].items():
+                    events(
+                        "machine.state",
+                        env_id,
+                        machine_id,
+                        {"name": machine, "state": "deleted", "previous": state, "source": "record"},
+                    )
+                events(
+                    "environment.updated",
+                    env_id,
+                    None,
+                    {"name": before[0], "state": "deleted", "previous": before[1], "change": "deleted"},
+                )
+            elif env_id in self._seen and name is not None:
+                events(
+                    "environment.updated",
+                    env_id,
+                    None,
+                    {"name": name, "state": "deleted", "previous": None, "change": "deleted"},
+                )
+            return
+        env_name, env_state, machines = after
+        old_machines = before[2] if before is not None else {}
+        for machine_id, (machine, state) in machines.items():
+            previous = old_machines.get(machine_id)
+            if previous is None or previous[1] != state:
+                events(
+                    "machine.state",
+                    env_id,
+                    machine_id,
+                    {
+                        "name": machine,
+                        "state": state,
+                        "previous": previous[1] if previous else None,
+                        "source": "record",
+                    },
+                )
+        for machine_id, (machine, state) in old_machines.items():
+            if machine_id not in machines:
+                events(
+                    "machine.state",
+                    env_id,
+                    machine_id,
+                    {"name": machine, "state": "deleted", "previous": state, "source": "record"},
+                )
+        if before is None:
+            events(
+                "environment.updated",
+                env_id,
+                None,
+                {"name": env_name, "state": env_state, "previous": None, "change": "created"},
+            )
+        elif before[1] != env_state:
+            events(
+                "environment.updated",
+                env_id,
+                None,
+                {"name": env_name, "state": env_state, "previous": before[1], "change": "state"},
+            )
+
+    def finish(self, result: dict[str, Any] | None) -> None:
+        env = result.get("environment") if isinstance(result, dict) else None
+        env = env if isinstance(env, dict) else {}
+        env_id = env.get("id")
+        for known in list(self._seen):
+            if known != env_id:
+                self.compare(known)
+        if isinstance(env_id, str) and env_id:
+            if env_id not in self._seen:  # nothing reported along the way: no baseline, say what it is now
+                self._seen[env_id] = None
+                after = self._snapshot(env_id)
+                if after is None:
+                    self._service._publish(
+                        "environment.updated",
+                        env_id,
+                        None,
+                        {"name": env.get("name"), "state": "deleted", "previous": None, "change": "deleted"},
+                    )
+                    return
+                self._seen[env_id] = after
+                self._service._publish(
+                    "environment.updated",
+                    env_id,
+                    None,
+                    {"name": after[0], "state": after[1], "previous": None, "change": "state"},
+                )
+                return
+            self.compare(env_id, name=env.get("name"))
+
+
+Handler = Callable[[_CallState], Awaitable[dict[str, Any]]]
+
+
+class Service:
+    """The daemon's methods. ``start`` before the first call, ``close`` at shutdown.
+
+    ``pool``: the driver sessions to use (default: a ``SessionPool`` this service starts and stops);
+    ``warm_sessions=False`` keeps drivers in-process (tests and benchmarks only). ``events``: the event log
+    (default: ``_events.EventLog`` on the state store). ``on_shutdown``: called (soon, on the loop) when a client
+    asks the daemon to stop.
+    """
+
+    def __init__(
+        self,
+        *,
+        events: EventSink | None = None,
+        on_shutdown: Callable[[], object] | None = None,
+        pool: Any = None,
+        version: str | None = None,
+        fingerprint: str | None = None,
+        store_path: Path | None = None,
+        warm_sessions: bool = True,
+    ) -> None:
+        self._warm_sessions = warm_sessions
+        self._events = events
+        self._on_shutdown = on_shutdown
+        self._pool = pool
+        self._own_pool = False
+        self._numbers = itertools.count(1)
+        self._operations: dict[int, _Operation] = {}
+        self._started = _now()
+        self._t0 = time.monotonic()
+        self._version = version
+        self._fingerprint = fingerprint
+        self._store_path = store_path
+        self._observed: dict[tuple[str, str], str] = {}
+        self.shutdown_requested = asyncio.Event()
+        self._methods: dict[str, Handler] = {
+            "Environments.Up": self._up,
+            "Environments.Get": self._get,
+            "Environments.List": self._list,
+            "Environments.Watch": self._watch_environments,
+            "Environments.Stop": self._stop,
+            "Environments.Delete": self._delete,
+            "Machines.Get": self._machine_get,
+            "Machines.List": self._machine_list,
+            "Machines.Watch": self._watch_machines,
+            "Machines.Exec": self._exec,
+            "Machines.Logs": self._logs,
+            "Volumes.List": self._volumes,
+            "Volumes.Remove": self._remove_volume,
+            "System.Capabilities": self._capabilities,
+            "System.Events": self._system_events,
+            "System.Status": self._status,
+            "System.Shutdown": self._shutdown,
+        }
+
+    # --- lifecycle ----------------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start the warm driver sessions (``SessionPool.start`` makes them the source of every driver) and open
+        the event log."""
+        if self._pool is None and self._warm_sessions:
+            from vz_core.daemon._sessions import SessionPool
+
+            self._pool = SessionPool()
+            self._own_pool = True
+        if self._pool is not None:
+            await _maybe_await(self._pool.start())
+        if self._events is None:
+            import importlib
+
+            try:
+                events = importlib.import_module("vz_core.daemon._events")
+            except ImportError:  # the event log is not part of this installation: no events, Watch says so
+                events = None
+            if events is not None:
+                self._events = events.EventLog(self._store_path)
+
+    async def close(self) -> None:
+        """Stop the sessions this service started (Machines keep running) and close the event log."""
+        if self._own_pool and self._pool is not None:
+            await _maybe_await(self._pool.aclose())
+        if self._events is not None:
+            closing = getattr(self._events, "close", None)
+            if closing is not None:
+                with contextlib.suppress(Exception):
+                    closing()
+
+    @property
+    def busy(self) -> bool:
+        """A Machine operation is in flight (the daemon's idle timer waits)."""
+        return any(op.method not in PASSIVE for op in self._operations.values())
+
+    def operations(self) -> list[dict[str, Any]]:
+        return [op.row() for op in self._operations.values()]
+
+    # --- dispatch -----------------------------------------------------------------------------------------------
+
+    async def dispatch(self, call: CallLike) -> dict[str, Any]:
+        """Run one call to its end: the result object, or ``CallFailed`` with the wire's error object."""
+        handler = self._methods.get(call.method)
+        if handler is None:
+            error = RequestError("call.method", f"{call.method!r} is not a method; methods: {', '.join(METHODS)}")
+            raise CallFailed(encode_error(error), error)
+        operation = _Operation(next(self._numbers), call.method, _now(), getattr(call, "peer_pid", None))
+        state = _CallState(call, operation, store_path=self._store_path)
+        self._operations[operation.number] = operation
+        kind = OPERATIONS.get(call.method)
+        started = time.monotonic()
+        if kind is not None:
+            request = call.request if isinstance(call.request, dict) else {}
+            selector = request.get("environment") if isinstance(request.get("environment"), str) else None
+            operation.environment = selector
+            self._publish(
+                "operation.started",
+                None,
+                None,
+                {
+                    "method": call.method,
+                    "call": operation.number,
+                    "environment": selector,
+                    "peer_pid": operation.peer_pid,
+                },
+            )
+        result: dict[str, Any] | None = None
+        failure: dict[str, Any] | None = None
+        try:
+            result = await self._run(handler, state)
+            return result
+        except CallFailed as exc:
+            failure = exc.error
+            raise
+        finally:
+            del self._operations[operation.number]
+            if state.progress is not None:
+                state.progress.abandon()
+            if state.tracker is not None:
+                with contextlib.suppress(Exception):
+                    state.tracker.finish(result)
+                state.tracker.close()
+            if kind is not None:
+                status = (
+                    "succeeded"
+                    if failure is None
+                    else ("interrupted" if failure.get("kind") == "interrupted" else "failed")
+                )
+                op_id = result.get("operation_id") if isinstance(result, dict) else None
+                self._publish(
+                    "operation.finished",
+                    operation.environment_id,
+                    None,
+                    {
+                        "method": call.method,
+                        "call": operation.number,
+                        "status": status,
+                        "operation_id": op_id,
+                        "error": failure,
+                        "seconds": round(time.monotonic() - started, 3),
+                    },
+                )
+
+    async def _run(self, handler: Handler, state: _CallState) -> dict[str, Any]:
+        call = state.call
+        # Exec and terminal sessions read the client's messages themselves (stdin, resize, signals).
+        reads_messages = call.method == "Machines.Exec"
+        inner = asyncio.ensure_future(handler(state))
+        waiters: set[asyncio.Future[Any]] = {asyncio.ensure_future(call.cancelled.wait())}
+        if not reads_messages:
+            waiters.add(asyncio.ensure_future(self._cancel_messages(state)))
+        try:
+            done, _ = await asyncio.wait({inner, *waiters}, return_when=asyncio.FIRST_COMPLETED)
+            if inner not in done:
+                state.cancel_reason = state.cancel_reason or "the client closed the connection"
+                inner.cancel()
+                with contextlib.suppress(BaseException):
+                    await inner
+            result = inner.result()
+            if state.progress is not None:
+                await state.progress.flush()
+            return state.redactor.redact_data(result)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if not inner.done() or (task is not None and task.cancelling()):
+                # The server cancelled this call (daemon shutdown): so is the operation.
+                inner.cancel()
+                with contextlib.suppress(BaseException):
+                    await inner
+                raise
+            if state.progress is not None:  # the failed step is reported before the error
+                with contextlib.suppress(Exception):
+                    await state.progress.flush()
+            error = encode_error(asyncio.CancelledError(), state.redactor)
+            if state.cancel_reason:
+                error["message"] = state.redactor.redact(
+                    f"interrupted: {state.cancel_reason}; run it again to converge"
+                )
+            raise CallFailed(error) from None
+        except CallFailed:
+            raise
+        except Exception as exc:
+            if state.progress is not None:
+                with contextlib.suppress(Exception):
+                    await state.progress.flush()
+            raise CallFailed(encode_error(exc, state.redactor), exc) from None
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+
+    async def _cancel_messages(self, state: _CallState) -> None:
+        """Returns when the client asks to stop (``cancel``, ``signal``) or its connection ends."""
+        while True:
+            message = await state.call.receive()
+            if message is None:
+                state.cancel_reason = "the client closed the connection"
+                return
+            if isinstance(message, dict):
+                if "cancel" in message:
+                    state.cancel_reason = "cancelled by the client"
+                    return
+                if "signal" in message:
+                    state.signal = _signal_name(message.get("signal"))
+                    state.cancel_reason = f"the client received {state.signal or 'a signal'}"
+                    return
+
+    # --- helpers ------------------------------------------------------------------------------------------------
+
+    def _publish(self, kind: str, environment_id: str | None, machine_id: str | None, data: dict[str, Any]) -> None:
+        if self._events is None:
+            return
+        with contextlib.suppress(Exception):  # an event that cannot be stored never fails an operation
+            self._events.append(kind, environment_id, machine_id, data)
+
+    def _request(self, state: _CallState, allowed: tuple[str, ...]) -> Request:
+        return Request(state.call.method, state.call.request, allowed)
+
+    def _context(self, state: _CallState, request: Request, *, track: bool = False) -> Any:
+        ctx = request.context()
+        ctx.store_path = self._store_path
+        state.redactor = ctx.redactor
+        tracker = _Tracker(self, self._store_path) if track else None
+        state.tracker = tracker
+
+        def listen(message: dict[str, Any]) -> None:
+            env_id = message.get("environment_id")
+            if isinstance(env_id, str) and state.operation.environment_id is None:
+                state.operation.environment_id = env_id
+            if tracker is not None:
+                tracker.listen(message)
+
+        progress = CallProgress(state.call.progress, ctx.redactor, listen)
+        progress.start()
+        state.progress = progress
+        ctx.progress = progress
+        return ctx
+
+    # --- Environments -------------------------------------------------------------------------------------------
+
+    async def _up(self, state: _CallState) -> dict[str, Any]:
+        from vz_core.env import up
+
+        request = self._request(state, ("context", "environment", "recreate", "dry_run"))
+        environment = request.string("environment", empty=False)
+        recreate = request.boolean("recreate")
+        dry_run = request.boolean("dry_run")
+        ctx = self._context(state, request, track=not dry_run)
+        return await up(ctx, environment=environment, recreate=recreate, dry_run=dry_run)
+
+    async def _stop(self, state: _CallState) -> dict[str, Any]:
+        from vz_core.env import stop
+
+        request = self._request(state, ("context", "environment"))
+        environment = request.string("environment", empty=False)
+        ctx = self._context(state, request, track=True)
+        return await stop(ctx, environment=environment)
+
+    async def _delete(self, state: _CallState) -> dict[str, Any]:
+        from vz_core.env import delete
+
+        request = self._request(state, ("context", "environment", "keep_volumes"))
+        environment = request.string("environment", empty=False)
+        keep = request.boolean("keep_volumes")
+        ctx = self._context(state, request, track=True)
+        return await delete(ctx, environment=environment, keep_volumes=keep)
+
+    async def _status_report(
+        self,
+        state: _CallState,
+        request: Request,
+        *,
+        environment: str | None,
+        all_environments: bool,
+        machine: str | None,
+    ) -> dict[str, Any]:
+        from vz_core.env import status
+
+        ctx = self._context(state, request)
+        report = await status(ctx, environment=environment, all_environments=all_environments, machine=machine)
+        self._observe(report)
+        return report
+
+    def _observe(self, report: dict[str, Any]) -> None:
+        """A state a driver reported that differs from the last one seen becomes a ``machine.state`` event."""
+        for env in report.get("environments") or ():
+            for row in env.get("machines") or ():
+                health = row.get("health") or {}
+                if health.get("source") != "driver":
+                    continue
+                key = (env["id"], row["id"])
+                previous = self._observed.get(key, row.get("recorded_state"))
+                if health["state"] != previous:
+                    self._publish(
+                        "machine.state",
+                        env["id"],
+                        row["id"],
+                        {"name": row["name"], "state": health["state"], "previous": previous, "source": "driver"},
+                    )
+                self._observed[key] = health["state"]
+
+    async def _get(self, state: _CallState) -> dict[str, Any]:
+        request = self._request(state, ("context", "environment", "machine"))
+        environment = request.string("environment", empty=False)
+        machine = request.string("machine", empty=False)
+        return await self._status_report(
+            state, request, environment=environment, all_environments=False, machine=machine
+        )
+
+    async def _list(self, state: _CallState) -> dict[str, Any]:
+        request = self._request(state, ("context", "all", "machine"))
+        every = request.boolean("all", default=True)
+        machine = request.string("machine", empty=False)
+        return await self._status_report(state, request, environment=None, all_environments=every, machine=machine)
+
+    async def _follow(
+        self, state: _CallState, request: Request, kinds: tuple[str, ...], environment_id: str | None
+    ) -> dict[str, Any]:
+        revision = request.integer("from_revision", default=None)
+        if self._events is None:
+            raise _unavailable("events are not recorded by this daemon (no event log)")
+        last = revision or 0
+        async for event in self._events.follow(
+            revision if revision is not None else _latest(self._events), environment_id
+        ):
+            last = int(event.get("revision") or last)
+            kind = str(event.get("kind") or "")
+            if kinds and not kind.startswith(kinds):
+                continue
+            await state.call.event(state.redactor.redact_data(event))
+        return {"revision": last}
+
+    async def _watch_environments(self, state: _CallState) -> dict[str, Any]:
+        request = self._request(state, ("from_revision", "environment"))
+        environment = request.string("environment", empty=False)
+        return await self._follow(state, request, ("environment.", "operation."), environment)
+
+    async def _watch_machines(self, state: _CallState) -> dict[str, Any]:
+        request = self._request(state, ("from_revision", "environment"))
+        environment = request.string("environment", empty=False)
+        return await self._follow(state, request, ("machine.",), environment)
+
+    async def _system_events(self, state: _CallState) -> dict[str, Any]:
+        request = self._request(state, ("from_revision", "follow"))
+        if request.boolean("follow", default=True):
+            return await self._follow(state, request, (), None)
+        revision = request.integer("from_revision", default=0) or 0
+        if self._events is None:
+            raise _unavailable("events are not recorded by this daemon (no event log)")
+        since = getattr(self._events, "since", None)
+        last = revision
+        while since is not None:
+            batch = since(last)
+            if not batch:
+                break
+            for event in batch:
+                last = int(event.get("revision") or last)
+                await state.call.event(state.redactor.redact_data(event))
+        return {"revision": last}
+
+    # --- Machines -----------------------------------------------------------------------------------------------
+
+    async def _machine_get(self, state: _CallState) -> dict[str, Any]:
+        request = self._request(state, ("context", "environment", "machine"))
+        environment = request.string("environment", empty=False)
+        machine = request.string("machine", empty=False)
+        report = await self._status_report(
+            state, request, environment=environment, all_environments=False, machine=machine
+        )
+        env = report["environments"][0]
+        return {**env["machines"][0], "environment": {"id": env["id"], "name": env["name"]}}
+
+    async def _machine_list(self, state: _CallState) -> dict[str, Any]:
+        request = self._request(state, ("context", "environment"))
+        environment = request.string("environment", empty=False)
+        report = await self._status_report(
+            state, request, environment=environment, all_environments=False, machine=None
+        )
+        env = report["environments"][0]
+        return {"environment": {"id": env["id"], "name": env["name"]}, "machines": env["machines"]}
+
+    async def _exec(self, state: _CallState) -> dict[str, Any]:
+        from vz_core.env import prepare_exec
+
+        request = self._request(
+            state,
+            ("context", "environment", "machine", "argv", "workdir", "env", "tty", "rows", "cols", "term", "stdio"),
+        )
+        environment = request.string("environment", empty=False)
+        machine = request.string("machine", empty=False)
+        argv = request.argv()
+        workdir = request.string("workdir")
+        variables = request.string_map("env")
+        tty = request.boolean("tty")
+        rows = request.integer("rows", default=None, low=1, high=MAX_WINDOW)
+        cols = request.integer("cols", default=None, low=1, high=MAX_WINDOW)
+        term = request.string("term")
+        stdio = request.flags("stdio", 3)
+        fds = list(state.call.fds)
+        if tty and any(stdio):
+            raise RequestError(
+                "request.stdio",
+                "a terminal session (tty=true) takes no descriptors: its bytes travel "
+                "as stream 3; send [false, false, false]",
+            )
+        if len(fds) != sum(stdio):
+            raise RequestError(
+                "request.stdio", f"marks {sum(stdio)} descriptor(s) as attached, {len(fds)} arrived with the call"
+            )
+        for index, fd in enumerate(fds):
+            if os.isatty(fd):
+                raise RequestError(
+                    f"call.fds[{index}]",
+                    "is a terminal; a terminal's descriptor never enters a "
+                    "Machine (send its bytes as messages, or use tty=true)",
+                )
+        ctx = self._context(state, request)
+        for value in variables.values():
+            ctx.redactor.add(value)
+        target = prepare_exec(ctx, environment=environment, machine=machine)
+        state.operation.environment_id = target.environment.env_id
+        if tty:
+            return await self._terminal(state, ctx, target, argv, workdir, variables, rows, cols, term)
+        return await self._exec_streams(state, ctx, target, argv, workdir, variables, stdio, fds)
+
+    async def _exec_streams(
+        self,
+        state: _CallState,
+        ctx: Any,
+        target: Any,
+        argv: list[str],
+        workdir: str | None,
+        variables: dict[str, str],
+        stdio: tuple[bool, ...],
+        passed: list[int],
+    ) -> dict[str, Any]:
+        from vz_core.env import FdReader, FdWriter, execute_local
+
+        call = state.call
+        command: list[int] = [-1, -1, -1]
+        ours: list[int] = []  # our ends and the command's ends of the pipes we made
+        stdin_writer: FdWriter | None = None
+        outputs: list[tuple[int, int]] = []  # (stream, read end)
+        given = iter(passed)
+        try:
+            for stream in (0, 1, 2):
+                if stdio[stream]:
+                    command[stream] = next(given)
+                    continue
+                read_end, write_end = os.pipe2(os.O_CLOEXEC)
+                ours += [read_end, write_end]
+                if stream == 0:
+                    command[0] = read_end
+                    stdin_writer = FdWriter(write_end)
+                else:
+                    command[stream] = write_end
+                    outputs.append((stream, read_end))
+            readers = [(stream, FdReader(fd, f"vz-exec-out{stream}")) for stream, fd in outputs]
+
+            async def forward(stream: int, reader: FdReader) -> None:
+                async for chunk in reader:
+                    await call.write(stream, chunk)
+
+            pumps = [asyncio.ensure_future(forward(stream, reader)) for stream, reader in readers]
+            running = asyncio.ensure_future(
+                execute_local(
+                    ctx, target, argv, (command[0], command[1], command[2]), workdir=workdir, environment=variables
+                )
+            )
+            inputs = asyncio.ensure_future(self._exec_input(state, stdin_writer, ours))
+            gone = asyncio.ensure_future(call.cancelled.wait())
+            try:
+                await asyncio.wait({running, inputs, gone}, return_when=asyncio.FIRST_COMPLETED)
+                if not running.done():
+                    state.cancel_reason = state.cancel_reason or "the client closed the connection"
+                    running.cancel()
+                    with contextlib.suppress(BaseException):
+                        await running
+                    if state.signal is not None:
+                        return _signalled(state.signal)
+                    raise asyncio.CancelledError
+                try:
+                    event = running.result()
+                except BrokenPipeError:
+                    return _signalled("SIGPIPE")
+            finally:
+                inputs.cancel()
+                gone.cancel()
+                # The command is over: its ends of our pipes close, so its output reaches end of file.
+                for stream, _fd in outputs:
+                    _close(command[stream])
+                    ours.remove(command[stream])
+                if pumps:
+                    _, late = await asyncio.wait(pumps, timeout=STDIO_DRAIN_SECONDS)
+                    for pump in late:
+                        pump.cancel()
+                for _, reader in readers:
+                    await reader.stop()
+                for pump in pumps:
+                    if pump.done() and not pump.cancelled() and pump.exception() is not None:
+                        raise pump.exception()  # type: ignore[misc]
+            return {"exit_code": event.exit_code, "signal": event.signal or None}
+        finally:
+            if stdin_writer is not None:
+                stdin_writer.close()
+            for fd in ours:
+                _close(fd)
+
+    async def _exec_input(self, state: _CallState, stdin: Any, ours: list[int]) -> None:
+        """The client's messages during an exec: stdin bytes and its end, cancel, signals, the end of the call."""
+        while True:
+            message = await state.call.receive()
+            if message is None:
+                state.cancel_reason = "the client closed the connection"
+                return
+            if isinstance(message, tuple):
+                stream, data = message
+                if stream != 0 or stdin is None:
+                    continue  # stdin is attached as a descriptor (or not a stream the command reads): ignored
+                try:
+                    await stdin.write(data)
+                except OSError:  # the command closed its stdin: the rest is dropped, as a pipe would
+                    stdin.close()
+                    stdin = None
+                continue
+            if "stdin_close" in message:
+                if stdin is not None:
+                    stdin.close()
+                    if stdin.fd in ours:  # the command's stdin reaches end of file
+                        ours.remove(stdin.fd)
+                        _close(stdin.fd)
+                    stdin = None
+            elif "cancel" in message:
+                state.cancel_reason = "cancelled by the client"
+                return
+            elif "signal" in message:
+                state.signal = _signal_name(message.get("signal")) or "SIGTERM"
+                state.cancel_reason = f"the client received {state.signal}"
+                return
+
+    async def _terminal(
+        self,
+        state: _CallState,
+        ctx: Any,
+        target: Any,
+        argv: list[str],
+        workdir: str | None,
+        variables: dict[str, str],
+        rows: int | None,
+        cols: int | None,
+        term: str | None,
+    ) -> dict[str, Any]:
+        from vz_core._types import (
+            TERMINAL_COLS,
+            TERMINAL_ROWS,
+            TERMINAL_TERM,
+            TerminalData,
+            TerminalEof,
+            TerminalResize,
+        )
+        from vz_core.env import execute_terminal
+
+        call = state.call
+        keys: asyncio.Queue[Any] = asyncio.Queue(maxsize=64)
+
+        async def typed() -> AsyncIterator[Any]:
+            while True:
+                yield await keys.get()
+
+        async def read_client() -> None:
+            while True:
+                message = await call.receive()
+                if message is None:
+                    state.cancel_reason = "the client closed the connection"
+                    return
+                if isinstance(message, tuple):
+                    stream, data = message
+                    if stream in (0, 3) and data:
+                        await keys.put(TerminalData(data))
+                elif "resize" in message:
+                    size = message.get("resize")
+                    if isinstance(size, dict):
+                        r, c = size.get("rows"), size.get("cols")
+                        if isinstance(r, int) and isinstance(c, int) and 0 < r <= MAX_WINDOW and 0 < c <= MAX_WINDOW:
+                            await keys.put(TerminalResize(r, c))
+                elif "stdin_close" in message:
+                    await keys.put(TerminalEof())
+                elif "cancel" in message:
+                    state.cancel_reason = "cancelled by the client"
+                    return
+                elif "signal" in message:
+                    state.signal = _signal_name(message.get("signal")) or "SIGTERM"
+                    state.cancel_reason = f"the client received {state.signal}"
+                    return
+
+        async def output(data: bytes) -> None:
+            await call.write(3, data)
+
+        running = asyncio.ensure_future(
+            execute_terminal(
+                ctx,
+                target,
+                argv,
+                typed(),
+                output,
+                rows=rows or TERMINAL_ROWS,
+                cols=cols or TERMINAL_COLS,
+                term=term or TERMINAL_TERM,
+                workdir=workdir,
+                environment=variables,
+            )
+        )
+        inputs = asyncio.ensure_future(read_client())
+        gone = asyncio.ensure_future(call.cancelled.wait())
+        try:
+            await asyncio.wait({running, inputs, gone}, return_when=asyncio.FIRST_COMPLETED)
+            if not running.done():
+                state.cancel_reason = state.cancel_reason or "the client closed the connection"
+                running.cancel()
+                with contextlib.suppress(BaseException):
+                    await running
+                if state.signal is not None:
+                    return _signalled(state.signal)
+                raise asyncio.CancelledError
+            event = running.result()
+        finally:
+            inputs.cancel()
+            gone.cancel()
+        return {"exit_code": event.exit_code, "signal": event.signal or None}
+
+    async def _logs(self, state: _CallState) -> dict[str, Any]:
+        from vz_core.env import execute_logs, prepare_exec
+
+        request = self._request(state, ("context", "environment", "machine", "follow", "tail"))
+        environment = request.string("environment", empty=False)
+        machine = request.string("machine", empty=False)
+        follow = request.boolean("follow")
+        tail = request.integer("tail", default=None)
+        ctx = self._context(state, request)
+        target = prepare_exec(ctx, environment=environment, machine=machine)
+        masked = ctx.redactor.stream()
+
+        async def output(data: bytes) -> None:
+            clean = masked.feed(data)
+            if clean:
+                await state.call.write(1, clean)
+
+        await execute_logs(ctx, target, output, follow=follow, tail=tail)
+        rest = masked.flush()
+        if rest:
+            await state.call.write(1, rest)
+        return {}
+
+    # --- Volumes ------------------------------------------------------------------------------------------------
+
+    async def _volumes(self, state: _CallState) -> dict[str, Any]:
+        from vz_core.env import list_volumes
+
+        request = self._request(state, ("context",))
+        ctx = self._context(state, request)
+        return await list_volumes(ctx)
+
+    async def _remove_volume(self, state: _CallState) -> dict[str, Any]:
+        from vz_core.env import remove_volume
+
+        request = self._request(state, ("context", "name"))
+        name = request.required_string("name")
+        ctx = self._context(state, request)
+        return await remove_volume(ctx, name)
+
+    # --- System -------------------------------------------------------------------------------------------------
+
+    async def _capabilities(self, state: _CallState) -> dict[str, Any]:
+        from vz_core.drivers import list_drivers
+
+        request = Request(state.call.method, state.call.request, ("drivers",))
+        names = [row["name"] for row in list_drivers()]
+        wanted = request.data.get("drivers")
+        if wanted is not None:
+            if not isinstance(wanted, list) or not all(isinstance(n, str) for n in wanted):
+                raise RequestError("request.drivers", "must be a list of driver names")
+            unknown = [n for n in wanted if n not in names]
+            if unknown:
+                raise RequestError(
+                    "request.drivers", f"names no installed driver: {', '.join(unknown)}; installed: {', '.join(names)}"
+                )
+            names = list(wanted)
+        if self._pool is not None and hasattr(self._pool, "capabilities"):
+            return {"drivers": await self._pool.capabilities(names)}
+        return {"drivers": await _negotiate_each(names, state.redactor)}
+
+    async def _status(self, state: _CallState) -> dict[str, Any]:
+        Request(state.call.method, state.call.request, ())
+        plugins: list[Any] = []
+        describe = getattr(self._pool, "status", None) if self._pool is not None else None
+        if describe is not None:
+            plugins = list(await _maybe_await(describe()))
+        return {
+            "pid": os.getpid(),
+            "version": self._version or _vz_version(),
+            "fingerprint": self._fingerprint,
+            "started": self._started,
+            "uptime_seconds": round(time.monotonic() - self._t0, 3),
+            "busy": self.busy,
+            "plugins": plugins,
+            "operations": [op.row() for op in self._operations.values() if op is not state.operation],
+        }
+
+    async def _shutdown(self, state: _CallState) -> dict[str, Any]:
+        Request(state.call.method, state.call.request, ())
+        busy = self.busy and any(
+            op.method not in PASSIVE and op is not state.operation for op in self._operations.values()
+        )
+        self.shutdown_requested.set()
+        if self._on_shutdown is not None:
+            asyncio.get_running_loop().call_soon(self._on_shutdown)
+        return {"stopping": True, "busy": busy}
+
+
+METHODS: tuple[str, ...] = (
+    "Environments.Up",
+    "Environments.Get",
+    "Environments.List",
+    "Environments.Watch",
+    "Environments.Stop",
+    "Environments.Delete",
+    "Machines.Get",
+    "Machines.List",
+    "Machines.Watch",
+    "Machines.Exec",
+    "Machines.Logs",
+    "Volumes.List",
+    "Volumes.Remove",
+    "System.Capabilities",
+    "System.Events",
+    "System.Status",
+    "System.Shutdown",
+)
+
+
+async def _negotiate_each(names: list[str], redactor: Redactor) -> list[dict[str, Any]]:
+    """``{"name", "facts"}`` (``DriverFacts.describe()``) or ``{"name", "error": {"code", "message"}}`` per driver
+    (the rows ``SessionPool.capabilities`` gives, for a service whose drivers are opened in-process)."""
+    from vz_core.env import DriverPool
+    from vz_core.errors import DriverError, VzError
+
+    pool = DriverPool(redactor)
+    rows: list[dict[str, Any]] = []
+    try:
+        for name in names:
+            try:
+                _, facts = await pool.get(name)
+            except VzError as exc:
+                code = exc.code if isinstance(exc, DriverError) else type(exc).__name__
+                rows.append({"name": name, "error": {"code": code, "message": redactor.redact(str(exc))}})
+            else:
+                rows.append({"name": name, "facts": facts.describe()})
+    finally:
+        await pool.aclose()
+    return rows
+
+
+def _unavailable(message: str) -> Exception:
+    from vz_core.errors import UnavailableError
+
+    return UnavailableError(message)
+
+
+def _latest(events: Any) -> int:
+    latest = getattr(events, "latest", None)
+    return int(latest()) if latest is not None else 0
+
+
+def _signal_name(data: object) -> str | None:
+    name = data.get("name") if isinstance(data, dict) else None
+    if not isinstance(name, str) or not name:
+        return None
+    name = name.strip().upper()
+    name = name if name.startswith("SIG") else "SIG" + name
+    try:
+        return signals.Signals[name].name
+    except KeyError:
+        return None
+
+
+def _signalled(name: str) -> dict[str, Any]:
+    """The result of an exec ended because its client got signal ``name``: 128+N, as the command did before."""
+    return {"exit_code": 128 + signals.Signals[name].value, "signal": name}
+
+
+def _close(fd: int) -> None:
+    with contextlib.suppress(OSError):
+        os.close(fd)
+
+
+async def _maybe_await(value: Any) -> Any:
+    if asyncio.iscoroutine(value) or isinstance(value, asyncio.Future):
+        return await value
+    return value
+
+
+def _vz_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("vz")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+_default: Service | None = None
+
+
+async def dispatch(call: CallLike) -> dict[str, Any]:
+    """``Service.dispatch`` of this process's default service (started on first use)."""
+    global _default
+    if _default is None:
+        service = Service()
+        await service.start()
+        _default = service
+    return await _default.dispatch(call)
