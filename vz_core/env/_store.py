@@ -1,7 +1,8 @@
 """The state store: one SQLite database (WAL) under the state directory.
 
 Everything vz knows about projects, Environments, Machines, volumes, worktree bindings and operations lives
-here (external driver manifests are kept by ``vz_core.drivers``). Rules:
+here (external driver manifests are kept by ``vz_core.drivers``), and so does the daemon's numbered event log
+(table ``events``, written and read only by ``vz_core.daemon._events``). Rules:
 
 * Ownership is in the keys: a Machine row is keyed by (env_id, machine_id), a volume by (env_id, machine_id,
   name), a binding points at one env_id; deleting an Environment deletes exactly the rows reachable from its
@@ -219,6 +220,20 @@ MIGRATIONS: tuple[Migration, ...] = (
                 JOIN environments e ON e.env_id = v.env_id""",
             "DROP TABLE volumes",
             "ALTER TABLE volumes_v2 RENAME TO volumes",
+        ),
+    ),
+    Migration(
+        3,
+        "events: the daemon's numbered event log (vz_core.daemon._events)",
+        (
+            """CREATE TABLE events (
+                revision INTEGER PRIMARY KEY AUTOINCREMENT,
+                time TEXT NOT NULL,
+                kind TEXT NOT NULL,
+                environment_id TEXT,
+                machine_id TEXT,
+                data TEXT NOT NULL DEFAULT '{}')""",
+            "CREATE INDEX events_environment ON events (environment_id, revision)",
         ),
     ),
 )

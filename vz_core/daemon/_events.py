@@ -1,0 +1,241 @@
+"""The daemon's event log: numbered events in the state database, for Watch and System.Events.
+
+Every event gets the next ``revision`` of the ``events`` table (migration 3 of the state store: ``INTEGER
+PRIMARY KEY AUTOINCREMENT``, so a number is never reused, not even after old rows were dropped or the daemon
+restarted). ``follow(N)`` yields every event with a revision above ``N`` in order, then live ones: a client that
+reconnects with the last revision it saw loses nothing, as long as the log still keeps it. The log keeps the
+newest ``retention`` events (100 000 by default); resuming from a revision older than what is kept is refused
+with a FailedPreconditionError saying from where to resume, never answered with a silent gap.
+
+Appends in this process wake followers at once; appends by another process (another daemon's log on the same
+state directory, a test) are seen by polling the table every ``poll_interval`` seconds.
+
+An event is the JSON object of vz.api.v1's ``Event``: ``{"revision", "time", "kind", "environment_id",
+"machine_id", "data"}``. ``data`` must be a JSON object; it is stored as given (the service redacts first).
+One EventLog per process, used from its event loop's thread (``append`` may also be called from another
+thread: waking followers is thread-safe).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from vz_core.env import Store, StoreError
+from vz_core.errors import FailedPreconditionError
+
+__all__ = ["DEFAULT_RETENTION", "EventLog", "event_time"]
+
+DEFAULT_RETENTION = 100_000
+"""How many of the newest events the log keeps."""
+_PRUNE_EVERY = 256  # appends between two retention passes (a pass is one indexed DELETE)
+_BATCH = 500
+
+
+def event_time() -> str:
+    """Now, RFC 3339 UTC with milliseconds (the store's time format)."""
+    now = time.time()
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
+
+
+def _row(row: sqlite3.Row) -> dict[str, Any]:
+    try:
+        data = json.loads(row["data"])
+    except ValueError:
+        data = {"unreadable": True}
+    return {
+        "revision": int(row["revision"]),
+        "time": row["time"],
+        "kind": row["kind"],
+        "environment_id": row["environment_id"],
+        "machine_id": row["machine_id"],
+        "data": data if isinstance(data, dict) else {"value": data},
+    }
+
+
+class EventLog:
+    """Append, read and follow the numbered events of one state directory (see the module docstring)."""
+
+    def __init__(
+        self,
+        path: Path | None = None,
+        *,
+        retention: int = DEFAULT_RETENTION,
+        poll_interval: float = 0.5,
+    ) -> None:
+        if retention < 1:
+            raise ValueError(f"retention must keep at least one event, not {retention}")
+        # Opening the store creates or migrates the database (migration 3 adds the events table).
+        with Store(path) as store:
+            self.path = store.path
+        self.retention = retention
+        self.poll_interval = poll_interval
+        self._db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None, check_same_thread=False)
+        self._db.row_factory = sqlite3.Row
+        self._lock = threading.Lock()
+        self._appends = 0
+        self._waiters: set[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = set()
+        self._closed = False
+
+    def _error(self, exc: sqlite3.Error) -> StoreError:
+        return StoreError(f"the event log in the state database {self.path} is unusable: {exc}")
+
+    # --- writing ----------------------------------------------------------------------------------------------
+
+    def append(
+        self,
+        kind: str,
+        environment_id: str | None = None,
+        machine_id: str | None = None,
+        data: Mapping[str, Any] | None = None,
+    ) -> int:
+        """Record one event; returns its revision. Followers (in any thread's loop) are woken."""
+        if not kind:
+            raise ValueError("an event needs a kind")
+        payload = json.dumps(dict(data or {}), separators=(",", ":"), default=str)
+        with self._lock:
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    cursor = self._db.execute(
+                        "INSERT INTO events (time, kind, environment_id, machine_id, data) VALUES (?, ?, ?, ?, ?)",
+                        (event_time(), kind, environment_id, machine_id, payload),
+                    )
+                    revision = int(cursor.lastrowid or 0)
+                    self._appends += 1
+                    if self._appends % _PRUNE_EVERY == 0 or self._appends == 1:
+                        self._db.execute("DELETE FROM events WHERE revision <= ?", (revision - self.retention,))
+                    self._db.execute("COMMIT")
+                except BaseException:
+                    self._db.execute("ROLLBACK")
+                    raise
+            except sqlite3.Error as exc:
+                raise self._error(exc) from None
+        self._wake()
+        return revision
+
+    def _wake(self) -> None:
+        for loop, event in list(self._waiters):
+            try:
+                loop.call_soon_threadsafe(event.set)
+            except RuntimeError:  # that loop is closed: its follower is gone
+                self._waiters.discard((loop, event))
+
+    def prune(self) -> int:
+        """Drop every event older than the newest ``retention`` now; returns how many were dropped."""
+        with self._lock:
+            try:
+                latest = self._latest()
+                cursor = self._db.execute("DELETE FROM events WHERE revision <= ?", (latest - self.retention,))
+            except sqlite3.Error as exc:
+                raise self._error(exc) from None
+        return cursor.rowcount
+
+    # --- reading ----------------------------------------------------------------------------------------------
+
+    def _latest(self) -> int:
+        # The sequence, not MAX(revision): the last number handed out, even when its row was dropped.
+        row = self._db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'events'").fetchone()
+        return int(row[0]) if row is not None else 0
+
+    def latest(self) -> int:
+        """The last revision handed out (0 before the first event)."""
+        with self._lock:
+            try:
+                return self._latest()
+            except sqlite3.Error as exc:
+                raise self._error(exc) from None
+
+    def oldest(self) -> int:
+        """The oldest revision still kept, or 0 when the log is empty."""
+        with self._lock:
+            try:
+                row = self._db.execute("SELECT MIN(revision) FROM events").fetchone()
+            except sqlite3.Error as exc:
+                raise self._error(exc) from None
+        return int(row[0]) if row is not None and row[0] is not None else 0
+
+    def since(self, revision: int, limit: int = 1000) -> list[dict[str, Any]]:
+        """Up to ``limit`` events with a revision above ``revision``, oldest first."""
+        with self._lock:
+            try:
+                rows = self._db.execute(
+                    "SELECT revision, time, kind, environment_id, machine_id, data FROM events "
+                    "WHERE revision > ? ORDER BY revision LIMIT ?",
+                    (revision, limit),
+                ).fetchall()
+            except sqlite3.Error as exc:
+                raise self._error(exc) from None
+        return [_row(r) for r in rows]
+
+    def check_resumable(self, from_revision: int) -> None:
+        """Refuse a resume point whose following events are no longer kept (they were dropped by retention)."""
+        if from_revision < 0:
+            raise FailedPreconditionError(f"from_revision must be 0 or a revision seen before, not {from_revision}")
+        if from_revision == 0:
+            return
+        oldest = self.oldest()
+        latest = self.latest()
+        if from_revision > latest:
+            raise FailedPreconditionError(
+                f"revision {from_revision} is newer than the last event ({latest}): it is not from this state "
+                f"directory's log; resume from 0 (everything kept) or from at most {latest}"
+            )
+        first_missing = from_revision + 1
+        if first_missing <= latest and (oldest == 0 or first_missing < oldest):
+            raise FailedPreconditionError(
+                f"the events after revision {from_revision} are no longer kept (the log keeps the newest "
+                f"{self.retention}; the oldest kept is {oldest or 'none'}); resume from revision "
+                f"{max(oldest - 1, 0)} and re-read the state (Environments.List) to cover the gap"
+            )
+
+    async def follow(
+        self,
+        from_revision: int = 0,
+        *,
+        environment_id: str | None = None,
+        kinds: Sequence[str] = (),
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Every event with a revision above ``from_revision``, then live ones, until the caller stops.
+
+        ``environment_id`` keeps only that Environment's events; ``kinds`` keeps only kinds starting with one of
+        these prefixes (``"machine."``). Refuses a resume point older than what is kept (``check_resumable``).
+        """
+        self.check_resumable(from_revision)
+        loop = asyncio.get_running_loop()
+        wake = asyncio.Event()
+        waiter = (loop, wake)
+        self._waiters.add(waiter)
+        last = from_revision
+        try:
+            while not self._closed:
+                wake.clear()  # before reading: an append after the read sets it again
+                batch = self.since(last, _BATCH)
+                for event in batch:
+                    last = event["revision"]
+                    if environment_id is not None and event["environment_id"] != environment_id:
+                        continue
+                    if kinds and not any(event["kind"].startswith(k) for k in kinds):
+                        continue
+                    yield event
+                if len(batch) == _BATCH:
+                    continue
+                try:
+                    await asyncio.wait_for(wake.wait(), self.poll_interval)
+                except TimeoutError:
+                    pass  # poll: another process may have appended
+        finally:
+            self._waiters.discard(waiter)
+
+    def close(self) -> None:
+        """Close the database connection (followers end at their next wake-up)."""
+        self._closed = True
+        self._wake()
+        with self._lock:
+            self._db.close()
