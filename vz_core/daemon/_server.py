@@ -1,0 +1,759 @@
+"""The daemon's listener: a Unix socket server speaking the local wire, one call per connection.
+
+Per connection, in order: ``SO_PEERCRED`` must name our uid (before a byte is read; anyone else is closed
+and logged); a connection whose first bytes are the HTTP/2 client preface goes to the ``http2`` hook (the
+gRPC front); otherwise the client's ``hello`` is answered with ours (``busy`` = operations in flight), then
+at most one ``call`` runs: ``Daemon.dispatch(call)`` counts it, handles ``System.Shutdown`` itself and
+awaits the handler (``async (Call) -> dict``); the result is sent as ``{"result": ...}`` or the exception as
+``{"error": E}`` (``vz_core.daemon._errors.encode_error``) and the connection is closed. A client's
+``{"cancel": {}}`` or hangup sets ``call.cancelled`` and cancels the handler's task.
+
+Lifetime: the daemon exits after ``idle_timeout`` seconds with no operation in flight and no connection
+(``VZ_DAEMON_IDLE_TIMEOUT``, default 900, 0 = never), on SIGTERM/SIGINT, or on ``System.Shutdown``. Shutdown
+stops accepting, cancels Watch-class calls, gives operations ``shutdown_grace`` seconds to finish (then
+cancels them), runs the ``on_shutdown`` hooks and removes its socket and pid file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import struct
+import time
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from vz_core.daemon._identity import PROTOCOL, fingerprint, version
+from vz_core.daemon._paths import (
+    DaemonPaths,
+    daemon_paths,
+    ensure_private_dir,
+    proc_start_ticks,
+    read_pid_file,
+    write_pid_file,
+)
+from vz_core.daemon._wire import AsyncChannel, DaemonError, Message, WireError, close_fds
+
+__all__ = [
+    "DEFAULT_IDLE_TIMEOUT",
+    "HTTP2_PREFACE",
+    "NON_OPERATIONS",
+    "Call",
+    "Daemon",
+    "Handler",
+    "Http2Hook",
+    "idle_timeout_from_env",
+    "run_daemon",
+]
+
+log = logging.getLogger("vz.daemon")
+
+DEFAULT_IDLE_TIMEOUT = 900.0
+IDLE_ENV = "VZ_DAEMON_IDLE_TIMEOUT"
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+NON_OPERATIONS = frozenset(
+    {
+        "Environments.Watch",
+        "Machines.Watch",
+        "System.Events",
+        "System.Status",
+        "System.Capabilities",
+        "System.Shutdown",
+    }
+)
+"""Methods that are not Machine operations: they do not keep the daemon from idling out."""
+SHUTDOWN_METHOD = "System.Shutdown"
+HELLO_TIMEOUT = 10.0
+"""A connection that has not said hello by then is closed."""
+CALL_TIMEOUT = 60.0
+"""A connection that said hello but sent no call by then is closed (it would keep the daemon from idling)."""
+_RECEIVE_BUFFER = 4 * 1024 * 1024  # client bytes queued for a handler that is not reading; then reading pauses
+
+Handler = Callable[["Call"], Awaitable[dict[str, Any]]]
+"""A call's handler: returns the result object or raises (the error is encoded for the client)."""
+Http2Hook = Callable[[socket.socket, bytes], Awaitable[None]]
+"""Takes an accepted HTTP/2 connection (``prefix`` = bytes already read from it: none, the preface was
+peeked) and serves it until either side closes; it owns the socket."""
+
+
+def idle_timeout_from_env(environ: dict[str, str] | None = None) -> float:
+    """``VZ_DAEMON_IDLE_TIMEOUT`` in seconds (default 900; 0 = never); ``DaemonError`` if it is not a number."""
+    raw = (os.environ if environ is None else environ).get(IDLE_ENV, "").strip()
+    if not raw:
+        return DEFAULT_IDLE_TIMEOUT
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:  # also catches nan
+        raise DaemonError(
+            f"{IDLE_ENV}={raw!r} is not a number of seconds >= 0 (0 = never exit when idle)",
+            code="INVALID_ARGUMENT",
+            kind="user_error",
+            exit_code=2,
+        )
+    return value
+
+
+class Call:
+    """One call from a client, as a handler sees it (the gRPC front builds an equivalent one, without fds).
+
+    ``fds`` belong to the call: the server closes them after the handler returns (``os.dup`` to keep one).
+    ``progress``/``event``/``write`` send to the client and await the socket (backpressure); ``receive``
+    returns the client's next message (a dict such as ``{"stdin_close": {}}``, ``{"resize": ...}``,
+    ``{"signal": ...}``, or ``(stream, data)`` for ``B`` input), None once the client closed.
+    ``cancelled`` is set when the client sent ``{"cancel": {}}`` or hung up.
+    """
+
+    def __init__(
+        self,
+        method: str,
+        request: dict[str, Any],
+        *,
+        fds: Sequence[int] = (),
+        peer_pid: int | None = None,
+        channel: AsyncChannel | None = None,
+    ) -> None:
+        self.method = method
+        self.request = request
+        self.fds: list[int] = list(fds)
+        self.peer_pid = peer_pid
+        self.cancelled = asyncio.Event()
+        self.started = time.time()
+        self._channel = channel
+        self._inbox: asyncio.Queue[Message | None] = asyncio.Queue()
+        self._queued = 0
+        self._drained = asyncio.Event()
+        self._drained.set()
+        self._closed = False
+
+    @property
+    def is_operation(self) -> bool:
+        """Whether this call counts as a Machine operation for the idle timer and ``busy``."""
+        return self.method not in NON_OPERATIONS
+
+    async def _send(self, message: Message) -> None:
+        if self._channel is None:
+            raise ConnectionError(f"{self.method}: this call has no client connection to send to")
+        await self._channel.send(message)
+
+    async def progress(self, progress: dict[str, Any]) -> None:
+        """Send ``{"progress": progress}``."""
+        await self._send({"progress": progress})
+
+    async def event(self, event: dict[str, Any]) -> None:
+        """Send ``{"event": event}``."""
+        await self._send({"event": event})
+
+    async def write(self, stream: int, data: bytes) -> None:
+        """Send ``data`` on ``stream`` (1 stdout, 2 stderr, 3 terminal) as ``B`` messages."""
+        if self._channel is None:
+            raise ConnectionError(f"{self.method}: this call has no client connection to send to")
+        await self._channel.write(stream, data)
+
+    async def receive(self) -> dict[str, Any] | tuple[int, bytes] | None:
+        """The client's next message; None when the client closed (and on every call after that)."""
+        if self._closed:
+            return None
+        message = await self._inbox.get()
+        if message is None:
+            self._closed = True
+            return None
+        if isinstance(message, tuple):
+            self._queued -= len(message[1])
+            if self._queued <= _RECEIVE_BUFFER:
+                self._drained.set()
+        return message
+
+    async def _deliver(self, message: Message | None) -> None:
+        if isinstance(message, tuple):
+            self._queued += len(message[1])
+            self._inbox.put_nowait(message)
+            if self._queued > _RECEIVE_BUFFER:
+                self._drained.clear()
+                await self._drained.wait()
+            return
+        self._inbox.put_nowait(message)
+
+    def close_fds(self) -> None:
+        """Close the call's descriptors (the server does this after the handler returns)."""
+        fds, self.fds = self.fds, []
+        close_fds(fds)
+
+
+def _fallback_encode_error(exc: BaseException) -> dict[str, Any]:
+    if isinstance(exc, DaemonError):
+        return exc.to_wire()
+    if isinstance(exc, asyncio.CancelledError):
+        return {"code": "CANCELLED", "message": "cancelled", "kind": "interrupted", "exit_code": 130, "details": None}
+    return {
+        "code": "UNKNOWN",
+        "message": f"internal error in the vz daemon: {type(exc).__name__} (see `vz daemon logs`)",
+        "kind": "backend_failure",
+        "exit_code": 1,
+        "details": None,
+    }
+
+
+def _encode_error(exc: BaseException) -> dict[str, Any]:
+    if isinstance(exc, DaemonError):
+        return exc.to_wire()
+    try:
+        from vz_core.daemon._errors import encode_error
+    except ImportError:
+        return _fallback_encode_error(exc)
+    try:
+        return encode_error(exc)
+    except Exception:  # a broken encoder must not lose the error: the client gets the generic one
+        log.exception("encoding an error failed")
+        return _fallback_encode_error(exc)
+
+
+def _peer(sock: socket.socket) -> tuple[int, int, int]:
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, gid = struct.unpack("3i", creds)
+    return pid, uid, gid
+
+
+class Daemon:
+    """One vz daemon: the listener, its connections, operation accounting, idle exit and shutdown.
+
+    ``handler`` serves every call the server does not handle itself (``System.Shutdown``). ``on_shutdown``
+    hooks run once, after the running calls ended, before the socket and pid file are removed. The identity
+    (``version``/``fingerprint``) defaults to this installation's.
+    """
+
+    def __init__(
+        self,
+        paths: DaemonPaths,
+        handler: Handler,
+        *,
+        idle_timeout: float | None = None,
+        shutdown_grace: float = 10.0,
+        on_shutdown: Iterable[Callable[[], Awaitable[None]]] = (),
+        http2: Http2Hook | None = None,
+        daemon_version: str | None = None,
+        daemon_fingerprint: str | None = None,
+    ) -> None:
+        self.paths = paths
+        self.handler = handler
+        self.idle_timeout = idle_timeout_from_env() if idle_timeout is None else idle_timeout
+        self.shutdown_grace = shutdown_grace
+        self.on_shutdown: list[Callable[[], Awaitable[None]]] = list(on_shutdown)
+        self.http2 = http2
+        self.version = daemon_version or version()
+        self.fingerprint = daemon_fingerprint or fingerprint()
+        self.pid = os.getpid()
+        self.started = datetime.now(UTC)
+        self._started_monotonic = time.monotonic()
+        self._listener: socket.socket | None = None
+        self._socket_id: tuple[int, int] | None = None
+        self._connections: set[asyncio.Task[None]] = set()
+        self._calls: set[Call] = set()
+        self._call_tasks: dict[Call, asyncio.Task[dict[str, Any]]] = {}
+        self._idle_handle: asyncio.TimerHandle | None = None
+        self._stop: asyncio.Event | None = None
+        self._stop_reason = ""
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # ---- accounting ---------------------------------------------------------------------------------------
+
+    @property
+    def operations(self) -> list[Call]:
+        """The Machine operations in flight."""
+        return [c for c in self._calls if c.is_operation]
+
+    @property
+    def busy(self) -> bool:
+        """Whether a Machine operation is in flight."""
+        return any(c.is_operation for c in self._calls)
+
+    def status(self) -> dict[str, Any]:
+        """The daemon's own part of ``System.Status`` (the service adds its plugins)."""
+        return {
+            "pid": self.pid,
+            "version": self.version,
+            "fingerprint": self.fingerprint,
+            "socket": self.paths.socket,
+            "home": self.paths.home,
+            "started": self.started.isoformat(timespec="seconds"),
+            "uptime_seconds": round(time.monotonic() - self._started_monotonic, 3),
+            "busy": self.busy,
+            "connections": len(self._connections),
+            "idle_timeout": self.idle_timeout,
+            "operations": [
+                {
+                    "method": c.method,
+                    "started": datetime.fromtimestamp(c.started, UTC).isoformat(timespec="seconds"),
+                    "peer_pid": c.peer_pid,
+                    "environment": c.request.get("environment"),
+                }
+                for c in sorted(self.operations, key=lambda c: c.started)
+            ],
+        }
+
+    def _activity_changed(self) -> None:
+        if self._loop is None or self._stop is None or self._stop.is_set():
+            return
+        idle = not self._connections and not self._calls
+        if not idle or not self.idle_timeout:
+            if self._idle_handle is not None:
+                self._idle_handle.cancel()
+                self._idle_handle = None
+            return
+        if self._idle_handle is None:
+            self._idle_handle = self._loop.call_later(self.idle_timeout, self._idle_expired)
+
+    def _idle_expired(self) -> None:
+        self._idle_handle = None
+        if not self._connections and not self._calls:
+            self.request_shutdown(f"idle for {self.idle_timeout:g} s with no operation in flight")
+
+    def request_shutdown(self, reason: str) -> None:
+        """Begin a graceful shutdown (idempotent; ``serve`` returns when it is done)."""
+        if self._stop is not None and not self._stop.is_set():
+            self._stop_reason = reason
+            self._stop.set()
+
+    # ---- calls --------------------------------------------------------------------------------------------
+
+    async def dispatch(self, call: Call) -> dict[str, Any]:
+        """Run ``call``: counted while it runs; ``System.Shutdown`` is answered here; else the handler's result."""
+        self._calls.add(call)
+        self._activity_changed()
+        try:
+            if call.method == SHUTDOWN_METHOD:
+                self.request_shutdown(f"System.Shutdown from pid {call.peer_pid}")
+                return {"pid": self.pid, "operations": len(self.operations)}
+            return await self.handler(call)
+        finally:
+            self._calls.discard(call)
+            self._activity_changed()
+
+    async def _read_client(self, channel: AsyncChannel, call: Call, task: asyncio.Task[dict[str, Any]]) -> None:
+        """Feed the call's inbox; a cancel message or the client's hangup cancels the call."""
+        try:
+            while True:
+                got = await channel.receive()
+                if got is None:
+                    break
+                message, fds = got
+                if fds:
+                    close_fds(fds)
+                    raise WireError("descriptors may only come with the call message")
+                if isinstance(message, dict) and "cancel" in message:
+                    call.cancelled.set()
+                    task.cancel()
+                    continue
+                await call._deliver(message)
+        except (WireError, OSError) as exc:
+            log.warning("%s from pid %s: %s", call.method, call.peer_pid, exc)
+        call.cancelled.set()
+        await call._deliver(None)
+        task.cancel()
+
+    async def _run_call(self, channel: AsyncChannel, call: Call) -> None:
+        task = asyncio.ensure_future(self.dispatch(call))
+        self._call_tasks[call] = task
+        reader = asyncio.ensure_future(self._read_client(channel, call, task))
+        try:
+            try:
+                result = await asyncio.shield(task)
+            except asyncio.CancelledError:
+                if not task.done():  # the connection's task was cancelled (shutdown): cancel the call
+                    task.cancel()
+                    with contextlib.suppress(BaseException):
+                        await task
+                    raise
+                reply: dict[str, Any] = {"error": _encode_error(asyncio.CancelledError())}
+            except Exception as exc:
+                if not isinstance(exc, DaemonError):
+                    log.error("%s failed", call.method, exc_info=not _is_vz_error(exc))
+                reply = {"error": _encode_error(exc)}
+            else:
+                if not isinstance(result, dict):
+                    log.error("%s: the handler returned %s, not a dict", call.method, type(result).__name__)
+                    reply = {"error": _encode_error(TypeError("the handler returned no result object"))}
+                else:
+                    reply = {"result": result}
+            with contextlib.suppress(OSError, WireError):  # a client that hung up gets nothing
+                await channel.send(reply)
+        finally:
+            self._call_tasks.pop(call, None)
+            call.close_fds()
+            reader.cancel()
+            with contextlib.suppress(BaseException):
+                await reader
+
+    async def _serve_connection(self, sock: socket.socket) -> None:
+        handed = False
+        try:
+            pid, uid, _ = _peer(sock)
+            if uid != os.geteuid():
+                log.warning("refused a connection from uid %d (pid %d): only uid %d may use it", uid, pid, os.geteuid())
+                return
+            channel = AsyncChannel(sock)
+            first = await asyncio.wait_for(channel.peek(4), HELLO_TIMEOUT)
+            if first == HTTP2_PREFACE[:4]:
+                if self.http2 is None:
+                    log.warning("an HTTP/2 (gRPC) connection from pid %d: no gRPC front runs; closed", pid)
+                    return
+                handed = True  # the hook owns the socket from here
+                await self.http2(sock, b"")
+                return
+            await self._local(channel, pid)
+        except (WireError, OSError, TimeoutError) as exc:
+            log.warning("connection dropped: %s", exc)
+        finally:
+            if not handed:
+                sock.close()
+
+    async def _local(self, channel: AsyncChannel, pid: int) -> None:
+        got = await asyncio.wait_for(channel.receive(), HELLO_TIMEOUT)
+        if got is None:
+            return
+        message, fds = got
+        close_fds(fds)
+        hello = message.get("hello") if isinstance(message, dict) else None
+        if not isinstance(hello, dict):
+            await channel.send({"error": WireError('the first message must be {"hello": {...}}').to_wire()})
+            return
+        if hello.get("protocol") != PROTOCOL:
+            error = DaemonError(
+                f"this vz daemon speaks local protocol {PROTOCOL}, the client {hello.get('protocol')!r}; "
+                "use the vz that started it or stop it with `vz daemon stop`",
+                code="FAILED_PRECONDITION",
+                kind="user_error",
+                exit_code=2,
+            )
+            await channel.send({"error": error.to_wire()})
+            return
+        await channel.send(
+            {
+                "hello": {
+                    "protocol": PROTOCOL,
+                    "version": self.version,
+                    "fingerprint": self.fingerprint,
+                    "pid": self.pid,
+                    "busy": self.busy,
+                }
+            }
+        )
+        got = await asyncio.wait_for(channel.receive(), CALL_TIMEOUT)
+        if got is None:
+            return
+        message, fds = got
+        spec = message.get("call") if isinstance(message, dict) else None
+        method = spec.get("method") if isinstance(spec, dict) else None
+        request = spec.get("request", {}) if isinstance(spec, dict) else None
+        if not isinstance(method, str) or not method or not isinstance(request, dict):
+            close_fds(fds)
+            error = WireError('expected {"call": {"method": "<Service.Method>", "request": {...}}}')
+            await channel.send({"error": error.to_wire()})
+            return
+        if self._stop is not None and self._stop.is_set() and method != SHUTDOWN_METHOD:
+            close_fds(fds)
+            error = DaemonError("the vz daemon is shutting down; run the command again (a new one starts)")
+            await channel.send({"error": error.to_wire()})
+            return
+        call = Call(method, request, fds=fds, peer_pid=pid, channel=channel)
+        await self._run_call(channel, call)
+
+    # ---- listening ----------------------------------------------------------------------------------------
+
+    def _bind(self) -> socket.socket:
+        ensure_private_dir(self.paths.directory)
+        if self.paths.socket_dir != self.paths.directory:
+            ensure_private_dir(self.paths.socket_dir)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.paths.socket)  # stale: the caller holds daemon.lock, no other daemon lives
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            dir_fd = os.open(self.paths.socket_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                # Through the checked directory's descriptor: no path race, and no 108-byte sun_path limit.
+                sock.bind(f"/proc/self/fd/{dir_fd}/{os.path.basename(self.paths.socket)}")
+            finally:
+                os.close(dir_fd)
+            os.chmod(self.paths.socket, 0o600)
+            st = os.stat(self.paths.socket)
+            self._socket_id = (st.st_dev, st.st_ino)
+            sock.listen(128)
+            sock.setblocking(False)
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+
+    def _unlink_own(self, path: str, ident: tuple[int, int] | None) -> None:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return
+        if ident is None or (st.st_dev, st.st_ino) == ident:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+
+    async def _accept_loop(self, listener: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            conn, _ = await loop.sock_accept(listener)
+            conn.set_inheritable(False)
+            task = asyncio.ensure_future(self._serve_connection(conn))
+            self._connections.add(task)
+            self._activity_changed()
+            task.add_done_callback(self._connection_done)
+
+    def _connection_done(self, task: asyncio.Task[None]) -> None:
+        self._connections.discard(task)
+        self._activity_changed()
+
+    async def serve(self, ready: Callable[[], None] | None = None) -> str:
+        """Listen and serve until shutdown; ``ready`` is called once the socket accepts. Returns the reason."""
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        listener = self._bind()
+        self._listener = listener
+        try:
+            write_pid_file(
+                self.paths,
+                {
+                    "pid": self.pid,
+                    "version": self.version,
+                    "fingerprint": self.fingerprint,
+                    "socket": self.paths.socket,
+                    "started": self.started.isoformat(timespec="seconds"),
+                    "proc_start": proc_start_ticks(self.pid),
+                },
+            )
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                self._loop.add_signal_handler(sig, self.request_shutdown, f"signal {signal.Signals(sig).name}")
+            accept = asyncio.ensure_future(self._accept_loop(listener))
+            log.info(
+                "vz daemon %s (pid %d) listening on %s; idle timeout %s",
+                self.version,
+                self.pid,
+                self.paths.socket,
+                f"{self.idle_timeout:g} s" if self.idle_timeout else "never",
+            )
+            self._activity_changed()
+            if ready is not None:
+                ready()
+            await self._stop.wait()
+            log.info("shutting down: %s", self._stop_reason)
+            accept.cancel()
+            with contextlib.suppress(BaseException):
+                await accept
+            listener.close()
+            self._unlink_own(self.paths.socket, self._socket_id)
+            await self._drain()
+            for hook in self.on_shutdown:
+                try:
+                    await hook()
+                except Exception:
+                    log.exception("a shutdown hook failed")
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                with contextlib.suppress(Exception):
+                    self._loop.remove_signal_handler(sig)
+            if self._idle_handle is not None:
+                self._idle_handle.cancel()
+            listener.close()
+            self._unlink_own(self.paths.socket, self._socket_id)
+            self._remove_pid_file()
+        log.info("stopped")
+        return self._stop_reason
+
+    async def _drain(self) -> None:
+        """Cancel Watch-class calls now, let operations finish within the grace period, then cancel the rest."""
+        for call, task in list(self._call_tasks.items()):
+            if not call.is_operation:
+                call.cancelled.set()
+                task.cancel()
+        if self.operations:
+            log.info("waiting up to %g s for %d operation(s) in flight", self.shutdown_grace, len(self.operations))
+        pending = [t for c, t in self._call_tasks.items() if c.is_operation]
+        if pending:
+            _, still = await asyncio.wait(pending, timeout=self.shutdown_grace)
+            for task in still:
+                task.cancel()
+        if self._connections:
+            _, still_conns = await asyncio.wait(list(self._connections), timeout=2.0)
+            for conn_task in still_conns:
+                conn_task.cancel()
+            if still_conns:
+                await asyncio.wait(still_conns, timeout=2.0)
+
+    def _remove_pid_file(self) -> None:
+        try:
+            record = read_pid_file(self.paths)
+            if record is not None and record.get("pid") == self.pid:
+                os.unlink(self.paths.pid_file)
+        except OSError:
+            pass
+
+
+def _is_vz_error(exc: BaseException) -> bool:
+    try:
+        from vz_core.errors import VzError
+    except ImportError:  # pragma: no cover
+        return False
+    return isinstance(exc, VzError)
+
+
+# ---- the daemon process ---------------------------------------------------------------------------------------
+
+LOCK_WAIT = 15.0
+"""How long a starting daemon waits for the previous one (still shutting down) to release ``daemon.lock``."""
+
+
+def _take_lifetime_lock(paths: DaemonPaths) -> int:
+    import fcntl
+
+    fd = os.open(paths.lock_file, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    deadline = time.monotonic() + LOCK_WAIT
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                os.close(fd)
+                raise DaemonError(
+                    f"another vz daemon for {paths.home} still holds {paths.lock_file} after {LOCK_WAIT:g} s; "
+                    "stop it with `vz daemon stop`",
+                    code="FAILED_PRECONDITION",
+                    kind="conflict",
+                    exit_code=4,
+                ) from None
+            time.sleep(0.02)
+
+
+async def _fallback_handler(daemon: Daemon, call: Call) -> dict[str, Any]:
+    if call.method == "System.Status":
+        return daemon.status()
+    raise DaemonError(
+        f"this vz daemon serves no {call.method}: its service is not installed (see `vz daemon logs`)",
+        code="UNSUPPORTED",
+        kind="backend_failure",
+        exit_code=1,
+    )
+
+
+def _optional_module(name: str) -> Any:
+    """The module ``name``, or None when it does not exist (yet): the service and gRPC front are optional."""
+    import importlib
+
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name != name:
+            raise  # the module exists but one of its own imports is missing: a real error
+        log.warning("%s is not installed: serving without it", name)
+        return None
+
+
+async def _install_service(daemon: Daemon) -> None:
+    """Give ``daemon`` the service's handler and the gRPC front, when those modules exist."""
+    service_module = _optional_module("vz_core.daemon._service")
+    if service_module is not None:
+        service = service_module.Service(
+            on_shutdown=lambda: daemon.request_shutdown("System.Shutdown"),
+            version=daemon.version,
+            fingerprint=daemon.fingerprint,
+        )
+        await service.start()
+        daemon.handler = service.dispatch
+        daemon.on_shutdown.append(service.close)
+    grpc_module = _optional_module("vz_core.daemon._grpc")
+    if grpc_module is not None:
+        front = grpc_module.GrpcFront(dispatch=daemon.dispatch, directory=daemon.paths.directory)
+        await front.start()
+        daemon.http2 = front.handle
+        daemon.on_shutdown.insert(0, front.close)
+
+
+def run_daemon(
+    paths: DaemonPaths | None = None,
+    handler: Handler | None = None,
+    *,
+    ready_fd: int | None = None,
+    stdio_to_log: bool = False,
+    idle_timeout: float | None = None,
+    daemon_version: str | None = None,
+    daemon_fingerprint: str | None = None,
+) -> int:
+    """Run a daemon in this process until it shuts down; the exit status (0, or 1/2/4 when it cannot start).
+
+    ``paths`` default to the state home's (``VZ_HOME``). ``handler`` None = the daemon service
+    (``vz_core.daemon._service.create_service``) when installed. ``ready_fd``: a pipe that gets one line,
+    ``ready <pid>`` once the socket accepts or ``error <message>``, then is closed. ``stdio_to_log``: fds 1
+    and 2 are moved to the log (a detached daemon).
+    """
+    from vz_core.daemon._connect import _open_socket
+    from vz_core.daemon._log import setup_logging
+
+    def tell(line: str) -> None:
+        nonlocal ready_fd
+        if ready_fd is not None:
+            with contextlib.suppress(OSError):
+                os.write(ready_fd, (line.replace("\n", " ") + "\n").encode("utf-8", "replace"))
+                os.close(ready_fd)
+            ready_fd = None
+
+    lock_fd = -1
+    try:
+        paths = paths if paths is not None else daemon_paths()
+        ensure_private_dir(paths.directory)
+        setup_logging(paths.log_file, stdio=stdio_to_log)
+        sock = _open_socket(paths)
+        if sock is not None:
+            sock.close()
+            raise DaemonError(
+                f"a vz daemon already runs for {paths.home} (socket {paths.socket}); `vz daemon status` shows it",
+                code="ALREADY_EXISTS",
+                kind="conflict",
+                exit_code=4,
+            )
+        lock_fd = _take_lifetime_lock(paths)
+        idle = idle_timeout_from_env() if idle_timeout is None else idle_timeout
+    except DaemonError as exc:
+        tell(f"error {exc}")
+        _stderr(f"vz daemon: error: {exc}")
+        return exc.exit_code if exc.exit_code != 69 else 1
+
+    async def main() -> str:
+        daemon = Daemon(
+            paths,
+            handler or (lambda call: _fallback_handler(daemon, call)),
+            idle_timeout=idle,
+            daemon_version=daemon_version,
+            daemon_fingerprint=daemon_fingerprint,
+        )
+        if handler is None:
+            await _install_service(daemon)
+        return await daemon.serve(ready=lambda: tell(f"ready {os.getpid()}"))
+
+    try:
+        asyncio.run(main())
+    except DaemonError as exc:
+        tell(f"error {exc}")
+        log.error("%s", exc)
+        return exc.exit_code if exc.exit_code != 69 else 1
+    except Exception as exc:
+        tell(f"error {type(exc).__name__}: {exc}")
+        log.exception("the daemon failed")
+        return 1
+    finally:
+        os.close(lock_fd)
+    return 0
+
+
+def _stderr(line: str) -> None:
+    with contextlib.suppress(OSError):
+        os.write(2, (line + "\n").encode("utf-8", "replace"))

@@ -1,0 +1,421 @@
+"""The local wire between vz clients (the CLI, ``vz_core.api``) and the daemon: one call per Unix connection.
+
+A message is a 4-byte big-endian length ``N`` (``1 <= N <= MAX_MESSAGE``), one kind byte and ``N - 1``
+payload bytes:
+
+- kind ``J`` (0x4A): the payload is one UTF-8 JSON object;
+- kind ``B`` (0x42): the payload is one stream byte (``STDIN`` 0, ``STDOUT`` 1, ``STDERR`` 2, ``TERMINAL`` 3)
+  followed by raw data.
+
+File descriptors ride as ``SCM_RIGHTS`` on the ``sendmsg`` that carries a message's first header byte and
+belong to that message (at most ``MAX_FDS``). The receiver reads each header and payload with exact-size
+reads, so descriptors can never be attributed to the wrong message; received descriptors are close-on-exec
+and owned by whoever received them. Anything malformed raises ``WireError`` naming what was wrong.
+
+Two front ends over the same framing: ``Channel`` (a blocking socket; the CLI's side, standard library only:
+this module must not import asyncio, grpc, pydantic or rich) and ``AsyncChannel`` (a non-blocking socket on
+the running asyncio loop; the daemon's side, asyncio imported only when it is constructed).
+"""
+
+from __future__ import annotations
+
+import array
+import json
+import os
+import socket
+import struct
+
+TYPE_CHECKING = False  # `typing` itself costs milliseconds on the CLI's hot path
+if TYPE_CHECKING:
+    import asyncio
+    from collections.abc import Mapping, Sequence
+    from typing import Any, TypeAlias
+
+    Message: TypeAlias = dict[str, Any] | tuple[int, bytes]
+    """A decoded message: a JSON object (kind ``J``) or ``(stream, data)`` (kind ``B``)."""
+else:
+    Message = dict | tuple
+
+__all__ = [
+    "BINARY_CHUNK",
+    "KIND_BINARY",
+    "KIND_JSON",
+    "MAX_FDS",
+    "MAX_MESSAGE",
+    "STDERR",
+    "STDIN",
+    "STDOUT",
+    "TERMINAL",
+    "AsyncChannel",
+    "Channel",
+    "DaemonError",
+    "Message",
+    "WireError",
+    "close_fds",
+    "decode",
+    "encode",
+    "encode_binary",
+    "encode_json",
+]
+
+MAX_MESSAGE = 16 * 1024 * 1024
+"""Largest ``N`` (kind byte + payload) a message may declare."""
+MAX_FDS = 3
+"""Most descriptors one message may carry."""
+BINARY_CHUNK = 256 * 1024
+"""``write`` helpers split data into ``B`` messages of at most this many data bytes."""
+KIND_JSON = 0x4A
+KIND_BINARY = 0x42
+STDIN, STDOUT, STDERR, TERMINAL = 0, 1, 2, 3
+_STREAMS = frozenset((STDIN, STDOUT, STDERR, TERMINAL))
+_LENGTH = struct.Struct(">I")
+_HEADER = 5  # length + kind
+_ANCILLARY = socket.CMSG_SPACE(MAX_FDS * array.array("i").itemsize)
+_PEEK_SIZE = 4
+
+
+class DaemonError(Exception):
+    """Talking to the vz daemon failed; carries the wire's error object fields.
+
+    ``code`` is a Runtime Protocol error code name (``UNAVAILABLE``, ``FAILED_PRECONDITION``, ...),
+    ``kind``/``exit_code`` what the CLI prints and exits with, ``details`` the RuntimeError mapping or None.
+    ``str()`` is the one actionable line. A daemon's ``{"error": E}`` becomes one with ``from_wire``.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str = "UNAVAILABLE",
+        kind: str = "unavailable",
+        exit_code: int = 69,
+        details: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+        self.kind = kind
+        self.exit_code = exit_code
+        self.details = details
+
+    @classmethod
+    def from_wire(cls, error: Mapping[str, Any]) -> DaemonError:
+        """The error a daemon sent as ``{"error": E}`` (missing fields get safe defaults)."""
+        exit_code = error.get("exit_code")
+        details = error.get("details")
+        return cls(
+            str(error.get("message") or "the vz daemon reported an error without a message"),
+            code=str(error.get("code") or "UNKNOWN"),
+            kind=str(error.get("kind") or "backend_failure"),
+            exit_code=exit_code if isinstance(exit_code, int) and not isinstance(exit_code, bool) else 1,
+            details=details if isinstance(details, dict) else None,
+        )
+
+    def to_wire(self) -> dict[str, Any]:
+        """The wire's error object E of this error."""
+        return {
+            "code": self.code,
+            "message": self.message,
+            "kind": self.kind,
+            "exit_code": self.exit_code,
+            "details": self.details,
+        }
+
+
+class WireError(DaemonError):
+    """The peer broke the local wire (bad length, kind, JSON, stream byte or descriptors; early close)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, code="INTERNAL", kind="backend_failure", exit_code=1)
+
+
+def close_fds(fds: Sequence[int]) -> None:
+    """Close every descriptor in ``fds``, ignoring ones already closed."""
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def encode_json(obj: Mapping[str, Any]) -> bytes:
+    """One ``J`` message (header included) holding ``obj``; ``WireError`` if it is too large."""
+    payload = json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "surrogateescape")
+    n = len(payload) + 1
+    if n > MAX_MESSAGE:
+        raise WireError(f"a JSON message of {n} bytes is larger than the local wire's limit of {MAX_MESSAGE}")
+    return _LENGTH.pack(n) + b"J" + payload
+
+
+def encode_binary(stream: int, data: bytes) -> bytes:
+    """One ``B`` message (header included) with ``data`` for ``stream``; ``WireError`` if it is too large."""
+    if stream not in _STREAMS:
+        raise WireError(f"stream {stream!r} is not one of 0 (stdin), 1 (stdout), 2 (stderr), 3 (terminal)")
+    n = len(data) + 2
+    if n > MAX_MESSAGE:
+        raise WireError(f"a binary message of {n} bytes is larger than the local wire's limit of {MAX_MESSAGE}")
+    return _LENGTH.pack(n) + b"B" + bytes((stream,)) + data
+
+
+def encode(message: Message) -> bytes:
+    """The bytes of a ``Message`` (a dict becomes ``J``, ``(stream, data)`` becomes ``B``)."""
+    if isinstance(message, dict):
+        return encode_json(message)
+    stream, data = message
+    return encode_binary(stream, data)
+
+
+def _check_length(n: int) -> None:
+    if n < 1 or n > MAX_MESSAGE:
+        raise WireError(f"a message declared length {n}; the local wire allows 1 to {MAX_MESSAGE} bytes")
+
+
+def decode(kind: int, payload: bytes) -> Message:
+    """The ``Message`` of one kind byte and its payload; ``WireError`` when either is malformed."""
+    if kind == KIND_JSON:
+        try:
+            obj = json.loads(payload.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            raise WireError(f"a JSON message is not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
+        except ValueError as exc:
+            raise WireError(f"a JSON message does not parse: {exc}") from None
+        if not isinstance(obj, dict):
+            raise WireError(f"a JSON message must be one object, got {type(obj).__name__}")
+        return obj
+    if kind == KIND_BINARY:
+        if not payload:
+            raise WireError("a binary message has no stream byte")
+        stream = payload[0]
+        if stream not in _STREAMS:
+            raise WireError(f"a binary message names stream {stream}; only 0 to 3 exist")
+        return (stream, payload[1:])
+    shown = chr(kind) if 0x20 < kind < 0x7F else f"0x{kind:02x}"
+    raise WireError(f"unknown message kind {shown!r}: only 'J' (JSON) and 'B' (binary) exist")
+
+
+def _fds_from(ancdata: list[tuple[int, int, bytes]], flags: int) -> list[int]:
+    fds: list[int] = []
+    for level, kind, data in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            got = array.array("i")
+            got.frombytes(data[: len(data) - len(data) % got.itemsize])
+            fds.extend(got)
+    if flags & socket.MSG_CTRUNC or len(fds) > MAX_FDS:
+        close_fds(fds)
+        raise WireError(f"a message carried more than {MAX_FDS} file descriptors")
+    return fds
+
+
+def _rights(fds: Sequence[int]) -> list[tuple[int, int, bytes]]:
+    if len(fds) > MAX_FDS:
+        raise WireError(f"a message may carry at most {MAX_FDS} file descriptors, not {len(fds)}")
+    if not fds:
+        return []
+    return [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())]
+
+
+_RECV_FLAGS = getattr(socket, "MSG_CMSG_CLOEXEC", 0)
+
+
+class Channel:
+    """The local wire over a blocking connected Unix socket (the client side; owns the socket)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+
+    def fileno(self) -> int:
+        """The socket's descriptor (for select/poll)."""
+        return self.sock.fileno()
+
+    def send(self, message: Message, fds: Sequence[int] = ()) -> None:
+        """Send one message; ``fds`` (at most ``MAX_FDS``) ride with its first byte and stay open here."""
+        data = encode(message)
+        if fds:
+            sent = self.sock.sendmsg([data], _rights(fds))
+            if sent < len(data):
+                self.sock.sendall(memoryview(data)[sent:])
+        else:
+            self.sock.sendall(data)
+
+    def write(self, stream: int, data: bytes) -> None:
+        """Send ``data`` for ``stream`` as ``B`` messages of at most ``BINARY_CHUNK`` data bytes."""
+        view = memoryview(data)
+        for start in range(0, len(view), BINARY_CHUNK):
+            self.sock.sendall(encode_binary(stream, bytes(view[start : start + BINARY_CHUNK])))
+
+    def _exact(self, n: int) -> bytes:
+        buf = bytearray(n)
+        view = memoryview(buf)
+        got = 0
+        while got < n:
+            k = self.sock.recv_into(view[got:])
+            if not k:
+                raise WireError("the connection closed in the middle of a message")
+            got += k
+        return bytes(buf)
+
+    def receive(self) -> tuple[Message, list[int]] | None:
+        """The next message and the descriptors that came with it; None when the peer closed between messages.
+
+        The caller owns the returned descriptors (close them, or pass them on).
+        """
+        header = b""
+        fds: list[int] = []
+        try:
+            while len(header) < _HEADER:
+                data, ancdata, flags, _ = self.sock.recvmsg(_HEADER - len(header), _ANCILLARY, _RECV_FLAGS)
+                if ancdata:
+                    fds.extend(_fds_from(ancdata, flags))
+                    if len(fds) > MAX_FDS:
+                        raise WireError(f"a message carried more than {MAX_FDS} file descriptors")
+                if not data:
+                    if not header:
+                        close_fds(fds)
+                        return None
+                    raise WireError("the connection closed in the middle of a message header")
+                header += data
+            (n,) = _LENGTH.unpack_from(header)
+            _check_length(n)
+            payload = self._exact(n - 1) if n > 1 else b""
+            return decode(header[4], payload), fds
+        except BaseException:
+            close_fds(fds)
+            raise
+
+    def close(self) -> None:
+        """Close the socket (idempotent)."""
+        self.sock.close()
+
+
+class AsyncChannel:
+    """The local wire over a Unix socket on the running asyncio loop (the daemon side; owns the socket).
+
+    ``send`` calls are serialized (a message is never interleaved with another); one task reads.
+    """
+
+    def __init__(self, sock: socket.socket) -> None:
+        import asyncio
+
+        sock.setblocking(False)
+        self.sock = sock
+        self._loop = asyncio.get_running_loop()
+        self._send_lock = asyncio.Lock()
+        self._asyncio = asyncio
+
+    def fileno(self) -> int:
+        """The socket's descriptor."""
+        return self.sock.fileno()
+
+    async def _readable(self) -> None:
+        fut: asyncio.Future[None] = self._loop.create_future()
+        fd = self.sock.fileno()
+
+        def ready() -> None:
+            if not fut.done():
+                fut.set_result(None)
+
+        self._loop.add_reader(fd, ready)
+        try:
+            await fut
+        finally:
+            self._loop.remove_reader(fd)
+
+    async def _writable(self) -> None:
+        fut: asyncio.Future[None] = self._loop.create_future()
+        fd = self.sock.fileno()
+
+        def ready() -> None:
+            if not fut.done():
+                fut.set_result(None)
+
+        self._loop.add_writer(fd, ready)
+        try:
+            await fut
+        finally:
+            self._loop.remove_writer(fd)
+
+    async def peek(self, n: int = _PEEK_SIZE) -> bytes:
+        """The first ``n`` bytes without consuming them (fewer only at EOF); bound it with ``asyncio.timeout``."""
+        while True:
+            try:
+                data = self.sock.recv(n, socket.MSG_PEEK)
+            except BlockingIOError:
+                await self._readable()
+                continue
+            if len(data) >= n or not data:
+                return data
+            await self._asyncio.sleep(0.005)  # a partial header: the rest is on its way, readiness fires at once
+
+    async def _exact(self, n: int) -> bytes:
+        buf = bytearray(n)
+        view = memoryview(buf)
+        got = 0
+        while got < n:
+            try:
+                k = self.sock.recv_into(view[got:])
+            except BlockingIOError:
+                await self._readable()
+                continue
+            if not k:
+                raise WireError("the connection closed in the middle of a message")
+            got += k
+        return bytes(buf)
+
+    async def receive(self) -> tuple[Message, list[int]] | None:
+        """Like ``Channel.receive``: the next message and its descriptors, None at a clean close."""
+        header = b""
+        fds: list[int] = []
+        try:
+            while len(header) < _HEADER:
+                try:
+                    data, ancdata, flags, _ = self.sock.recvmsg(_HEADER - len(header), _ANCILLARY, _RECV_FLAGS)
+                except BlockingIOError:
+                    await self._readable()
+                    continue
+                if ancdata:
+                    fds.extend(_fds_from(ancdata, flags))
+                    if len(fds) > MAX_FDS:
+                        raise WireError(f"a message carried more than {MAX_FDS} file descriptors")
+                if not data:
+                    if not header:
+                        close_fds(fds)
+                        return None
+                    raise WireError("the connection closed in the middle of a message header")
+                header += data
+            (n,) = _LENGTH.unpack_from(header)
+            _check_length(n)
+            payload = await self._exact(n - 1) if n > 1 else b""
+            return decode(header[4], payload), fds
+        except BaseException:
+            close_fds(fds)
+            raise
+
+    async def _sendall(self, data: bytes, fds: Sequence[int]) -> None:
+        view = memoryview(data)
+        rights = _rights(fds)
+        while view:
+            try:
+                sent = self.sock.sendmsg([view], rights) if rights else self.sock.send(view)
+            except BlockingIOError:
+                await self._writable()
+                continue
+            rights = []  # the descriptors went with the first bytes
+            view = view[sent:]
+
+    async def send(self, message: Message, fds: Sequence[int] = ()) -> None:
+        """Send one message (awaits the socket: backpressure); ``fds`` stay open here."""
+        data = encode(message)
+        async with self._send_lock:
+            await self._sendall(data, fds)
+
+    async def write(self, stream: int, data: bytes) -> None:
+        """Send ``data`` for ``stream`` as ``B`` messages of at most ``BINARY_CHUNK`` data bytes."""
+        view = memoryview(data)
+        for start in range(0, len(view), BINARY_CHUNK):
+            chunk = encode_binary(stream, bytes(view[start : start + BINARY_CHUNK]))
+            async with self._send_lock:
+                await self._sendall(chunk, ())
+
+    def close(self) -> None:
+        """Close the socket (idempotent)."""
+        self.sock.close()
