@@ -8,9 +8,9 @@ up. A name resolves to exactly one driver:
   plugin runs as ``<this interpreter> -c PLUGIN_MAIN --module REGISTRATION NAME`` (options in
   ``VZ_DRIVER_OPTIONS``), i.e. ``vz_core.registry.main``: the shared
   plugin main its console script uses too, i.e. the same code the host would import in-process, launched
-  through the same door (supervisor, handshake, AutoMTLS) as any external driver. It is not checksummed: a
-  checksum would be taken from the very installation it is meant to protect, so it would prove nothing the
-  host does not already trust by running.
+  through the same door (supervisor, handshake, AutoMTLS) as any external driver. This launch (what
+  ``remote_driver`` does outside the daemon) is not checksummed: it runs this interpreter on this
+  installation's modules, which the host already trusts by running them.
   ``builtin_manifest()`` writes a manifest for a built-in's console script (with its SHA-256 now) for use by
   other hosts or to run a built-in through the external path.
 * **built-in, pinned** (what the vz daemon launches): ``pin_builtin()`` builds the manifest-equivalent record of
@@ -524,12 +524,19 @@ def _verify_one(name: str, registry: DriverRegistry, store: ManifestStore) -> di
 
     resolved = resolve(name, registry=registry, store=store)
     if resolved.builtin is not None:
-        return {
-            "name": name,
-            "origin": "builtin",
-            "ok": True,
-            "detail": "part of this vz installation (runs with this interpreter); not checksummed",
-        }
+        row: dict[str, Any] = {"name": name, "origin": "builtin"}
+        try:
+            pinned = pin_builtin(name, registry=registry).pinned
+        except (TrustError, UserError) as exc:
+            row.update(ok=False, detail=str(exc))
+            return row
+        assert pinned is not None
+        row.update(binary=str(pinned.script), actual=pinned.sha256, ok=True)
+        if pinned.anchor == "installation RECORD":
+            row.update(expected=pinned.sha256, detail="console script matches the hash its installation recorded")
+        else:
+            row["detail"] = "console script found; its installation recorded no hash for it to compare with"
+        return row
     record = resolved.external
     assert record is not None
     result: dict[str, Any] = {"name": name, "origin": "external"}

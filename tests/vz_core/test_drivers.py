@@ -23,6 +23,7 @@ from vz_core.drivers import (
     host_config_path,
     list_drivers,
     open_driver,
+    pin_builtin,
     remote_driver,
     resolve,
     validate_project_options,
@@ -82,14 +83,57 @@ def test_builtin_drivers_are_listed_and_resolve(store: ManifestStore) -> None:
         "fake",
     ]
     assert json.loads(spec.env["VZ_DRIVER_OPTIONS"]) == {"state_dir": "/x"}
+    script = Path(sys.executable).parent / "vz-driver-fake"
+    digest = hashlib.sha256(script.read_bytes()).hexdigest()
     assert verify("fake", store=store) == [
         {
             "name": "fake",
             "origin": "builtin",
             "ok": True,
-            "detail": "part of this vz installation (runs with this interpreter); not checksummed",
+            "binary": str(script),
+            "expected": digest,
+            "actual": digest,
+            "detail": "console script matches the hash its installation recorded",
         }
     ]
+
+
+def test_a_builtin_pinned_to_its_console_script_is_verified_at_every_launch(tmp_path: Path) -> None:
+    scripts = tmp_path / "bin"
+    scripts.mkdir()
+    script = scripts / "vz-driver-fake"
+    original = (Path(sys.executable).parent / "vz-driver-fake").read_bytes()
+    script.write_bytes(original)
+    script.chmod(0o755)
+    resolved = pin_builtin("fake", scripts_dir=scripts)
+    assert resolved.pinned is not None and resolved.pinned.anchor == "pinned"
+    prepare = resolved.launch_spec({"state_dir": "/x"})
+    spec = prepare()
+    assert spec.binary is not None
+    try:
+        assert spec.argv == [str(script)] and spec.binary.sha256 == resolved.pinned.sha256
+        assert json.loads(spec.env["VZ_DRIVER_OPTIONS"]) == {"state_dir": "/x"}
+    finally:
+        spec.binary.close()
+    script.write_bytes(original + b"#\n")
+    refused = r"built-in driver 'fake': refusing to launch its console script .*SHA-256 mismatch"
+    with pytest.raises(TrustError, match=refused):
+        prepare()
+    script.unlink()
+    with pytest.raises(TrustError, match="does not exist"):
+        prepare()
+
+
+def test_a_console_script_differing_from_its_installation_record_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from vz_core import drivers
+
+    monkeypatch.setattr(drivers, "_installed_hash", lambda script, module: "0" * 64)
+    with pytest.raises(TrustError, match="modified after installation; reinstall vz"):
+        pin_builtin("fake")
+    row = verify("fake")[0]
+    assert row["ok"] is False and "modified after installation" in row["detail"]
 
 
 def test_unknown_names_list_what_exists(store: ManifestStore) -> None:
