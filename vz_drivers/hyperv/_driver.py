@@ -32,12 +32,20 @@ import shutil
 import socket
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from vz_core import RunImageRequest
-from vz_core.errors import DriverError, InvalidArgumentError, UnavailableError, UnsupportedError
+from vz_core import ExecExit, ExecOutput, RunImageRequest
+from vz_core.errors import (
+    DriverError,
+    InvalidArgumentError,
+    PermissionDeniedError,
+    RuntimeFailureError,
+    UnavailableError,
+    UnsupportedError,
+)
 from vz_core.paths import cache_dir
 from vz_core.paths import state_dir as default_state_root
 from vz_drivers._agent import AgentClient
@@ -59,6 +67,16 @@ from vz_drivers.hyperv._guest import BootImage, build_boot_disk, build_boot_imag
 from vz_drivers.hyperv._host import HostSupport, check_create_privileges, check_privileges, host_support
 from vz_drivers.hyperv._ps import PowerShellRunner, Script, ScriptRunner
 from vz_drivers.hyperv._records import HypervBook, HypervPaths, HypervRecord
+from vz_drivers.hyperv._shares import (
+    MachineShares,
+    check_access,
+    generate_password,
+    machine_shares,
+    mount_spec,
+    orphans,
+    redact,
+    state_tag,
+)
 from vz_drivers.qemu import guest
 
 __all__ = ["DRIVER_NAME", "STATUS", "VM_PID", "HypervBackend", "HypervDriver"]
@@ -74,6 +92,7 @@ MIN_MEMORY = 256 * 1024 * 1024
 _MEMORY_STEP = 2 * 1024 * 1024  # Hyper-V assigns memory in 2 MiB units
 _SCRIPT_TIMEOUT = 120.0
 _IDS_FILE = "hyperv.json"
+_SHARED_FILE = "shares.active"
 
 
 def _seconds(value: float | str, option: str, *, minimum: float) -> float:
@@ -149,6 +168,8 @@ class HypervBackend(Backend[HypervRecord, HypervPaths]):
         self.support = host if host is not None else host_support()
         self._probe: ps.HostProbe | None = None
         self._boot_image: BootImage | None = None
+        self._pending_mounts: dict[str, tuple[ps.SharesMade, str]] = {}
+        """Shares made for a boot that the guest has not mounted yet, with the boot's password (memory only)."""
         self.rules = Rules(cpus=os.cpu_count() or 1, memory_bytes=0, **_RULES)
 
     # ------------------------------------------------------------------ scripts
@@ -187,7 +208,8 @@ class HypervBackend(Backend[HypervRecord, HypervPaths]):
             "boot_disk": "VHDX: GPT with an EFI system partition (unified kernel image) and an ext4 root",
             "agent_transport": "Hyper-V socket (AF_HYPERV on the host, AF_VSOCK in the guest)",
             "network": f"Hyper-V switch {self.switch!r} (egress deny: adapter not connected)",
-            "shares": "not available yet (design: SMB shares of the host, docs/drivers/hyperv.md)",
+            "shares": "workspace, bind and volume mounts as SMB 3.1.1 shares of the host (encrypted, one local "
+            "account per Machine, read-only enforced by the share's access list), mounted by the guest (cifs)",
         }
         if support.supported:
             try:
@@ -218,9 +240,9 @@ class HypervBackend(Backend[HypervRecord, HypervPaths]):
     def _guest_tools(self) -> tuple[BootTools, guest.Kernel, Path]:
         tools = find_boot_tools(self._stub_opt)
         kernel = guest.find_kernel(self._kernel_opt or None, self._modules_opt or None)
-        from vz_drivers.hyperv._guest import COMMON_MODULES, HYPERV_MODULES
+        from vz_drivers.hyperv._guest import COMMON_MODULES, HYPERV_MODULES, SMB_MODULES
 
-        guest.resolve_modules(kernel, COMMON_MODULES + HYPERV_MODULES)
+        guest.resolve_modules(kernel, COMMON_MODULES + HYPERV_MODULES + SMB_MODULES)
         busybox = guest.find_busybox(self._busybox_opt or None)
         guest.find_mke2fs()
         return tools, kernel, busybox
@@ -246,10 +268,15 @@ class HypervBackend(Backend[HypervRecord, HypervPaths]):
         rules = replace(self.rules, cpus=probe.cpus or self.rules.cpus, memory_bytes=probe.memory_bytes)
         valid = validate_common(request, rules)
         shared = [m for m in valid.mounts if m.type != "tmpfs"]
-        if shared:
+        if shared and (valid.egress != "allow" or not self.switch):
             raise UnsupportedError(
-                f"{self.display} cannot share host directories into a Machine yet ({shared[0].type} mount at "
-                f"{shared[0].target}); the design (SMB shares, read-only honoured) is in docs/drivers/hyperv.md",
+                f"{self.display} shares host directories with the guest over SMB on the Machine's switch, and "
+                + (
+                    "label vz.egress=deny leaves the VM without a network adapter"
+                    if valid.egress != "allow"
+                    else "the driver option switch is empty (no network adapter)"
+                )
+                + f": drop the {shared[0].type} mount at {shared[0].target} or connect the Machine to a switch",
                 details={"field": "workspace_mount" if request.workspace_mount else "mounts"},
             )
         if valid.memory_bytes % _MEMORY_STEP:
@@ -349,7 +376,14 @@ class HypervBackend(Backend[HypervRecord, HypervPaths]):
 
     def _write_ids(self, record: HypervRecord) -> None:
         # What deleting needs once the record is gone (the shared layer removes the record first).
-        ids = {"vm_name": record.vm_name, "vm_id": record.vm_id, "service_id": record.service_id}
+        shares = self.shares_of(record)
+        ids = {
+            "vm_name": record.vm_name,
+            "vm_id": record.vm_id,
+            "service_id": record.service_id,
+            "shares": bool(shares.shares),
+            "share_paths": shares.paths,
+        }
         atomic_write(self.book.paths(record.key).root / _IDS_FILE, json.dumps(ids).encode(), 0o600)
 
     # ------------------------------------------------------------------ the VM
@@ -442,12 +476,27 @@ class HypervBackend(Backend[HypervRecord, HypervPaths]):
     async def boot(self, record: HypervRecord) -> None:
         if record.vm_id and await self.vm_state(record) is None:
             record.vm_id = ""  # removed behind vz's back (Hyper-V Manager): the Machine's disk is still here
+        shares = self.shares_of(record)
+        if shares.shares:
+            await self.share(record, shares)  # before the VM starts: the guest mounts them once its agent answers
         if not record.vm_id:
             await self.create_vm(record)
         await self.start_vm(record)
         record.pid, record.pid_start = VM_PID, time.time_ns()
 
     async def connect(self, record: HypervRecord, *, booting: bool) -> AgentLink:
+        """Connect to the agent; the first connection of a boot also mounts the Machine's shares in the guest (the
+        Machine is ready once they are mounted)."""
+        link = await self.open_link(record, booting=booting)
+        if booting:
+            try:
+                await self.mount_pending(record, link)
+            except BaseException:
+                await link.close()
+                raise
+        return link
+
+    async def open_link(self, record: HypervRecord, *, booting: bool) -> AgentLink:
         """Connect to the agent's Hyper-V socket; while booting, retry until it listens (the driver bounds it)."""
         while True:
             try:
@@ -479,6 +528,138 @@ class HypervBackend(Backend[HypervRecord, HypervPaths]):
         await link.client.close()
         await self.stop_vm(record, graceful=True)
 
+    # ------------------------------------------------------------------ shares (see _shares)
+
+    def shares_of(self, record: HypervRecord) -> MachineShares:
+        return machine_shares(record.key, record.mounts, self.book.root)
+
+    async def share(self, record: HypervRecord, shares: MachineShares) -> None:
+        """Make the Machine's shares for this boot (leftovers of earlier ones go first) with a new password, check
+        their access lists, and keep them with the password in memory until the guest mounts them."""
+        probe = await self.probe()
+        if not probe.elevated:
+            raise PermissionDeniedError(
+                f"Machine {record.workspace_id!r} mounts host directories, which are SMB shares made at every start "
+                "(New-SmbShare, a local account, a firewall rule): that needs an elevated process; run vz from an "
+                "elevated prompt",
+                details={"workspace_id": record.workspace_id},
+            )
+        await self.sweep_shares()
+        await asyncio.to_thread(self._write_ids, record)
+        await asyncio.to_thread(atomic_write, self._shared_flag(record.key), b"", 0o600)
+        password = generate_password()
+        try:
+            value = await self._run(
+                ps.SHARE,
+                prefix=shares.prefix,
+                account=shares.account,
+                password=password,
+                description=shares.description,
+                rule=shares.rule,
+                switch=record.switch,
+                paths=shares.paths,
+                shares=shares.share_args(),
+            )
+            made = ps.parse_shares(value)
+            check_access(made, shares)
+        except DriverError as exc:
+            with contextlib.suppress(Exception):
+                await self.unshare(record.key, shares.paths, remove_account=False)
+            raise _redacted(exc, password) from None
+        self._pending_mounts[record.key] = (made, password)
+
+    async def mount_pending(self, record: HypervRecord, link: AgentLink) -> None:
+        """Mount the shares made for this boot in the guest (through the agent), then forget the password."""
+        pending = self._pending_mounts.pop(record.key, None)
+        if pending is None:
+            return
+        made, password = pending
+        try:
+            await self.guest_mount(record, link, made, password)
+        except DriverError as exc:
+            raise _redacted(exc, password) from None
+
+    async def guest_mount(
+        self,
+        record: HypervRecord,
+        link: AgentLink,
+        made: ps.SharesMade,
+        password: str,
+        *,
+        address: str = "",
+        port: int = ps.SMB_PORT,
+    ) -> None:
+        """Mount every share of ``made`` at its target: one exec per share, as root outside the image's root, the
+        password on its stdin. ``address``/``port``: the SMB server (default: the host on the Machine's switch)."""
+        for share in self.shares_of(record).shares:
+            spec = mount_spec(
+                record.workspace_id,
+                made,
+                share,
+                uid=record.identity_uid,
+                gid=record.identity_gid,
+                address=address,
+                port=port,
+            )
+            output, code = b"", -1
+            async with contextlib.aclosing(
+                link.client.exec(spec, _one_chunk((password + "\n").encode()), root_override="/")
+            ) as events:
+                async for event in events:
+                    if isinstance(event, ExecOutput):
+                        output = (output + event.data)[-4000:]
+                    elif isinstance(event, ExecExit):
+                        code = event.exit_code
+            if code != 0:
+                raise RuntimeFailureError(
+                    f"Machine {record.workspace_id!r}: the guest could not mount {share.target} from the SMB share "
+                    f"{spec.argv[5]} (exit {code}): {redact(output.decode(errors='replace').strip(), password)}; "
+                    "see Troubleshooting in docs/drivers/hyperv.md (firewall, SMB server, switch)",
+                    details={"workspace_id": record.workspace_id, "mount": share.target},
+                )
+
+    async def unshare(self, key: str, paths: list[str], *, remove_account: bool) -> ps.Unshared:
+        names = machine_shares(key, (), self.book.root)
+        value = await self._run(
+            ps.UNSHARE,
+            prefix=names.prefix,
+            account=names.account,
+            rule=names.rule,
+            paths=paths,
+            remove_account=remove_account,
+        )
+        return ps.parse_unshare(value)
+
+    async def sweep_shares(self) -> set[str]:
+        """Remove shares and accounts of this state directory whose Machine is gone (left by a crash)."""
+        listing = ps.parse_share_listing(await self._run(ps.LIST_SHARES))
+        machines = self.book.machines_dir
+        exists = {p.name for p in machines.iterdir()} if machines.is_dir() else set()
+        keys = orphans(listing.shares, listing.accounts, state_tag(self.book.root), exists)
+        for key in sorted(keys):
+            paths = [path for name, path, _ in listing.shares if name.startswith(f"vz-{key}-")]
+            await self.unshare(key, paths, remove_account=True)
+        return keys
+
+    def _shared_flag(self, key: str) -> Path:
+        """Present while a Machine's shares exist (made by ``share``, gone with ``release``)."""
+        return self.book.paths(key).root / _SHARED_FILE
+
+    async def release(self, record: HypervRecord) -> None:
+        """Once the VM is off: its shares, their ACEs and its firewall rule go, its account is disabled."""
+        self._pending_mounts.pop(record.key, None)
+        flag = self._shared_flag(record.key)
+        if not flag.exists():
+            return
+        if not (await self.probe()).elevated:
+            raise PermissionDeniedError(
+                f"Machine {record.workspace_id!r} is off, but its SMB shares and their account are still there: "
+                "removing them needs an elevated process; run `vz stop` from an elevated prompt",
+                details={"workspace_id": record.workspace_id},
+            )
+        await self.unshare(record.key, self.shares_of(record).paths, remove_account=False)
+        flag.unlink(missing_ok=True)
+
     # ------------------------------------------------------------------ remove
 
     def remove_tree(self, paths: HypervPaths) -> None:
@@ -487,12 +668,32 @@ class HypervBackend(Backend[HypervRecord, HypervPaths]):
         except (OSError, ValueError):
             ids = {}
         if ids:
-            # Runs in a worker thread: the VM and its Hyper-V socket service go before the directory.
+            # Runs in a worker thread: the VM and its Hyper-V socket service go before the directory, then the
+            # shares, their ACEs, the firewall rule and the Machine's account.
             asyncio.run(self.remove_vm(ids.get("vm_name", ""), ids.get("vm_id", ""), ids.get("service_id", "")))
+            if ids.get("shares"):
+                share_paths = [str(p) for p in ids.get("share_paths", [])]
+                asyncio.run(self.unshare(paths.root.name, share_paths, remove_account=True))
         shutil.rmtree(paths.root, ignore_errors=True)
 
     async def remove_host_state(self) -> None:
         shutil.rmtree(self.book.staging, ignore_errors=True)
+        if self.support.supported:
+            await self.sweep_shares()
+
+
+async def _one_chunk(data: bytes) -> AsyncIterator[bytes]:
+    yield data
+
+
+def _redacted(exc: DriverError, *secret_values: str) -> DriverError:
+    """``exc`` with every secret value removed from its message, diagnostics and details."""
+    return type(exc)(
+        redact(exc.message, *secret_values),
+        runtime_message=redact(exc.runtime_message, *secret_values),
+        details={k: redact(v, *secret_values) for k, v in exc.details.items()},
+        retryable=exc.retryable,
+    )
 
 
 def _connect_hvsock(vm_id: str, service_id: str) -> socket.socket:

@@ -14,6 +14,8 @@ configuration script the init runs. What differs here:
   ``vz_network`` (DHCP on the switch), ``vz_file`` (DHCP's resolv.conf) and ``vz_agent`` (the agent on
   AF_VSOCK port ``vz_vsock_port``, one session per connection) are defined. They come in a second cpio archive
   appended to qemu's (the kernel unpacks concatenated archives in order; later files replace earlier ones).
+* **Shares**: the SMB client (``SMB_MODULES``) is in the initramfs, listed in ``/etc/vz/modules.smb``; the
+  workspace and mounts are mounted through the agent after it answers (``vz_drivers.hyperv._shares``).
 * **Shutdown**: Hyper-V's graceful ``Stop-VM`` makes ``hv_utils`` run ``/sbin/poweroff``; the overlay's
   ``/sbin/poweroff`` sends SIGTERM to PID 1, which is how the agent stops the main process and powers off.
 * **Disk**: ESP (FAT32: ``\\EFI\\BOOT\\BOOTX64.EFI`` = the unified kernel image, ``config.sh``, ``hosts``,
@@ -50,6 +52,7 @@ __all__ = [
     "BOOT_CMDLINE",
     "COMMON_MODULES",
     "HYPERV_MODULES",
+    "SMB_MODULES",
     "BootImage",
     "build_boot_disk",
     "build_boot_image",
@@ -62,6 +65,12 @@ COMMON_MODULES: tuple[str, ...] = GUEST_MODULES + FAT_MODULES
 """Loaded on every boot (before the configuration is read)."""
 HYPERV_MODULES: tuple[str, ...] = ("hv_vmbus", "hv_storvsc", "sd_mod", "hv_netvsc", "hv_utils", "hv_sock")
 """Loaded when ``hv_vmbus`` loads (on Hyper-V only: elsewhere it refuses with ENODEV)."""
+SMB_MODULES: tuple[str, ...] = ("cifs", "gcm", "ccm", "ctr", "ghash-generic", "cmac", "sha512_generic", "ecb")
+"""The SMB client (Debian builds ``cifs`` as a module, with netfs, fscache, dns_resolver, cifs_arc4 and cifs_md4 as
+its dependencies) and the crypto its ``softdep`` names that Debian builds as modules: AES-GCM/CCM for SMB 3.1.1
+encryption (``seal``), AES-CMAC for signing, SHA-512 for the pre-authentication integrity hash. They are in the
+initramfs (the kernel's own ``request_module`` finds no modprobe there) and loaded by the first share mount of a
+boot (``vz_drivers.hyperv._shares``), not at every boot."""
 BOOT_CMDLINE = "console=tty0 console=ttyS0,115200 quiet panic=-1 cryptomgr.notests"
 """The kernel command line inside the unified kernel image (ttyS0 last: /dev/console is the serial port,
 COM1 under Hyper-V, the console log under QEMU)."""
@@ -170,6 +179,7 @@ def overlay_archive(kernel: Kernel) -> bytes:
         CpioEntry.file(INIT_HOOK, hyperv_init().encode(), 0o644),
         CpioEntry.file("etc/vz/modules", (" ".join(_loaded_names(kernel, COMMON_MODULES)) + "\n").encode()),
         CpioEntry.file("etc/vz/modules.hyperv", (" ".join(_loaded_names(kernel, HYPERV_MODULES)) + "\n").encode()),
+        CpioEntry.file("etc/vz/modules.smb", (" ".join(_loaded_names(kernel, SMB_MODULES)) + "\n").encode()),
         CpioEntry.file("etc/vz/dhcp.sh", _DHCP.encode(), 0o755),
         CpioEntry.file("sbin/poweroff", _POWEROFF.encode(), 0o755),
     ]
@@ -188,7 +198,9 @@ class BootImage:
 
 def build_boot_image_sync(kernel: Kernel, agent: Path, busybox: Path, cache: Path) -> bytes:
     """The initramfs bytes: qemu's archive (with this driver's modules) followed by the overlay."""
-    base = build_initramfs(kernel, agent, cache / "initramfs", busybox=busybox, modules=COMMON_MODULES + HYPERV_MODULES)
+    base = build_initramfs(
+        kernel, agent, cache / "initramfs", busybox=busybox, modules=COMMON_MODULES + HYPERV_MODULES + SMB_MODULES
+    )
     data = base.path.read_bytes()
     data += b"\0" * (-len(data) % 512)
     return bytes(data + overlay_archive(kernel))

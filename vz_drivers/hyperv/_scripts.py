@@ -25,25 +25,39 @@ from vz_drivers.hyperv._ps import Script
 __all__ = [
     "CREATE",
     "GCS_KEY",
+    "LIST_SHARES",
     "PROBE",
     "REMOVE",
     "SCRIPTS",
+    "SHARE",
+    "SMB_PORT",
     "START",
     "STATE",
     "STOP",
     "TURN_OFF",
+    "UNSHARE",
     "VSOCK_TEMPLATE",
     "HostProbe",
     "Removal",
+    "ShareAccess",
+    "ShareListing",
+    "SharedDir",
+    "SharesMade",
+    "Unshared",
     "VmState",
     "parse_probe",
     "parse_removal",
+    "parse_share_listing",
+    "parse_shares",
     "parse_state",
+    "parse_unshare",
     "service_id",
 ]
 
 GCS_KEY = r"HKLM:\SOFTWARE\Microsoft\Windows NT\CurrentVersion\Virtualization\GuestCommunicationServices"
 """Where Hyper-V socket services are registered (one subkey per service GUID, value ``ElementName``)."""
+SMB_PORT = 445
+"""The port Windows' SMB server listens on (the guest mounts the shares there)."""
 VSOCK_TEMPLATE = "-facb-11e6-bd58-64006a7986d3"
 """The tail of the service GUIDs that Linux guests reach as AF_VSOCK ports: ``<port:08x>-facb-11e6-...``."""
 _SERVICE_RE = re.compile(r"^[0-9a-f]{8}-facb-11e6-bd58-64006a7986d3\Z")
@@ -202,7 +216,141 @@ if ($a.service_id -match '^[0-9a-f]{{8}}-facb-11e6-bd58-64006a7986d3$') {{
 """,
 )
 
-SCRIPTS: tuple[Script, ...] = (PROBE, STATE, CREATE, START, STOP, TURN_OFF, REMOVE)
+# ------------------------------------------------------------------------------------------ SMB shares
+#
+# A Machine's shares are named ``vz-<key>-<n>$`` (hidden: no browse list shows them), open to one local account
+# per Machine, ``vz-<key[:16]>`` (a Windows account name has at most 20 characters). Its password is new at
+# every boot and travels only as data (VZ_HYPERV_ARGS -> ConvertTo-SecureString). A read-only mount is a share
+# with Read access only (and a ReadAndExecute ACE on the directory): the SMB server refuses writes, whatever
+# the guest mounts. Every script checks the names it is given against these patterns before touching anything.
+
+
+def _joined(text: str) -> str:
+    """Script text whose lines ending in `` ^`` continue on the next one (PowerShell gets one line)."""
+    return re.sub(r" \^\n[ \t]*", " ", text)
+
+
+_SHARE_CHECKS = r"""
+if ($a.prefix -notmatch '^vz-[0-9a-f]{32}-$') { throw "not a vz share prefix: $($a.prefix)" }
+if ($a.account -notmatch '^vz-[0-9a-f]{16}$') { throw "not a vz share account: $($a.account)" }
+if ($a.rule -notmatch '^vz-[0-9a-f]{32}-smb$') { throw "not a vz firewall rule name: $($a.rule)" }
+function vz_purge($path, $sid) {
+  if ($null -eq $sid -or -not $path) { return $false }
+  if (-not (Test-Path -LiteralPath $path -PathType Container)) { return $false }
+  $dir = Get-Item -LiteralPath $path
+  $acl = $dir.GetAccessControl('Access')
+  $acl.PurgeAccessRules($sid)
+  $dir.SetAccessControl($acl)
+  return $true
+}
+$user = Get-LocalUser -Name $a.account -ErrorAction SilentlyContinue
+$sid = $null
+if ($null -ne $user) { $sid = $user.SID }
+$removed = @()
+$old = @(Get-SmbShare | Where-Object -FilterScript { ([string]$_.Name).StartsWith($a.prefix) })
+foreach ($s in $old) {
+  vz_purge ([string]$s.Path) $sid | Out-Null
+  Remove-SmbShare -Name $s.Name -Force
+  $removed += [string]$s.Name
+}
+foreach ($p in @($a.paths)) { vz_purge ([string]$p) $sid | Out-Null }
+$removedRule = $false
+if (@(Get-NetFirewallRule -Name $a.rule -ErrorAction SilentlyContinue).Count -gt 0) {
+  Remove-NetFirewallRule -Name $a.rule
+  $removedRule = $true
+}
+"""
+
+SHARE = Script(
+    name="share",
+    args=("prefix", "account", "password", "description", "rule", "switch", "paths", "shares"),
+    depth=8,
+    body=_SHARE_CHECKS
+    + _joined(r"""
+$secret = ConvertTo-SecureString -String $a.password -AsPlainText -Force
+if ($null -eq $user) {
+  $user = New-LocalUser -Name $a.account -Password $secret -Description $a.description ^
+    -AccountNeverExpires -PasswordNeverExpires -UserMayNotChangePassword
+  $sid = $user.SID
+} else {
+  Set-LocalUser -Name $a.account -Password $secret
+  Enable-LocalUser -Name $a.account
+}
+$qualified = $env:COMPUTERNAME + '\' + $a.account
+$alias = 'vEthernet (' + $a.switch + ')'
+$address = @(Get-NetIPAddress -InterfaceAlias $alias -AddressFamily IPv4 -ErrorAction SilentlyContinue)
+if ($address.Count -eq 0) { throw "the host has no IPv4 address on $alias, the switch the guest reaches the shares on" }
+New-NetFirewallRule -Name $a.rule -DisplayName $a.rule -Description $a.description -Direction Inbound ^
+  -Action Allow -Protocol TCP -LocalPort 445 -InterfaceAlias $alias -RemoteAddress LocalSubnet -Profile Any | Out-Null
+$made = @()
+foreach ($s in @($a.shares)) {
+  if (-not ([string]$s.name).StartsWith($a.prefix) -or [string]$s.name -notmatch '^vz-[0-9a-f]{32}-[0-9]+\$$') { ^
+    throw "not a vz share name: $($s.name)" }
+  if (-not (Test-Path -LiteralPath $s.path -PathType Container)) { ^
+    throw "the shared directory $($s.path) does not exist" }
+  if ($s.read_only) {
+    New-SmbShare -Name $s.name -Path $s.path -Description $a.description -ReadAccess $qualified ^
+      -Temporary -EncryptData $true -FolderEnumerationMode AccessBased -CachingMode None | Out-Null
+    $rights = 'ReadAndExecute'
+  } else {
+    New-SmbShare -Name $s.name -Path $s.path -Description $a.description -ChangeAccess $qualified ^
+      -Temporary -EncryptData $true -FolderEnumerationMode AccessBased -CachingMode None | Out-Null
+    $rights = 'Modify'
+  }
+  $dir = Get-Item -LiteralPath $s.path
+  $acl = $dir.GetAccessControl('Access')
+  $rule = New-Object -TypeName System.Security.AccessControl.FileSystemAccessRule ^
+    -ArgumentList @($sid, $rights, 'ContainerInherit, ObjectInherit', 'None', 'Allow')
+  $acl.AddAccessRule($rule)
+  $dir.SetAccessControl($acl)
+  $access = @(Get-SmbShareAccess -Name $s.name | ForEach-Object -Process { @{ AccountName = [string]$_.AccountName; ^
+    AccessRight = [string]$_.AccessRight; AccessControlType = [string]$_.AccessControlType } })
+  $made += @{ Name = [string]$s.name; Path = [string]$s.path; Access = $access }
+}
+@{ Account = $qualified; User = [string]$a.account; Domain = [string]$env:COMPUTERNAME; ^
+  HostAddress = [string]$address[0].IPAddress; Shares = $made; Replaced = $removed }
+"""),
+)
+"""Converge one Machine's shares for a boot: the account (made, or its password reset and enabled), leftovers of
+earlier boots removed (shares, directory ACEs, firewall rule), then every share, its ACE and a firewall rule
+for TCP 445 on the switch's host interface (LocalSubnet only); answers the shares' access lists as Windows
+reads them back, so the driver checks the read-only ones itself."""
+
+UNSHARE = Script(
+    name="unshare",
+    args=("prefix", "account", "rule", "paths", "remove_account"),
+    body=_SHARE_CHECKS
+    + r"""
+$accountState = 'absent'
+if ($null -ne $user) {
+  if ($a.remove_account) {
+    Remove-LocalUser -Name $a.account
+    $accountState = 'removed'
+  } else {
+    Disable-LocalUser -Name $a.account
+    $accountState = 'disabled'
+  }
+}
+@{ RemovedShares = $removed; RemovedRule = $removedRule; Account = $accountState }
+""",
+)
+"""Remove one Machine's shares, their directory ACEs and its firewall rule; disable its account (Stop) or remove
+it (Delete). Idempotent: what is already gone is skipped."""
+
+LIST_SHARES = Script(
+    name="list-shares",
+    body=_joined(r"""
+$shares = @(Get-SmbShare | Where-Object -FilterScript { [string]$_.Name -match '^vz-[0-9a-f]{32}-[0-9]+\$$' } | ^
+  ForEach-Object -Process { @{ Name = [string]$_.Name; Path = [string]$_.Path; Description = [string]$_.Description } })
+$accounts = @(Get-LocalUser | Where-Object -FilterScript { [string]$_.Name -match '^vz-[0-9a-f]{16}$' } | ^
+  ForEach-Object -Process { @{ Name = [string]$_.Name; Description = [string]$_.Description; ^
+  Enabled = [bool]$_.Enabled } })
+@{ Shares = $shares; Accounts = $accounts }
+"""),
+)
+"""Every share and account named like vz's (to find those a crash left behind)."""
+
+SCRIPTS: tuple[Script, ...] = (PROBE, STATE, CREATE, START, STOP, TURN_OFF, REMOVE, SHARE, UNSHARE, LIST_SHARES)
 
 
 # ---------------------------------------------------------------------------------------------- answers
@@ -325,3 +473,131 @@ def parse_removal(value: Any) -> Removal:
         removed_vm=_field("remove", value, "RemovedVm", bool),
         removed_service=_field("remove", value, "RemovedService", bool),
     )
+
+
+def _objects(script: str, value: Any, name: str) -> list[dict[str, Any]]:
+    """A list of objects (ConvertTo-Json writes a one-element array as that element; an empty one as null)."""
+    if value is None:
+        return []
+    if isinstance(value, dict):
+        return [value]
+    if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+        raise _bad(script, name, value)
+    return value
+
+
+def _strings(script: str, value: Any, name: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,)
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise _bad(script, name, value)
+    return tuple(value)
+
+
+@dataclass(frozen=True)
+class ShareAccess:
+    """One entry of ``Get-SmbShareAccess`` (AccessRight: Full, Change, Read, Custom; type: Allow, Deny)."""
+
+    account: str
+    right: str
+    control: str
+
+
+@dataclass(frozen=True)
+class SharedDir:
+    name: str
+    path: str
+    access: tuple[ShareAccess, ...]
+
+
+@dataclass(frozen=True)
+class SharesMade:
+    """The SHARE script's answer: the account the guest logs on as and the shares it may mount."""
+
+    account: str
+    """``COMPUTER\\vz-<key16>`` (what the share ACLs name)."""
+    user: str
+    domain: str
+    host_address: str
+    """The host's IPv4 address on the Machine's switch (the SMB server the guest connects to)."""
+    shares: tuple[SharedDir, ...]
+    replaced: tuple[str, ...]
+    """Shares of an earlier boot that were removed first (a crash left them)."""
+
+
+_IPV4_RE = re.compile(r"^(25[0-5]|2[0-4][0-9]|1?[0-9]?[0-9])(\.(25[0-5]|2[0-4][0-9]|1?[0-9]?[0-9])){3}\Z")
+
+
+def parse_shares(value: Any) -> SharesMade:
+    script = "share"
+    if not isinstance(value, dict):
+        raise _bad(script, "answer", value)
+    address = _field(script, value, "HostAddress", str)
+    if not _IPV4_RE.match(address):
+        raise _bad(script, "HostAddress", address)
+    shares = []
+    for item in _objects(script, value.get("Shares"), "Shares"):
+        access = tuple(
+            ShareAccess(
+                account=_field(script, entry, "AccountName", str),
+                right=_field(script, entry, "AccessRight", str),
+                control=_field(script, entry, "AccessControlType", str),
+            )
+            for entry in _objects(script, item.get("Access"), "Access")
+        )
+        shares.append(SharedDir(_field(script, item, "Name", str), _field(script, item, "Path", str), access))
+    return SharesMade(
+        account=_field(script, value, "Account", str),
+        user=_field(script, value, "User", str),
+        domain=_field(script, value, "Domain", str),
+        host_address=address,
+        shares=tuple(shares),
+        replaced=_strings(script, value.get("Replaced"), "Replaced"),
+    )
+
+
+@dataclass(frozen=True)
+class Unshared:
+    removed_shares: tuple[str, ...]
+    removed_rule: bool
+    account: str
+    """"removed", "disabled" or "absent"."""
+
+
+def parse_unshare(value: Any) -> Unshared:
+    script = "unshare"
+    if not isinstance(value, dict):
+        raise _bad(script, "answer", value)
+    account = _field(script, value, "Account", str)
+    if account not in ("removed", "disabled", "absent"):
+        raise _bad(script, "Account", account)
+    return Unshared(
+        removed_shares=_strings(script, value.get("RemovedShares"), "RemovedShares"),
+        removed_rule=_field(script, value, "RemovedRule", bool),
+        account=account,
+    )
+
+
+@dataclass(frozen=True)
+class ShareListing:
+    """vz-named shares (name, path, description) and accounts (name, description) of this host."""
+
+    shares: tuple[tuple[str, str, str], ...]
+    accounts: tuple[tuple[str, str], ...]
+
+
+def parse_share_listing(value: Any) -> ShareListing:
+    script = "list-shares"
+    if not isinstance(value, dict):
+        raise _bad(script, "answer", value)
+    shares = tuple(
+        (_field(script, s, "Name", str), _field(script, s, "Path", str), _field(script, s, "Description", str))
+        for s in _objects(script, value.get("Shares"), "Shares")
+    )
+    accounts = tuple(
+        (_field(script, u, "Name", str), _field(script, u, "Description", str))
+        for u in _objects(script, value.get("Accounts"), "Accounts")
+    )
+    return ShareListing(shares=shares, accounts=accounts)

@@ -56,6 +56,17 @@ SWITCHES = frozenset(
         "Parallel",
         "DynamicMemory",
         "StaticMemory",
+        "AsPlainText",
+        "AccountNeverExpires",
+        "PasswordNeverExpires",
+        "UserMayNotChangePassword",
+        "NoPassword",
+        "Disabled",
+        "Temporary",
+        "Scoped",
+        "Special",
+        "IncludeHidden",
+        "IncludeAllCompartments",
     }
 )
 
@@ -164,6 +175,91 @@ DOCS: dict[str, dict[str, ParameterSet]] = {
         "Name": _set("Name ResourcePoolName SwitchType" + _REMOTE),
         "Id": _set("Id ResourcePoolName SwitchType" + _REMOTE, "Id"),
     },
+    # SmbShare module (learn.microsoft.com/powershell/module/smbshare/<cmdlet>)
+    "New-SmbShare": {
+        "Default": _set(
+            "Temporary ContinuouslyAvailable Description ConcurrentUserLimit CATimeout FolderEnumerationMode "
+            "CachingMode FullAccess ChangeAccess ReadAccess NoAccess SecurityDescriptor Path Name ScopeName "
+            "EncryptData CompressData LeasingMode CimSession ThrottleLimit AsJob" + _SP,
+            "Path Name",
+        )
+    },
+    "Get-SmbShare": {
+        "Default": _set(
+            "Name ScopeName Scoped Special ContinuouslyAvailable ShareState FolderEnumerationMode CachingMode "
+            "LeasingMode ConcurrentUserLimit AvailabilityType CaTimeout EncryptData IncludeHidden CimSession "
+            "ThrottleLimit AsJob"
+        )
+    },
+    "Remove-SmbShare": {
+        "Query": _set("Name ScopeName Force CimSession ThrottleLimit AsJob" + _SP, "Name"),
+        "InputObject": _set("InputObject Force CimSession ThrottleLimit AsJob" + _SP, "InputObject"),
+    },
+    "Get-SmbShareAccess": {
+        "Query": _set("Name ScopeName CimSession ThrottleLimit AsJob", "Name"),
+        "InputObject": _set("InputObject CimSession ThrottleLimit AsJob", "InputObject"),
+    },
+    # Microsoft.PowerShell.LocalAccounts (Windows PowerShell 5.1)
+    "New-LocalUser": {
+        "Password": _set(
+            "Name Password AccountExpires AccountNeverExpires Description Disabled FullName PasswordNeverExpires "
+            "UserMayNotChangePassword" + _SP,
+            "Name Password",
+        ),
+        "NoPassword": _set(
+            "Name AccountExpires AccountNeverExpires Description Disabled FullName NoPassword "
+            "UserMayNotChangePassword" + _SP,
+            "Name",
+        ),
+    },
+    "Set-LocalUser": {
+        "Name": _set(
+            "Name AccountExpires AccountNeverExpires Description FullName Password PasswordNeverExpires "
+            "UserMayChangePassword" + _SP,
+            "Name",
+        ),
+        "SecurityIdentifier": _set(
+            "SID AccountExpires AccountNeverExpires Description FullName Password PasswordNeverExpires "
+            "UserMayChangePassword" + _SP,
+            "SID",
+        ),
+    },
+    "Get-LocalUser": {"Default": _set("Name"), "SecurityIdentifier": _set("SID", "SID")},
+    "Enable-LocalUser": {"Name": _set("Name" + _SP, "Name"), "SecurityIdentifier": _set("SID" + _SP, "SID")},
+    "Disable-LocalUser": {"Name": _set("Name" + _SP, "Name"), "SecurityIdentifier": _set("SID" + _SP, "SID")},
+    "Remove-LocalUser": {"Name": _set("Name" + _SP, "Name"), "SecurityIdentifier": _set("SID" + _SP, "SID")},
+    # NetSecurity / NetTCPIP modules
+    "New-NetFirewallRule": {
+        "Default": _set(
+            "PolicyStore GPOSession Name DisplayName Description Group Enabled Profile Platform Direction Action "
+            "EdgeTraversalPolicy LooseSourceMapping LocalOnlyMapping Owner LocalAddress RemoteAddress Protocol "
+            "LocalPort RemotePort IcmpType DynamicTarget Program Package Service InterfaceAlias InterfaceType "
+            "LocalUser RemoteUser RemoteMachine Authentication Encryption OverrideBlockRules CimSession "
+            "ThrottleLimit AsJob" + _SP,
+            "DisplayName",
+        )
+    },
+    "Get-NetFirewallRule": {
+        "All": _set("All PolicyStore GPOSession TracePolicyStore CimSession ThrottleLimit AsJob"),
+        "ByName": _set("Name PolicyStore GPOSession TracePolicyStore CimSession ThrottleLimit AsJob", "Name"),
+    },
+    "Remove-NetFirewallRule": {
+        "ByName": _set("Name PolicyStore GPOSession CimSession ThrottleLimit AsJob" + _SP, "Name"),
+        "GetInstance": _set("InputObject CimSession ThrottleLimit AsJob" + _SP, "InputObject"),
+    },
+    "Get-NetIPAddress": {
+        "ByName": _set(
+            "IPAddress InterfaceIndex InterfaceAlias AddressFamily Type PrefixLength PrefixOrigin SuffixOrigin "
+            "AddressState ValidLifetime PreferredLifetime SkipAsSource AssociatedIPInterface PolicyStore "
+            "IncludeAllCompartments CimSession ThrottleLimit AsJob"
+        )
+    },
+    # Microsoft.PowerShell.Security
+    "ConvertTo-SecureString": {
+        "Secure": _set("String SecureKey", "String"),
+        "PlainText": _set("String AsPlainText Force", "String AsPlainText"),
+        "Open": _set("String Key", "String"),
+    },
     # Microsoft.PowerShell.Core / Utility / Management (Windows PowerShell 5.1)
     "Get-Module": {
         "Available": _set(
@@ -179,7 +275,17 @@ DOCS: dict[str, dict[str, ParameterSet]] = {
         "Path": _set("Path Name PropertyType Value Force Filter Include Exclude Credential" + _SP, "Path Name")
     },
     "Remove-Item": {"Path": _set("Path Filter Include Exclude Recurse Force Credential Stream" + _SP, "Path")},
-    "Test-Path": {"Path": _set("Path Filter Include Exclude PathType IsValid Credential OlderThan NewerThan", "Path")},
+    "Test-Path": {
+        "Path": _set("Path Filter Include Exclude PathType IsValid Credential OlderThan NewerThan", "Path"),
+        "LiteralPath": _set(
+            "LiteralPath Filter Include Exclude PathType IsValid Credential OlderThan NewerThan", "LiteralPath"
+        ),
+    },
+    "Get-Item": {
+        "Path": _set("Path Filter Include Exclude Force Credential Stream", "Path"),
+        "LiteralPath": _set("LiteralPath Filter Include Exclude Force Credential Stream", "LiteralPath"),
+    },
+    "Where-Object": {"ScriptBlockSet": _set("InputObject FilterScript", "FilterScript")},
     "Out-Null": {"Default": _set("InputObject")},
     "ConvertFrom-Json": {"Default": _set("InputObject")},
     "ConvertTo-Json": {"Default": _set("InputObject Depth Compress")},

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import uuid
 from collections.abc import Mapping
@@ -28,8 +29,13 @@ from vz_core.errors import RuntimeTimeoutError
 from vz_drivers.hyperv._ps import MARKER, Script, check_args, parse_answer, script_text
 from vz_drivers.hyperv._scripts import GCS_KEY
 
-_ARG_TYPES: dict[str, type] = {"memory_bytes": int, "cpus": int}
-"""Arguments that the scripts cast to numbers ([int64]); every other argument is a string."""
+_ARG_TYPES: dict[str, type] = {"memory_bytes": int, "cpus": int, "paths": list, "shares": list, "remove_account": bool}
+"""Arguments that are not strings: numbers the scripts cast ([int64]), lists they iterate, flags."""
+_PREFIX_RE = re.compile(r"^vz-[0-9a-f]{32}-\Z")
+_ACCOUNT_RE = re.compile(r"^vz-[0-9a-f]{16}\Z")
+_RULE_RE = re.compile(r"^vz-[0-9a-f]{32}-smb\Z")
+_SHARE_RE = re.compile(r"^vz-[0-9a-f]{32}-[0-9]+\$\Z")
+COMPUTER = "DEVBOX"
 _SERVICE_RE = re.compile(r"^[0-9a-f]{8}-facb-11e6-bd58-64006a7986d3\Z")
 
 
@@ -50,6 +56,24 @@ class FakeVm:
     first_boot: str = ""
     notes: str = ""
     automatic_checkpoints: bool = True
+
+
+@dataclass
+class FakeAccount:
+    password: str
+    description: str
+    sid: str
+    enabled: bool = True
+
+
+@dataclass
+class FakeShare:
+    path: str
+    description: str
+    access: list[tuple[str, str, str]]
+    """Get-SmbShareAccess: (AccountName, AccessRight, AccessControlType)."""
+    temporary: bool
+    encrypt: bool
 
 
 @dataclass
@@ -81,6 +105,17 @@ class StandInHyperV:
         self.forced: list[str] = []
         """VMs turned off while running (TURN_OFF, or REMOVE of a running VM)."""
         self.checked: dict[str, int] = {}
+        # SMB: local accounts, shares, directory ACEs (path -> sid -> rights), firewall rules, host addresses.
+        self.accounts: dict[str, FakeAccount] = {}
+        self.shares: dict[str, FakeShare] = {}
+        self.aces: dict[str, dict[str, str]] = {}
+        self.firewall: dict[str, dict[str, str]] = {}
+        self.addresses: dict[str, str] = {"vEthernet (Default Switch)": "172.20.96.1"}
+        self.smb_events: list[str] = []
+        self.extra_access: tuple[str, str, str] | None = None
+        """An access entry Windows would add to every new share (a host policy): the driver must refuse it."""
+        self.echo_password = False
+        """Fail SHARE with a message that quotes the password (a cmdlet echoing its input): it must be redacted."""
 
     # ------------------------------------------------------------------ the runner protocol
 
@@ -227,3 +262,97 @@ class StandInHyperV:
             del self.registry[args["service_id"]]
             removed_service = True
         return {"RemovedVm": removed_vm, "RemovedService": removed_service}
+
+    # ------------------------------------------------------------------ SMB shares
+
+    def _share_checks(self, args: Mapping[str, Any]) -> tuple[FakeAccount | None, list[str], bool]:
+        """The common head of SHARE and UNSHARE: name checks, then this Machine's leftovers removed."""
+        if not _PREFIX_RE.match(args["prefix"]):
+            raise PsError(f"not a vz share prefix: {args['prefix']}")
+        if not _ACCOUNT_RE.match(args["account"]):
+            raise PsError(f"not a vz share account: {args['account']}")
+        if not _RULE_RE.match(args["rule"]):
+            raise PsError(f"not a vz firewall rule name: {args['rule']}")
+        if not self.elevated:
+            raise PsError("Access is denied.", "PermissionDenied", "Windows System Error 5,Get-SmbShare")
+        user = self.accounts.get(args["account"])
+        removed = []
+        for name in [n for n in self.shares if n.startswith(args["prefix"])]:
+            share = self.shares.pop(name)
+            if user is not None:
+                self.aces.get(share.path, {}).pop(user.sid, None)
+            removed.append(name)
+            self.smb_events.append(f"remove-share {name}")
+        for path in args["paths"]:
+            if user is not None:
+                self.aces.get(path, {}).pop(user.sid, None)
+        removed_rule = self.firewall.pop(args["rule"], None) is not None
+        return user, removed, removed_rule
+
+    async def _share(self, args: Mapping[str, Any], timeout: float) -> Any:  # noqa: ASYNC109
+        user, removed, _ = self._share_checks(args)
+        password = args["password"]
+        if self.echo_password:
+            raise PsError(f"Set-LocalUser: the value {password} was refused", "InvalidArgument")
+        if len(password) < 14 or not (any(c.isupper() for c in password) and any(c.isdigit() for c in password)):
+            raise PsError("The password does not meet the password policy requirements.", "InvalidArgument")
+        if user is None:
+            user = FakeAccount(password, args["description"], f"S-1-5-21-1-2-3-{1000 + len(self.accounts)}")
+            self.accounts[args["account"]] = user
+        else:
+            user.password, user.enabled = password, True
+        qualified = f"{COMPUTER}\\{args['account']}"
+        alias = f"vEthernet ({args['switch']})"
+        if alias not in self.addresses:
+            raise PsError(f"the host has no IPv4 address on {alias}, the switch the guest reaches the shares on")
+        self.firewall[args["rule"]] = {"alias": alias, "port": "445", "remote": "LocalSubnet"}
+        made = []
+        for item in args["shares"]:
+            name = item["name"]
+            if not (name.startswith(args["prefix"]) and _SHARE_RE.match(name)):
+                raise PsError(f"not a vz share name: {name}")
+            if not os.path.isdir(item["path"]):  # noqa: ASYNC240 - a model, not I/O worth a thread
+                raise PsError(f"the shared directory {item['path']} does not exist")
+            right = "Read" if item["read_only"] else "Change"
+            access_list = [(qualified, right, "Allow")] + ([self.extra_access] if self.extra_access else [])
+            self.shares[name] = FakeShare(item["path"], args["description"], access_list, True, True)
+            self.aces.setdefault(item["path"], {})[user.sid] = "ReadAndExecute" if item["read_only"] else "Modify"
+            self.smb_events.append(f"new-share {name}")
+            access = [
+                {"AccountName": a, "AccessRight": r, "AccessControlType": t} for a, r, t in self.shares[name].access
+            ]
+            # ConvertTo-Json writes a one-element array as its element: the parser must take both shapes.
+            made.append({"Name": name, "Path": item["path"], "Access": access[0] if len(access) == 1 else access})
+        return {
+            "Account": qualified,
+            "User": args["account"],
+            "Domain": COMPUTER,
+            "HostAddress": self.addresses[alias],
+            "Shares": made[0] if len(made) == 1 else made,
+            "Replaced": removed,
+        }
+
+    async def _unshare(self, args: Mapping[str, Any], timeout: float) -> Any:  # noqa: ASYNC109
+        user, removed, removed_rule = self._share_checks(args)
+        state = "absent"
+        if user is not None:
+            if args["remove_account"]:
+                del self.accounts[args["account"]]
+                state = "removed"
+            else:
+                user.enabled = False
+                state = "disabled"
+        return {"RemovedShares": removed, "RemovedRule": removed_rule, "Account": state}
+
+    async def _list_shares(self, args: Mapping[str, Any], timeout: float) -> Any:  # noqa: ASYNC109
+        shares = [
+            {"Name": n, "Path": sh.path, "Description": sh.description}
+            for n, sh in self.shares.items()
+            if _SHARE_RE.match(n)
+        ]
+        accounts = [
+            {"Name": n, "Description": u.description, "Enabled": u.enabled}
+            for n, u in self.accounts.items()
+            if _ACCOUNT_RE.match(n)
+        ]
+        return {"Shares": shares or None, "Accounts": accounts[0] if len(accounts) == 1 else accounts}

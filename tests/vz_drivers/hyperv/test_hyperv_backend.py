@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -74,7 +75,13 @@ async def test_create_makes_the_documented_generation_2_vm_and_registers_its_soc
     # Nor are the Machine's secrets: they live only in its disk's config.sh.
     assert all("secret" not in json.dumps(args) for _, args in standin.calls)
     ids = json.loads((backend.book.paths(record.key).root / "hyperv.json").read_text())
-    assert ids == {"vm_name": record.vm_name, "vm_id": vm.id, "service_id": record.service_id}
+    assert ids == {
+        "vm_name": record.vm_name,
+        "vm_id": vm.id,
+        "service_id": record.service_id,
+        "shares": False,
+        "share_paths": [],
+    }
 
 
 async def test_secure_boot_template_when_configured(tmp_path: Path, standin: StandInHyperV) -> None:
@@ -199,13 +206,18 @@ def test_host_support_decision() -> None:
 async def test_plan_refuses_before_touching_anything(
     backend: HypervBackend, standin: StandInHyperV, tmp_path: Path
 ) -> None:
+    # Shares travel over the switch: a Machine without a network adapter cannot have any.
     ws = RunImageRequest(
         workspace_id="w",
         image="vz:default",
+        labels=("vz.egress=deny",),
         workspace_mount=Mount(type=MountType.BIND, source=str(tmp_path), target="/work", read_only=True),
     )
-    with pytest.raises(UnsupportedError, match=r"cannot share host directories.*docs/drivers/hyperv\.md"):
+    with pytest.raises(UnsupportedError, match=r"over SMB on the Machine's switch.*vz.egress=deny"):
         await backend.plan(ws, machine_key("w"))
+    no_switch = HypervBackend(state_dir=backend.book.root, runner=standin, host=WINDOWS, switch="")
+    with pytest.raises(UnsupportedError, match=r"the driver option switch is empty"):
+        await no_switch.plan(replace(ws, labels=()), machine_key("w"))
     from vz_core import HostRequirements
 
     odd = RunImageRequest(

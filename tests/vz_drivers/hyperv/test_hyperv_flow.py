@@ -18,14 +18,16 @@ from typing import Any
 
 import pytest
 from conftest import WINDOWS
-from hyperv_standin import FakeVm, StandInHyperV
+from hyperv_standin import FakeAccount, FakeShare, FakeVm, StandInHyperV
 
-from vz_core import ExecExit, ExecOutput, ExecSpec, RunImageRequest
-from vz_core.errors import FailedPreconditionError
+from vz_core import ExecExit, ExecOutput, ExecSpec, Mount, MountType, RunImageRequest
+from vz_core.errors import DriverError, FailedPreconditionError, PermissionDeniedError, RuntimeFailureError
 from vz_drivers._agent import AgentClient
 from vz_drivers._machine import AgentLink, AgentMachineDriver
+from vz_drivers.hyperv import _scripts as ps
 from vz_drivers.hyperv._driver import HypervBackend
 from vz_drivers.hyperv._records import HypervPaths, HypervRecord
+from vz_drivers.hyperv._shares import mount_spec, state_tag
 
 
 class AgentVms(StandInHyperV):
@@ -98,9 +100,22 @@ class AgentVms(StandInHyperV):
 
 
 class LocalAgentBackend(HypervBackend):
-    """The real backend, but the agent is reached over the stand-in VM's Unix socket, and the disk is a stub."""
+    """The real backend, but the agent is reached over the stand-in VM's Unix socket, and the disk is a stub.
+
+    The guest's mount commands are recorded, not run: this "guest" is a process of the test host (the real
+    mounts run in the guest under QEMU + OVMF against Samba: test_hyperv_shares_guest.py)."""
 
     vms: AgentVms
+    mounted: list[tuple[ps.SharesMade, str, list[ExecSpec]]]
+
+    async def guest_mount(
+        self, record: HypervRecord, link: AgentLink, made: ps.SharesMade, password: str, **kw: Any
+    ) -> None:
+        specs = [
+            mount_spec(record.workspace_id, made, share, uid=record.identity_uid, gid=record.identity_gid)
+            for share in self.shares_of(record).shares
+        ]
+        self.mounted.append((made, password, specs))
 
     async def build_raw_disk(self, record: HypervRecord, rootfs: Path, work: Path) -> Path:
         raw = work / "disk.img"
@@ -112,7 +127,7 @@ class LocalAgentBackend(HypervBackend):
 
         return find_boot_tools(), None
 
-    async def connect(self, record: HypervRecord, *, booting: bool) -> AgentLink:
+    async def open_link(self, record: HypervRecord, *, booting: bool) -> AgentLink:
         sock = self.vms.socket_of(record.vm_name)
         while True:
             try:
@@ -148,6 +163,7 @@ async def test_a_machine_through_the_shared_layer(tmp_path: Path, image_dir: Pat
         state_dir=tmp_path / "state", image_dir=image_dir, runner=vms, host=WINDOWS, stop_timeout=1
     )
     backend.vms = vms
+    backend.mounted = []
     backend.stop_slack = 5
     driver: AgentMachineDriver[HypervRecord, HypervPaths] = AgentMachineDriver(backend)
     ws = "proj/env/../machine ü"
@@ -185,5 +201,149 @@ async def test_a_machine_through_the_shared_layer(tmp_path: Path, image_dir: Pat
         assert list(backend.book.machines_dir.iterdir()) == []
     finally:
         await driver.close()
+        for vm in list(vms.vms.values()):
+            vms._power_off(vm)
+
+
+def _files_containing(root: Path, needle: str) -> list[Path]:
+    return [p for p in root.rglob("*") if p.is_file() and needle.encode() in p.read_bytes()]
+
+
+async def test_workspace_and_mounts_are_smb_shares_of_the_machine(
+    tmp_path: Path, image_dir: Path, agent_binary: str
+) -> None:
+    vms = AgentVms(agent_binary, tmp_path)
+    state = tmp_path / "state"
+    backend = LocalAgentBackend(state_dir=state, image_dir=image_dir, runner=vms, host=WINDOWS, stop_timeout=1)
+    backend.vms, backend.mounted, backend.stop_slack = vms, [], 5
+    driver: AgentMachineDriver[HypervRecord, HypervPaths] = AgentMachineDriver(backend)
+    work, ref = tmp_path / "work", tmp_path / "ref"
+    work.mkdir()
+    ref.mkdir()
+    ws = "proj/shares"
+    request = RunImageRequest(
+        workspace_id=ws,
+        image="vz:default",
+        workspace_mount=Mount(type=MountType.BIND, source=str(work), target="/workspaces/p"),
+        mounts=(
+            Mount(type=MountType.BIND, source=str(ref), target="/ref", read_only=True),
+            Mount(type=MountType.VOLUME, source="cache", target="/cache"),
+            Mount(type=MountType.TMPFS, source="", target="/scratch"),
+        ),
+    )
+    # A crash left the shares and account of a Machine of this state directory that no longer exists.
+    gone = "f" * 32
+    tag = state_tag(backend.book.root)
+    vms.accounts[f"vz-{gone[:16]}"] = FakeAccount("x", f"vz Machine {gone} (state {tag})", "S-1-5-21-9")
+    vms.shares[f"vz-{gone}-0$"] = FakeShare(str(ref), f"vz Machine {gone} (state {tag})", [], True, True)
+    # ... and one of another vz home on the same host, which is not this driver's to touch.
+    other = "e" * 32
+    vms.shares[f"vz-{other}-0$"] = FakeShare(str(ref), f"vz Machine {other} (state 0123456789ab)", [], True, True)
+    try:
+        await driver.run_image(request)
+        record = backend.book.load(next(iter(backend.book.machines_dir.iterdir())).name)
+        assert record is not None
+        prefix, account = f"vz-{record.key}-", f"vz-{record.key[:16]}"
+        assert sorted(vms.shares) == [f"{prefix}0$", f"{prefix}1$", f"{prefix}2$", f"vz-{other}-0$"]
+        assert f"vz-{gone[:16]}" not in vms.accounts  # the crash's leftovers were removed, the other home's kept
+        volume = str(backend.book.volume_dir("cache") / "data")
+        expected = {
+            f"{prefix}0$": (str(work), "Change", "Modify"),
+            f"{prefix}1$": (str(ref), "Read", "ReadAndExecute"),
+            f"{prefix}2$": (volume, "Change", "Modify"),
+        }
+        sid = vms.accounts[account].sid
+        for name, (path, right, ace) in expected.items():
+            share = vms.shares[name]
+            assert (share.path, share.access, share.temporary, share.encrypt) == (
+                path,
+                [(f"DEVBOX\\{account}", right, "Allow")],
+                True,
+                True,
+            )
+            assert vms.aces[path] == {sid: ace}
+        assert vms.firewall[f"vz-{record.key}-smb"]["alias"] == "vEthernet (Default Switch)"
+        # Shares first, then the VM; the guest mounted once its agent answered, with this boot's password.
+        create_at = [n for n, _ in vms.calls].index("create")
+        assert [n for n, _ in vms.calls].index("share") < create_at
+        ((_made, password, specs),) = backend.mounted
+        assert vms.accounts[account].password == password and vms.accounts[account].enabled
+        assert [s.argv[6] for s in specs] == ["/workspaces/p", "/ref", "/cache"]  # tmpfs stays in the guest
+        assert specs[0].argv[5] == f"//172.20.96.1/{prefix}0$"
+        options = [s.argv[7].split(",") for s in specs]
+        assert [o[0] for o in options] == ["rw", "ro", "rw"]
+        assert {"vers=3.1.1", "seal", f"username={account}", "domain=DEVBOX", "uid=0", "gid=0"} <= set(options[1])
+        # The password is in no exec request, no record, no file of the state directory.
+        assert all(password not in " ".join(s.argv) for s in specs)
+        assert _files_containing(state, password) == []
+
+        await driver.stop(ws)
+        assert not any(n.startswith(prefix) for n in vms.shares) and f"vz-{record.key}-smb" not in vms.firewall
+        assert all(sid not in aces for aces in vms.aces.values())
+        assert not vms.accounts[account].enabled  # a stopped Machine's account cannot log on
+
+        # A share a crash left for this Machine is replaced at the next start; the password is new.
+        vms.shares[f"{prefix}7$"] = FakeShare(str(ref), "left", [], True, True)
+        await driver.start(ws)
+        (_, second, _) = backend.mounted[-1]
+        assert second != password and vms.accounts[account].password == second
+        assert f"{prefix}7$" not in vms.shares and len([n for n in vms.shares if n.startswith(prefix)]) == 3
+
+        await driver.delete(ws)
+        assert account not in vms.accounts and not any(n.startswith(prefix) for n in vms.shares)
+        assert all(sid not in aces for aces in vms.aces.values()) and vms.firewall == {}
+        assert f"vz-{other}-0$" in vms.shares
+    finally:
+        await driver.close()
+        for vm in list(vms.vms.values()):
+            vms._power_off(vm)
+
+
+async def test_shares_are_refused_unless_host_enforced_and_their_password_never_shows(
+    tmp_path: Path, image_dir: Path, agent_binary: str
+) -> None:
+    vms = AgentVms(agent_binary, tmp_path)
+    backend = LocalAgentBackend(
+        state_dir=tmp_path / "state", image_dir=image_dir, runner=vms, host=WINDOWS, stop_timeout=1
+    )
+    backend.vms, backend.mounted, backend.stop_slack = vms, [], 5
+    driver: AgentMachineDriver[HypervRecord, HypervPaths] = AgentMachineDriver(backend)
+    ref = tmp_path / "ref"
+    ref.mkdir()
+    request = RunImageRequest(
+        workspace_id="ro",
+        image="vz:default",
+        mounts=(Mount(type=MountType.BIND, source=str(ref), target="/ref", read_only=True),),
+    )
+    try:
+        # A host policy that adds an entry to new shares (here: Everyone may read) is not what vz asked for.
+        vms.extra_access = ("Everyone", "Read", "Allow")
+        with pytest.raises(RuntimeFailureError, match=r"access list .*expected only Read for DEVBOX"):
+            await driver.run_image(request)
+        assert vms.vms == {} and vms.shares == {} and backend.mounted == []  # nothing booted, nothing left
+        vms.extra_access = None
+        # A PowerShell error quoting the password says everything but the password.
+        vms.echo_password = True
+        with pytest.raises(DriverError) as caught:
+            await driver.run_image(request)
+        assert "the value *** was refused" in caught.value.message
+        assert not any(
+            args.get("password", "") in str(caught.value) + caught.value.runtime_message
+            for name, args in vms.calls
+            if name == "share"
+        )
+        vms.echo_password = False
+        # Shares are made at every start: a Hyper-V Administrator in a normal prompt is told to elevate.
+        await driver.run_image(request)
+        await driver.stop("ro")
+        backend._probe = None
+        vms.elevated = False
+        with pytest.raises(PermissionDeniedError, match="needs an elevated process"):
+            await driver.start("ro")
+        assert vms.vms[next(iter(vms.vms))].state == "Off"
+    finally:
+        vms.elevated = True
+        await driver.close()
+        await driver.remove_everything()
         for vm in list(vms.vms.values()):
             vms._power_off(vm)
