@@ -392,11 +392,12 @@ class SharedDriver(Driver):
                 await events.aclose()  # type: ignore[attr-defined]
 
     async def extensions(self) -> Extensions | None:
+        """The plugin's Extensions, asked once per plugin launch (every command negotiates; the answer of the
+        running plugin does not change). None when the driver serves no extensions."""
         known, extensions = self._session.cached_extensions()
         if known:
             return extensions
-        with self._session.using():
-            return await self._remote.extensions()
+        return (await self._session.negotiated()).extensions
 
     async def close(self) -> None:
         """Nothing to do: the session stays warm for the next command (the pool stops it)."""

@@ -429,13 +429,22 @@ async def test_capabilities_are_the_negotiated_facts(home: Path) -> None:
         assert "unknown driver 'nosuchdriver'" in rows["nosuchdriver"]["error"]["message"]
         session = pool.session("fake")
         assert session.stats.launches == 1
-        # Facts are taken once per launch; a DriverPool in the daemon reuses them (no Extensions call).
+        # Facts are taken once per launch; a command's DriverPool in the daemon gets the same ones from them.
+        taken = session.facts
         again = await pool.capabilities(["fake"])
-        assert again[0]["facts"] == expected and session.stats.launches == 1
+        assert again[0]["facts"] == expected and session.stats.launches == 1 and session.facts is taken
         command = DriverPool()
         try:
             _, facts = await command.get("fake")
-            assert facts.describe() == expected
+            assert facts.describe() == expected and session.facts is taken
         finally:
             await command.aclose()
         assert session.state == "idle"
+        # After a relaunch they are asked again.
+        os.kill(session.pid or 0, signal.SIGKILL)
+        await until(lambda: session.stats.crashes == 1)
+        assert (await pool.capabilities(["fake"]))[0]["facts"] == expected  # stopped: the last facts, no launch
+        assert session.stats.launches == 1
+        await acquire_driver("fake", {}).find("ws")
+        fresh = await pool.capabilities(["fake"])
+        assert fresh[0]["facts"] == expected and session.stats.launches == 2 and session.facts is not taken
