@@ -309,9 +309,16 @@ class SharedDriver(Driver):
     """A handle on a shared plugin session (what ``acquire_driver`` returns in the daemon): every call goes to
     the session's ``RemoteDriver``; ``close()`` leaves the plugin running for the next command."""
 
-    def __init__(self, session: PluginSession) -> None:
+    def __init__(self, session: PluginSession, redactor: Redactor | None = None) -> None:
         self._session = session
         self._remote = session.remote
+        self._redactor = redactor
+
+    def _using(self) -> contextlib.AbstractContextManager[None]:
+        # The command's redactor may have learned more secrets since the handle was made (they are resolved
+        # while the command runs): the pool learns them before each call.
+        self._session.pool.learn(self._redactor)
+        return self._session.using()
 
     def __repr__(self) -> str:
         return f"SharedDriver(name={self._session.name!r}, pid={self._session.pid})"
@@ -321,47 +328,47 @@ class SharedDriver(Driver):
         return self._session
 
     async def info(self, *, supports_recreate_on_run: bool = False) -> DriverInfo:
-        with self._session.using():
+        with self._using():
             return await self._remote.info(supports_recreate_on_run=supports_recreate_on_run)
 
     async def preflight(self, *, disable_auto_start: bool = False) -> None:
-        with self._session.using():
+        with self._using():
             await self._remote.preflight(disable_auto_start=disable_auto_start)
 
     async def provisioning_preflight(self) -> None:
-        with self._session.using():
+        with self._using():
             await self._remote.provisioning_preflight()
 
     async def reuse_preflight(self, workspace_id: str, remote_user: str) -> None:
-        with self._session.using():
+        with self._using():
             await self._remote.reuse_preflight(workspace_id, remote_user)
 
     async def find(self, workspace_id: str) -> MachineDetails | None:
-        with self._session.using():
+        with self._using():
             return await self._remote.find(workspace_id)
 
     async def target_architecture(self, workspace_id: str) -> str:
-        with self._session.using():
+        with self._using():
             return await self._remote.target_architecture(workspace_id)
 
     async def run_image(self, request: RunImageRequest) -> None:
-        with self._session.using():
+        with self._using():
             await self._remote.run_image(request)
 
     async def start(self, workspace_id: str) -> None:
-        with self._session.using():
+        with self._using():
             await self._remote.start(workspace_id)
 
     async def stop(self, workspace_id: str) -> None:
-        with self._session.using():
+        with self._using():
             await self._remote.stop(workspace_id)
 
     async def delete(self, workspace_id: str) -> None:
-        with self._session.using():
+        with self._using():
             await self._remote.delete(workspace_id)
 
     async def exec(self, spec: ExecSpec, stdin: AsyncIterator[bytes]) -> AsyncIterator[ExecEvent]:
-        with self._session.using():
+        with self._using():
             events = self._remote.exec(spec, stdin)
             try:
                 async for event in events:
@@ -370,11 +377,11 @@ class SharedDriver(Driver):
                 await events.aclose()  # type: ignore[attr-defined]
 
     async def exec_local(self, machine_id: str, spec: ExecSpec, stdio: tuple[int, int, int]) -> ExecExit:
-        with self._session.using():
+        with self._using():
             return await self._remote.exec_local(machine_id, spec, stdio)
 
     async def logs(self, workspace_id: str) -> AsyncIterator[bytes]:
-        with self._session.using():
+        with self._using():
             chunks = self._remote.logs(workspace_id)
             try:
                 async for chunk in chunks:
@@ -383,7 +390,7 @@ class SharedDriver(Driver):
                 await chunks.aclose()  # type: ignore[attr-defined]
 
     async def terminal(self, spec: TerminalSpec, input: AsyncIterator[TerminalInput]) -> AsyncIterator[TerminalEvent]:
-        with self._session.using():
+        with self._using():
             events = self._remote.terminal(spec, input)
             try:
                 async for event in events:
@@ -397,6 +404,7 @@ class SharedDriver(Driver):
         known, extensions = self._session.cached_extensions()
         if known:
             return extensions
+        self._session.pool.learn(self._redactor)
         return (await self._session.negotiated()).extensions
 
     async def close(self) -> None:
@@ -527,7 +535,7 @@ class SessionPool:
         (validated exactly as ``vz_core.drivers.open_driver`` does; ``UserError``/``NotFoundError`` before
         anything is launched). Nothing is launched until the first call."""
         self.learn(redactor)
-        return SharedDriver(self.session(name, project_options, where=where, recorded=recorded))
+        return SharedDriver(self.session(name, project_options, where=where, recorded=recorded), redactor)
 
     def session(
         self,

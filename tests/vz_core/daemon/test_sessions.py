@@ -389,14 +389,18 @@ async def test_the_pool_learns_every_secret_of_the_environments_it_serves(
     # This copy (pinned like the installed one) writes a secret to its stderr before serving.
     noisy = f"import sys; sys.stderr.write('token={secret} short {short} done\\n'); sys.stderr.flush()\n"
     script.write_bytes(head + b"\n" + noisy.encode() + rest)
-    env_a, env_b = Redactor(short_tokens=True), Redactor(short_tokens=True)
+    env_a = Redactor(short_tokens=True)
     env_a.add(secret)
-    env_b.add(short)
     caplog.set_level(logging.INFO, logger="vz.plugin.fake")
     async with SessionPool(plugin_idle=0, scripts_dir=scripts) as pool:
         a = acquire_driver("fake", {}, redactor=env_a)
-        acquire_driver("fake", {}, redactor=env_b)  # another Environment, the same plugin
+        env_b = Redactor(short_tokens=True)
+        b = acquire_driver("fake", {}, redactor=env_b)  # another Environment, the same plugin
         await a.info()
+        assert pool.redactor.redact(f"{secret} {short}") == f"*** {short}"
+        env_b.add(short)  # a secret that command resolved after it got its driver
+        await b.find("ws")  # its next call teaches it to the pool
+        assert pool.redactor.redact(f"{secret} {short}") == "*** ***"
         with pytest.raises(InvalidArgumentError) as caught:
             await a.run_image(RunImageRequest("ws-secret", f"invalid/{secret}"))
         assert secret not in str(caught.value) and "invalid/***" in str(caught.value)
