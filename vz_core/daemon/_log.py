@@ -65,10 +65,20 @@ class _Handler(logging.handlers.RotatingFileHandler):
             os.dup2(fd, 2)
 
 
+class _Echo(logging.StreamHandler):  # type: ignore[type-arg]
+    pass
+
+
 def setup_logging(
-    path: str, *, stdio: bool = False, redactor: Callable[[], Redactor | None] | None = None, level: int = logging.INFO
+    path: str,
+    *,
+    stdio: bool = False,
+    echo: bool = False,
+    redactor: Callable[[], Redactor | None] | None = None,
+    level: int = logging.INFO,
 ) -> logging.Logger:
-    """The ``vz.daemon`` logger (and the root logger) writing to ``path``; ``stdio``: also move fds 1 and 2."""
+    """The ``vz.daemon`` logger (and the root logger) writing to ``path``; ``stdio``: also move fds 1 and 2
+    there (a detached daemon); ``echo``: also write to stderr (a daemon in the foreground)."""
     handler = _Handler(path, stdio)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s"))
     if redactor is not None:
@@ -78,9 +88,15 @@ def setup_logging(
         os.dup2(fd, 1)
         os.dup2(fd, 2)
     root = logging.getLogger()
-    for old in [h for h in root.handlers if isinstance(h, _Handler)]:
+    for old in [h for h in root.handlers if isinstance(h, _Handler | _Echo)]:
         root.removeHandler(old)
         old.close()
     root.addHandler(handler)
+    if echo:
+        console = _Echo()
+        console.setFormatter(handler.formatter)
+        if redactor is not None:
+            console.addFilter(RedactingFilter(redactor))
+        root.addHandler(console)
     root.setLevel(level)
     return logging.getLogger(LOGGER)

@@ -72,6 +72,7 @@ HELLO_TIMEOUT = 10.0
 """A connection that has not said hello by then is closed."""
 CALL_TIMEOUT = 60.0
 """A connection that said hello but sent no call by then is closed (it would keep the daemon from idling)."""
+_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _RECEIVE_BUFFER = 4 * 1024 * 1024  # client bytes queued for a handler that is not reading; then reading pauses
 
 Handler = Callable[["Call"], Awaitable[dict[str, Any]]]
@@ -225,7 +226,8 @@ class Daemon:
 
     ``handler`` serves every call the server does not handle itself (``System.Shutdown``). ``on_shutdown``
     hooks run once, after the running calls ended, before the socket and pid file are removed. The identity
-    (``version``/``fingerprint``) defaults to this installation's.
+    (``version``/``fingerprint``) defaults to this installation's. ``handle_signals``: SIGTERM, SIGINT and
+    SIGHUP shut it down (needs the main thread).
     """
 
     def __init__(
@@ -239,8 +241,10 @@ class Daemon:
         http2: Http2Hook | None = None,
         daemon_version: str | None = None,
         daemon_fingerprint: str | None = None,
+        handle_signals: bool = True,
     ) -> None:
         self.paths = paths
+        self.handle_signals = handle_signals
         self.handler = handler
         self.idle_timeout = idle_timeout_from_env() if idle_timeout is None else idle_timeout
         self.shutdown_grace = shutdown_grace
@@ -260,6 +264,8 @@ class Daemon:
         self._stop: asyncio.Event | None = None
         self._stop_reason = ""
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.redactor: Callable[[], Any] | None = None
+        """Gives the ``vz_core.redact.Redactor`` holding every secret the service learned (for the log)."""
 
     # ---- accounting ---------------------------------------------------------------------------------------
 
@@ -531,7 +537,7 @@ class Daemon:
                     "proc_start": proc_start_ticks(self.pid),
                 },
             )
-            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            for sig in _SIGNALS if self.handle_signals else ():
                 self._loop.add_signal_handler(sig, self.request_shutdown, f"signal {signal.Signals(sig).name}")
             accept = asyncio.ensure_future(self._accept_loop(listener))
             log.info(
@@ -558,7 +564,7 @@ class Daemon:
                 except Exception:
                     log.exception("a shutdown hook failed")
         finally:
-            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            for sig in _SIGNALS if self.handle_signals else ():
                 with contextlib.suppress(Exception):
                     self._loop.remove_signal_handler(sig)
             if self._idle_handle is not None:
@@ -669,6 +675,7 @@ async def _install_service(daemon: Daemon) -> None:
         )
         await service.start()
         daemon.handler = service.dispatch
+        daemon.redactor = lambda: getattr(service, "redactor", None)
         daemon.on_shutdown.append(service.close)
     grpc_module = _optional_module("vz_core.daemon._grpc")
     if grpc_module is not None:
@@ -684,6 +691,7 @@ def run_daemon(
     *,
     ready_fd: int | None = None,
     stdio_to_log: bool = False,
+    echo: bool = False,
     idle_timeout: float | None = None,
     daemon_version: str | None = None,
     daemon_fingerprint: str | None = None,
@@ -693,7 +701,7 @@ def run_daemon(
     ``paths`` default to the state home's (``VZ_HOME``). ``handler`` None = the daemon service
     (``vz_core.daemon._service.create_service``) when installed. ``ready_fd``: a pipe that gets one line,
     ``ready <pid>`` once the socket accepts or ``error <message>``, then is closed. ``stdio_to_log``: fds 1
-    and 2 are moved to the log (a detached daemon).
+    and 2 are moved to the log (a detached daemon). ``echo``: the log also goes to stderr (the foreground).
     """
     from vz_core.daemon._connect import _open_socket
     from vz_core.daemon._log import setup_logging
@@ -706,11 +714,17 @@ def run_daemon(
                 os.close(ready_fd)
             ready_fd = None
 
+    running: list[Daemon] = []
+
+    def log_redactor() -> Any:
+        source = running[0].redactor if running else None
+        return source() if source is not None else None
+
     lock_fd = -1
     try:
         paths = paths if paths is not None else daemon_paths()
         ensure_private_dir(paths.directory)
-        setup_logging(paths.log_file, stdio=stdio_to_log)
+        setup_logging(paths.log_file, stdio=stdio_to_log, echo=echo, redactor=log_redactor)
         sock = _open_socket(paths)
         if sock is not None:
             sock.close()
@@ -735,6 +749,7 @@ def run_daemon(
             daemon_version=daemon_version,
             daemon_fingerprint=daemon_fingerprint,
         )
+        running.append(daemon)
         if handler is None:
             await _install_service(daemon)
         return await daemon.serve(ready=lambda: tell(f"ready {os.getpid()}"))
