@@ -28,7 +28,7 @@ import itertools
 import os
 import signal as signals
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -38,7 +38,7 @@ from vz_core.daemon._errors import CallFailed, encode_error
 from vz_core.daemon._progress import CallProgress
 from vz_core.redact import Redactor
 
-__all__ = ["METHODS", "CallLike", "EventSink", "Service", "dispatch"]
+__all__ = ["METHODS", "CallLike", "EventSink", "Service", "create_service", "dispatch"]
 
 
 class CallLike(Protocol):
@@ -64,7 +64,9 @@ class EventSink(Protocol):
 
     def append(self, kind: str, environment_id: str | None, machine_id: str | None, data: dict[str, Any]) -> int: ...
 
-    def follow(self, from_revision: int, environment_id: str | None = None) -> AsyncIterator[dict[str, Any]]: ...
+    def follow(
+        self, from_revision: int = 0, *, environment_id: str | None = None, kinds: Sequence[str] = ()
+    ) -> AsyncIterator[dict[str, Any]]: ...
 
 
 # Methods that are not Machine operations: they never keep the daemon busy (idle timer) and are not recorded.
@@ -279,9 +281,12 @@ class Service:
         fingerprint: str | None = None,
         store_path: Path | None = None,
         warm_sessions: bool = True,
+        daemon_status: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
+        self._daemon_status = daemon_status
         self._warm_sessions = warm_sessions
         self._events = events
+        self._own_events = False
         self._on_shutdown = on_shutdown
         self._pool = pool
         self._own_pool = False
@@ -335,16 +340,20 @@ class Service:
                 events = None
             if events is not None:
                 self._events = events.EventLog(self._store_path)
+                self._own_events = True
 
     async def close(self) -> None:
         """Stop the sessions this service started (Machines keep running) and close the event log."""
         if self._own_pool and self._pool is not None:
             await _maybe_await(self._pool.aclose())
-        if self._events is not None:
+        if self._own_events and self._events is not None:
             closing = getattr(self._events, "close", None)
             if closing is not None:
                 with contextlib.suppress(Exception):
                     closing()
+
+    async def aclose(self) -> None:
+        await self.close()
 
     @property
     def busy(self) -> bool:
@@ -404,7 +413,7 @@ class Service:
                     if failure is None
                     else ("interrupted" if failure.get("kind") == "interrupted" else "failed")
                 )
-                op_id = result.get("operation_id") if isinstance(result, dict) else None
+                op_id = self._operation_id(kind, operation, result)
                 self._publish(
                     "operation.finished",
                     operation.environment_id,
@@ -418,6 +427,22 @@ class Service:
                         "seconds": round(time.monotonic() - started, 3),
                     },
                 )
+
+    def _operation_id(self, kind: str, operation: _Operation, result: dict[str, Any] | None) -> str | None:
+        """The state store's id of the operation a call ran (``vz up`` results do not carry it)."""
+        env = result.get("environment") if isinstance(result, dict) else None
+        if isinstance(env, dict) and isinstance(env.get("id"), str):
+            operation.environment_id = operation.environment_id or env["id"]
+        if isinstance(result, dict) and isinstance(result.get("operation_id"), str):
+            return str(result["operation_id"])
+        if operation.environment_id is None:
+            return None
+        from vz_core.env import Store
+
+        with contextlib.suppress(Exception), Store(self._store_path) as store:
+            ops = [op for op in store.operations(operation.environment_id) if op.kind == kind]
+            return ops[-1].op_id if ops else None
+        return None
 
     async def _run(self, handler: Handler, state: _CallState) -> dict[str, Any]:
         call = state.call
@@ -441,10 +466,14 @@ class Service:
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if not inner.done() or (task is not None and task.cancelling()):
-                # The server cancelled this call (daemon shutdown): so is the operation.
+                # The server cancelled this call (the client's cancel or hangup, or shutdown): so is the
+                # operation; what it reported on its way out (the failed step) still goes first.
                 inner.cancel()
                 with contextlib.suppress(BaseException):
                     await inner
+                if state.progress is not None:
+                    with contextlib.suppress(BaseException):
+                        await asyncio.wait_for(state.progress.flush(), timeout=2.0)
                 raise
             if state.progress is not None:  # the failed step is reported before the error
                 with contextlib.suppress(Exception):
@@ -597,13 +626,9 @@ class Service:
         if self._events is None:
             raise _unavailable("events are not recorded by this daemon (no event log)")
         last = revision or 0
-        async for event in self._events.follow(
-            revision if revision is not None else _latest(self._events), environment_id
-        ):
+        start = revision if revision is not None else _latest(self._events)
+        async for event in self._events.follow(start, environment_id=environment_id, kinds=kinds):
             last = int(event.get("revision") or last)
-            kind = str(event.get("kind") or "")
-            if kinds and not kind.startswith(kinds):
-                continue
             await state.call.event(state.redactor.redact_data(event))
         return {"revision": last}
 
@@ -972,16 +997,21 @@ class Service:
         describe = getattr(self._pool, "status", None) if self._pool is not None else None
         if describe is not None:
             plugins = list(await _maybe_await(describe()))
-        return {
+        report: dict[str, Any] = {
             "pid": os.getpid(),
             "version": self._version or _vz_version(),
             "fingerprint": self._fingerprint,
             "started": self._started,
             "uptime_seconds": round(time.monotonic() - self._t0, 3),
-            "busy": self.busy,
-            "plugins": plugins,
-            "operations": [op.row() for op in self._operations.values() if op is not state.operation],
         }
+        if self._daemon_status is not None:  # the server's view: socket, connections, idle timeout
+            report.update(self._daemon_status())
+        report.update(
+            busy=self.busy,
+            plugins=plugins,
+            operations=[op.row() for op in self._operations.values() if op.method not in PASSIVE],
+        )
+        return report
 
     async def _shutdown(self, state: _CallState) -> dict[str, Any]:
         Request(state.call.method, state.call.request, ())
@@ -1083,6 +1113,19 @@ def _vz_version() -> str:
         return version("vz")
     except PackageNotFoundError:
         return "0+unknown"
+
+
+async def create_service(daemon: Any) -> Service:
+    """The started service of a running daemon (``vz_core.daemon._server.Daemon``): its identity, its status,
+    its shutdown."""
+    service = Service(
+        version=getattr(daemon, "version", None),
+        fingerprint=getattr(daemon, "fingerprint", None),
+        daemon_status=getattr(daemon, "status", None),
+        on_shutdown=lambda: daemon.request_shutdown("System.Shutdown"),
+    )
+    await service.start()
+    return service
 
 
 _default: Service | None = None
