@@ -240,3 +240,19 @@ async def test_cancelling_a_launch_leaves_nothing_behind(run_root: str, tmp_path
     with pytest.raises(asyncio.CancelledError):
         await task
     assert os.listdir(run_root) == []
+
+
+async def test_stopping_tells_a_requested_end_from_a_crash() -> None:
+    asked = await mini().launch()
+    crashed = await mini().launch()
+    try:
+        assert not asked.stopping and not crashed.stopping
+        await asked.shutdown()
+        assert asked.stopping and asked.process.exited.is_set()
+        os.kill(crashed.pid, 9)
+        await crashed.process.wait()
+        assert not crashed.stopping  # nobody asked it to end: a crash
+    finally:
+        await crashed.kill()
+        await asked.kill()
+    assert crashed.stopping
