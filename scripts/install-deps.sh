@@ -17,6 +17,8 @@ APT_PACKAGES=(
   # the shared Linux guest for other hosts, verified here: aarch64 under TCG (vfkit), an EFI disk under OVMF
   # and its VHDX (hyperv): firmware, disk tools, FAT without mounts, GPT, the EFI stub of a unified kernel image
   qemu-system-arm ovmf qemu-utils mtools dosfstools gdisk systemd-boot-efi binutils
+  # hyperv's workspace/mount shares, verified here: the guest mounts SMB 3.1.1 shares of a test-run smbd on loopback
+  samba
   # interactive terminals: tests drive the real CLI in a real terminal
   tmux
   # guest agent build and Go interop fixtures (go-plugin peers), GOPATH mode
