@@ -299,6 +299,7 @@ class Service:
         self._store_path = store_path
         self._observed: dict[tuple[str, str], str] = {}
         self.shutdown_requested = asyncio.Event()
+        self._secrets = Redactor(short_tokens=True)
         self._methods: dict[str, Handler] = {
             "Environments.Up": self._up,
             "Environments.Get": self._get,
@@ -356,6 +357,12 @@ class Service:
         await self.close()
 
     @property
+    def redactor(self) -> Redactor:
+        """Every secret of every call served so far (the daemon's log is masked with it); the warm sessions'
+        redactor learns them too, as soon as a driver is acquired for a call."""
+        return self._secrets
+
+    @property
     def busy(self) -> bool:
         """A Machine operation is in flight (the daemon's idle timer waits)."""
         return any(op.method not in PASSIVE for op in self._operations.values())
@@ -401,6 +408,7 @@ class Service:
             raise
         finally:
             del self._operations[operation.number]
+            self._secrets.merge(state.redactor)
             if state.progress is not None:
                 state.progress.abandon()
             if state.tracker is not None:

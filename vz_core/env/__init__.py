@@ -3,8 +3,9 @@
 Importing this package is cheap: names are loaded on first use, so the hot CLI paths (``vz exec``) never pay
 for pydantic. The public surface:
 
-* definition: ``ProjectDefinition`` (and its parts), ``load_definition``, ``parse_definition``,
-  ``definition_json_schema``, ``find_definition``;
+* definition: ``ProjectDefinition`` (and its parts, ``EgressPolicy``), ``load_definition``, ``parse_definition``,
+  ``definition_json_schema``, ``find_definition``, ``migrate_definition``, ``network_problems``;
+* network topology: ``compile_topology`` → ``TopologyPlan``;
 * identity and selection: ``workspace_id``, ``select_environment``, ``select_machine``;
 * state: ``Store`` with its records, ``MIGRATIONS``;
 * reconciliation: ``compute_plan``, ``Plan``, ``Step``, ``Change``;
@@ -32,11 +33,14 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from vz_core.env._context import Context
     from vz_core.env._definition import (
+        EgressPolicy,
         Machine,
         ProjectDefinition,
         SecretRef,
         definition_json_schema,
         load_definition,
+        migrate_definition,
+        network_problems,
         parse_definition,
     )
     from vz_core.env._discover import find_definition
@@ -77,10 +81,16 @@ if TYPE_CHECKING:
         StoreBusyError,
         StoreError,
     )
+    from vz_core.env._topology import TopologyPlan, compile_topology
     from vz_core.env._up import up
     from vz_core.env._volumes import list_volumes, remove_volume
 
 _WHERE = {
+    "EgressPolicy": "_definition",
+    "migrate_definition": "_definition",
+    "network_problems": "_definition",
+    "TopologyPlan": "_topology",
+    "compile_topology": "_topology",
     "Machine": "_definition",
     "ProjectDefinition": "_definition",
     "SecretRef": "_definition",
@@ -146,6 +156,7 @@ __all__ = [
     "DefinitionNotFoundError",
     "DriverFacts",
     "DriverPool",
+    "EgressPolicy",
     "EnvironmentRecord",
     "ExecTarget",
     "FdReader",
@@ -166,8 +177,10 @@ __all__ = [
     "StoreBusyError",
     "StoreError",
     "TerminalSink",
+    "TopologyPlan",
     "UnboundWorktreeError",
     "acquire_driver",
+    "compile_topology",
     "compute_plan",
     "definition_json_schema",
     "delete",
@@ -179,6 +192,8 @@ __all__ = [
     "find_definition",
     "list_volumes",
     "load_definition",
+    "migrate_definition",
+    "network_problems",
     "parse_definition",
     "prepare_exec",
     "remove_volume",

@@ -153,7 +153,7 @@ def read_header(path: Path) -> DefinitionHeader:
     try:
         data = load_json(path)
         project_id = data["project_id"]
-        if isinstance(project_id, str) and PROJECT_ID_RE.fullmatch(project_id) and data.get("version") == 1:
+        if isinstance(project_id, str) and PROJECT_ID_RE.fullmatch(project_id) and data.get("version") in (1, 2):
             return DefinitionHeader(path=path, project_id=project_id)
     except (DefinitionError, KeyError, TypeError, AttributeError):
         pass

@@ -82,7 +82,13 @@ def _check_bind_source(progress: Progress, source: Path, worktree: Path, where: 
 
 
 def _check_machine(
-    machine: Machine, facts: DriverFacts, native_arch: str, worktree: Path, where: str, progress: Progress
+    machine: Machine,
+    facts: DriverFacts,
+    native_arch: str,
+    worktree: Path,
+    where: str,
+    progress: Progress,
+    version: int = 1,
 ) -> None:
     """Refuse what the driver did not advertise, naming the field and what to do."""
     driver = f"driver {facts.name!r}"
@@ -113,6 +119,11 @@ def _check_machine(
             f"{', '.join(facts.profiles) or 'none'}); choose a driver that does, or use profile 'developer'"
         )
     if machine.egress == "deny" and (ext is None or EgressPolicy.DENY not in ext.egress_policies):
+        if version == 2:
+            raise UserError(
+                f"{where}.egress: {driver} cannot isolate the Machine's network (version 2 egress needs a driver "
+                "that enforces 'deny'; docs/network.md)"
+            )
         raise UserError(
             f"{where}.egress: {driver} cannot deny outbound traffic (it advertises no 'deny' egress policy); "
             "use egress 'allow' or a driver that enforces 'deny'"
@@ -387,7 +398,7 @@ async def _prepare(ctx: Context, pool: DriverPool) -> _Prepared:
         # The target comes from the definition (target.arch, else this host's architecture): no runtime is asked
         # for TargetArchitecture before the Machine's workspace exists; the answer is checked after creation.
         native[machine.name] = host_arch
-        _check_machine(machine, facts, host_arch, path.parent, where, ctx.progress)
+        _check_machine(machine, facts, host_arch, path.parent, where, ctx.progress, definition.version)
     return _Prepared(definition, path, environments, native, redactor)
 
 

@@ -158,7 +158,7 @@ def test_secret_references_are_recorded_as_references() -> None:
         pytest.param(project(project_id="Not Valid"), "$.project_id", "lowercase letters", id="bad-project-id"),
         pytest.param(project(machines=[]), "$.machines", "at least 1", id="no-machines"),
         pytest.param({"project_id": "x", "machines": [machine()]}, "$.version", "required field", id="no-version"),
-        pytest.param(project(version=2), "$.version", "reads vz.json version 1, not 2", id="newer-version"),
+        pytest.param(project(version=3), "$.version", "reads vz.json versions 1 and 2, not 3", id="newer-version"),
         pytest.param(["not", "an", "object"], "$", "expected a JSON object", id="not-object"),
         pytest.param(project(machine(name="Web_1")), "$.machines[0].name", "lowercase letters", id="bad-name"),
     ],
