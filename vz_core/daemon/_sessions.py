@@ -102,6 +102,14 @@ def plugin_idle_seconds(raw: str | None = None) -> float | None:
     return None if value == 0 else value
 
 
+def _identity(resolved: ResolvedDriver) -> str:
+    """What makes an external driver's record this one: a re-added manifest is another session."""
+    record = resolved.external
+    if record is None:
+        return ""
+    return json.dumps([record.manifest_path, record.added_at, record.manifest.model_dump(mode="json")], sort_keys=True)
+
+
 def _now() -> str:
     return datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds")
 
@@ -153,7 +161,7 @@ class PluginSession:
         pool: SessionPool,
         resolved: ResolvedDriver,
         options: dict[str, Any],
-        key: tuple[str, str],
+        key: tuple[str, str, str],
     ) -> None:
         from vz_core.rpc import RemoteDriver
 
@@ -164,6 +172,8 @@ class PluginSession:
         self.key = key
         self.stats = _Launches()
         self.in_flight = 0
+        self._quiet = asyncio.Event()
+        self._quiet.set()
         self.last_use: str | None = None
         self.facts: DriverFacts | None = None
         self._facts_launch = -1
@@ -248,12 +258,19 @@ class PluginSession:
     @contextlib.contextmanager
     def using(self) -> Iterator[None]:
         self.in_flight += 1
+        self._quiet.clear()
         self.last_use = _now()
         try:
             yield
         finally:
             self.in_flight -= 1
             self.last_use = _now()
+            if not self.in_flight:
+                self._quiet.set()
+
+    async def quiet(self) -> None:
+        """Return once no call is in flight."""
+        await self._quiet.wait()
 
     async def negotiated(self) -> DriverFacts:
         """The driver's negotiated facts (Info with the recreate opt-in, Extensions), taken once per plugin
@@ -448,7 +465,9 @@ class SessionPool:
         self._scripts_dir = scripts_dir
         self._pins: dict[str, ResolvedDriver] = {}
         self._pin_errors: dict[str, VzError] = {}
-        self._sessions: dict[tuple[str, str], PluginSession] = {}
+        self._sessions: dict[tuple[str, str, str], PluginSession] = {}
+        self._retired: set[asyncio.Task[None]] = set()
+        self._retiring: set[PluginSession] = set()
         self._previous: DriverSource | None = None
         self._started = False
         self._closed = False
@@ -487,7 +506,11 @@ class SessionPool:
         self._closed = True
         if self._started and drivers.driver_source() is self:
             drivers.use_driver_source(self._previous)
+        for task in list(self._retired):
+            task.cancel()
         sessions, self._sessions = list(self._sessions.values()), {}
+        sessions += list(self._retiring)
+        self._retiring.clear()
         results = await asyncio.gather(*(s.aclose() for s in sessions), return_exceptions=True)
         for session, result in zip(sessions, results, strict=True):
             if isinstance(result, BaseException):
@@ -559,12 +582,30 @@ class SessionPool:
             host_config=self._host_config,
             recorded=recorded,
         )
-        key = (name, json.dumps(options, sort_keys=True, default=str))
+        resolved = self._resolve(name)
+        key = (name, json.dumps(options, sort_keys=True, default=str), _identity(resolved))
         session = self._sessions.get(key)
         if session is None:
-            session = PluginSession(self, self._resolve(name), options, key)
+            session = PluginSession(self, resolved, options, key)
+            for old_key, old in list(self._sessions.items()):
+                if old_key[:2] == key[:2]:
+                    # The driver was added again (`vz driver add`): new calls use the new record; the plugin
+                    # of the old one is stopped once its calls are done.
+                    del self._sessions[old_key]
+                    self._retire(old)
             self._sessions[key] = session
         return session
+
+    def _retire(self, session: PluginSession) -> None:
+        async def retire() -> None:
+            await session.quiet()
+            await session.aclose()
+            self._retiring.discard(session)
+
+        self._retiring.add(session)
+        task = asyncio.get_running_loop().create_task(retire())
+        self._retired.add(task)
+        task.add_done_callback(self._retired.discard)
 
     def _resolve(self, name: str) -> ResolvedDriver:
         from vz_core import drivers

@@ -452,3 +452,45 @@ async def test_capabilities_are_the_negotiated_facts(home: Path) -> None:
         await acquire_driver("fake", {}).find("ws")
         fresh = await pool.capabilities(["fake"])
         assert fresh[0]["facts"] == expected and session.stats.launches == 2 and session.facts is not taken
+
+
+# --- external drivers take the same door ------------------------------------------------------------------------
+
+
+def write_manifest(directory: Path, script: Path) -> Path:
+    from vz_core.trust import host_platform
+
+    manifest = directory / "extfake.json"
+    digest = hashlib.sha256(script.read_bytes()).hexdigest()
+    entry = {"path": script.name, "sha256": digest}
+    doc = {"manifest_version": 1, "name": "extfake", "version": "1", "api_version": "1.3", "binaries": {}}
+    doc["binaries"] = {host_platform(): entry}
+    manifest.write_text(json.dumps(doc))
+    return manifest
+
+
+async def test_an_external_driver_is_shared_verified_and_picked_up_again_when_re_added(
+    pool: SessionPool, scripts: Path
+) -> None:
+    from vz_core.drivers import add_manifest
+
+    script = scripts / "vz-driver-fake"  # any plugin binary: here the fake's script, added as an external driver
+    add_manifest(write_manifest(scripts, script))
+    one, two = acquire_driver("extfake"), acquire_driver("extfake")
+    assert (await one.info()).driver_name == "fake" and await two.find("ws") is None
+    assert plugin_pid(one) == plugin_pid(two)
+    session = pool.session("extfake")
+    row = next(r for r in pool.status() if r["name"] == "extfake")
+    assert row["origin"] == "external" and row["sha256"] == hashlib.sha256(script.read_bytes()).hexdigest()
+    # The binary changes: its next launch is refused (verified before every launch) ...
+    os.kill(plugin_pid(one), signal.SIGKILL)
+    await until(lambda: session.stats.crashes == 1)
+    script.write_bytes(script.read_bytes() + b"# new build\n")
+    with pytest.raises(TrustError, match="SHA-256 mismatch"):
+        await one.find("ws")
+    # ... until the user adds the updated manifest: the next command gets a session on the new record.
+    add_manifest(write_manifest(scripts, script))
+    three = acquire_driver("extfake")
+    assert isinstance(three, SharedDriver) and three.session is not session
+    assert await three.find("ws") is None
+    await until(lambda: session.remote.connection is None and session not in pool._retiring)
