@@ -1,0 +1,47 @@
+"""Host-side network realization: an Environment's route domain in the Linux kernel (docs/network.md).
+
+Input is a topology plan in its JSON form (``vz_core.env`` compiles it from vz.json and the environment id).
+
+* ``ensure_domain(plan)``: the Environment's own network namespace ``vzd-<id>``, its sysctls and its nft table
+  (deny first; exactly the declared paths forwarded);
+* ``attach_machine(plan, machine, netns)`` / ``detach_machine(plan, machine)``: a Machine's namespace joined to
+  (or removed from) the domain through routed veth pairs;
+* ``remove_domain(environment_id)``: everything of that Environment, nothing of another;
+* ``domain_ruleset(DomainSpec.from_plan(plan))``: the nft table as text (pure).
+
+All of it is async (asyncio subprocesses), idempotent and keyed by the environment id.
+"""
+
+from __future__ import annotations
+
+from vz_core.network._domain import (
+    NETNS_DIR,
+    NetworkTools,
+    attach_machine,
+    detach_machine,
+    domain_exists,
+    ensure_domain,
+    list_domains,
+    remove_domain,
+)
+from vz_core.network._rules import TABLE, domain_ruleset
+from vz_core.network._spec import AttachmentSpec, DomainSpec, ForwardSpec, InputSpec, PlanError, domain_for
+
+__all__ = [
+    "NETNS_DIR",
+    "TABLE",
+    "AttachmentSpec",
+    "DomainSpec",
+    "ForwardSpec",
+    "InputSpec",
+    "NetworkTools",
+    "PlanError",
+    "attach_machine",
+    "detach_machine",
+    "domain_exists",
+    "domain_for",
+    "domain_ruleset",
+    "ensure_domain",
+    "list_domains",
+    "remove_domain",
+]

@@ -1,0 +1,307 @@
+"""Route domains on Linux: one network namespace per Environment, routed veth attachments, its own nft table.
+
+Layout of the domain of Environment ``env_XXXXXXXXXXXX`` (namespace ``vzd-XXXXXXXXXXXX``):
+
+* per Machine and network, a veth pair: the domain end ``v<10 hex>`` (named by the plan) holds the network's
+  gateway address as a /32 and a /32 route to the Machine's address; the Machine end ``ethN`` holds the
+  Machine's address as a /32, a link route to the gateway and the network's subnet via the gateway. Every
+  packet between two Machines therefore crosses the domain's IPv4 forwarding, where ``table inet vz``
+  (``vz_core.network._rules``) allows exactly the declared paths. (A bridge would switch Machine-to-Machine
+  frames below the inet hooks; filtering them would need bridge-family conntrack or the host-wide
+  br_netfilter switch.)
+* IPv4 forwarding on, IPv6 off, ICMP redirects off: sysctls of the domain's namespace only.
+* nothing connects the domain to the host (egress and the host-side relays are later steps: docs/network.md).
+
+Every object is found by its name under the Environment's namespace: ``remove_domain`` deletes only
+``vzd-<id>`` (its links first, then the nft table, then the namespace), never anything of another Environment.
+All functions are idempotent. Needs root, ``ip`` (iproute2), ``nft`` (nftables) and ``nsenter`` (util-linux).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import stat
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vz_core.errors import FailedPreconditionError, InvalidArgumentError, RuntimeFailureError, UnavailableError
+from vz_core.network._rules import TABLE, replace_script
+from vz_core.network._spec import DOMAIN_RE, AttachmentSpec, DomainSpec, domain_for
+
+__all__ = [
+    "NETNS_DIR",
+    "NetworkTools",
+    "attach_machine",
+    "detach_machine",
+    "domain_exists",
+    "ensure_domain",
+    "list_domains",
+    "remove_domain",
+]
+
+NETNS_DIR = Path("/run/netns")
+_SEARCH = ("/usr/sbin", "/sbin", "/usr/bin", "/bin")
+_DOMAIN_SYSCTLS = (
+    ("net.ipv6.conf.all.disable_ipv6", "1"),
+    ("net.ipv6.conf.default.disable_ipv6", "1"),
+    ("net.ipv4.ip_forward", "1"),
+    ("net.ipv4.conf.all.send_redirects", "0"),
+    ("net.ipv4.conf.default.send_redirects", "0"),
+)
+
+
+@dataclass(frozen=True)
+class NetworkTools:
+    """Paths of the host tools the realization runs."""
+
+    ip: str
+    nft: str
+    nsenter: str
+    sysctl: str
+
+    @classmethod
+    def find(cls) -> NetworkTools:
+        """The tools from PATH (then the sbin directories); UnavailableError naming the package of each missing."""
+        path = os.pathsep.join([os.environ.get("PATH", ""), *_SEARCH])
+        found = {name: shutil.which(name, path=path) for name in ("ip", "nft", "nsenter", "sysctl")}
+        packages = {"ip": "iproute2", "nft": "nftables", "nsenter": "util-linux", "sysctl": "procps"}
+        missing = [f"{name} (apt-get install {packages[name]})" for name, where in found.items() if not where]
+        if missing:
+            raise UnavailableError(f"route domains need {', '.join(missing)}")
+        return cls(**{name: str(where) for name, where in found.items()})
+
+
+async def _run(argv: Sequence[str], stdin: bytes = b"", what: str = "") -> str:
+    proc = await asyncio.create_subprocess_exec(
+        *argv,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await proc.communicate(stdin)
+    if proc.returncode != 0:
+        raise RuntimeFailureError(
+            f"route domain: {what or argv[0]} failed", runtime_message=err.decode(errors="replace").strip()
+        )
+    return out.decode(errors="replace")
+
+
+def _require_root() -> None:
+    if os.geteuid() != 0:
+        raise UnavailableError("route domains need root (network namespaces, veth pairs, nftables)")
+
+
+def _netns_path(name: str) -> Path:
+    return NETNS_DIR / name
+
+
+def domain_exists(environment_id: str) -> bool:
+    """Whether the Environment's route domain namespace exists."""
+    return os.path.lexists(_netns_path(domain_for(environment_id)))
+
+
+def list_domains() -> list[str]:
+    """Every route domain namespace on the host (``vzd-...``), sorted."""
+    try:
+        names = os.listdir(NETNS_DIR)
+    except FileNotFoundError:
+        return []
+    return sorted(n for n in names if DOMAIN_RE.fullmatch(n))
+
+
+class _Domain:
+    def __init__(self, tools: NetworkTools, name: str) -> None:
+        self.tools = tools
+        self.name = name
+        self.path = str(_netns_path(name))
+
+    async def exists(self) -> bool:
+        return await asyncio.to_thread(os.path.lexists, self.path)
+
+    def inside(self, *argv: str) -> list[str]:
+        return [self.tools.nsenter, f"--net={self.path}", "--", *argv]
+
+    async def links(self) -> list[dict[str, Any]]:
+        out = await _run(self.inside(self.tools.ip, "-j", "link", "show"), what=f"list links of {self.name}")
+        data = json.loads(out or "[]")
+        return [d for d in data if isinstance(d, dict)]
+
+
+async def ensure_domain(plan: Mapping[str, Any], *, tools: NetworkTools | None = None) -> DomainSpec:
+    """Create or converge the Environment's route domain from its topology plan (JSON form).
+
+    The plan is checked whole before anything is touched. Afterwards the namespace exists with the domain
+    sysctls and exactly the plan's nft table (replaced in one transaction). Attachments of Machines that the
+    plan no longer has are removed; present ones are kept (``attach_machine`` adds or repairs them)."""
+    spec = DomainSpec.from_plan(plan)
+    _require_root()
+    tools = tools or NetworkTools.find()
+    domain = _Domain(tools, spec.name)
+    if not await domain.exists():
+        try:
+            await _run([tools.ip, "netns", "add", spec.name], what=f"create namespace {spec.name}")
+        except RuntimeFailureError:
+            if not await domain.exists():  # not a concurrent creation of the same domain: a real failure
+                raise
+    await _run(
+        domain.inside(tools.sysctl, "-q", "-w", *(f"{k}={v}" for k, v in _DOMAIN_SYSCTLS)),
+        what=f"sysctls of {spec.name}",
+    )
+    await _run(domain.inside(tools.ip, "link", "set", "lo", "up"), what=f"loopback of {spec.name}")
+    await _run(domain.inside(tools.nft, "-f", "-"), replace_script(spec).encode(), what=f"nft table of {spec.name}")
+    wanted = {a.domain_ifname for a in spec.attachments}
+    for link in await domain.links():
+        ifname = link.get("ifname")
+        if link.get("link_type") != "loopback" and isinstance(ifname, str) and ifname not in wanted:
+            await _delete_link(domain, ifname)
+    return spec
+
+
+async def remove_domain(environment_id: str, *, tools: NetworkTools | None = None) -> bool:
+    """Remove the Environment's route domain: its links (and so the Machine ends), its nft table, the namespace.
+
+    Returns whether there was one. Touches nothing but ``vzd-<id>``."""
+    name = domain_for(environment_id)
+    _require_root()
+    tools = tools or NetworkTools.find()
+    domain = _Domain(tools, name)
+    if not await domain.exists():
+        return False
+    # Links and table first: even if some process still holds the namespace open, nothing is connected any more.
+    for link in await domain.links():
+        ifname = link.get("ifname")
+        if link.get("link_type") != "loopback" and isinstance(ifname, str):
+            await _delete_link(domain, ifname)
+    script = f"table inet {TABLE}\ndelete table inet {TABLE}\n".encode()
+    await _run(domain.inside(tools.nft, "-f", "-"), script, what=f"remove the nft table of {name}")
+    await _run([tools.ip, "netns", "del", name], what=f"remove namespace {name}")
+    return True
+
+
+async def _delete_link(domain: _Domain, ifname: str) -> None:
+    try:
+        await _run(domain.inside(domain.tools.ip, "link", "del", ifname), what=f"remove {ifname} from {domain.name}")
+    except RuntimeFailureError:
+        if any(link.get("ifname") == ifname for link in await domain.links()):
+            raise
+
+
+def _check_netns(path: str) -> None:
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise InvalidArgumentError(f"the Machine's network namespace {path} cannot be opened: {exc.strerror}") from None
+    if not os.path.isabs(path) or not stat.S_ISREG(st.st_mode):
+        raise InvalidArgumentError(f"{path} is not a network namespace (a /run/netns entry or /proc/<pid>/ns/net)")
+
+
+async def _link(tools: NetworkTools, netns: str, ifname: str) -> dict[str, Any] | None:
+    argv = [tools.nsenter, f"--net={netns}", "--", tools.ip, "-j", "link", "show"]
+    for item in json.loads(await _run(argv, what=f"links of {netns}") or "[]"):
+        if isinstance(item, dict) and item.get("ifname") == ifname:
+            return item
+    return None
+
+
+async def attach_machine(
+    plan: Mapping[str, Any], machine: str, netns: str, *, tools: NetworkTools | None = None
+) -> tuple[AttachmentSpec, ...]:
+    """Connect a Machine's network namespace (``/run/netns/NAME`` or ``/proc/PID/ns/net``) to its route domain.
+
+    One veth pair per attachment of the plan, created directly in the two namespaces (never in the host's), the
+    addresses and routes of both ends set. Idempotent: an existing pair joining exactly these two ends is
+    reconfigured in place; a stale domain end (its Machine gone or replaced) is replaced. The domain must exist
+    (``ensure_domain``)."""
+    spec = DomainSpec.from_plan(plan)
+    attachments = spec.machine(machine)
+    _require_root()
+    _check_netns(netns)
+    tools = tools or NetworkTools.find()
+    domain = _Domain(tools, spec.name)
+    if not await domain.exists():
+        raise FailedPreconditionError(f"the route domain {spec.name} does not exist; ensure_domain(plan) creates it")
+    for att in attachments:
+        outer = await _link(tools, domain.path, att.domain_ifname)
+        inner = await _link(tools, netns, att.machine_ifname)
+        paired = (
+            outer is not None
+            and inner is not None
+            and outer.get("link_index") == inner.get("ifindex")
+            and inner.get("link_index") == outer.get("ifindex")
+        )
+        if not paired:
+            if outer is not None:  # a stale domain end: its Machine end (if any) goes with it
+                await _delete_link(domain, att.domain_ifname)
+                inner = await _link(tools, netns, att.machine_ifname)
+            if inner is not None:
+                raise FailedPreconditionError(
+                    f"the Machine's namespace {netns} already has an interface {att.machine_ifname} that is not its "
+                    f"route-domain attachment; remove it or give the Machine a fresh namespace"
+                )
+            await _run(
+                domain.inside(
+                    tools.ip,
+                    "link",
+                    "add",
+                    att.domain_ifname,
+                    "type",
+                    "veth",
+                    "peer",
+                    "name",
+                    att.machine_ifname,
+                    "netns",
+                    netns,
+                ),
+                what=f"veth {att.domain_ifname} for {machine}",
+            )
+        outside = (
+            f"link set {att.domain_ifname} up\n"
+            f"addr replace {att.gateway}/32 dev {att.domain_ifname}\n"
+            f"route replace {att.address}/32 dev {att.domain_ifname} scope link src {att.gateway}\n"
+        )
+        await _run(domain.inside(tools.ip, "-batch", "-"), outside.encode(), what=f"domain end of {machine}")
+        stale = [
+            f"addr del {a['local']}/{a['prefixlen']} dev {att.machine_ifname}\n"
+            for a in await _addresses(tools, netns, att.machine_ifname)
+            if a.get("family") == "inet" and (a.get("local"), a.get("prefixlen")) != (str(att.address), 32)
+        ]
+        inside = (
+            "link set lo up\n"
+            f"link set {att.machine_ifname} up\n"
+            + "".join(stale)
+            + f"addr replace {att.address}/32 dev {att.machine_ifname}\n"
+            f"route replace {att.gateway}/32 dev {att.machine_ifname} scope link src {att.address}\n"
+            f"route replace {att.subnet} via {att.gateway} dev {att.machine_ifname} src {att.address}\n"
+        )
+        machine_ns = [tools.nsenter, f"--net={netns}", "--", tools.ip, "-batch", "-"]
+        await _run(machine_ns, inside.encode(), what=f"interface {att.machine_ifname} of {machine}")
+    return attachments
+
+
+async def _addresses(tools: NetworkTools, netns: str, ifname: str) -> list[dict[str, Any]]:
+    argv = [tools.nsenter, f"--net={netns}", "--", tools.ip, "-j", "addr", "show", "dev", ifname]
+    out: list[dict[str, Any]] = []
+    for item in json.loads(await _run(argv, what=f"addresses of {ifname}") or "[]"):
+        if isinstance(item, dict):
+            out.extend(a for a in item.get("addr_info", []) if isinstance(a, dict))
+    return out
+
+
+async def detach_machine(plan: Mapping[str, Any], machine: str, *, tools: NetworkTools | None = None) -> None:
+    """Remove a Machine's attachments from its route domain (each pair's Machine end goes with it)."""
+    spec = DomainSpec.from_plan(plan)
+    attachments = spec.machine(machine)
+    _require_root()
+    tools = tools or NetworkTools.find()
+    domain = _Domain(tools, spec.name)
+    if not await domain.exists():
+        return
+    present = {link.get("ifname") for link in await domain.links()}
+    for att in attachments:
+        if att.domain_ifname in present:
+            await _delete_link(domain, att.domain_ifname)
