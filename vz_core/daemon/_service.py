@@ -796,6 +796,7 @@ class Service:
             finally:
                 inputs.cancel()
                 gone.cancel()
+                await _stop(running)  # this call was cancelled: so is the command (killed by its driver)
                 # The command is over: its ends of our pipes close, so its output reaches end of file.
                 for stream, _fd in outputs:
                     _close(command[stream])
@@ -936,6 +937,7 @@ class Service:
         finally:
             inputs.cancel()
             gone.cancel()
+            await _stop(running)
         return {"exit_code": event.exit_code, "signal": event.signal or None}
 
     async def _logs(self, state: _CallState) -> dict[str, Any]:
@@ -1101,6 +1103,14 @@ def _signal_name(data: object) -> str | None:
 def _signalled(name: str) -> dict[str, Any]:
     """The result of an exec ended because its client got signal ``name``: 128+N, as the command did before."""
     return {"exit_code": 128 + signals.Signals[name].value, "signal": name}
+
+
+async def _stop(task: asyncio.Future[Any]) -> None:
+    """Cancel ``task`` if it still runs and wait for it to end (whatever it ends with)."""
+    if not task.done():
+        task.cancel()
+    with contextlib.suppress(BaseException):
+        await task
 
 
 def _close(fd: int) -> None:
