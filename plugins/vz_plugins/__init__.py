@@ -14,6 +14,6 @@ serves any importable driver factory the same way.
 
 from __future__ import annotations
 
-from vz_plugins._serve import NOT_A_COMMAND, serve
+from vz_plugins._serve import ENV_LOCAL_EXEC, NOT_A_COMMAND, serve
 
-__all__ = ["NOT_A_COMMAND", "serve"]
+__all__ = ["ENV_LOCAL_EXEC", "NOT_A_COMMAND", "serve"]

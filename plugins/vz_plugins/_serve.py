@@ -15,7 +15,12 @@ What a host (ours, or a Go host built on go-plugin) sees:
 5. It serves ``devsy.runtime.v1.RuntimeDriver``, ``vz.machine.v1.MachineExtensions``, ``grpc.health.v1.Health``
    ("plugin" = SERVING), ``plugin.GRPCController`` (Shutdown: stop serving and exit at once),
    ``plugin.GRPCStdio`` and ``plugin.GRPCBroker`` (accepted, idle).
-6. Shutdown or SIGTERM: stop serving (in-flight calls get 0.5 s, then are cancelled, which kills running
+6. Where it listens on a Unix socket, it also serves local exec (``vz_core.rpc.LocalExecServer``): a second
+   Unix socket in a private 0700 directory beside the first, advertised in
+   ``vz.machine.v1.ExtensionsResponse.local_exec_socket``, on which a vz host on this machine passes the
+   descriptors a command's stdio should be. ``VZ_PLUGIN_LOCAL_EXEC=0`` turns it off (then exec bytes travel
+   as gRPC frames only, as they always do for other hosts).
+7. Shutdown or SIGTERM: stop serving (in-flight calls get 0.5 s, then are cancelled, which kills running
    commands), ``driver.close()``, remove the socket, exit 0. SIGINT is ignored, as go-plugin plugins do: the
    host owns the plugin's lifetime.
 """
@@ -49,7 +54,7 @@ from vz_core.transport import (
     ENV_UNIX_SOCKET_DIR,
 )
 
-__all__ = ["NOT_A_COMMAND", "serve"]
+__all__ = ["ENV_LOCAL_EXEC", "NOT_A_COMMAND", "serve"]
 
 log = logging.getLogger("vz.plugin")
 
@@ -59,6 +64,7 @@ NOT_A_COMMAND = (
     "load any plugins automatically\n"
 )
 _STOP_GRACE = 0.5
+ENV_LOCAL_EXEC = "VZ_PLUGIN_LOCAL_EXEC"
 Network = Literal["unix", "tcp"]
 Curve = Literal["P-256", "P-384", "P-521"]
 
@@ -225,7 +231,7 @@ async def _run(
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     from vz_core.redact import Redactor
-    from vz_core.rpc import SERVER_OPTIONS, add_servicers, stop_server
+    from vz_core.rpc import SERVER_OPTIONS, LocalExecServer, add_servicers, stop_server
     from vz_core.rpc.pb import grpc_broker_pb2_grpc, grpc_controller_pb2_grpc, grpc_stdio_pb2_grpc
     from vz_plugins._control import BrokerServicer, ControllerServicer, StdioServicer
 
@@ -239,7 +245,16 @@ async def _run(
         raise _Fatal(f"the plugin's factory returned {type(driver).__name__}, not a vz_core Driver")
     redactor = Redactor()
     server = grpc.aio.server(options=SERVER_OPTIONS)
-    add_servicers(server, driver, redactor)
+    local: LocalExecServer | None = None
+    local_path = ""
+    if network == "unix" and sys.platform == "linux" and os.environ.get(ENV_LOCAL_EXEC, "1") != "0":
+        local = LocalExecServer(driver, redactor, parent=os.environ.get(ENV_UNIX_SOCKET_DIR) or None)
+        try:
+            local_path = await local.start()
+        except OSError as exc:
+            log.warning("local exec is not served: %s", exc)
+            local = None
+    add_servicers(server, driver, redactor, local_exec_socket=local_path)
     grpc_controller_pb2_grpc.add_GRPCControllerServicer_to_server(ControllerServicer(stopping), server)  # type: ignore[no-untyped-call]
     grpc_stdio_pb2_grpc.add_GRPCStdioServicer_to_server(StdioServicer(stopping), server)  # type: ignore[no-untyped-call]
     grpc_broker_pb2_grpc.add_GRPCBrokerServicer_to_server(BrokerServicer(stopping), server)  # type: ignore[no-untyped-call]
@@ -260,9 +275,14 @@ async def _run(
         await stopping.wait()
         log.debug("stopping")
         await stop_server(server, _STOP_GRACE)
+        if local is not None:
+            await local.close()  # running local execs are cancelled: their commands are killed
+            local = None
         with contextlib.suppress(Exception):
             await asyncio.wait_for(driver.close(), 2.0)
     finally:
+        if local is not None:
+            await local.close()
         await listener.close()
     return 0
 

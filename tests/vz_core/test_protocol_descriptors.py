@@ -314,3 +314,11 @@ def test_terminal_session_messages() -> None:
         for m in ("PtyClientMessage", "PtyServerMessage")
     }
     assert oneofs == {"PtyClientMessage": ["payload"], "PtyServerMessage": ["payload"]}
+
+
+def test_local_exec_socket_is_field_13_of_extensions_response() -> None:
+    """The plugin's local exec socket (docs/protocol.md, "Local exec"): a string hosts that do not know it skip."""
+    from google.protobuf.descriptor import FieldDescriptor as F
+
+    assert _fields("ExtensionsResponse")["local_exec_socket"] == (13, F.TYPE_STRING)
+    assert max(number for number, _ in _fields("ExtensionsResponse").values()) == 13

@@ -8,6 +8,9 @@
   the exec and terminal frame rules and message limits (``start_problem``, ``stdin_problem``,
   ``terminal_start_problem``, ``resize_problem``, ``STOP_INPUT_KEY``,
   ``MAX_MESSAGE``, ``CHANNEL_OPTIONS``, ``SERVER_OPTIONS``), and the generated stubs (``vz_core.rpc.pb``);
+* local exec (``LocalExecServer`` in a plugin, ``local_exec`` on the host): a command's stdio as descriptors
+  passed over a Unix socket (``vz_core.rpc._local``), with the fd-passing message helpers it is built on
+  (``send_message``, ``send_json``, ``recv_message``, ``peer_credentials``: the daemon's local-wire framing);
 * for tests: ``connect_in_process(driver)`` (a ``RemoteDriver`` over a real grpc.aio server on a private Unix
   socket) and ``serve_in_process(driver)`` (the same server, yielding a plain channel).
 
@@ -55,6 +58,17 @@ if TYPE_CHECKING:
         terminal_spec_from_pb,
         terminal_spec_to_pb,
     )
+    from vz_core.rpc._fdpass import (
+        KIND_BYTES,
+        KIND_JSON,
+        MAX_FDS,
+        MAX_FRAME,
+        FramingError,
+        peer_credentials,
+        recv_message,
+        send_json,
+        send_message,
+    )
     from vz_core.rpc._frames import (
         CHANNEL_OPTIONS,
         MAX_EXEC_START,
@@ -67,6 +81,7 @@ if TYPE_CHECKING:
         stdin_problem,
         terminal_start_problem,
     )
+    from vz_core.rpc._local import LOCAL_EXEC_SOCKET, LocalExecServer, local_exec
     from vz_core.rpc._pair import connect_in_process, serve_in_process
     from vz_core.rpc._server import ExtensionsServicer, RuntimeServicer, add_servicers, stop_server
     from vz_core.rpc._server_exec import DRAIN_TIMEOUT
@@ -132,6 +147,21 @@ _WHERE = {
         ],
         "_frames",
     ),
+    **dict.fromkeys(
+        [
+            "KIND_BYTES",
+            "KIND_JSON",
+            "MAX_FDS",
+            "MAX_FRAME",
+            "FramingError",
+            "peer_credentials",
+            "recv_message",
+            "send_json",
+            "send_message",
+        ],
+        "_fdpass",
+    ),
+    **dict.fromkeys(["LOCAL_EXEC_SOCKET", "LocalExecServer", "local_exec"], "_local"),
     "connect_in_process": "_pair",
     "serve_in_process": "_pair",
     "ExtensionsServicer": "_server",
@@ -161,13 +191,20 @@ __all__ = [
     "DRAIN_TIMEOUT",
     "ENV_OPERATION_TIMEOUT",
     "ENV_TIMEOUT",
+    "KIND_BYTES",
+    "KIND_JSON",
+    "LOCAL_EXEC_SOCKET",
     "MAX_EXEC_START",
+    "MAX_FDS",
+    "MAX_FRAME",
     "MAX_INFO",
     "MAX_MESSAGE",
     "RUNTIME_ERROR_TYPE_URL",
     "SERVER_OPTIONS",
     "STOP_INPUT_KEY",
     "ExtensionsServicer",
+    "FramingError",
+    "LocalExecServer",
     "Mode",
     "RemoteDriver",
     "RuntimeServicer",
@@ -192,15 +229,20 @@ __all__ = [
     "info_from_pb",
     "info_to_pb",
     "is_made_up",
+    "local_exec",
     "mount_from_pb",
     "mount_to_pb",
     "pb",
+    "peer_credentials",
+    "recv_message",
     "resize_problem",
     "run_image_from_pb",
     "run_image_to_pb",
     "runtime_errors_in",
     "runtime_pb2",
     "runtime_pb2_grpc",
+    "send_json",
+    "send_message",
     "serve_in_process",
     "start_problem",
     "stdin_problem",

@@ -41,12 +41,13 @@ import contextlib
 import math
 import os
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Literal
 
 import grpc
 import grpc.aio
 
-from vz_core._driver import Driver
+from vz_core._driver import Driver, check_local_stdio, copy_exec_local
 from vz_core._proto.devsy.runtime.v1 import runtime_pb2 as pb
 from vz_core._proto.devsy.runtime.v1 import runtime_pb2_grpc as pb_grpc
 from vz_core._proto.vz.machine.v1 import extensions_pb2 as ext_pb
@@ -87,6 +88,7 @@ from vz_core.rpc._frames import (
     start_problem,
     terminal_start_problem,
 )
+from vz_core.rpc._local import local_exec
 from vz_core.rpc._wire import error_from_rpc, runtime_errors_in
 
 if TYPE_CHECKING:
@@ -153,6 +155,8 @@ class _Session:
         self.extensions = ext_grpc.MachineExtensionsStub(channel)  # type: ignore[no-untyped-call]
         self.conn = conn
         self.info = info
+        self.local_exec: str | None = None
+        """The plugin's local exec socket ("" = none); None until asked (once per connection)."""
 
 
 class RemoteDriver(Driver):
@@ -181,6 +185,7 @@ class RemoteDriver(Driver):
         redactor: Redactor | None = None,
         timeout: float | None = None,
         operation_timeout: float | None = None,
+        local_exec: bool = True,
     ) -> None:
         if (launcher is None) == (channel is None):
             raise ValueError("give exactly one of launcher or channel")
@@ -211,6 +216,8 @@ class RemoteDriver(Driver):
         self._warm: _Session | None = None
         self._idle_task: asyncio.Task[None] | None = None
         self._closed = False
+        self.local_exec = local_exec
+        """Use the plugin's local exec socket for ``exec_local`` when it advertises one (else gRPC frames)."""
 
     def __repr__(self) -> str:
         return f"RemoteDriver(name={self.name!r}, mode={self.mode!r})"
@@ -498,6 +505,63 @@ class RemoteDriver(Driver):
                     yield event
             finally:
                 await events.aclose()
+
+    async def exec_local(self, machine_id: str, spec: ExecSpec, stdio: tuple[int, int, int]) -> ExecExit:
+        """``Driver.exec_local``: when the plugin advertises a local exec socket
+        (``ExtensionsResponse.local_exec_socket``) and ``local_exec`` is on, the descriptors go to the plugin
+        (SCM_RIGHTS; its listener must be the plugin process) and no exec byte crosses gRPC; otherwise the
+        copying default over Exec frames. Cancelling the call closes the connection: the plugin kills the
+        command."""
+        check_local_stdio(stdio)
+        if not spec.argv:
+            raise InvalidArgumentError("exec needs a non-empty argv (the command and its arguments)")
+        if spec.tty:
+            raise InvalidArgumentError("exec_local runs commands without a terminal (tty=False); use terminal()")
+        spec = replace(spec, workspace_id=machine_id)
+        if (problem := start_problem(_convert.exec_spec_to_pb(spec))) is not None:
+            raise InvalidArgumentError(problem)
+        self._redactor.add(*spec.environment.values())
+        if not self.local_exec:
+            return await copy_exec_local(self, spec, stdio)
+        async with self._session() as s:
+            path = await self._local_exec_socket(s)
+            if not path:
+                return await copy_exec_local(self, spec, stdio)
+            try:
+                return await local_exec(
+                    path,
+                    machine_id,
+                    spec,
+                    stdio,
+                    expected_pid=s.conn.pid if s.conn is not None else 0,
+                    what=f"driver {self.name!r}",
+                )
+            except DriverError as exc:
+                if s.conn is not None and isinstance(exc, UnavailableError):
+                    status = await s.conn.wait_exited(_CRASH_WAIT)
+                    if status is not None:
+                        await s.conn.stderr.finish(0.5)
+                        raise UnavailableError(
+                            f"driver {self.name!r}: the plugin process died during a local exec ({status}); "
+                            "the next call starts it again",
+                            runtime_message=s.conn.stderr_tail(),
+                            details={"rpc": "LocalExec", "plugin_exit": str(status)},
+                        ) from None
+                raise self._clean(exc) from None
+
+    async def _local_exec_socket(self, s: _Session) -> str:
+        """The plugin's advertised local exec socket ("" when it has none), asked once per connection."""
+        if s.local_exec is None:
+            try:
+                reply = await s.extensions.Extensions(ext_pb.ExtensionsRequest(), timeout=self.timeout)
+            except grpc.RpcError as exc:
+                if exc.code() != grpc.StatusCode.UNIMPLEMENTED:
+                    raise await self._translate(exc, "Extensions", s.conn) from None
+                s.local_exec = ""  # no extensions at all: Exec frames
+            else:
+                path = reply.local_exec_socket
+                s.local_exec = path if path.startswith("/") else ""
+        return s.local_exec
 
     async def terminal(self, spec: TerminalSpec, input: AsyncIterator[TerminalInput]) -> AsyncIterator[TerminalEvent]:
         """A terminal session through ``vz.machine.v1.MachineExtensions/ExecPty`` (see ``Driver.terminal``).

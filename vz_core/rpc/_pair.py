@@ -22,6 +22,7 @@ from vz_core._driver import Driver
 from vz_core.redact import Redactor
 from vz_core.rpc._client import RemoteDriver
 from vz_core.rpc._frames import CHANNEL_OPTIONS, SERVER_OPTIONS
+from vz_core.rpc._local import LocalExecServer
 from vz_core.rpc._server import add_servicers, stop_server
 
 __all__ = ["connect_in_process", "serve_in_process"]
@@ -34,18 +35,23 @@ async def serve_in_process(
     redactor: Redactor | None = None,
     grace: float = 0.5,
     channel_options: Sequence[tuple[str, int | str]] | None = None,
+    local_exec: bool = True,
 ) -> AsyncIterator[grpc.aio.Channel]:
     """Serve ``driver`` on a private Unix socket and yield a plain channel to it (closed and removed after).
 
     ``grace``: seconds in-flight calls get when the server stops at the end. ``channel_options``: the
     channel's gRPC options (default: a vz host's, ``CHANNEL_OPTIONS``), e.g. to act as a foreign host.
+    ``local_exec``: also serve the local exec socket (``ExtensionsResponse.local_exec_socket``), as a plugin does.
     """
     directory = tempfile.mkdtemp(prefix="vz-rpc-")
     os.chmod(directory, 0o700)
     address = f"unix:{directory}/driver.sock"
     server = grpc.aio.server(options=SERVER_OPTIONS)
-    add_servicers(server, driver, redactor if redactor is not None else Redactor())
+    redactor = redactor if redactor is not None else Redactor()
+    local = LocalExecServer(driver, redactor, parent=directory) if local_exec else None
     try:
+        path = await local.start() if local is not None else ""
+        add_servicers(server, driver, redactor, local_exec_socket=path)
         server.add_insecure_port(address)
         await server.start()
         options = CHANNEL_OPTIONS if channel_options is None else list(channel_options)
@@ -53,17 +59,20 @@ async def serve_in_process(
             yield channel
     finally:
         await stop_server(server, grace)
+        if local is not None:
+            await local.close()
         shutil.rmtree(directory, ignore_errors=True)
 
 
 @contextlib.asynccontextmanager
-async def connect_in_process(driver: Driver, **remote: Any) -> AsyncIterator[RemoteDriver]:
+async def connect_in_process(driver: Driver, *, local_exec: bool = True, **remote: Any) -> AsyncIterator[RemoteDriver]:
     """``async with connect_in_process(driver) as remote:`` a ``RemoteDriver`` served by ``driver`` in-process.
 
-    Keyword arguments go to ``RemoteDriver`` (``name``, ``redactor``, ``timeout``). The remote is closed, then
-    the server stopped, on exit; ``driver`` itself is not closed (the caller owns it).
+    Keyword arguments go to ``RemoteDriver`` (``name``, ``redactor``, ``timeout``). ``local_exec``: serve the
+    local exec socket too (as a plugin does). The remote is closed, then the server stopped, on exit; ``driver``
+    itself is not closed (the caller owns it).
     """
-    async with serve_in_process(driver) as channel:
+    async with serve_in_process(driver, local_exec=local_exec) as channel:
         remote_driver = RemoteDriver(channel=channel, **remote)
         try:
             yield remote_driver

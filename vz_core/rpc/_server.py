@@ -249,9 +249,18 @@ class ExtensionsServicer(_Base, ext_grpc.MachineExtensionsServicer):
     stream's machinery and rules (``vz_core.rpc._server_exec``), and is UNSUPPORTED otherwise.
     """
 
-    def __init__(self, driver: Driver, redactor: Redactor, *, exec_drain_timeout: float = DRAIN_TIMEOUT) -> None:
+    def __init__(
+        self,
+        driver: Driver,
+        redactor: Redactor,
+        *,
+        exec_drain_timeout: float = DRAIN_TIMEOUT,
+        local_exec_socket: str = "",
+    ) -> None:
         super().__init__(driver, redactor)
         self._drain_timeout = exec_drain_timeout
+        self.local_exec_socket = local_exec_socket
+        """Advertised as ``ExtensionsResponse.local_exec_socket`` (``vz_core.rpc._local``); "" = not served."""
 
     async def Extensions(
         self, request: ext_pb.ExtensionsRequest, context: grpc.aio.ServicerContext[Any, Any]
@@ -259,7 +268,9 @@ class ExtensionsServicer(_Base, ext_grpc.MachineExtensionsServicer):
         ext = await self._call(context, "Extensions", self._driver_extensions)
         if ext is None:
             await _abort(context, UnsupportedError("this driver has no vz.machine.v1 extensions"))
-        return _convert.extensions_to_pb(ext)
+        reply = _convert.extensions_to_pb(ext)
+        reply.local_exec_socket = self.local_exec_socket
+        return reply
 
     async def ExecPty(self, request_iterator: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
         first = await context.read()
@@ -359,12 +370,22 @@ def _register(server: grpc.aio.Server, module: Any, service: str, servicer: obje
 
 
 def add_servicers(
-    server: grpc.aio.Server, driver: Driver, redactor: Redactor, *, exec_drain_timeout: float = DRAIN_TIMEOUT
+    server: grpc.aio.Server,
+    driver: Driver,
+    redactor: Redactor,
+    *,
+    exec_drain_timeout: float = DRAIN_TIMEOUT,
+    local_exec_socket: str = "",
 ) -> None:
-    """Serve ``driver`` on ``server``: ``devsy.runtime.v1.RuntimeDriver`` and ``vz.machine.v1.MachineExtensions``."""
+    """Serve ``driver`` on ``server``: ``devsy.runtime.v1.RuntimeDriver`` and ``vz.machine.v1.MachineExtensions``.
+
+    ``local_exec_socket``: the path of a ``LocalExecServer`` serving the same driver, advertised in Extensions.
+    """
     runtime = RuntimeServicer(driver, redactor, exec_drain_timeout=exec_drain_timeout)
     _register(server, pb, "devsy.runtime.v1.RuntimeDriver", runtime)
-    extensions = ExtensionsServicer(driver, redactor, exec_drain_timeout=exec_drain_timeout)
+    extensions = ExtensionsServicer(
+        driver, redactor, exec_drain_timeout=exec_drain_timeout, local_exec_socket=local_exec_socket
+    )
     _register(server, ext_pb, "vz.machine.v1.MachineExtensions", extensions)
 
 
