@@ -1,8 +1,12 @@
-"""Suite-wide guards: every test must leave no child process, mount, or environment change behind."""
+"""Suite-wide guards: every test must leave no child process, mount, or environment change behind, and no vz
+daemon running for a state home under its temporary directory (those are stopped after each test; one still
+running when the session ends fails the run)."""
 
 from __future__ import annotations
 
 import os
+import signal
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +30,91 @@ def _mounts(root: str) -> set[str]:
     # scripts/leak-check.sh checks the whole machine after the suite.
     lines = Path("/proc/self/mountinfo").read_text().splitlines()
     return {p for p in (line.split()[4] for line in lines) if p.startswith(root)}
+
+
+def _vz_daemons(root: str) -> dict[int, str]:
+    """pid → state home of every running vz daemon whose home lies under ``root``.
+
+    Found two ways: the pid file of each ``<home>/daemon/daemon.json`` a few levels under ``root``, and the
+    processes whose command line is a vz daemon's and whose VZ_HOME is under ``root`` (a daemon that has not
+    written its pid file yet, or whose pid file was removed).
+    """
+    from vz_core.daemon import DaemonPaths, live_daemon
+
+    root = os.path.join(os.path.realpath(root), "")
+    found: dict[int, str] = {}
+    for depth in ("*", "*/*", "*/*/*"):
+        for pid_file in Path(root).glob(f"{depth}/daemon/daemon.json"):
+            home = str(pid_file.parent.parent)
+            record = live_daemon(DaemonPaths(home))
+            if record is not None:
+                found[record["pid"]] = home
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) in found:
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+            if b"vz_core.daemon" not in argv and b"daemon" not in argv:
+                continue
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
+        except OSError:
+            continue
+        home = os.fsdecode(env.get(b"VZ_HOME", b""))
+        if home and os.path.join(os.path.realpath(home), "").startswith(root):
+            found[int(entry)] = home
+    return found
+
+
+def _stop_daemons(daemons: dict[int, str]) -> None:
+    for pid in daemons:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            continue
+    deadline = time.monotonic() + 10.0
+    for pid in daemons:
+        while psutil.pid_exists(pid) and time.monotonic() < deadline:
+            try:
+                if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                    break
+            except psutil.Error:
+                break
+            time.sleep(0.02)
+        if psutil.pid_exists(pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+@pytest.fixture(autouse=True)
+def _no_vz_daemon_left(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Stops every vz daemon whose state home is under this test's tmp_path (clean-up, not a failure)."""
+    yield
+    tmp = request.node.funcargs.get("tmp_path") if hasattr(request.node, "funcargs") else None
+    if tmp is not None:
+        daemons = _vz_daemons(str(tmp))
+        if daemons:
+            _stop_daemons(daemons)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """A vz daemon of a home under the session's temporary root that outlived every test fails the run."""
+    factory = getattr(session.config, "_tmp_path_factory", None)
+    if factory is None:
+        return
+    try:
+        root = str(factory.getbasetemp())
+    except Exception:  # no test used a temporary directory
+        return
+    daemons = _vz_daemons(root)
+    if daemons:
+        _stop_daemons(daemons)
+        listing = ", ".join(f"pid {pid} for {home}" for pid, home in sorted(daemons.items()))
+        sys.stderr.write(f"\nERROR: vz daemons outlived the test session (now killed): {listing}\n")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def _env() -> dict[str, str]:

@@ -63,12 +63,13 @@ def _find_version() -> str:
     return "0+unknown"
 
 
-def fingerprint(environ: Mapping[str, str] | None = None) -> str:
-    """SHA-256 (hex) over the version, the interpreter and the ``DAEMON_ENV`` values of ``environ``."""
+def fingerprint(environ: Mapping[str, str] | None = None, of_version: str | None = None) -> str:
+    """SHA-256 (hex) over the version (default: this installation's), the interpreter and the ``DAEMON_ENV``
+    values of ``environ``."""
     from hashlib import sha256
 
     env = os.environ if environ is None else environ
-    parts = [version(), sys.executable] + [f"{name}={env.get(name, '')}" for name in DAEMON_ENV]
+    parts = [of_version or version(), sys.executable] + [f"{name}={env.get(name, '')}" for name in DAEMON_ENV]
     return sha256("\0".join(parts).encode("utf-8", "surrogateescape")).hexdigest()
 
 

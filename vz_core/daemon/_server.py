@@ -251,7 +251,7 @@ class Daemon:
         self.on_shutdown: list[Callable[[], Awaitable[None]]] = list(on_shutdown)
         self.http2 = http2
         self.version = daemon_version or version()
-        self.fingerprint = daemon_fingerprint or fingerprint()
+        self.fingerprint = daemon_fingerprint or fingerprint(of_version=self.version)
         self.pid = os.getpid()
         self.started = datetime.now(UTC)
         self._started_monotonic = time.monotonic()
