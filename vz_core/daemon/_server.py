@@ -9,7 +9,8 @@ awaits the handler (``async (Call) -> dict``); the result is sent as ``{"result"
 ``{"cancel": {}}`` or hangup sets ``call.cancelled`` and cancels the handler's task.
 
 Lifetime: the daemon exits after ``idle_timeout`` seconds with no operation in flight and no connection
-(``VZ_DAEMON_IDLE_TIMEOUT``, default 900, 0 = never), on SIGTERM/SIGINT, or on ``System.Shutdown``. Shutdown
+(``VZ_DAEMON_IDLE_TIMEOUT``, default 900, 0 = never), on SIGTERM/SIGINT/SIGHUP, on ``System.Shutdown``, or
+when its socket file is removed or replaced (checked every few seconds: nobody could reach it any more). Shutdown
 stops accepting, cancels Watch-class calls, gives operations ``shutdown_grace`` seconds to finish (then
 cancels them), runs the ``on_shutdown`` hooks and removes its socket and pid file.
 """
@@ -70,6 +71,8 @@ NON_OPERATIONS = frozenset(
 SHUTDOWN_METHOD = "System.Shutdown"
 HELLO_TIMEOUT = 10.0
 """A connection that has not said hello by then is closed."""
+SOCKET_CHECK_INTERVAL = 5.0
+"""How often the daemon checks that its socket file is still the one it bound (else nobody can reach it)."""
 CALL_TIMEOUT = 60.0
 """A connection that said hello but sent no call by then is closed (it would keep the daemon from idling)."""
 _SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -515,6 +518,19 @@ class Daemon:
             self._activity_changed()
             task.add_done_callback(self._connection_done)
 
+    async def _watch_socket(self) -> None:
+        """Shut down once the socket file is gone or replaced (its directory deleted, say): unreachable."""
+        while True:
+            await asyncio.sleep(SOCKET_CHECK_INTERVAL)
+            try:
+                st = os.stat(self.paths.socket)
+                ours = (st.st_dev, st.st_ino) == self._socket_id
+            except OSError:
+                ours = False
+            if not ours:
+                self.request_shutdown(f"its socket {self.paths.socket} was removed or replaced")
+                return
+
     def _connection_done(self, task: asyncio.Task[None]) -> None:
         self._connections.discard(task)
         self._activity_changed()
@@ -540,6 +556,7 @@ class Daemon:
             for sig in _SIGNALS if self.handle_signals else ():
                 self._loop.add_signal_handler(sig, self.request_shutdown, f"signal {signal.Signals(sig).name}")
             accept = asyncio.ensure_future(self._accept_loop(listener))
+            watch = asyncio.ensure_future(self._watch_socket())
             log.info(
                 "vz daemon %s (pid %d) listening on %s; idle timeout %s",
                 self.version,
@@ -553,8 +570,11 @@ class Daemon:
             await self._stop.wait()
             log.info("shutting down: %s", self._stop_reason)
             accept.cancel()
+            watch.cancel()
             with contextlib.suppress(BaseException):
                 await accept
+            with contextlib.suppress(BaseException):
+                await watch
             listener.close()
             self._unlink_own(self.paths.socket, self._socket_id)
             await self._drain()

@@ -438,3 +438,14 @@ def test_daemon_paths_under_a_foreign_or_symlinked_dir(tmp_path: Path) -> None:
     with pytest.raises(DaemonError, match="is not a directory"):
         ensure_private_dir(str(plain))
     assert DaemonPaths(str(tmp_path)).socket == str(tmp_path / "daemon" / "vz.sock")
+
+
+def test_daemon_exits_when_its_socket_is_removed(home: Path) -> None:
+    env = _env(home)
+    with connect(environ=env) as conn:
+        pid = conn.pid
+    paths = daemon_paths(environ=env)
+    os.unlink(paths.socket)  # e.g. its state directory was deleted
+    assert _gone(pid, 20)
+    assert "was removed or replaced" in Path(paths.log_file).read_text()
+    assert not os.path.exists(paths.pid_file)
