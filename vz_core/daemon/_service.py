@@ -744,13 +744,13 @@ class Service:
         stdio: tuple[bool, ...],
         passed: list[int],
     ) -> dict[str, Any]:
-        from vz_core.env import FdReader, FdWriter, execute_local
+        from vz_core.env import execute_local
 
         call = state.call
         command: list[int] = [-1, -1, -1]
-        ours: list[int] = []  # our ends and the command's ends of the pipes we made
-        stdin_writer: FdWriter | None = None
-        outputs: list[tuple[int, int]] = []  # (stream, read end)
+        ours: list[int] = []  # both ends of the pipes made here, for the streams that travel as messages
+        stdin: int | None = None  # our (write) end of the command's stdin pipe
+        outputs: list[tuple[int, int]] = []  # (stream, our read end)
         given = iter(passed)
         try:
             for stream in (0, 1, 2):
@@ -760,32 +760,30 @@ class Service:
                 read_end, write_end = os.pipe2(os.O_CLOEXEC)
                 ours += [read_end, write_end]
                 if stream == 0:
-                    command[0] = read_end
-                    stdin_writer = FdWriter(write_end)
+                    command[0], stdin = read_end, write_end
+                    os.set_blocking(write_end, False)
                 else:
                     command[stream] = write_end
+                    os.set_blocking(read_end, False)
                     outputs.append((stream, read_end))
-            readers = [(stream, FdReader(fd, f"vz-exec-out{stream}")) for stream, fd in outputs]
 
-            async def forward(stream: int, reader: FdReader) -> None:
-                async for chunk in reader:
+            async def forward(stream: int, fd: int) -> None:
+                async for chunk in _pipe_chunks(fd):
                     await call.write(stream, chunk)
 
-            pumps = [asyncio.ensure_future(forward(stream, reader)) for stream, reader in readers]
+            pumps = [asyncio.ensure_future(forward(stream, fd)) for stream, fd in outputs]
             running = asyncio.ensure_future(
                 execute_local(
                     ctx, target, argv, (command[0], command[1], command[2]), workdir=workdir, environment=variables
                 )
             )
-            inputs = asyncio.ensure_future(self._exec_input(state, stdin_writer, ours))
+            inputs = asyncio.ensure_future(self._exec_input(state, stdin, ours))
             gone = asyncio.ensure_future(call.cancelled.wait())
             try:
                 await asyncio.wait({running, inputs, gone}, return_when=asyncio.FIRST_COMPLETED)
                 if not running.done():
                     state.cancel_reason = state.cancel_reason or "the client closed the connection"
-                    running.cancel()
-                    with contextlib.suppress(BaseException):
-                        await running
+                    await _stop(running)
                     if state.signal is not None:
                         return _signalled(state.signal)
                     raise asyncio.CancelledError
@@ -797,27 +795,24 @@ class Service:
                 inputs.cancel()
                 gone.cancel()
                 await _stop(running)  # this call was cancelled: so is the command (killed by its driver)
-                # The command is over: its ends of our pipes close, so its output reaches end of file.
-                for stream, _fd in outputs:
+                # The command is over: our copies of its output ends close, so the output reaches end of file
+                # once the driver's copies are closed too.
+                for stream, _ in outputs:
                     _close(command[stream])
                     ours.remove(command[stream])
                 if pumps:
                     _, late = await asyncio.wait(pumps, timeout=STDIO_DRAIN_SECONDS)
                     for pump in late:
-                        pump.cancel()
-                for _, reader in readers:
-                    await reader.stop()
+                        await _stop(pump)
                 for pump in pumps:
-                    if pump.done() and not pump.cancelled() and pump.exception() is not None:
+                    if not pump.cancelled() and pump.exception() is not None:
                         raise pump.exception()  # type: ignore[misc]
             return {"exit_code": event.exit_code, "signal": event.signal or None}
         finally:
-            if stdin_writer is not None:
-                stdin_writer.close()
             for fd in ours:
                 _close(fd)
 
-    async def _exec_input(self, state: _CallState, stdin: Any, ours: list[int]) -> None:
+    async def _exec_input(self, state: _CallState, stdin: int | None, ours: list[int]) -> None:
         """The client's messages during an exec: stdin bytes and its end, cancel, signals, the end of the call."""
         while True:
             message = await state.call.receive()
@@ -827,20 +822,17 @@ class Service:
             if isinstance(message, tuple):
                 stream, data = message
                 if stream != 0 or stdin is None:
-                    continue  # stdin is attached as a descriptor (or not a stream the command reads): ignored
+                    continue  # stdin is attached as a descriptor (or closed already): nothing reads these bytes
                 try:
-                    await stdin.write(data)
-                except OSError:  # the command closed its stdin: the rest is dropped, as a pipe would
-                    stdin.close()
+                    await _pipe_write(stdin, data)
+                except OSError:  # the command closed its stdin: the rest is dropped, as with a pipe
                     stdin = None
                 continue
             if "stdin_close" in message:
-                if stdin is not None:
-                    stdin.close()
-                    if stdin.fd in ours:  # the command's stdin reaches end of file
-                        ours.remove(stdin.fd)
-                        _close(stdin.fd)
-                    stdin = None
+                if stdin is not None and stdin in ours:  # the command's stdin reaches end of file
+                    ours.remove(stdin)
+                    _close(stdin)
+                stdin = None
             elif "cancel" in message:
                 state.cancel_reason = "cancelled by the client"
                 return
@@ -1103,6 +1095,55 @@ def _signal_name(data: object) -> str | None:
 def _signalled(name: str) -> dict[str, Any]:
     """The result of an exec ended because its client got signal ``name``: 128+N, as the command did before."""
     return {"exit_code": 128 + signals.Signals[name].value, "signal": name}
+
+
+async def _ready(fd: int, *, write: bool) -> None:
+    """Wait on the loop until our non-blocking pipe end ``fd`` can be read (or written)."""
+    loop = asyncio.get_running_loop()
+    ready: asyncio.Future[None] = loop.create_future()
+
+    def wake() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    if write:
+        loop.add_writer(fd, wake)
+    else:
+        loop.add_reader(fd, wake)
+    try:
+        await ready
+    finally:
+        if write:
+            loop.remove_writer(fd)
+        else:
+            loop.remove_reader(fd)
+
+
+async def _pipe_chunks(fd: int) -> AsyncIterator[bytes]:
+    """What arrives on our non-blocking read end ``fd``, until end of file."""
+    from vz_core._types import MAX_CHUNK
+
+    while True:
+        try:
+            data = os.read(fd, MAX_CHUNK)
+        except BlockingIOError:
+            await _ready(fd, write=False)
+            continue
+        if not data:
+            return
+        yield data
+
+
+async def _pipe_write(fd: int, data: bytes) -> None:
+    """All of ``data`` to our non-blocking write end ``fd`` (waits while the pipe is full: backpressure)."""
+    view = memoryview(data)
+    while view:
+        try:
+            written = os.write(fd, view)
+        except BlockingIOError:
+            await _ready(fd, write=True)
+            continue
+        view = view[written:]
 
 
 async def _stop(task: asyncio.Future[Any]) -> None:

@@ -12,8 +12,8 @@ for pydantic. The public surface:
 * operations: ``Context``, ``Progress``, ``up``, ``status`` (``STATUS_SCHEMA``), ``stop``, ``delete``;
   kept volumes: ``list_volumes``, ``remove_volume``;
 * exec: ``prepare_exec`` (selection, fast) then ``execute`` (driver, ExecSpec, stream, errors translated once),
-  ``ExecTarget``, ``OutputSink``; on descriptors (the daemon's local exec: ``Driver.exec_local``, else copied
-  by ``FdReader``/``FdWriter`` threads): ``execute_local``; a terminal session (`vz exec -t`):
+  ``ExecTarget``, ``OutputSink``; on descriptors (the daemon's local exec, ``Driver.exec_local``):
+  ``execute_local``; a terminal session (`vz exec -t`):
   ``execute_terminal``, ``TerminalSink``; a Machine's log: ``execute_logs``, ``LogSink``;
 * status: ``status`` and its live-health summary ``environment_health``;
 * drivers: ``acquire_driver`` (the one place a Driver is obtained), ``DriverPool``, ``DriverFacts``;
@@ -65,7 +65,6 @@ if TYPE_CHECKING:
         execute_terminal,
         prepare_exec,
     )
-    from vz_core.env._fdcopy import FdReader, FdWriter
     from vz_core.env._ids import workspace_id
     from vz_core.env._lifecycle import delete, stop
     from vz_core.env._plan import Change, Plan, Step, compute_plan
@@ -106,8 +105,6 @@ _WHERE = {
     "LogSink": "_exec",
     "execute_local": "_exec",
     "execute_logs": "_exec",
-    "FdReader": "_fdcopy",
-    "FdWriter": "_fdcopy",
     "environment_health": "_status",
     "OutputSink": "_exec",
     "TerminalSink": "_exec",
@@ -159,8 +156,6 @@ __all__ = [
     "EgressPolicy",
     "EnvironmentRecord",
     "ExecTarget",
-    "FdReader",
-    "FdWriter",
     "LogSink",
     "Machine",
     "MachineRecord",

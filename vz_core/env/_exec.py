@@ -247,23 +247,16 @@ async def execute_local(
 ) -> ExecExit:
     """Run ``argv`` in the target Machine with its stdin/stdout/stderr on the descriptors ``stdio``.
 
-    The descriptors stay the caller's (not closed here). The driver's ``exec_local`` takes them when it has one
-    (the fast local path: the descriptors travel on to the plugin and, where the Machine shares the host
-    kernel, become the command's own); otherwise the bytes are copied between them and ``Driver.exec``'s
-    stream. Errors, cancellation and closing are as for ``execute``; a descriptor that breaks while output is
-    written to it raises ``BrokenPipeError``.
+    The descriptors stay the caller's (not closed here); they must not be terminals. ``Driver.exec_local``
+    takes them: a plugin with a local exec path gets them passed on (where the Machine shares the host kernel
+    they become the command's own), otherwise the driver's default copies between them and its exec stream.
+    Errors, cancellation and closing are as for ``execute``.
     """
     driver = acquire_driver(target.machine.driver, target.machine.driver_options, recorded=True, redactor=ctx.redactor)
     spec = _exec_spec(target, argv, workdir, environment)
     try:
         with _exec_errors(target):
-            local = getattr(driver, "exec_local", None)
-            if local is not None:
-                result: ExecExit = await local(spec.workspace_id, spec, stdio)
-                return result
-            from vz_core.env._fdcopy import copy_exec
-
-            return await copy_exec(driver, spec, stdio)
+            return await driver.exec_local(spec.workspace_id, spec, stdio)
     finally:
         with suppress(Exception):
             await driver.close()

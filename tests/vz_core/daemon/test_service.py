@@ -617,3 +617,38 @@ def _no_driver_source() -> Iterator[None]:
     assert driver_source() is None
     yield
     assert driver_source() is None
+
+
+def test_exec_stdin_as_messages_keeps_every_byte_in_order(project: Path) -> None:
+    payload = os.urandom(3 * 1024 * 1024 + 17)
+
+    async def scenario(service: Service) -> tuple[FakeCall, dict[str, Any]]:
+        call = FakeCall("Machines.Exec", {"context": context(project), "argv": ["cat"]})
+        for start in range(0, len(payload), 65536):
+            await call.inbox.put((0, payload[start : start + 65536]))
+        await call.inbox.put({"stdin_close": {}})
+        return call, await service.dispatch(call)
+
+    call, result = _exec_service_run(project, scenario)
+    assert result == {"exit_code": 0, "signal": None}
+    assert call.output(1) == payload
+
+
+def test_logs_of_a_machine_are_streamed_and_masked(project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from vz_conformance.fake._driver import FakeDriver
+
+    async def logs(self: FakeDriver, workspace_id: str) -> Any:
+        for line in (b"one\n", f"token {SECRET}\n".encode(), b"three\n"):
+            yield line
+
+    monkeypatch.setattr(FakeDriver, "logs", logs)
+
+    async def scenario(service: Service) -> tuple[bytes, bytes]:
+        every = FakeCall("Machines.Logs", {"context": context(project)})
+        assert await service.dispatch(every) == {}
+        last = FakeCall("Machines.Logs", {"context": context(project), "tail": 1})
+        await service.dispatch(last)
+        return every.output(1), last.output(1)
+
+    every, last = _exec_service_run(project, scenario)
+    assert every == b"one\ntoken ***\nthree\n" and last == b"three\n"
