@@ -406,6 +406,9 @@ class Service:
         except CallFailed as exc:
             failure = exc.error
             raise
+        except BaseException as exc:  # cancelled by the server (the client's cancel or hangup, shutdown)
+            failure = encode_error(exc, state.redactor)
+            raise
         finally:
             del self._operations[operation.number]
             self._secrets.merge(state.redactor)

@@ -319,6 +319,40 @@ def test_a_client_that_goes_away_interrupts_the_up_and_the_operation_says_so(
     assert events.events[-1]["data"]["status"] == "interrupted"
 
 
+def test_a_call_the_server_cancels_interrupts_the_operation_the_same_way(
+    project: Path, monkeypatch: pytest.MonkeyPatch, events: Events
+) -> None:
+    from vz_conformance.fake._driver import FakeDriver
+
+    async def never(self: FakeDriver, request: Any) -> None:
+        await asyncio.sleep(3600)
+
+    monkeypatch.setattr(FakeDriver, "run_image", never)
+
+    async def main() -> FakeCall:
+        service = await _service(events)
+        try:
+            call = FakeCall("Environments.Up", {"context": context(project)})
+            task = asyncio.ensure_future(service.dispatch(call))
+            await until(call, lambda m: m.get("action") == "create")
+            call.cancelled.set()
+            task.cancel()  # what the listener does on {"cancel": {}}
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            return call
+        finally:
+            await service.close()
+
+    call = run(main())
+    assert call.progress_messages()[-1]["status"] == "failed"
+    with Store() as store:
+        op = store.operations(store.environments("demo")[0].env_id)[-1]
+    assert (op.status, op.step) == ("interrupted", "create web")
+    finished = events.events[-1]
+    assert finished["kind"] == "operation.finished" and finished["data"]["status"] == "interrupted"
+    assert finished["data"]["error"]["exit_code"] == 130
+
+
 # --- requests and errors ---------------------------------------------------------------------------------------
 
 
