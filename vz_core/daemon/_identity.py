@@ -66,11 +66,14 @@ def _find_version() -> str:
 def fingerprint(environ: Mapping[str, str] | None = None, of_version: str | None = None) -> str:
     """SHA-256 (hex) over the version (default: this installation's), the interpreter and the ``DAEMON_ENV``
     values of ``environ``."""
-    from hashlib import sha256
+    try:  # the builtin module loads in well under a millisecond; hashlib pulls in OpenSSL (5-30 ms here)
+        from _sha256 import sha256  # type: ignore[import-not-found, unused-ignore]
+    except ImportError:  # pragma: no cover - an interpreter built without it
+        from hashlib import sha256
 
     env = os.environ if environ is None else environ
     parts = [of_version or version(), sys.executable] + [f"{name}={env.get(name, '')}" for name in DAEMON_ENV]
-    return sha256("\0".join(parts).encode("utf-8", "surrogateescape")).hexdigest()
+    return str(sha256("\0".join(parts).encode("utf-8", "surrogateescape")).hexdigest())
 
 
 def _release(text: str) -> tuple[int, ...]:
