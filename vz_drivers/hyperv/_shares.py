@@ -191,7 +191,7 @@ def mount_options(made: SharesMade, share: Share, *, uid: int, gid: int, port: i
 
 _MOUNT_SCRIPT = r"""b=/bin/busybox
 IFS= read -r p || exit 64
-$b modprobe -a $($b cat @MODULES@) || { echo "vz: cannot load the cifs modules" >&2; exit 67; }
+"$b" modprobe -a $("$b" cat @MODULES@) || { echo "vz: cannot load the cifs modules" >&2; exit 67; }
 d=@ROOT@
 IFS=/
 set -f
@@ -202,10 +202,10 @@ for c in $2; do
 		echo "vz: the mount target $2 is a symbolic link in the Machine" >&2
 		exit 66
 	fi
-	[ -d "$d" ] || $b mkdir "$d" || exit 65
+	[ -d "$d" ] || "$b" mkdir "$d" || exit 65
 done
 unset IFS
-exec $b mount -i -t cifs -o "$3,password=$p" "$1" "$d"
+exec "$b" mount -i -t cifs -o "$3,password=$p" "$1" "$d"
 """.replace("@MODULES@", MODULES_FILE).replace("@ROOT@", GUEST_ROOT)
 """Run by the initramfs's busybox outside the image's root: the password arrives on stdin (never in the exec
 request), the cifs modules are loaded, the target is created inside the Machine's root (never through a symbolic
