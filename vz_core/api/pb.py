@@ -41,6 +41,7 @@ __all__ = [
     "from_wire",
     "grpc_code_name",
     "method",
+    "runtime_pb2",
     "to_wire",
 ]
 

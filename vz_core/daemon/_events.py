@@ -23,7 +23,7 @@ import json
 import sqlite3
 import threading
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -201,7 +201,7 @@ class EventLog:
         *,
         environment_id: str | None = None,
         kinds: Sequence[str] = (),
-    ) -> AsyncIterator[dict[str, Any]]:
+    ) -> AsyncGenerator[dict[str, Any], None]:
         """Every event with a revision above ``from_revision``, then live ones, until the caller stops.
 
         ``environment_id`` keeps only that Environment's events; ``kinds`` keeps only kinds starting with one of

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import sqlite3
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ def db(tmp_path: Path) -> Path:
     return tmp_path / "state.db"
 
 
-async def take(stream: AsyncIterator[dict[str, Any]], n: int, wait: float = 5.0) -> list[dict[str, Any]]:
+async def take(stream: AsyncGenerator[dict[str, Any], None], n: int, wait: float = 5.0) -> list[dict[str, Any]]:
     out = []
     for _ in range(n):
         out.append(await asyncio.wait_for(anext(stream), wait))

@@ -4,6 +4,8 @@ in-process) parse into their proto message without unknown fields and convert ba
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +14,6 @@ from google.protobuf import json_format
 
 from vz_core.api import pb
 from vz_core.env import Context, Progress, delete, list_volumes, status, stop, up
-from vz_core.env._definition import DEFINITION_VERSION
 
 api = pb.api_pb2
 
@@ -23,21 +24,16 @@ class Recorder(Progress):
     def __init__(self) -> None:
         self.sent: list[dict[str, Any]] = []
 
-    def step(self, action: str, message: str, **fields: Any):  # type: ignore[override]
-        from contextlib import contextmanager
-
-        @contextmanager
-        def run() -> Any:
-            line = {"event": "step", "action": action, "message": message}
-            self.sent.append({**line, "status": "started", **fields})
-            try:
-                yield
-            except BaseException:
-                self.sent.append({**line, "status": "failed", "seconds": 0.5, **fields})
-                raise
-            self.sent.append({**line, "status": "succeeded", "seconds": 0.25, **fields})
-
-        return run()
+    @contextmanager
+    def step(self, action: str, message: str, **fields: Any) -> Iterator[None]:
+        line = {"event": "step", "action": action, "message": message}
+        self.sent.append({**line, "status": "started", **fields})
+        try:
+            yield
+        except BaseException:
+            self.sent.append({**line, "status": "failed", "seconds": 0.5, **fields})
+            raise
+        self.sent.append({**line, "status": "succeeded", "seconds": 0.25, **fields})
 
     def note(self, kind: str, message: str, **fields: Any) -> None:
         self.sent.append({"event": kind if kind == "plan" else "note", "kind": kind, "message": message, **fields})
@@ -61,7 +57,7 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     root = tmp_path / "proj"
     root.mkdir()
     machines = [fake_machine("web"), fake_machine("db", environment={"A": "1"})]
-    definition = {"version": DEFINITION_VERSION, "project_id": "demo", "default_machine": "web", "machines": machines}
+    definition = {"version": 1, "project_id": "demo", "default_machine": "web", "machines": machines}
     (root / "vz.json").write_text(json.dumps(definition))
     return root
 

@@ -792,8 +792,26 @@ class CapabilitiesRequest(_message.Message):
 class CapabilitiesResponse(_message.Message):
     __slots__ = ("drivers",)
     DRIVERS_FIELD_NUMBER: _ClassVar[int]
-    drivers: _containers.RepeatedCompositeFieldContainer[Driver]
-    def __init__(self, drivers: _Optional[_Iterable[_Union[Driver, _Mapping]]] = ...) -> None: ...
+    drivers: _containers.RepeatedCompositeFieldContainer[DriverCapabilityRow]
+    def __init__(self, drivers: _Optional[_Iterable[_Union[DriverCapabilityRow, _Mapping]]] = ...) -> None: ...
+
+class DriverCapabilityRow(_message.Message):
+    __slots__ = ("name", "facts", "error")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    FACTS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    facts: Driver
+    error: ErrorSummary
+    def __init__(self, name: _Optional[str] = ..., facts: _Optional[_Union[Driver, _Mapping]] = ..., error: _Optional[_Union[ErrorSummary, _Mapping]] = ...) -> None: ...
+
+class ErrorSummary(_message.Message):
+    __slots__ = ("code", "message")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    code: str
+    message: str
+    def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
 class EventsRequest(_message.Message):
     __slots__ = ("from_revision", "follow")
