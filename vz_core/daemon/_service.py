@@ -332,6 +332,9 @@ class Service:
             self._own_pool = True
         if self._pool is not None:
             await _maybe_await(self._pool.start())
+        # The first `vz up` would otherwise import pydantic and the definition model on the loop, stalling
+        # every other call for a few hundred milliseconds: import them now, in a thread.
+        await asyncio.to_thread(_warm_imports)
         if self._events is None:
             import importlib
 
@@ -1070,6 +1073,14 @@ async def _negotiate_each(names: list[str], redactor: Redactor) -> list[dict[str
     finally:
         await pool.aclose()
     return rows
+
+
+def _warm_imports() -> None:
+    import vz_core.capability_matrix
+    import vz_core.env
+
+    for name in ("load_definition", "up", "status", "stop"):  # each loads its module (PEP 562)
+        getattr(vz_core.env, name)
 
 
 def _unavailable(message: str) -> Exception:
