@@ -145,6 +145,9 @@ def check_private_dir(path: str) -> bool:
         st = os.lstat(path)
     except FileNotFoundError:
         return False
+    if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) & 0o077:
+        ensure_private_dir(path)  # fixes a mode others may only read or enter; refuses a writable one
+        return True
     _check_stat(path, st, fix_fd=None)
     return True
 

@@ -382,3 +382,15 @@ def test_client_refuses_a_socket_dir_it_does_not_own(tmp_path: Path) -> None:
     with pytest.raises(DaemonError, match=r"owned by uid 65534, not by you") as exc:
         connect(paths.home, environ={}, autostart=False)
     assert exc.value.exit_code == 2
+
+
+def test_client_fixes_a_readable_dir_and_refuses_a_writable_one(tmp_path: Path) -> None:
+    paths = DaemonPaths(str(tmp_path / "home"))
+    os.makedirs(paths.directory, mode=0o700)
+    os.chmod(paths.directory, 0o755)
+    with pytest.raises(DaemonError, match="no vz daemon runs"):
+        connect(paths.home, environ={}, autostart=False)
+    assert os.stat(paths.directory).st_mode & 0o777 == 0o700
+    os.chmod(paths.directory, 0o775)
+    with pytest.raises(DaemonError, match=r"others may write to it \(mode 0775\)"):
+        connect(paths.home, environ={}, autostart=False)
