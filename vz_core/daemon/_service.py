@@ -628,10 +628,17 @@ class Service:
         )
 
     async def _list(self, state: _CallState) -> dict[str, Any]:
+        """The project's Environments (`vz status --all --json`). Without a vz.json from the caller's directory:
+        every project's with ``all`` true, else the not-found error naming where it looked."""
         request = self._request(state, ("context", "all", "machine"))
         every = request.boolean("all", default=True)
         machine = request.string("machine", empty=False)
-        return await self._status_report(state, request, environment=None, all_environments=every, machine=machine)
+        if not every:
+            from vz_core.env import find_definition
+
+            probe = request.context()
+            find_definition(probe.cwd, probe.definition_file)
+        return await self._status_report(state, request, environment=None, all_environments=True, machine=machine)
 
     async def _follow(
         self, state: _CallState, request: Request, kinds: tuple[str, ...], environment_id: str | None

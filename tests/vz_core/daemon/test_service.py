@@ -686,3 +686,21 @@ def test_logs_of_a_machine_are_streamed_and_masked(project: Path, monkeypatch: p
 
     every, last = _exec_service_run(project, scenario)
     assert every == b"one\ntoken ***\nthree\n" and last == b"three\n"
+
+
+def test_list_gives_the_projects_environments(project: Path, tmp_path: Path) -> None:
+    elsewhere = tmp_path / "no-project"
+    elsewhere.mkdir()
+
+    async def scenario(service: Service) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+        await service.dispatch(FakeCall("Environments.Up", {"context": context(project), "environment": "second"}))
+        listed = await service.dispatch(FakeCall("Environments.List", {"context": context(project), "all": False}))
+        anywhere = await service.dispatch(FakeCall("Environments.List", {"context": context(elsewhere), "all": True}))
+        with pytest.raises(CallFailed) as failed:
+            await service.dispatch(FakeCall("Environments.List", {"context": context(elsewhere), "all": False}))
+        return listed, anywhere, failed.value.error
+
+    listed, anywhere, error = _exec_service_run(project, scenario)
+    assert sorted(e["name"] for e in listed["environments"]) == ["default", "second"]
+    assert sorted(e["name"] for e in anywhere["environments"]) == ["default", "second"]
+    assert anywhere["project"] is None and error["kind"] == "not_found"
