@@ -692,6 +692,7 @@ async def _install_service(daemon: Daemon) -> None:
             on_shutdown=lambda: daemon.request_shutdown("System.Shutdown"),
             version=daemon.version,
             fingerprint=daemon.fingerprint,
+            daemon_status=daemon.status,
         )
         await service.start()
         daemon.handler = service.dispatch

@@ -172,16 +172,30 @@ def test_no_tcp_listener(home: Path) -> None:
         pid = conn.pid
     proc = psutil.Process(pid)
     assert proc.net_connections(kind="inet") == []
-    inodes = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        with_target = os.readlink(f"/proc/{pid}/fd/{fd}")
-        if with_target.startswith("socket:["):
-            inodes.add(with_target[len("socket:[") : -1])
+
+    def sockets() -> set[str]:
+        inodes = set()
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except FileNotFoundError:  # closed meanwhile
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[len("socket:[") : -1])
+        return inodes
+
+    for _ in range(50):  # a connection that just closed may still be going away: settle first
+        before = sockets()
+        unix = {row.split()[6] for row in Path(f"/proc/{pid}/net/unix").read_text().splitlines()[1:]}
+        inet = set()
+        for table in ("tcp", "tcp6", "udp", "udp6"):
+            inet |= {row.split()[9] for row in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]}
+        inodes = before & sockets()
+        if inodes <= unix:
+            break
+        time.sleep(0.05)
     assert inodes, "the daemon holds no socket at all?"
-    for table in ("tcp", "tcp6", "udp", "udp6"):
-        rows = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
-        assert not inodes & {row.split()[9] for row in rows}, f"the daemon has a {table} socket"
-    unix = {row.split()[6] for row in Path(f"/proc/{pid}/net/unix").read_text().splitlines()[1:]}
+    assert not inodes & inet, "the daemon has a TCP or UDP socket"
     assert inodes <= unix  # every socket it holds is a Unix socket
 
 
