@@ -57,7 +57,10 @@ DECLARATION = DriverDeclaration(
     ),
     matrix=(
         MatrixRow(
-            "windows", "linux", "DEV", "Hyper-V Gen 2 VM, EFI VHDX guest, hvsocket agent; not verified on Windows"
+            "windows",
+            "linux",
+            "DEV",
+            "Hyper-V Gen 2 VM, EFI VHDX guest, hvsocket agent, SMB shares (ro host-enforced); not verified on Windows",
         ),
         MatrixRow("windows", "windows", "PLANNED", "Windows guests: agent as a service, exec over ConPTY"),
     ),

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import WINDOWS
@@ -180,7 +182,7 @@ async def test_start_of_a_vm_that_does_not_start_fails_clearly(backend: HypervBa
 
 
 async def test_preflight_needs_the_module_and_privileges(tmp_path: Path) -> None:
-    async def preflight(**knobs: bool) -> None:
+    async def preflight(**knobs: Any) -> None:
         b = HypervBackend(state_dir=tmp_path, runner=StandInHyperV(**knobs), host=WINDOWS)
         await b.preflight()
         await b.provisioning_preflight()
@@ -264,7 +266,7 @@ async def test_on_this_host_info_answers_and_everything_else_fails_before_mutati
     await driver.close()
 
 
-async def _empty():  # type: ignore[no-untyped-def]
+async def _empty() -> AsyncIterator[bytes]:
     return
     yield b""
 

@@ -13,7 +13,7 @@ import json
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -140,8 +140,9 @@ def test_the_init_is_qemus_with_the_configuration_from_the_esp() -> None:
 
 def test_the_hyperv_only_scripts_parse(tmp_path: Path) -> None:
     # The Hyper-V branch of the init, the DHCP event script and /sbin/poweroff never run here: busybox sh -n at
-    # least parses them as the guest's shell will.
+    # least parses them as the guest's shell will (the share mount script also runs, in test_hyperv_shares_guest).
     from vz_drivers.hyperv import _guest
+    from vz_drivers.hyperv._shares import _MOUNT_SCRIPT
     from vz_drivers.qemu.guest import INIT_SCRIPT, find_busybox
 
     busybox = str(find_busybox())
@@ -149,6 +150,7 @@ def test_the_hyperv_only_scripts_parse(tmp_path: Path) -> None:
         ("init", INIT_SCRIPT + hyperv_init()),
         ("dhcp.sh", _guest._DHCP),
         ("poweroff", _guest._POWEROFF),
+        ("mount (shares)", _MOUNT_SCRIPT),
     ):
         path = tmp_path / name
         path.write_text(text)
@@ -224,7 +226,7 @@ async def test_the_raw_disk_boots_under_ovmf_and_the_agent_answers(built: Built,
         print(f"\nOVMF (TCG) boot to agent ready: {boot_seconds:.1f} s")
         script = "echo hello from $(hostname); cat /proc/cmdline; grep ' / ' /proc/mounts; env"
 
-        async def no_input():  # type: ignore[no-untyped-def]
+        async def no_input() -> AsyncIterator[bytes]:
             return
             yield b""
 

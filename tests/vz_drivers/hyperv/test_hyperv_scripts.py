@@ -206,3 +206,119 @@ def test_vsock_service_guids() -> None:
     for bad in (0, -1, 0xFFFFFFFF):
         with pytest.raises(ValueError):
             ps.service_id(bad)
+
+
+# ---------------------------------------------------------------------------------------------- SMB shares
+
+
+def test_the_share_scripts_call_the_documented_smb_cmdlets() -> None:
+    used = {(c.cmdlet, p) for s in (ps.SHARE, ps.UNSHARE) for c in calls(script_text(s)) for p in c.params}
+    for expected in [
+        ("New-SmbShare", "ReadAccess"),
+        ("New-SmbShare", "ChangeAccess"),
+        ("New-SmbShare", "Temporary"),
+        ("New-SmbShare", "EncryptData"),
+        ("Remove-SmbShare", "Force"),
+        ("Get-SmbShareAccess", "Name"),
+        ("New-LocalUser", "Password"),
+        ("Set-LocalUser", "Password"),
+        ("Disable-LocalUser", "Name"),
+        ("Remove-LocalUser", "Name"),
+        ("ConvertTo-SecureString", "AsPlainText"),
+        ("New-NetFirewallRule", "InterfaceAlias"),
+        ("New-NetFirewallRule", "RemoteAddress"),
+        ("Remove-NetFirewallRule", "Name"),
+    ]:
+        assert expected in used, expected
+    share = script_text(ps.SHARE)
+    # Read-only is a share with Read access alone: no script ever grants Full, nor to anyone but the account.
+    assert "-FullAccess" not in share and "-ReadAccess $qualified" in share and "-ChangeAccess $qualified" in share
+    # The password is read once, into a SecureString; the answer never carries it.
+    assert ps.SHARE.body.count("$a.password") == 1
+    assert "ConvertTo-SecureString -String $a.password -AsPlainText -Force" in share
+    # Every name the scripts act on is checked against vz's patterns before anything is touched.
+    for script in (ps.SHARE, ps.UNSHARE):
+        text = script_text(script)
+        assert text.index("-notmatch '^vz-[0-9a-f]{16}$'") < text.index("Get-LocalUser")
+
+
+def test_share_answers_are_typed_and_take_both_array_shapes() -> None:
+    access = {"AccountName": "DEVBOX\\vz-0123456789abcdef", "AccessRight": "Read", "AccessControlType": "Allow"}
+    one = {
+        "Account": "DEVBOX\\vz-0123456789abcdef",
+        "User": "vz-0123456789abcdef",
+        "Domain": "DEVBOX",
+        "HostAddress": "172.20.96.1",
+        "Shares": {"Name": "vz-" + "a" * 32 + "-0$", "Path": "C:\\src", "Access": access},
+        "Replaced": None,
+    }
+    made = ps.parse_shares(one)
+    assert made.shares[0].access == (ps.ShareAccess("DEVBOX\\vz-0123456789abcdef", "Read", "Allow"),)
+    assert made.replaced == () and made.host_address == "172.20.96.1"
+    two = ps.parse_shares({**one, "Shares": [one["Shares"], one["Shares"]], "Replaced": "vz-x-0$"})
+    assert len(two.shares) == 2 and two.replaced == ("vz-x-0$",)
+    for bad in ({**one, "HostAddress": "fe80::1"}, {**one, "HostAddress": ""}, {**one, "Shares": [1]}):
+        with pytest.raises(RuntimeFailureError, match="unexpected"):
+            ps.parse_shares(bad)
+    assert ps.parse_unshare({"RemovedShares": None, "RemovedRule": False, "Account": "absent"}).removed_shares == ()
+    with pytest.raises(RuntimeFailureError, match="Account"):
+        ps.parse_unshare({"RemovedShares": [], "RemovedRule": False, "Account": "deleted"})
+    listing = ps.parse_share_listing(
+        {"Shares": None, "Accounts": {"Name": "vz-1", "Description": "d", "Enabled": True}}
+    )
+    assert listing.shares == () and listing.accounts == (("vz-1", "d"),)
+
+
+def test_share_names_access_checks_and_orphans(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from vz_drivers._machine import MountRecord
+    from vz_drivers.hyperv import _shares as sh
+
+    key = "0123456789abcdef" * 2
+    mounts = [
+        MountRecord("bind", "/src", "/w", False, "/src", ()),
+        MountRecord("tmpfs", "", "/t", False, "", ()),
+        MountRecord("volume", "cache", "/c", True, "/state/volumes/cache/data", ()),
+    ]
+    names = sh.machine_shares(key, mounts, tmp_path)
+    assert [(s.name, s.path, s.read_only) for s in names.shares] == [
+        (f"vz-{key}-0$", "/src", False),
+        (f"vz-{key}-1$", "/state/volumes/cache/data", True),
+    ]
+    assert names.account == "vz-0123456789abcdef" and len(names.account) <= 20  # a Windows account name's limit
+    with pytest.raises(ValueError):
+        sh.machine_shares("../x", mounts, tmp_path)
+
+    def made(*rights: tuple[str, str]) -> ps.SharesMade:
+        shares = tuple(
+            ps.SharedDir(s.name, s.path, (ps.ShareAccess(acct, right, "Allow"),))
+            for s, (acct, right) in zip(names.shares, rights, strict=True)
+        )
+        return ps.SharesMade("DEVBOX\\" + names.account, names.account, "DEVBOX", "10.0.0.1", shares, ())
+
+    me = "devbox\\" + names.account  # Windows compares account names without case
+    sh.check_access(made((me, "Change"), (me, "Read")), names)
+    for wrong in [
+        ((me, "Change"), (me, "Change")),
+        ((me, "Full"), (me, "Read")),
+        ((me, "Change"), ("Everyone", "Read")),
+    ]:
+        with pytest.raises(RuntimeFailureError, match="refusing to boot"):
+            sh.check_access(made(*wrong), names)
+
+    tag = sh.state_tag(tmp_path)
+    desc = f"vz Machine {key} (state {tag})"
+    other = "f" * 32
+    found = sh.orphans(
+        [(f"vz-{key}-0$", "/src", desc), (f"vz-{other}-0$", "/x", f"vz Machine {other} (state 000000000000)")],
+        [(names.account, desc), ("vz-ffffffffffffffff", "someone else's account")],
+        tag,
+        exists=set(),
+    )
+    assert found == {key}  # another vz home's share and an account vz did not describe are left alone
+    assert sh.orphans([(f"vz-{key}-0$", "/src", desc)], [], tag, exists={key}) == set()
+
+    password = sh.generate_password()
+    assert len(password) == 32 and password.isalnum() and password != sh.generate_password()
+    options = sh.mount_options(made((me, "Change"), (me, "Read")), names.shares[1], uid=1000, gid=1000)
+    assert options.startswith("ro,vers=3.1.1,seal,") and "password" not in options and "uid=1000" in options
+    assert sh.redact(f"failed for {password} twice: {password}", password) == "failed for *** twice: ***"
