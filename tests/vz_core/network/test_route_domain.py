@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -107,7 +108,7 @@ def _declared(definition: ProjectDefinition, source: str, dest: str, protocol: s
     return False
 
 
-def _syn_counters(netns: str, targets: list[tuple[str, str, int]]) -> None:
+def _syn_counters(netns: str, targets: Sequence[tuple[str, str, int]]) -> None:
     """An nft table in a destination namespace counting the SYNs / datagrams that arrive per address and port."""
     lines = ["table inet vztest {"]
     for i, _ in enumerate(targets):
