@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -65,3 +66,61 @@ def test_a_machine_its_driver_lost_is_translated_once_with_the_fix(ctx: Context)
     asyncio.run(FakeDriver().delete(target.machine.workspace_id))
     with pytest.raises(NotFoundError, match=r"does not exist in driver 'fake'; run `vz up --environment default`"):
         _run(ctx, target, ["true"])
+
+
+def test_execute_local_runs_the_command_on_the_given_descriptors(ctx: Context, tmp_path: Path) -> None:
+    from vz_core.env import execute_local
+
+    target = prepare_exec(ctx)
+    source = tmp_path / "in"
+    source.write_bytes(b"a\nb\nc\n")
+    stdin = os.open(source, os.O_RDONLY)
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    try:
+        event = asyncio.run(
+            execute_local(
+                ctx,
+                target,
+                ["sh", "-c", "wc -l; echo $GREETING >&2; exit 4"],
+                (stdin, out_w, err_w),
+                environment={"GREETING": "hi"},
+            )
+        )
+        os.close(out_w)
+        os.close(err_w)
+        out_w = err_w = -1
+        assert (event.exit_code, os.read(out_r, 100).strip(), os.read(err_r, 100)) == (4, b"3", b"hi\n")
+    finally:
+        for fd in (stdin, out_r, out_w, err_r, err_w):
+            if fd >= 0:
+                os.close(fd)
+
+
+def test_execute_local_refuses_a_terminal(ctx: Context) -> None:
+    from vz_core.env import execute_local
+    from vz_core.errors import InvalidArgumentError
+
+    target = prepare_exec(ctx)
+    leader, follower = os.openpty()
+    try:
+        with pytest.raises(InvalidArgumentError, match="terminal"):
+            asyncio.run(execute_local(ctx, target, ["true"], (follower, follower, follower)))
+    finally:
+        os.close(leader)
+        os.close(follower)
+
+
+def test_status_says_where_each_state_comes_from(ctx: Context) -> None:
+    from vz_conformance.fake import FakeDriver
+
+    from vz_core.env import status
+
+    report = asyncio.run(status(ctx))
+    machine = report["environments"][0]["machines"][0]
+    assert machine["health"]["source"] == "driver" and machine["health"]["state"] == "running"
+    assert report["environments"][0]["health"]["state"] == "running"
+    asyncio.run(FakeDriver().delete(machine["workspace_id"]))
+    after = asyncio.run(status(ctx))["environments"][0]
+    assert (after["machines"][0]["health"]["state"], after["machines"][0]["recorded_state"]) == ("missing", "running")
+    assert after["health"] == {**after["health"], "source": "driver", "state": "degraded"}
