@@ -1,137 +1,82 @@
-"""`vz exec` on the terminal: wire stdin/stdout/stderr and signals to the Environment layer's exec flow.
+"""`vz exec` as a client of the vz daemon: hand over stdio, copy terminals, forward signals, return the exit status.
 
-Selecting the Machine, obtaining its driver, running the command and classifying errors belong to
-``vz_core.env`` (``prepare_exec``, ``execute``); this module only moves bytes and turns the outcome into an exit
-status. This path is performance sensitive (B7): it imports neither pydantic nor rich.
+Selecting the Environment and the Machine, obtaining its driver and running the command all happen in the
+daemon (``Machines.Exec``); this process only moves what must be moved. This path is performance sensitive
+(B7, `vz exec -- true` with a warm daemon): it is one blocking, single-threaded poll loop and imports neither
+asyncio nor grpc, pydantic or rich.
 
-Signals: SIGINT (Ctrl-C), SIGTERM and SIGHUP cancel the exec stream, the driver kills the command and its
-descendants, and vz exits 128+N. The command's own death by signal N also exits 128+N.
+* **Descriptors, not bytes.** Each of stdin, stdout and stderr that is a pipe, a file or /dev/null is handed to
+  the daemon as a file descriptor (SCM_RIGHTS, ``stdio[i]`` true): the command reads and writes it directly.
+* **A terminal never leaves this process** (a process in the Machine could inject input into it with
+  TIOCSTI): a stream that is a terminal travels as bytes (``B`` messages of stream i).
+* ``-t`` / ``-it``: a terminal session in the Machine (``tty`` true): our terminal goes raw (with ``-i``) and
+  is restored on every way out; the window size is sent at start and on every SIGWINCH; TERM is forwarded.
 
-`vz exec -t` / `-it` (``run_terminal``) runs the command on a terminal inside the Machine through
-``vz_core.env.execute_terminal``: our terminal goes raw (with -i) and only bytes cross; its descriptor never
-leaves this process.
+Signals: SIGINT (Ctrl-C), SIGTERM and SIGHUP cancel the exec (the daemon's driver kills the command and its
+descendants) and vz exits 128+N; under ``-it`` Ctrl-C is a keystroke for the Machine's terminal and only SIGTERM
+and SIGHUP cancel. The command's own death by signal N also exits 128+N.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import os
 import signal
-import threading
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
 
-from vz_core._types import MAX_CHUNK, TERMINAL_COLS, TERMINAL_ROWS, ExecExit
-
+TYPE_CHECKING = False  # `typing` costs milliseconds on this path
 if TYPE_CHECKING:
-    from vz_core.env import Context, ExecTarget
+    from typing import Any, Protocol
 
-__all__ = ["NOT_A_TTY", "exit_code_of", "run_exec", "run_terminal"]
-
-_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-
-def exit_code_of(event: ExecExit) -> int:
-    """The shell-style exit status of an exec: the code, or 128+N for a command killed by signal N."""
-    if not event.signal:
-        return event.exit_code & 0xFF if event.exit_code >= 0 else 1
-    name = event.signal.strip().upper()
-    number: int | None = None
-    if name.isdigit():
-        number = int(name)
-    else:
-        with contextlib.suppress(KeyError):
-            number = signal.Signals[name if name.startswith("SIG") else "SIG" + name].value
-    if number is not None and 0 < number < 128:
-        return 128 + number
-    return event.exit_code if 0 < event.exit_code < 256 else 1
-
-
-def run_exec(
-    ctx: Context,
-    *,
-    argv: list[str],
-    environment: str | None,
-    machine: str | None,
-    workdir: str | None,
-) -> int:
-    """Run the command through the Environment layer, wired to this process's stdio; the exit status."""
-    from vz_core.env import prepare_exec
-
-    target = prepare_exec(ctx, environment=environment, machine=machine)
-    return asyncio.run(_stream(ctx, target, argv, workdir))
-
-
-async def _stream(ctx: Context, target: ExecTarget, argv: list[str], workdir: str | None) -> int:
-    from vz_core.env import execute
-
-    loop = asyncio.get_running_loop()
-    task = asyncio.current_task()
-    assert task is not None
-    received: list[int] = []
-
-    def on_signal(signum: int) -> None:
-        received.append(signum)
-        task.cancel()
-
-    def output(stream: str, data: bytes) -> None:
-        _write_all(1 if stream == "stdout" else 2, data)
-
-    for sig in _FORWARDED:
-        loop.add_signal_handler(sig, on_signal, sig)
-    try:
-        event: ExecExit = await execute(ctx, target, argv, _stdin(loop), output, workdir=workdir)
-        return exit_code_of(event)
-    except asyncio.CancelledError:
-        if received:
-            return 128 + received[0]
-        raise
-    except BrokenPipeError:
-        return 128 + signal.SIGPIPE
-    finally:
-        for sig in _FORWARDED:
-            loop.remove_signal_handler(sig)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]
-
-
-async def _stdin(loop: asyncio.AbstractEventLoop) -> AsyncIterator[bytes]:
-    """Our stdin as chunks, read by a daemon thread with bounded buffering (the command's pace)."""
-    queue: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=4)
-
-    def reader() -> None:
-        while True:
-            try:
-                chunk = os.read(0, MAX_CHUNK)
-            except OSError:
-                chunk = b""
-            try:
-                asyncio.run_coroutine_threadsafe(queue.put(chunk or None), loop).result()
-            except Exception:  # the loop is gone: the exec is over
-                return
-            if not chunk:
-                return
-
-    threading.Thread(target=reader, name="vz-exec-stdin", daemon=True).start()
-    while True:
-        chunk = await queue.get()
-        if chunk is None:
-            return
-        yield chunk
-
-
-# Terminal sessions (`vz exec -t`, `-it`) ----------------------------------------------------------------------
+__all__ = ["NOT_A_TTY", "ConnectionCall", "ExecCall", "exit_code_of", "exit_status", "run_exec"]
 
 NOT_A_TTY = "the input device is not a TTY"
 """The error of `vz exec -it` when stdin is not a terminal (docker's words, so scripts written for it match)."""
 
-_SESSION_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+TERMINAL_ROWS, TERMINAL_COLS = 24, 80
+"""Window size sent when none of stdin, stdout, stderr is a terminal with a size (as vz_core's defaults)."""
+CHUNK = 64 * 1024
+CANCEL_GRACE = 20.0
+"""Seconds to wait for the daemon to confirm a cancelled exec before leaving anyway."""
+
+_STDIN, _STDOUT, _STDERR, _TERMINAL = 0, 1, 2, 3
+
+
+if TYPE_CHECKING:
+
+    class ExecCall(Protocol):
+        """The live exec call of ``vz_core.api.Client.open_exec`` (one connection to the daemon)."""
+
+        def fileno(self) -> int: ...
+        def receive(self) -> tuple[str, Any, Any]: ...
+        def pending(self) -> bool: ...
+        def send(self, stream: int, data: bytes) -> None: ...
+        def close_stdin(self) -> None: ...
+        def resize(self, rows: int, cols: int) -> None: ...
+        def signal(self, name: str) -> None: ...
+        def cancel(self) -> None: ...
+        def close(self) -> None: ...
+
+
+def exit_status(exit_code: int, signal_name: str | None) -> int:
+    """The shell-style exit status of an exec: the code, or 128+N for a command killed by signal N."""
+    if not signal_name:
+        return exit_code & 0xFF if exit_code >= 0 else 1
+    name = signal_name.strip().upper()
+    number: int | None = None
+    if name.isdigit():
+        number = int(name)
+    else:
+        try:
+            number = signal.Signals[name if name.startswith("SIG") else "SIG" + name].value
+        except KeyError:
+            number = None
+    if number is not None and 0 < number < 128:
+        return 128 + number
+    return exit_code if 0 < exit_code < 256 else 1
+
+
+def exit_code_of(event: Any) -> int:
+    """``exit_status`` of an ``ExecExit``-like value (``exit_code``, ``signal``)."""
+    return exit_status(int(event.exit_code), event.signal)
 
 
 def _window(fds: tuple[int, ...]) -> tuple[int, int] | None:
@@ -146,30 +91,20 @@ def _window(fds: tuple[int, ...]) -> tuple[int, int] | None:
     return None
 
 
-def run_terminal(
-    ctx: Context,
-    *,
-    argv: list[str],
-    environment: str | None,
-    machine: str | None,
-    workdir: str | None,
-    interactive: bool,
-) -> int:
-    """`vz exec -t` (``interactive``: `-it`): the command on a new terminal in the Machine; the exit status.
+def _isatty(fd: int) -> bool:
+    try:
+        return os.isatty(fd)
+    except OSError:
+        return False
 
-    With ``interactive`` our stdin must be a terminal (else ``UserError(NOT_A_TTY)``, before anything is
-    selected); it goes raw for the session, every byte typed is sent as it is (Ctrl-C, Ctrl-Z, Ctrl-\\ reach
-    the Machine's terminal, they do not stop vz), and its settings are restored on every way out. Without it
-    stdin is not read (the Machine's terminal sees no input) and Ctrl-C ends the session like a plain exec.
-    The window size is sent at start and on every SIGWINCH; TERM is forwarded.
-    """
-    from vz_core.env import prepare_exec
-    from vz_core.errors import UserError
 
-    if interactive and not os.isatty(0):
-        raise UserError(NOT_A_TTY)
-    target = prepare_exec(ctx, environment=environment, machine=machine)
-    return asyncio.run(_terminal(ctx, target, argv, workdir, interactive))
+def _passable(fd: int) -> bool:
+    """True when ``fd`` is open and not a terminal: it may be handed to the daemon as it is."""
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return not _isatty(fd)
 
 
 class _RawMode:
@@ -188,79 +123,262 @@ class _RawMode:
 
         saved, self._saved = self._saved, None
         if saved is not None:
-            with contextlib.suppress(OSError, termios.error):  # a hung-up terminal has no settings left
+            try:
                 termios.tcsetattr(self._fd, termios.TCSADRAIN, saved)
+            except (OSError, termios.error):  # a hung-up terminal has no settings left
+                pass
 
 
-async def _terminal(ctx: Context, target: ExecTarget, argv: list[str], workdir: str | None, interactive: bool) -> int:
-    from vz_core._types import TerminalData, TerminalEof, TerminalInput, TerminalResize
-    from vz_core.env import execute_terminal
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
 
-    loop = asyncio.get_running_loop()
-    task = asyncio.current_task()
-    assert task is not None
-    received: list[int] = []
-    queue: asyncio.Queue[TerminalInput] = asyncio.Queue()
+
+def run_exec(
+    client: Any,
+    *,
+    context: dict[str, Any],
+    argv: list[str],
+    environment: str | None,
+    machine: str | None,
+    workdir: str | None,
+    tty: bool = False,
+    interactive: bool = False,
+) -> int:
+    """Run ``argv`` in the selected Machine through the daemon, wired to this process's stdio; the exit status.
+
+    With ``tty`` (`vz exec -t`) and ``interactive`` (`-it`) stdin must be a terminal (else
+    ``UserError(NOT_A_TTY)``, before the daemon is asked anything). Errors of the daemon raise
+    ``vz_core.daemon.DaemonError``.
+    """
+    if tty and interactive and not _isatty(0):
+        from vz_core.errors import UserError
+
+        raise UserError(NOT_A_TTY)
+    opened: list[int] = []
+    stdio: list[int | None] = [None, None, None]
+    if not tty:
+        for fd in (0, 1, 2):
+            if _passable(fd):
+                stdio[fd] = fd
+            elif not _isatty(fd):  # closed: the command gets /dev/null there
+                null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+                opened.append(null)
+                stdio[fd] = null
     size = _window((0, 1, 2)) or (TERMINAL_ROWS, TERMINAL_COLS)
-    interrupting = _SESSION_SIGNALS if interactive else _FORWARDED
-
-    def on_signal(signum: int) -> None:
-        received.append(signum)
-        task.cancel()
-
-    def on_winch() -> None:
-        now = _window((0, 1, 2))
-        if now is not None:
-            queue.put_nowait(TerminalResize(*now))
-
-    def on_keys() -> None:
-        try:
-            data = os.read(0, MAX_CHUNK)
-        except OSError:
-            data = b""
-        if data:
-            queue.put_nowait(TerminalData(data))
-        else:  # our terminal is gone: no more input
-            loop.remove_reader(0)
-            queue.put_nowait(TerminalEof())
-
-    async def keys() -> AsyncIterator[TerminalInput]:
-        while True:
-            yield await queue.get()
-
-    raw: _RawMode | None = None
-    for sig in interrupting:
-        loop.add_signal_handler(sig, on_signal, sig)
-    loop.add_signal_handler(signal.SIGWINCH, on_winch)
     try:
-        if interactive:
-            raw = _RawMode(0)
-            loop.add_reader(0, on_keys)
-        else:
-            queue.put_nowait(TerminalEof())
-        event = await execute_terminal(
-            ctx,
-            target,
+        call: ExecCall = client.open_exec(
             argv,
-            keys(),
-            lambda data: _write_all(1, data),
+            context=context,
+            environment=environment,
+            machine=machine,
+            workdir=workdir,
+            stdio=tuple(stdio),
+            tty=tty,
             rows=size[0],
             cols=size[1],
-            term=os.environ.get("TERM", ""),
-            workdir=workdir,
+            term=os.environ.get("TERM", "") if tty else None,
         )
-        return exit_code_of(event)
-    except asyncio.CancelledError:
-        if received:
-            return 128 + received[0]
-        raise
-    except BrokenPipeError:
-        return 128 + signal.SIGPIPE
     finally:
-        if interactive:
-            loop.remove_reader(0)
-        if raw is not None:
-            raw.restore()
-        loop.remove_signal_handler(signal.SIGWINCH)
-        for sig in interrupting:
-            loop.remove_signal_handler(sig)
+        for fd in opened:
+            os.close(fd)
+    try:
+        return _Loop(call, tty=tty, interactive=interactive, copy_stdin=not tty and stdio[0] is None).run()
+    finally:
+        call.close()
+
+
+class _Loop:
+    """One exec call driven to its end: output to our fds, stdin copied when it is a terminal, signals."""
+
+    def __init__(self, call: ExecCall, *, tty: bool, interactive: bool, copy_stdin: bool) -> None:
+        self.call = call
+        self.tty = tty
+        self.interactive = interactive
+        self.read_stdin = copy_stdin or (tty and interactive)
+        self.signals: list[int] = []
+        self.resized = False
+        self.cancelled = False
+
+    def run(self) -> int:
+        import select
+
+        cancelling = (signal.SIGTERM, signal.SIGHUP) if self.tty and self.interactive else _CANCELLING
+        wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        previous: dict[int, Any] = {}
+        old_wakeup = -1
+        raw: _RawMode | None = None
+        try:
+            old_wakeup = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+            for sig in cancelling:
+                previous[sig] = signal.signal(sig, self._on_signal)
+            if self.tty:
+                previous[signal.SIGWINCH] = signal.signal(signal.SIGWINCH, self._on_winch)
+            if self.tty and self.interactive:
+                raw = _RawMode(0)
+            if self.tty and not self.interactive:
+                self.call.close_stdin()
+            poller = select.poll()
+            sock = self.call.fileno()
+            poller.register(sock, select.POLLIN)
+            poller.register(wake_r, select.POLLIN)
+            if self.read_stdin:
+                poller.register(0, select.POLLIN)
+            deadline: float | None = None
+            while True:
+                if self.signals and not self.cancelled:
+                    self.cancelled = True  # the daemon kills the command and answers 128+N
+                    self.call.signal(signal.Signals(self.signals[0]).name)
+                    import time
+
+                    deadline = time.monotonic() + CANCEL_GRACE
+                if self.resized:
+                    self.resized = False
+                    now = _window((0, 1, 2))
+                    if now is not None:
+                        self.call.resize(*now)
+                timeout = None
+                if deadline is not None:
+                    import time
+
+                    timeout = max(0, int((deadline - time.monotonic()) * 1000))
+                    if timeout == 0:
+                        return 128 + self.signals[0]
+                for fd, _ in poller.poll(timeout):
+                    if fd == wake_r:
+                        _drain(wake_r)
+                    elif fd == 0:
+                        if not self._copy_stdin():
+                            poller.unregister(0)
+                    elif fd == sock:
+                        done = self._receive()
+                        if done is not None:
+                            return done
+        finally:
+            if raw is not None:
+                raw.restore()
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+            signal.set_wakeup_fd(old_wakeup)
+            os.close(wake_r)
+            os.close(wake_w)
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        self.signals.append(signum)
+
+    def _on_winch(self, signum: int, frame: object) -> None:
+        self.resized = True
+
+    def _copy_stdin(self) -> bool:
+        """Send what our stdin (a terminal) has; False at its end."""
+        try:
+            data = os.read(0, CHUNK)
+        except OSError:
+            data = b""
+        if not data:
+            self.call.close_stdin()
+            return False
+        self.call.send(_TERMINAL if self.tty else _STDIN, data)
+        return True
+
+    def _receive(self) -> int | None:
+        """Handle every complete message; the exit status once the call ended, else None."""
+        while True:
+            try:
+                kind, first, second = self.call.receive()
+            except BrokenPipeError:
+                return 128 + signal.SIGPIPE
+            except Exception:
+                if self.signals:  # the daemon confirmed the cancel with an error (or closed)
+                    return 128 + self.signals[0]
+                raise
+            if kind == "output":
+                fd = 1 if first in (_STDOUT, _TERMINAL) else 2
+                try:
+                    _write_all(fd, second)
+                except BrokenPipeError:
+                    self.call.cancel()
+                    return 128 + signal.SIGPIPE
+            elif kind == "result":
+                if self.signals:
+                    return 128 + self.signals[0]
+                return exit_status(int(first.get("exit_code", 1)), first.get("signal"))
+            elif kind == "closed":
+                if self.signals:
+                    return 128 + self.signals[0]
+                raise_error(
+                    {
+                        "code": "UNAVAILABLE",
+                        "kind": "backend_failure",
+                        "exit_code": 1,
+                        "message": "the vz daemon went away before the command ended; see `vz daemon logs` "
+                        "(the next command starts a new one)",
+                    }
+                )
+            if not self.call.pending():
+                return None
+
+
+_CANCELLING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 512):
+            pass
+    except OSError:  # empty (non-blocking)
+        pass
+
+
+class ConnectionCall:
+    """``ExecCall`` over a ``vz_core.daemon`` connection on which ``Machines.Exec`` was sent."""
+
+    def __init__(self, connection: Any) -> None:
+        self._conn = connection
+
+    def fileno(self) -> int:
+        fileno: int = self._conn.fileno()
+        return fileno
+
+    def receive(self) -> tuple[str, Any, Any]:
+        message = self._conn.receive()
+        if message is None:
+            return ("closed", None, None)
+        if isinstance(message, tuple):
+            return ("output", message[0], message[1])
+        if "result" in message:
+            return ("result", message["result"] if isinstance(message["result"], dict) else {}, None)
+        if "error" in message:
+            error = message["error"]
+            raise_error(error if isinstance(error, dict) else {})
+        return ("other", message, None)
+
+    def pending(self) -> bool:
+        return False  # the connection reads exactly one message per receive(): poll tells the rest
+
+    def send(self, stream: int, data: bytes) -> None:
+        self._conn.write(stream, data)
+
+    def close_stdin(self) -> None:
+        self._conn.send({"stdin_close": {}})
+
+    def resize(self, rows: int, cols: int) -> None:
+        self._conn.send({"resize": {"rows": rows, "cols": cols}})
+
+    def signal(self, name: str) -> None:
+        self._conn.send({"signal": {"name": name}})
+
+    def cancel(self) -> None:
+        self._conn.cancel()
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+def raise_error(error: dict[str, Any]) -> None:
+    """Raise the daemon's error object E."""
+    from vz_core.daemon import DaemonError
+
+    raise DaemonError.from_wire(error)

@@ -1,18 +1,13 @@
-"""Exit codes and how every understood error maps to one (documented in docs/cli.md)."""
+"""Exit codes and how every understood error maps to one (documented in docs/cli.md).
+
+The mapping is the daemon's (``vz_core.daemon.classify_error``): the CLI prints the daemon's errors with the
+exit code and kind they arrive with, and maps its own few local errors (usage, `-it` without a terminal) with
+the same table.
+"""
 
 from __future__ import annotations
 
-from vz_core.errors import (
-    AlreadyExistsError,
-    DriverError,
-    FailedPreconditionError,
-    InvalidArgumentError,
-    NotFoundError,
-    OperationCancelledError,
-    UnsupportedError,
-    UserError,
-    VzError,
-)
+from vz_core.errors import VzError
 
 __all__ = ["BACKEND", "CONFLICT", "INTERRUPTED", "NOT_FOUND", "OK", "USAGE", "classify"]
 
@@ -23,30 +18,9 @@ NOT_FOUND = 3
 CONFLICT = 4
 INTERRUPTED = 130
 
-KINDS = {OK: "ok", BACKEND: "backend_failure", USAGE: "user_error", NOT_FOUND: "not_found", CONFLICT: "conflict"}
-
 
 def classify(exc: VzError) -> tuple[int, str]:
     """(exit code, kind) of an understood error."""
-    from vz_core.env import (
-        AmbiguousSelectionError,
-        ConflictError,
-        DefinitionNotFoundError,
-        PlanError,
-        SelectionNotFoundError,
-    )
+    from vz_core.daemon import classify_error
 
-    code: int
-    if isinstance(exc, DefinitionNotFoundError | SelectionNotFoundError | NotFoundError):
-        code = NOT_FOUND
-    elif isinstance(exc, AmbiguousSelectionError | ConflictError | PlanError | AlreadyExistsError):
-        code = CONFLICT
-    elif isinstance(exc, OperationCancelledError):
-        return INTERRUPTED, "interrupted"
-    elif isinstance(exc, UserError | InvalidArgumentError | UnsupportedError | FailedPreconditionError):
-        code = USAGE
-    elif isinstance(exc, DriverError):
-        code = BACKEND
-    else:  # TrustError, PluginError and any other VzError: the backend side failed
-        code = BACKEND
-    return code, KINDS[code]
+    return classify_error(exc)

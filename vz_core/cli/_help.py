@@ -20,6 +20,8 @@ Environments (made from the nearest vz.json upward from here):
 Other:
   driver   list, add, verify or configure drivers (vz driver list | add MANIFEST | verify [NAME] |
            configure NAME [KEY=VALUE ...])
+  daemon   the per-user vz daemon the commands above talk to (started on demand):
+           vz daemon start | stop | status | logs | run
   version  print the vz version
   help     this text, or `vz help <command>` for a command's options
 
@@ -28,7 +30,8 @@ Selecting an Environment: --environment NAME|ID, else $VZ_ENVIRONMENT_ID, else t
 Environments fails and lists them; `vz up --environment NAME` binds it.
 
 Exit codes: 0 ok, 1 backend failure, 2 user error, 3 not found, 4 conflict (ambiguous, busy, needs
---recreate), 130 interrupted; `vz exec` exits with the command's code (128+N when killed by signal N).
+--recreate), 69 no vz daemon available, 130 interrupted; `vz exec` exits with the command's code
+(128+N when killed by signal N).
 
 Start here:  vz up && vz exec -- echo hello
 """

@@ -1,28 +1,31 @@
-"""The `vz` command line: parse, dispatch, map understood errors to one line and a documented exit code.
+"""The `vz` command line: parse, send the command to the vz daemon, render what it answers.
 
-Bare `vz` (and `vz --help`) prints static help and touches nothing. Heavy modules (pydantic, rich) are only
-imported by the commands that need them; `vz exec` needs neither.
+`vz up`, `exec`, `status`, `stop`, `delete` and `volume` are calls to the daemon through ``vz_core.api``
+(``_remote``, ``_exec``): no driver runs in this process. Errors print one line and exit with a documented
+code (docs/cli.md); the daemon's errors arrive already mapped (kind, exit code) and are printed the same way.
+
+Bare `vz` (and `vz --help`) prints static help and touches nothing. `vz exec` is the hot path (B7): it parses
+its few options by hand (argparse only for help and mistakes) and imports neither argparse, typing, asyncio
+nor pydantic or rich when it succeeds.
 """
 
 from __future__ import annotations
 
-import argparse
-import os
 import sys
-from collections.abc import Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from vz_core.cli._help import TOP_HELP
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from vz_core.cli._output import Output
-    from vz_core.env import Context
+    import argparse
+    from collections.abc import Sequence
+    from typing import Any
+
     from vz_core.redact import Redactor
 
 __all__ = ["main"]
 
-COMMANDS = ("up", "exec", "status", "stop", "delete", "volume", "driver", "version", "help")
+COMMANDS = ("up", "exec", "status", "stop", "delete", "volume", "driver", "daemon", "version", "help")
 
 
 LEGACY_COMMANDS: dict[str, str] = {
@@ -63,12 +66,14 @@ def _legacy(command: str, rest: list[str]) -> int:
     return 2
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> Any:  # argparse's own exits are replaced by our exit code 2
-        raise _UsageError(f"{message} (see `{self.prog} --help`)")
-
-
 def _parser(command: str) -> argparse.ArgumentParser:
+    import argparse
+    from pathlib import Path
+
+    class Parser(argparse.ArgumentParser):
+        def error(self, message: str) -> Any:  # argparse's own exits are replaced by our exit code 2
+            raise _UsageError(f"{message} (see `{self.prog} --help`)")
+
     summaries = {
         "up": "Create or reconcile an Environment from vz.json (the nearest one upward from here).",
         "exec": "Run a command in a Machine; stdin/stdout/stderr are streamed and its exit code is vz's.",
@@ -78,7 +83,7 @@ def _parser(command: str) -> argparse.ArgumentParser:
         "driver": "List, add, verify or configure drivers.",
         "volume": "List or remove named volumes kept after their Environment was deleted (vz delete --keep-volumes).",
     }
-    parser = _Parser(prog=f"vz {command}", description=summaries.get(command), allow_abbrev=False)
+    parser = Parser(prog=f"vz {command}", description=summaries.get(command), allow_abbrev=False)
     if command in ("up", "exec", "status", "stop", "delete"):
         parser.add_argument("--environment", metavar="NAME|ID", help="the Environment (name or id)")
         parser.add_argument(
@@ -132,6 +137,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = ["version"]
     command, rest = args[0], args[1:]
     if command == "help":
+        if rest and rest[0] == "daemon":
+            return _daemon(["--help"])
         if rest and rest[0] in COMMANDS and rest[0] not in ("help", "version"):
             _parser(rest[0]).print_help()
         else:
@@ -144,6 +151,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if command == "version":
         return _version()
+    if command == "daemon":
+        return _daemon(rest)
     json_mode = "--json" in rest and command != "exec"
     try:
         if command == "exec":
@@ -194,8 +203,69 @@ def _version() -> int:
     return 0
 
 
-def _exec(rest: list[str]) -> int:
-    if "--" in rest:
+def _daemon(rest: list[str]) -> int:
+    from vz_core.cli._daemon_cmd import run_daemon_command
+
+    return run_daemon_command(rest)
+
+
+class _ExecArgs:
+    """`vz exec`'s options (the same names argparse gives them)."""
+
+    def __init__(self) -> None:
+        self.environment: str | None = None
+        self.file: str | None = None
+        self.machine: str | None = None
+        self.workdir: str | None = None
+        self.interactive = False
+        self.tty = False
+        self.argv: list[str] = []
+
+
+_EXEC_VALUES = {"--environment": "environment", "-f": "file", "--file": "file", "--machine": "machine"}
+_EXEC_VALUES["--workdir"] = "workdir"
+_EXEC_FLAGS = {"-i": "i", "--interactive": "i", "-t": "t", "--tty": "t", "-it": "it", "-ti": "it"}
+
+
+def _quick_exec_args(rest: list[str]) -> _ExecArgs | None:
+    """The common spellings of `vz exec` options, parsed without argparse; None for anything else.
+
+    Anything unusual (help, a mistake, an abbreviation) goes to argparse, which explains it.
+    """
+    parsed = _ExecArgs()
+    i = 0
+    while i < len(rest):
+        arg = rest[i]
+        if arg == "--":
+            parsed.argv = rest[i + 1 :]
+            return parsed
+        if not arg.startswith("-") or arg == "-":
+            parsed.argv = rest[i:]
+            return parsed
+        name, eq, value = arg.partition("=")
+        if name in _EXEC_VALUES:
+            if not eq:
+                if i + 1 >= len(rest) or rest[i + 1].startswith("-"):
+                    return None
+                value = rest[i + 1]
+                i += 1
+            setattr(parsed, _EXEC_VALUES[name], value)
+        elif arg in _EXEC_FLAGS:
+            flags = _EXEC_FLAGS[arg]
+            parsed.interactive = parsed.interactive or "i" in flags
+            parsed.tty = parsed.tty or "t" in flags
+        else:
+            return None
+        i += 1
+    return parsed
+
+
+def _exec_args(rest: list[str]) -> Any:
+    quick = _quick_exec_args(rest)
+    if quick is not None:
+        parsed: Any = quick
+        command = quick.argv
+    elif "--" in rest:
         cut = rest.index("--")
         options, command = rest[:cut], rest[cut + 1 :]
         parsed = _parser("exec").parse_args(options)
@@ -206,92 +276,40 @@ def _exec(rest: list[str]) -> int:
         command = list(parsed.argv)
     if not command:
         raise _UsageError("no command given: vz exec [--environment E] [--machine M] -- CMD [ARG...]")
+    parsed.argv = command
+    return parsed
+
+
+def _exec(rest: list[str]) -> int:
+    parsed = _exec_args(rest)
     from vz_core.cli._exec import run_exec
-    from vz_core.env import Context
-    from vz_core.errors import VzError
+    from vz_core.cli._remote import DaemonClient, call_context
+    from vz_core.daemon import DaemonError
 
-    ctx = Context(cwd=Path.cwd(), environ=os.environ, definition_file=parsed.file)
     try:
-        if parsed.tty:
-            from vz_core.cli._exec import run_terminal
-
-            return run_terminal(
-                ctx,
-                argv=command,
-                environment=parsed.environment,
-                machine=parsed.machine,
-                workdir=parsed.workdir,
-                interactive=parsed.interactive,
-            )
         return run_exec(
-            ctx, argv=command, environment=parsed.environment, machine=parsed.machine, workdir=parsed.workdir
+            DaemonClient(),
+            context=call_context(parsed.file),
+            argv=parsed.argv,
+            environment=parsed.environment,
+            machine=parsed.machine,
+            workdir=parsed.workdir,
+            tty=parsed.tty,
+            interactive=parsed.interactive,
         )
-    except VzError as exc:  # masked with the secrets of the Environment the exec selected
-        return _report("exec", exc, False, ctx.redactor)
+    except DaemonError as exc:  # already masked by the daemon with the secrets of the Environment it selected
+        from vz_core.cli._output import Output
+        from vz_core.cli._remote import report_api_error
+
+        return report_api_error(Output("plain", "exec"), exc)
 
 
 def _environment_command(command: str, parsed: argparse.Namespace) -> int:
-    from vz_core.cli._exit import classify
     from vz_core.cli._output import Output, choose_mode
-    from vz_core.env import Context
-    from vz_core.errors import VzError
+    from vz_core.cli._remote import run_environment_command
 
     if command in ("status", "volume"):
         output = Output("json" if parsed.json else "plain", command)
     else:
         output = Output(choose_mode(parsed.json), command)
-    ctx = Context(cwd=Path.cwd(), environ=os.environ, progress=output, definition_file=getattr(parsed, "file", None))
-    try:
-        return _run_environment_command(command, parsed, ctx, output)
-    except VzError as exc:
-        # Secrets resolved by this command never reach the terminal, even inside a driver's message.
-        code, kind = classify(exc)
-        output.error(code, kind, ctx.redactor.redact(str(exc)))
-        return code
-
-
-def _run_environment_command(command: str, parsed: argparse.Namespace, ctx: Context, output: Output) -> int:
-    import asyncio
-
-    from vz_core.cli._render import render_status, render_up
-    from vz_core.env import delete, status, stop, up
-
-    if command == "up":
-        result = asyncio.run(up(ctx, environment=parsed.environment, recreate=parsed.recreate, dry_run=parsed.dry_run))
-        output.result(result, render_up(result))
-    elif command == "status":
-        if parsed.all and parsed.environment:
-            raise _UsageError("--all and --environment exclude each other")
-        report = asyncio.run(
-            status(ctx, environment=parsed.environment, all_environments=parsed.all, machine=parsed.machine)
-        )
-        if parsed.json:
-            output.document(report)
-        else:
-            output.text(render_status(report))
-    elif command == "volume":
-        from vz_core.cli._render import render_volumes
-        from vz_core.env import list_volumes, remove_volume
-
-        if parsed.action == "rm":
-            if not parsed.name:
-                raise _UsageError("vz volume rm NAME: which volume (see `vz volume list`)")
-            report = asyncio.run(remove_volume(ctx, parsed.name))
-        else:
-            report = asyncio.run(list_volumes(ctx))
-        if parsed.json:
-            output.document(report)
-        else:
-            output.text(render_volumes(report, removed=parsed.action == "rm"))
-    elif command == "stop":
-        result = asyncio.run(stop(ctx, environment=parsed.environment))
-        env = result["environment"]
-        output.result(
-            result, [f"Environment {env['name']} ({env['id']}) stopped: {len(result['machines'])} machine(s)"]
-        )
-    else:
-        from vz_core.cli._render import render_delete
-
-        result = asyncio.run(delete(ctx, environment=parsed.environment, keep_volumes=parsed.keep_volumes))
-        output.result(result, render_delete(result))
-    return 0
+    return run_environment_command(command, parsed, output, _UsageError)

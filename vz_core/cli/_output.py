@@ -9,12 +9,8 @@ from __future__ import annotations
 
 import json
 import sys
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import IO, Any, Literal
 
-from vz_core.env import Progress
 from vz_core.redact import Redactor
 
 __all__ = ["Output", "choose_mode"]
@@ -34,8 +30,8 @@ def choose_mode(json_flag: bool, stream: IO[str] | None = None) -> Mode:
     return "plain"
 
 
-class Output(Progress):
-    """Renders Environment progress for one command."""
+class Output:
+    """Renders one command's progress, result and errors."""
 
     def __init__(
         self,
@@ -52,50 +48,61 @@ class Output(Progress):
         self.out = out or sys.stdout
         self.err = err or sys.stderr
         self._console: Any = None
+        self._spinner: Any = None
         if mode == "rich":
             from rich.console import Console
 
             self._console = Console(file=self.err, highlight=False)
 
-    # --- Progress ---------------------------------------------------------------------------------------------
+    # --- progress (the daemon's progress messages) ---------------------------------------------------------
 
-    @contextmanager
-    def step(self, action: str, message: str, **fields: Any) -> Iterator[None]:
-        message = self.redactor.redact(message)
-        started = time.monotonic()
+    def show(self, progress: dict[str, Any]) -> None:
+        """Render one progress message of a daemon operation (a ``--json`` line of docs/cli.md minus "command").
+
+        ``step`` messages come as ``started`` then ``succeeded`` or ``failed`` (with ``seconds``); ``note`` and
+        ``plan`` are one-line remarks. With ``--json`` the message is printed as it is, plus "command".
+        """
+        fields = {k: v for k, v in progress.items() if k not in ("event", "command")}
+        event = str(progress.get("event", "note"))
+        if isinstance(fields.get("message"), str):
+            fields["message"] = self.redactor.redact(fields["message"])
         if self.mode == "json":
-            self.event("step", action=action, status="started", message=message, **fields)
-        elif self.mode == "plain":
-            self.line(f"{message} ...")
-        try:
+            self.event(event, **fields)
+            return
+        message = str(fields.get("message", ""))
+        if event != "step":
             if self.mode == "rich":
-                with self._console.status(f"{message} ...", spinner="dots"):
-                    yield
+                self._console.print(_escape(message))
             else:
-                yield
-        except BaseException:
-            seconds = round(time.monotonic() - started, 3)
-            if self.mode == "json":
-                self.event("step", action=action, status="failed", message=message, seconds=seconds, **fields)
-            elif self.mode == "rich":
-                self._console.print(f"[red]✗[/red] {_escape(message)}")
-            raise
-        seconds = round(time.monotonic() - started, 3)
-        if self.mode == "json":
-            self.event("step", action=action, status="succeeded", message=message, seconds=seconds, **fields)
-        elif self.mode == "rich":
-            self._console.print(f"[green]✓[/green] {_escape(message)} [dim]({seconds:.1f}s)[/dim]")
-        else:
-            self.line(f"{message}: done ({seconds:.2f}s)")
+                self.line(message)
+            return
+        status = fields.get("status")
+        seconds = float(fields.get("seconds") or 0.0)
+        if status == "started":
+            if self.mode == "rich":
+                self._stop_spinner()
+                self._spinner = self._console.status(f"{_escape(message)} ...", spinner="dots")
+                self._spinner.start()
+            else:
+                self.line(f"{message} ...")
+        elif status == "succeeded":
+            if self.mode == "rich":
+                self._stop_spinner()
+                self._console.print(f"[green]✓[/green] {_escape(message)} [dim]({seconds:.1f}s)[/dim]")
+            else:
+                self.line(f"{message}: done ({seconds:.2f}s)")
+        elif self.mode == "rich":  # failed
+            self._stop_spinner()
+            self._console.print(f"[red]✗[/red] {_escape(message)}")
 
-    def note(self, kind: str, message: str, **fields: Any) -> None:
-        message = self.redactor.redact(message)
-        if self.mode == "json":
-            self.event(kind if kind == "plan" else "note", kind=kind, message=message, **fields)
-        elif self.mode == "rich":
-            self._console.print(_escape(message))
-        else:
-            self.line(message)
+    def _stop_spinner(self) -> None:
+        spinner, self._spinner = self._spinner, None
+        if spinner is not None:
+            spinner.stop()
+
+    def close(self) -> None:
+        """Stop a spinner still turning (an operation that ended without finishing its step)."""
+        self._stop_spinner()
 
     # --- output -----------------------------------------------------------------------------------------------
 
@@ -125,6 +132,7 @@ class Output(Progress):
                 print(self.redactor.redact(text), file=self.out, flush=True)
 
     def error(self, code: int, kind: str, message: str) -> None:
+        self._stop_spinner()
         message = self.redactor.redact(message)
         if self.mode == "json":
             self.event("error", error={"kind": kind, "exit_code": code, "message": message})

@@ -79,14 +79,14 @@ def test_no_definition_names_where_it_looked_and_changes_nothing(vz: Vz, tmp_pat
     err = vz.fails(3, *args, cwd=empty)
     assert f"no vz.json found in {empty} or any parent directory" in err
     assert str(empty.parent) in err
-    assert not vz.home.exists()
+    vz.assert_recorded_nothing()
 
 
 def test_invalid_json_points_at_the_line(vz: Vz, tmp_path: Path) -> None:
     (tmp_path / "vz.json").write_text('{"version": 1,\n "project_id": "x",,\n}')
     err = vz.fails(2, "up", cwd=tmp_path)
     assert f"{tmp_path / 'vz.json'}:2:20: invalid JSON" in err
-    assert not vz.home.exists()
+    vz.assert_recorded_nothing()
 
 
 def test_schema_errors_list_json_paths(vz: Vz, tmp_path: Path) -> None:
@@ -95,7 +95,7 @@ def test_schema_errors_list_json_paths(vz: Vz, tmp_path: Path) -> None:
     assert "is not a valid project definition (2 problems)" in err
     assert "$.machines[0].profile: required field is missing (machine 'web')" in err
     assert "$.machines[0].workspace.projection: Input should be 'read-write'" in err
-    assert not vz.home.exists()
+    vz.assert_recorded_nothing()
     # exec reads only the project id (fast), but a broken one gets the full report
     write_project(tmp_path, {"name": "web"}, project_id="Bad Id")
     err = vz.fails(2, "exec", "--", "true", cwd=tmp_path)
@@ -155,9 +155,10 @@ def test_terminal_gets_rich_progress_and_pipes_get_plain_lines(vz: Vz, project: 
 
 
 def test_secrets_are_masked_in_errors_and_never_stored(tmp_path: Path) -> None:
-    from vzcli import PLUGINS
+    from vzcli import add_test_driver
 
-    vz = Vz(tmp_path / "home", {"PYTHONPATH": str(PLUGINS)})
+    vz = Vz(tmp_path / "home")
+    add_test_driver(vz, "leaky", cwd=tmp_path)
     secret = "hunter2-very-secret-value"
     write_project(tmp_path / "p", fake_machine("web", driver="leaky", environment={"TOKEN": {"from_env": "APP_TOKEN"}}))
     err = vz.fails(1, "up", cwd=tmp_path / "p", env={"APP_TOKEN": secret})
@@ -167,3 +168,27 @@ def test_secrets_are_masked_in_errors_and_never_stored(tmp_path: Path) -> None:
     assert json.loads(status)["environments"][0]["last_operation"]["status"] == "failed"
     assert secret not in status
     assert all(secret.encode() not in p.read_bytes() for p in vz.home.rglob("state.db*"))
+
+
+@pytest.mark.parametrize("args", [("status",), ("status", "--json"), ("exec", "--", "true"), ("up",)])
+def test_no_daemon_and_no_autostart_fails_fast_with_one_line(vz: Vz, project: Path, args: tuple[str, ...]) -> None:
+    proc = vz.run(*args, cwd=project, env={"VZ_DAEMON_AUTOSTART": "0"}, timeout=10)
+    err = proc.stderr.decode()
+    assert proc.returncode == 69 and "Traceback" not in err
+    (line,) = err.splitlines()
+    assert line == (
+        f"vz {args[0]}: error: no vz daemon runs for {vz.home}; start it with `vz daemon start` "
+        "(VZ_DAEMON_AUTOSTART=0 keeps commands from starting one)"
+    )
+    if "--json" in args:
+        (event,) = [json.loads(x) for x in proc.stdout.decode().splitlines()]
+        assert event["error"]["kind"] == "unavailable" and event["error"]["exit_code"] == 69
+    assert not vz.home.exists()  # nothing was started or created
+
+
+def test_daemon_command_is_listed_and_wired(vz: Vz, tmp_path: Path) -> None:
+    assert "\n  daemon " in vz.ok(cwd=tmp_path)
+    assert "start" in vz.ok("help", "daemon", cwd=tmp_path)
+    vz.ok("daemon", "start", cwd=tmp_path)
+    assert str(vz.daemon_pid()) in vz.ok("daemon", "status", cwd=tmp_path)
+    vz.ok("daemon", "stop", cwd=tmp_path)

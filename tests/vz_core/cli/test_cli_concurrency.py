@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
-from vzcli import PLUGINS, Vz, fake_machine, write_project
+from vzcli import Vz, add_test_driver, fake_machine, write_project
 
 from vz_core.env._locks import FileLock
 
@@ -54,36 +56,58 @@ def test_concurrent_ups_converge_to_one_environment(vz: Vz, project: Path) -> No
 
 
 @pytest.fixture
+def blocking_vz(tmp_path: Path) -> Vz:
+    vz = Vz(tmp_path / "home")
+    add_test_driver(vz, "blocking", cwd=tmp_path, options={"once": str(tmp_path / "blocked-once")})
+    return vz
+
+
+@pytest.fixture
 def blocking_project(tmp_path: Path) -> Path:
-    once = tmp_path / "blocked-once"
-    options = {"once": str(once)}
     return write_project(
         tmp_path / "proj",
-        fake_machine("web", driver="blocking", driver_options=options),
-        fake_machine("db", driver="blocking", driver_options=options),
+        fake_machine("web", driver="blocking"),
+        fake_machine("db", driver="blocking"),
         default_machine="web",
     )
 
 
-def test_killed_up_is_explained_then_converged(tmp_path: Path, blocking_project: Path) -> None:
-    vz = Vz(tmp_path / "home", {"PYTHONPATH": str(PLUGINS)})
+def _wait_for(path: Path, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
+    """Wait until ``path`` exists (the blocking driver writes it when it starts holding RunImage)."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert proc.poll() is None, f"vz exited {proc.returncode} before the driver blocked"
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.05)
+
+
+def test_up_whose_daemon_is_killed_is_explained_then_converged(
+    tmp_path: Path, blocking_vz: Vz, blocking_project: Path
+) -> None:
+    """The process running the operation (the daemon) dies: the client says so, the next commands converge."""
+    vz = blocking_vz
     proc = vz.popen("up", cwd=blocking_project, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        assert proc.stderr is not None
-        _readline_until(proc.stderr, b"vz-test-blocking: holding RunImage")
-        proc.send_signal(signal.SIGKILL)
-        assert proc.wait(20) == -signal.SIGKILL
+        _wait_for(tmp_path / "blocked-once", proc)
+        daemon = vz.daemon_pid()
+        os.kill(daemon, signal.SIGKILL)
+        _, err = proc.communicate(timeout=30)
     finally:
         proc.kill()
         proc.communicate()
-    env = vz.status(blocking_project)["environments"][0]
+    assert proc.returncode not in (0, -signal.SIGKILL), err.decode()
+    message = err.decode()
+    assert "Traceback" not in message and "vz up: error: " in message and "daemon" in message, message
+    assert len(message.strip().splitlines()[-1]) < 300
+    env = vz.status(blocking_project)["environments"][0]  # a new daemon starts on demand
     (interrupted,) = env["interrupted_operations"]
     assert interrupted["kind"] == "up" and interrupted["step"] == "create web"
+    assert interrupted["pid"] == daemon
     assert "was interrupted during 'create web'" in interrupted["explanation"]
     assert [m["recorded_state"] for m in env["machines"]] == ["creating"]
     assert "was interrupted during 'create web'" in vz.ok("status", cwd=blocking_project)
-    err = vz.fails(2, "exec", "--", "true", cwd=blocking_project)
-    assert "is not ready" in err and "run `vz up --environment default`" in err
+    refused = vz.fails(2, "exec", "--", "true", cwd=blocking_project)
+    assert "is not ready" in refused and "run `vz up --environment default`" in refused
     proc2 = vz.run("up", cwd=blocking_project)
     assert proc2.returncode == 0, proc2.stderr.decode()
     assert b"was interrupted during 'create web'; this command converges" in proc2.stderr
@@ -99,12 +123,32 @@ def test_killed_up_is_explained_then_converged(tmp_path: Path, blocking_project:
     vz.ok("delete", cwd=blocking_project)
 
 
-def test_ctrl_c_interrupts_up_cleanly(tmp_path: Path, blocking_project: Path) -> None:
-    vz = Vz(tmp_path / "home", {"PYTHONPATH": str(PLUGINS)})
+def test_a_killed_client_cancels_its_up(tmp_path: Path, blocking_vz: Vz, blocking_project: Path) -> None:
+    """SIGKILL of `vz up` closes its connection: the daemon cancels the operation as Ctrl-C would."""
+    vz = blocking_vz
+    proc = vz.popen("up", cwd=blocking_project, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        _wait_for(tmp_path / "blocked-once", proc)
+        proc.send_signal(signal.SIGKILL)
+        assert proc.wait(20) == -signal.SIGKILL
+    finally:
+        proc.kill()
+        proc.communicate()
+    deadline = time.monotonic() + 30
+    while (env := vz.status(blocking_project)["environments"][0])["last_operation"]["status"] == "running":
+        assert time.monotonic() < deadline, env["last_operation"]
+        time.sleep(0.1)
+    assert env["last_operation"]["status"] == "interrupted" and env["interrupted_operations"] == []
+    vz.ok("up", cwd=blocking_project)
+    assert [m["state"] for m in vz.status(blocking_project)["environments"][0]["machines"]] == ["running", "running"]
+    vz.ok("delete", cwd=blocking_project)
+
+
+def test_ctrl_c_interrupts_up_cleanly(tmp_path: Path, blocking_vz: Vz, blocking_project: Path) -> None:
+    vz = blocking_vz
     proc = vz.popen("up", "--json", cwd=blocking_project, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        assert proc.stderr is not None
-        _readline_until(proc.stderr, b"vz-test-blocking: holding RunImage")
+        _wait_for(tmp_path / "blocked-once", proc)
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=30)
     finally:

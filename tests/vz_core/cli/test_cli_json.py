@@ -52,6 +52,7 @@ def test_status_json_shape(vz: Vz, running: Path) -> None:
         "interrupted_operations",
         "machines",
         "drift",
+        "health",
     }
     assert env["bound_worktrees"] == [str(running)] and env["default_machine"] == "web"
     assert env["drift"] == {"status": "in-sync", "not_created": [], "default_machine": None}
@@ -71,6 +72,7 @@ def test_status_json_shape(vz: Vz, running: Path) -> None:
         "find",
         "error",
         "drift",
+        "health",
     }
     assert web["workspace_id"] == f"vz-demo-{env['id']}-{web['id']}"
     assert set(web["driver"]) == {
@@ -87,6 +89,9 @@ def test_status_json_shape(vz: Vz, running: Path) -> None:
     assert web["driver"]["extensions"]["profiles"] == ["developer"]
     assert web["driver"]["matrix"]["status"] == "ACTIVE"
     assert web["find"]["status"] == "running" and web["state"] == "running"
+    # live health: what the driver answered just now, not only the record
+    assert web["health"]["source"] == "driver" and web["health"]["state"] == "running" and web["health"]["checked_at"]
+    assert env["health"]["source"] == "driver" and env["health"]["state"] == "running"
 
 
 def test_status_reports_drift_from_the_definition(vz: Vz, running: Path) -> None:

@@ -78,9 +78,98 @@ class Vz:
         data: dict[str, Any] = json.loads(self.ok("status", "--json", *args, cwd=cwd))
         return data
 
+    def assert_recorded_nothing(self) -> None:
+        """Nothing of any project was written under VZ_HOME (a failed command changed nothing).
+
+        Allowed: the vz daemon's own directory (its socket, pid file and log) and a state database holding no
+        project, Environment, Machine, binding, volume or operation (the daemon's event log lives there).
+        """
+        if not self.home.exists():
+            return
+        allowed = {"daemon", "state.db", "state.db-wal", "state.db-shm", "state.db-journal"}
+        extra = sorted(p.name for p in self.home.iterdir() if p.name not in allowed)
+        assert not extra, f"a failed command wrote {extra} under {self.home}"
+        db = self.home / "state.db"
+        if db.exists():
+            import sqlite3
+
+            con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+            try:
+                tables = {row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+                for table in sorted(
+                    tables & {"projects", "environments", "machines", "bindings", "volumes", "operations"}
+                ):
+                    (count,) = con.execute(f"SELECT count(*) FROM {table}").fetchone()
+                    assert count == 0, f"a failed command recorded {count} row(s) in {table}"
+            finally:
+                con.close()
+
+    def daemon_pid(self) -> int:
+        """The pid of the vz daemon serving this home (from its pid file)."""
+        info = json.loads((self.home / "daemon" / "daemon.json").read_text())
+        pid: int = info["pid"]
+        return pid
+
     def popen(self, *args: str, cwd: Path, **kw: Any) -> subprocess.Popen[bytes]:
         env = self.env(**kw.pop("env", {}))
         return subprocess.Popen([self.exe, *args], cwd=cwd, env=env, **kw)
+
+
+PLUGIN_SCRIPT = """\
+#!{python}
+import os
+import sys
+
+sys.path.insert(0, {plugins!r})
+os.environ["VZ_DRIVER_OPTIONS"] = {options!r}
+from vz_core.registry import main
+
+main(["--module", {module!r}, {declared!r}])
+"""
+
+
+def add_test_driver(
+    vz: Vz,
+    name: str,
+    *,
+    cwd: Path,
+    options: dict[str, Any] | None = None,
+    plugins: Path = PLUGINS,
+    module: str = "vz_test_blocking",
+    declared: str | None = None,
+) -> None:
+    """Record test-only driver ``declared`` (default ``name``) of ``plugins/<module>.py`` as external driver
+    ``name`` of ``vz``'s home: a plugin script pinned by its SHA-256 in a manifest, added with `vz driver add`.
+
+    The vz daemon runs every driver out of process, so a test driver is a plugin like any other. External
+    drivers take no options from vz.json: ``options`` are fixed in the script (the driver's own configuration).
+    """
+    import hashlib
+
+    from vz_core.trust import host_platform
+
+    where = vz.home.parent / f"test-driver-{name}"
+    where.mkdir(parents=True)
+    script = where / f"vz-test-{name}"
+    script.write_text(
+        PLUGIN_SCRIPT.format(
+            python=sys.executable,
+            plugins=str(plugins),
+            options=json.dumps(options or {}),
+            module=module,
+            declared=declared or name,
+        )
+    )
+    script.chmod(0o755)
+    manifest = {
+        "manifest_version": 1,
+        "name": name,
+        "version": "0",
+        "api_version": "1.3",
+        "binaries": {host_platform(): {"path": str(script), "sha256": hashlib.sha256(script.read_bytes()).hexdigest()}},
+    }
+    (where / "manifest.json").write_text(json.dumps(manifest))
+    vz.ok("driver", "add", str(where / "manifest.json"), cwd=cwd)
 
 
 def write_project(root: Path, *machines: dict[str, Any], project_id: str = "demo", **extra: Any) -> Path:

@@ -2,10 +2,12 @@
 fake driver whose RunImage fails with a message quoting the Machine's environment values (as a careless
 backend might), to prove vz masks secrets in what it shows and records.
 
-It is installed for a subprocess by putting this directory on PYTHONPATH (the dist-info next to it declares
-the ``vz.drivers`` entry point), exactly like a third-party driver package. RunImage creates the Machine, then
-writes ``vz-test-blocking: holding RunImage`` to stderr and waits forever, so a test can SIGKILL `vz up` at a
-known point. The marker file named by the ``once`` option makes every later RunImage behave normally.
+The vz daemon runs every driver out of process, so a test adds one of these as an external driver
+(``vzcli.add_test_driver``): a plugin script, pinned by its SHA-256 in a manifest, that puts this directory on
+its ``sys.path`` and serves the declaration below through ``vz_core.registry``'s plugin main. RunImage of
+"blocking" creates the Machine, writes the marker file named by the ``once`` option (and
+``vz-test-blocking: holding RunImage`` to the plugin's stderr, i.e. the daemon's log) and waits forever, so a
+test can kill `vz up` or the daemon at a known point. The marker makes every later RunImage behave normally.
 """
 
 from __future__ import annotations
