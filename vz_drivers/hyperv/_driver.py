@@ -6,7 +6,9 @@ kernel image of the vz guest and the Machine's configuration, plus the image's r
 over a Hyper-V socket (``AF_HYPERV``, address = the VM's GUID + the port's service GUID
 ``<port:08x>-facb-11e6-bd58-64006a7986d3``, registered under GuestCommunicationServices when the VM is created
 and removed with it). Networking is the Hyper-V switch given by the ``switch`` option ("Default Switch": NAT
-with DHCP); ``vz.egress=deny`` leaves the adapter unconnected. Every Hyper-V operation is a fixed PowerShell
+with DHCP); ``vz.egress=deny`` leaves the adapter unconnected. The workspace, bind mounts and volumes are SMB
+shares of the host that the guest mounts (``vz_drivers.hyperv._shares``: made before each boot, mounted through
+the agent once it answers, removed when the Machine stops). Every Hyper-V operation is a fixed PowerShell
 script (``vz_drivers.hyperv._scripts``) run by a ``ScriptRunner``.
 
 Not verified on Windows yet: written to the documented Hyper-V module and tested here with a stand-in runner

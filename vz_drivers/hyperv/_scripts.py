@@ -5,8 +5,11 @@ those of the documented Hyper-V module (``New-VM -Generation 2``, ``Set-VMProces
 ``Set-VMMemory -StartupBytes -DynamicMemoryEnabled``, ``Set-VMFirmware -EnableSecureBoot`` /
 ``-SecureBootTemplate`` / ``-FirstBootDevice``, ``Add-VMHardDiskDrive``, ``Set-VMComPort``, ``Set-VM``,
 ``Start-VM``, ``Stop-VM`` (graceful, and ``-TurnOff``), ``Remove-VM``, ``Get-VM``) plus the registry provider for
-the Hyper-V socket service of each Machine. Parameters are always named (never positional) and never splatted,
-so a reader and the tests' stand-in see exactly which parameter set each call uses.
+the Hyper-V socket service of each Machine; for shares the SmbShare (``New-SmbShare``, ``Get-SmbShare``,
+``Get-SmbShareAccess``, ``Remove-SmbShare``), LocalAccounts (``New-/Set-/Enable-/Disable-/Remove-LocalUser``),
+NetSecurity (``New-/Get-/Remove-NetFirewallRule``) and NetTCPIP (``Get-NetIPAddress``) modules. Parameters are
+always named (never positional) and never splatted, so a reader and the tests' stand-in see exactly which
+parameter set each call uses.
 
 Answers are objects built in the script with explicit string/number fields (``State`` as its name, ``Id`` as a
 GUID string), never PowerShell's own serialization of a VM object, and parsed into the dataclasses below;
