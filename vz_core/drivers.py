@@ -18,11 +18,13 @@ up. A name resolves to exactly one driver:
   SHA-256 is taken once, checked against the hash the installer wrote in the distribution's ``RECORD`` when
   there is one, and its ``#!`` interpreter must be this interpreter. ``ResolvedDriver.launch_spec`` then
   verifies the script with ``vz_core.trust.verify_binary`` at **every** launch and executes the sealed copy of
-  the verified bytes, exactly like an external binary. What that covers: the console script (which names the
-  interpreter and the registration module it imports). The interpreter and the installed packages
-  (site-packages, the editable source tree) are not hashed: they are the code the daemon itself runs (same
-  ``sys.executable``; the daemon's fingerprint names it), so a hash of them taken by that code would prove
-  nothing the daemon does not already trust by running.
+  the verified bytes, exactly like an external binary; the registration module's source file is pinned and
+  checked at every launch too. A declaration without a console script gets a launcher script generated into a
+  private directory (``launcher_dir``), pinned the same way. What that covers: the console script (which names
+  the interpreter and the registration module it imports) and the registration module. The interpreter and
+  the rest of the installed packages (site-packages, the editable source tree, the driver's own code) are not
+  hashed: they are the code the daemon itself runs (same ``sys.executable``; the daemon's fingerprint names
+  it), so a hash of them taken by that code would prove nothing the daemon does not already trust by running.
 * **external**: added from a manifest (``vz_core.trust``) with ``add_manifest``; the validated manifest is
   recorded under ``<state dir>/driver-manifests/<name>.json`` together with its directory (where relative
   binary paths live). A record is found only among the drivers the user added: by exact name among the
@@ -202,9 +204,13 @@ class PinnedScript:
     interpreter: str
     """The interpreter its ``#!`` line names (the pinning interpreter)."""
     anchor: str
-    """Where the expected hash was confirmed: ``"installation RECORD"`` (the installer's hash matched) or
-    ``"pinned"`` (no installer hash for it: taken from the file as found when pinned)."""
+    """Where the expected hash was confirmed: ``"installation RECORD"`` (the installer's hash matched),
+    ``"pinned"`` (no installer hash for it: taken from the file as found when pinned) or ``"generated"`` (a
+    declaration without a console script: the daemon wrote this launcher script itself)."""
     pinned_at: str
+    module_file: str = ""
+    """The registration module's source file (pinned too: it is what the script imports first)."""
+    module_sha256: str = ""
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -213,6 +219,8 @@ class PinnedScript:
             "interpreter": self.interpreter,
             "anchor": self.anchor,
             "pinned_at": self.pinned_at,
+            "module_file": self.module_file,
+            "module_sha256": self.module_sha256,
         }
 
 
@@ -242,6 +250,19 @@ class ResolvedDriver:
                     binary = verify_binary(
                         pinned.script, pinned.sha256, driver_dir=pinned.script.parent, name=self.name
                     )
+                    if pinned.module_file:
+                        module = Path(pinned.module_file)
+                        try:
+                            actual = _source_sha256(module)
+                        except TrustError:
+                            binary.close()
+                            raise
+                        if actual != pinned.module_sha256:
+                            binary.close()
+                            raise TrustError(
+                                f"SHA-256 mismatch for its registration module {module}: pinned "
+                                f"{pinned.module_sha256}, the file has {actual}"
+                            )
                 except TrustError as exc:
                     raise TrustError(
                         f"built-in driver {self.name!r}: refusing to launch its console script {pinned.script}: "
@@ -333,43 +354,114 @@ def _shebang(script: Path) -> str:
     return first[2:].decode(errors="replace").strip().split(" ", 1)[0]
 
 
+def _source_sha256(path: Path) -> str:
+    """SHA-256 of a source file (a regular file, not through a final symlink); ``TrustError`` otherwise."""
+    import hashlib
+    import stat
+
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise TrustError(f"cannot read {path}: {exc.strerror}") from None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise TrustError(f"{path} is not a regular file")
+        digest = hashlib.sha256()
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _module_pin(module: str | None) -> tuple[str, str]:
+    """(source file, SHA-256) of registration module ``module`` (empty when it has no Python source file)."""
+    import importlib.util
+
+    if not module:
+        return "", ""
+    found = importlib.util.find_spec(module)
+    origin = found.origin if found is not None else None
+    if not origin or not origin.endswith(".py") or not os.path.isfile(origin):
+        return "", ""
+    path = Path(origin).absolute()
+    return str(path), _source_sha256(path)
+
+
+def _generated_launcher(name: str, module: str | None, directory: Path) -> Path:
+    """Write the console-script equivalent of a declaration that names none: this interpreter running the
+    shared plugin main for ``name`` (a private file the caller pins and verifies like a console script)."""
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(directory, 0o700)
+    where = ["--module", module] if module else []
+    text = (
+        f"#!{sys.executable}\n"
+        f"# vz: the plugin launcher of built-in driver {name!r}, whose declaration names no console script\n"
+        "from vz_core.registry import main\n"
+        f"main({[*where, name]!r})\n"
+    )
+    script = directory / f"vz-driver-{name}"
+    tmp = directory / f".vz-driver-{name}.tmp{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o700)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, script)
+    return script
+
+
 def pin_builtin(
-    name: str, *, registry: DriverRegistry | None = None, scripts_dir: str | os.PathLike[str] | None = None
+    name: str,
+    *,
+    registry: DriverRegistry | None = None,
+    scripts_dir: str | os.PathLike[str] | None = None,
+    launcher_dir: str | os.PathLike[str] | None = None,
 ) -> ResolvedDriver:
     """Built-in ``name`` resolved to its installed console script, SHA-256 pinned now (see the module docstring).
 
-    ``scripts_dir``: where console scripts are (default: this interpreter's scripts directory).
+    ``scripts_dir``: where console scripts are (default: this interpreter's scripts directory). A declaration
+    that names no console script (a Python driver package declaring only its factory) gets a generated launcher
+    script in ``launcher_dir`` (a private directory; without one: ``UserError``), pinned the same way. The
+    registration module's source file is pinned too.
 
     ``TrustError`` when the script differs from the hash its installer recorded, or runs another interpreter
-    than this one; ``UserError`` when it is not installed. Launching it verifies the script again, every time.
+    than this one; ``UserError`` when it is not installed. Launching it verifies the script (and the
+    registration module) again, every time.
     """
     from vz_core.trust import sha256_of
 
     registry = registry if registry is not None else DriverRegistry()
     spec = registry.get(check_driver_name(name))
     module = registry.module_of(name)
-    script = _console_script(name, spec, Path(scripts_dir) if scripts_dir is not None else None)
-    digest = sha256_of(script, driver_dir=script.parent)
-    installed = _installed_hash(script, module)
-    if installed is not None and installed != digest:
-        raise TrustError(
-            f"built-in driver {name!r}: its console script {script} has SHA-256 {digest}, but the vz installation "
-            f"recorded {installed} for it: the script was modified after installation; reinstall vz"
-        )
+    installed: str | None = None
+    if not spec.plugin_command and launcher_dir is not None:
+        script = _generated_launcher(name, module, Path(launcher_dir))
+        digest = sha256_of(script, driver_dir=script.parent)
+        anchor = "generated"
+    else:
+        script = _console_script(name, spec, Path(scripts_dir) if scripts_dir is not None else None)
+        digest = sha256_of(script, driver_dir=script.parent)
+        installed = _installed_hash(script, module)
+        if installed is not None and installed != digest:
+            raise TrustError(
+                f"built-in driver {name!r}: its console script {script} has SHA-256 {digest}, but the vz "
+                f"installation recorded {installed} for it: the script was modified after installation; reinstall vz"
+            )
+        anchor = "installation RECORD" if installed is not None else "pinned"
     interpreter = _shebang(script)
     if interpreter and os.path.realpath(interpreter) != os.path.realpath(sys.executable):
         raise TrustError(
             f"built-in driver {name!r}: its console script {script} runs {interpreter}, not this interpreter "
             f"({sys.executable}); reinstall vz for this interpreter"
         )
+    module_file, module_sha256 = _module_pin(module)
     pinned = PinnedScript(
         name=name,
         script=script,
         sha256=digest,
         args=tuple(spec.plugin_command[1:]),
         interpreter=interpreter,
-        anchor="installation RECORD" if installed is not None else "pinned",
+        anchor=anchor,
         pinned_at=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        module_file=module_file,
+        module_sha256=module_sha256,
     )
     return ResolvedDriver(name, builtin=spec, builtin_module=module, pinned=pinned)
 
@@ -525,6 +617,13 @@ def _verify_one(name: str, registry: DriverRegistry, store: ManifestStore) -> di
     resolved = resolve(name, registry=registry, store=store)
     if resolved.builtin is not None:
         row: dict[str, Any] = {"name": name, "origin": "builtin"}
+        if not resolved.builtin.plugin_command:
+            row.update(
+                ok=True,
+                detail="declares no console script: the vz daemon runs it through a launcher script it writes "
+                "and pins at start (with the registration module)",
+            )
+            return row
         try:
             pinned = pin_builtin(name, registry=registry).pinned
         except (TrustError, UserError) as exc:

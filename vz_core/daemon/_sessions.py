@@ -14,7 +14,10 @@ a SIGKILLed one) → go-plugin handshake with AutoMTLS → health check → nego
 opt-in, validated; Extensions). What the checksum covers: the console script, which names the interpreter and
 the registration module it imports. The interpreter and site-packages are not hashed: they are the code the
 daemon itself runs from (its fingerprint names ``sys.executable``), so a hash of them taken by that code would
-prove nothing more than running it does.
+prove nothing more than running it does. The registration module's source file is pinned and checked at
+every launch as well. A built-in declared without a console script (a Python driver package that declares
+only its factory) gets one written by the pool at start (``<VZ_HOME>/daemon/launchers/vz-driver-<name>``: this
+interpreter running the shared plugin main for that declaration), pinned and verified the same way.
 
 Sharing. One warm ``vz_core.rpc.RemoteDriver`` per (driver name, effective options) (the options after the
 host configuration is merged in: two Machines with the same options share a plugin); concurrent calls share its
@@ -115,31 +118,36 @@ def _now() -> str:
 
 
 class PoolRedactor(Redactor):
-    """The pool's redactor: declared secrets (``add_secret``) are masked even when short (as whole tokens);
-    other values (the environment values ``RemoteDriver`` registers, ``add``) only from ``MIN_SECRET_LENGTH``
-    characters, so that a "1" in some Environment's variables does not mask every "1" in every error."""
+    """The pool's redactor: declared secrets (``add_secret``, ``merge``) are masked even when short (as whole
+    tokens); other values (the environment values ``RemoteDriver`` registers, ``add``) only from
+    ``MIN_SECRET_LENGTH`` characters, so that a "1" in some Environment's variables does not mask every "1" in
+    every error."""
 
     def __init__(self) -> None:
+        self._declared = False
         super().__init__(short_tokens=True)
 
     def add(self, *secrets: str | bytes) -> None:
-        long = [s for s in secrets if len(s.encode() if isinstance(s, str) else s) >= MIN_SECRET_LENGTH]
-        if long:
-            super().add(*long)
+        if not self._declared:
+            secrets = tuple(s for s in secrets if len(s.encode() if isinstance(s, str) else s) >= MIN_SECRET_LENGTH)
+        if secrets:
+            super().add(*secrets)
 
     def add_secret(self, *secrets: str | bytes) -> None:
         """Register declared secrets (short ones too, masked as whole tokens)."""
-        Redactor.add(self, *secrets)
+        self._declared = True
+        try:
+            super().add(*secrets)
+        finally:
+            self._declared = False
 
-
-def _secrets_of(redactor: Redactor) -> list[bytes]:
-    """Every secret ``redactor`` holds (long and short ones)."""
-    public = getattr(redactor, "secrets", None)
-    if callable(public):
-        found = public()
-        return [s for group in found for s in group] if isinstance(found, tuple) else list(found)
-    # Until vz_core.redact exposes them: the two sets Redactor keeps.
-    return [*getattr(redactor, "_secrets", ()), *getattr(redactor, "_short", ())]
+    def merge(self, other: Redactor) -> None:
+        """Learn every secret ``other`` holds (a command's: its Environment's declared secrets)."""
+        self._declared = True
+        try:
+            super().merge(other)
+        finally:
+            self._declared = False
 
 
 class _Launches:
@@ -435,7 +443,8 @@ class SessionPool:
     0: never). ``registry``, ``store``, ``host_config``: where drivers, external manifests and host options come
     from (defaults: this installation and ``VZ_HOME``). ``run_root``: where the plugins' private socket
     directories are made (default: the temporary directory). ``scripts_dir``: where the built-ins' console
-    scripts are (default: this interpreter's scripts directory).
+    scripts are (default: this interpreter's scripts directory). ``launcher_dir``: where launcher scripts are
+    written for built-ins declared without a console script (default: ``<VZ_HOME>/daemon/launchers``).
     """
 
     def __init__(
@@ -449,6 +458,7 @@ class SessionPool:
         run_root: str | None = None,
         handshake_timeout: float = 15.0,
         scripts_dir: str | os.PathLike[str] | None = None,
+        launcher_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         if plugin_idle is None:
             self.plugin_idle = plugin_idle_seconds()
@@ -463,6 +473,7 @@ class SessionPool:
         self.run_root = run_root
         self.handshake_timeout = handshake_timeout
         self._scripts_dir = scripts_dir
+        self._launcher_dir = launcher_dir
         self._pins: dict[str, ResolvedDriver] = {}
         self._pin_errors: dict[str, VzError] = {}
         self._sessions: dict[tuple[str, str, str], PluginSession] = {}
@@ -486,13 +497,20 @@ class SessionPool:
         self._started = True
         self._previous = drivers.use_driver_source(self)
 
+    def _pin_kwargs(self) -> dict[str, Any]:
+        if self._launcher_dir is None:
+            from vz_core.paths import state_dir
+
+            self._launcher_dir = state_dir() / "daemon" / "launchers"
+        return {"scripts_dir": self._scripts_dir, "launcher_dir": self._launcher_dir}
+
     def _pin_all(self) -> None:
         from vz_core import drivers
 
         registry = self.registry
         for name in registry.names():
             try:
-                self._pins[name] = drivers.pin_builtin(name, registry=registry, scripts_dir=self._scripts_dir)
+                self._pins[name] = drivers.pin_builtin(name, registry=registry, **self._pin_kwargs())
             except (TrustError, UserError) as exc:
                 self._pin_errors[name] = exc
                 log.warning("built-in driver %s cannot be launched: %s", name, exc)
@@ -541,9 +559,7 @@ class SessionPool:
     def learn(self, redactor: Redactor | None) -> None:
         """Add every secret ``redactor`` holds (a command's: its Environment's secrets) to the pool's."""
         if redactor is not None and redactor is not self.redactor:
-            secrets = _secrets_of(redactor)
-            if secrets:
-                self.redactor.add_secret(*secrets)
+            self.redactor.merge(redactor)
 
     def driver(
         self,
@@ -619,7 +635,7 @@ class SessionPool:
         resolved = drivers.resolve(name, registry=self.registry, store=self._store)
         if resolved.builtin is not None:
             # A built-in registered after start (not pinned): pin it now rather than launch it unchecked.
-            resolved = drivers.pin_builtin(name, registry=self.registry, scripts_dir=self._scripts_dir)
+            resolved = drivers.pin_builtin(name, registry=self.registry, **self._pin_kwargs())
             self._pins[name] = resolved
         return resolved
 

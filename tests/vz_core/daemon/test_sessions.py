@@ -7,6 +7,7 @@ that no child process is left.
 from __future__ import annotations
 
 import asyncio
+import gc
 import hashlib
 import json
 import logging
@@ -303,6 +304,10 @@ async def test_a_plugin_dying_during_a_call_fails_that_call_only(pool: SessionPo
         assert (await run(driver, "ws-mid", "echo", "again"))[0] == b"again\n"
     finally:
         await driver.delete("ws-mid")
+    # The failed call's traceback (held by the task) references the dead plugin's gRPC call in a cycle: collect
+    # it, so grpc.aio may shut its poller down when the pool closes (the leak guard counts sockets).
+    del pending, events
+    gc.collect()
 
 
 async def test_shutdown_stops_every_plugin_and_restores_in_process_drivers(home: Path, tmp_path: Path) -> None:
@@ -494,3 +499,64 @@ async def test_an_external_driver_is_shared_verified_and_picked_up_again_when_re
     assert isinstance(three, SharedDriver) and three.session is not session
     assert await three.find("ws") is None
     await until(lambda: session.remote.connection is None and session not in pool._retiring)
+
+
+# --- a declaration without a console script ---------------------------------------------------------------------
+
+PLAIN_MODULE = '''"""A third-party style registration module: a declaration with a factory and no console script."""
+from vz_core.registry import DriverDeclaration, hookimpl
+
+DECLARATION = DriverDeclaration(name="plainfake", summary="the fake, declared without a console script",
+                                factory="vz_conformance.fake:FakeDriver")
+
+
+@hookimpl
+def vz_builtin_drivers():
+    return [DECLARATION]
+'''
+
+
+async def test_a_declaration_without_a_console_script_runs_from_a_pinned_generated_launcher(
+    home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib
+
+    from vz_core.registry import DriverRegistry
+
+    modules = tmp_path / "modules"
+    modules.mkdir()
+    source = modules / "vzt_sessions_plain.py"
+    source.write_text(PLAIN_MODULE)
+    monkeypatch.syspath_prepend(str(modules))
+    monkeypatch.setenv("PYTHONPATH", str(modules))  # what installing the package would do for the plugin too
+    registry = DriverRegistry(load_entry_points=False)
+    registry.register(importlib.import_module("vzt_sessions_plain"))
+    launchers = tmp_path / "launchers"
+    async with SessionPool(plugin_idle=0, registry=registry, launcher_dir=launchers) as pool:
+        pinned = pool.pins["plainfake"].pinned
+        assert pinned is not None and pinned.anchor == "generated"
+        assert pinned.script == launchers / "vz-driver-plainfake" and pinned.interpreter == sys.executable
+        assert launchers.stat().st_mode & 0o777 == 0o700
+        assert (pinned.module_file, pinned.module_sha256) == (
+            str(source),
+            hashlib.sha256(source.read_bytes()).hexdigest(),
+        )
+        driver = acquire_driver("plainfake", {})
+        assert (await driver.info()).driver_name == "fake"
+        proc = psutil.Process(plugin_pid(driver))
+        assert any(arg.startswith(("/proc/self/fd/", "/dev/fd/")) for arg in proc.cmdline())
+        # The registration module is pinned too: a changed one is refused at the next launch.
+        session = pool.session("plainfake")
+        os.kill(proc.pid, signal.SIGKILL)
+        await until(lambda: session.stats.crashes == 1)
+        source.write_text(PLAIN_MODULE + "# changed\n")
+        with pytest.raises(TrustError, match=r"mismatch for its registration module .*vzt_sessions_plain\.py"):
+            await driver.find("ws")
+        source.write_text(PLAIN_MODULE)
+        assert await driver.find("ws") is None and session.stats.launches == 2
+        # And so is the generated launcher.
+        os.kill(plugin_pid(driver), signal.SIGKILL)
+        await until(lambda: session.stats.crashes == 2)
+        pinned.script.write_text(pinned.script.read_text() + "import os\n")
+        with pytest.raises(TrustError, match="refusing to launch its console script"):
+            await driver.find("ws")
