@@ -45,7 +45,7 @@ def _vz_daemons(root: str) -> dict[int, str]:
     found: dict[int, str] = {}
     for depth in ("*", "*/*", "*/*/*"):
         for pid_file in Path(root).glob(f"{depth}/daemon/daemon.json"):
-            home = str(pid_file.parent.parent)
+            home = os.path.realpath(pid_file.parent.parent)
             record = live_daemon(DaemonPaths(home))
             if record is not None:
                 found[record["pid"]] = home
