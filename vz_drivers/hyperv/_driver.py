@@ -45,6 +45,7 @@ from vz_core.errors import (
     InvalidArgumentError,
     PermissionDeniedError,
     RuntimeFailureError,
+    RuntimeTimeoutError,
     UnavailableError,
     UnsupportedError,
 )
@@ -131,6 +132,8 @@ class HypervBackend(Backend[HypervRecord, HypervPaths]):
     keep_log_on_stop = True
     graceful_replace = False
     storage_limits = True
+    mount_timeout = 60.0
+    """Seconds one share mount in the guest may take (cifs retries an unreachable server for a long time)."""
     book: HypervBook
 
     def __init__(
@@ -604,14 +607,25 @@ class HypervBackend(Backend[HypervRecord, HypervPaths]):
                 port=port,
             )
             output, code = b"", -1
-            async with contextlib.aclosing(
-                link.client.exec(spec, _one_chunk((password + "\n").encode()), root_override="/")
-            ) as events:
-                async for event in events:
-                    if isinstance(event, ExecOutput):
-                        output = (output + event.data)[-4000:]
-                    elif isinstance(event, ExecExit):
-                        code = event.exit_code
+            try:
+                async with (
+                    asyncio.timeout(self.mount_timeout),
+                    contextlib.aclosing(
+                        link.client.exec(spec, _one_chunk((password + "\n").encode()), root_override="/")
+                    ) as events,
+                ):
+                    async for event in events:
+                        if isinstance(event, ExecOutput):
+                            output = (output + event.data)[-4000:]
+                        elif isinstance(event, ExecExit):
+                            code = event.exit_code
+            except TimeoutError:
+                raise RuntimeTimeoutError(
+                    f"Machine {record.workspace_id!r}: mounting {share.target} from the SMB share {spec.argv[5]} did "
+                    f"not finish within {self.mount_timeout:g} s (is TCP 445 of the host reachable from the switch? "
+                    "see Troubleshooting in docs/drivers/hyperv.md)",
+                    details={"workspace_id": record.workspace_id, "mount": share.target},
+                ) from None
             if code != 0:
                 raise RuntimeFailureError(
                     f"Machine {record.workspace_id!r}: the guest could not mount {share.target} from the SMB share "

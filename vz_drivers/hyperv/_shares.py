@@ -80,7 +80,7 @@ class MachineShares:
 
     @property
     def paths(self) -> list[str]:
-        return [s.path for s in self.shares]
+        return [s.path for s in self.shares if s.path]
 
     def share_args(self) -> list[dict[str, object]]:
         return [{"name": s.name, "path": s.path, "read_only": s.read_only} for s in self.shares]
@@ -104,7 +104,8 @@ def machine_shares(key: str, mounts: Sequence[MountRecord], state_root: Path) ->
         rule=f"vz-{key}-smb",
         description=f"vz Machine {key} (state {state_tag(state_root)})",
         shares=tuple(
-            Share(name=f"{prefix}{n}$", path=m.host_path or m.source, target=m.target, read_only=m.read_only)
+            # A volume's directory is known once the Machine's directory is made (host_path); until then: none.
+            Share(name=f"{prefix}{n}$", path=m.host_path, target=m.target, read_only=m.read_only)
             for n, m in enumerate(shared)
         ),
     )

@@ -3,6 +3,7 @@ privilege checks of Preflight, and the driver on this (non-Windows) host: everyt
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
@@ -14,11 +15,13 @@ import pytest
 from conftest import WINDOWS
 from hyperv_standin import PsError, StandInHyperV
 
-from vz_core import ExecSpec, Mount, MountType, RunImageRequest
+from vz_core import ExecEvent, ExecExit, ExecOutput, ExecSpec, Mount, MountType, RunImageRequest
 from vz_core.errors import (
     InvalidArgumentError,
     NotFoundError,
     PermissionDeniedError,
+    RuntimeFailureError,
+    RuntimeTimeoutError,
     UnavailableError,
     UnsupportedError,
 )
@@ -284,3 +287,46 @@ def test_declaration_matrix_and_options() -> None:
     assert main == DECLARATION.serve_plugin
     help_text = DECLARATION.plugin_parser().format_help()
     assert "--switch" in help_text and "--secure-boot-template" in help_text
+
+
+class _FakeGuest:
+    """An agent client whose mount commands hang, or fail quoting their stdin."""
+
+    def __init__(self, behaviour: str) -> None:
+        self.behaviour = behaviour
+        self.seen: list[tuple[ExecSpec, bytes, str | None]] = []
+
+    async def exec(
+        self, spec: ExecSpec, stdin: AsyncIterator[bytes], *, root_override: str | None = None
+    ) -> AsyncIterator[ExecEvent]:
+        data = b"".join([chunk async for chunk in stdin])
+        self.seen.append((spec, data, root_override))
+        if self.behaviour == "hang":
+            await asyncio.sleep(3600)
+        yield ExecOutput("stderr", b"mount: mounting failed for " + data)
+        yield ExecExit(32)
+
+
+async def test_guest_mounts_are_bounded_and_their_errors_never_quote_the_password(
+    backend: HypervBackend, tmp_path: Path
+) -> None:
+    from vz_drivers._machine import AgentLink, MountRecord
+    from vz_drivers.hyperv import _scripts as ps
+
+    record = _record(backend)
+    record.mounts = [MountRecord("bind", str(tmp_path), "/w", True, str(tmp_path), ())]
+    made = ps.SharesMade("DEVBOX\\vz-x", "vz-" + record.key[:16], "DEVBOX", "172.20.96.1", (), ())
+    password = "S3cretPasswordValue0123456789abc"
+    failing = _FakeGuest("fail")
+    link = AgentLink(client=failing, pid=1, pid_start=1)  # type: ignore[arg-type]
+    with pytest.raises(RuntimeFailureError, match=r"could not mount /w .*exit 32") as caught:
+        await backend.guest_mount(record, link, made, password)
+    assert password not in str(caught.value) and "mounting failed for ***" in str(caught.value)
+    ((spec, stdin, root),) = failing.seen
+    # As root, outside the image's root, the password on stdin only.
+    assert (spec.user, root, stdin) == ("0:0", "/", (password + "\n").encode())
+    assert password not in repr(spec) and spec.argv[5] == f"//172.20.96.1/vz-{record.key}-0$"
+    backend.mount_timeout = 0.2
+    hanging = AgentLink(client=_FakeGuest("hang"), pid=1, pid_start=1)  # type: ignore[arg-type]
+    with pytest.raises(RuntimeTimeoutError, match=r"mounting /w .* did not finish within 0.2 s"):
+        await backend.guest_mount(record, hanging, made, password)
