@@ -156,7 +156,7 @@ class AgentClient:
         writer: asyncio.StreamWriter,
         *,
         stream_mode: bool,
-        window: int = p.DEFAULT_WINDOW,
+        window: int = p.OUTPUT_WINDOW,
     ) -> None:
         """Wrap a stream pair without talking to the agent; use the factories instead."""
         if not p.MAX_DATA <= window < 1 << 31:
@@ -182,7 +182,7 @@ class AgentClient:
         path: str | os.PathLike[str],
         timeout: float | None = 10.0,  # noqa: ASYNC109 - bounds connect + handshake, which run as one step
         *,
-        window: int = p.DEFAULT_WINDOW,
+        window: int = p.OUTPUT_WINDOW,
     ) -> AgentClient:
         """Connect to ``vz-agent serve --listen unix:PATH`` and complete the handshake within ``timeout``.
 
@@ -209,7 +209,7 @@ class AgentClient:
         *,
         wait_ready: bool = False,
         timeout: float | None = None,  # noqa: ASYNC109 - bounds the handshake only, not the client's life
-        window: int = p.DEFAULT_WINDOW,
+        window: int = p.OUTPUT_WINDOW,
     ) -> AgentClient:
         """Run the handshake over an already open stream pair and return a ready client.
 

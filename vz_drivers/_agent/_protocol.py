@@ -23,6 +23,7 @@ __all__ = [
     "CH_STDIN",
     "CH_STDOUT",
     "DEFAULT_WINDOW",
+    "OUTPUT_WINDOW",
     "HEADER",
     "HEADER_SIZE",
     "MAGIC",
@@ -75,6 +76,10 @@ MAX_DATA: Final = 32768
 MAX_CONTROL: Final = 1 << 20
 """Largest payload of any other frame."""
 DEFAULT_WINDOW: Final = 256 * 1024
+OUTPUT_WINDOW: Final = 1024 * 1024
+"""The output credit ``AgentClient`` asks for per exec (EXEC_START ``window``): with the default the agent
+stalls every 256 KiB waiting for a grant, which halves the throughput of a busy command; 1 MiB keeps it
+streaming and bounds the host's buffer at 2 MiB per exec."""
 """Initial credit, in bytes, of every flow-controlled channel (stdin, stdout, stderr) of a stream."""
 
 READY_PAYLOAD: Final = b"vz-agent"

@@ -18,6 +18,7 @@ from agent_helpers import AgentProcess, alive, chunks, descendants, eventually, 
 from vz_core import ExecExit, ExecOutput
 from vz_core.errors import InvalidArgumentError, UnavailableError, UnsupportedError
 from vz_drivers._agent import AgentClient
+from vz_drivers._agent._protocol import OUTPUT_WINDOW
 
 MiB = 1024 * 1024
 
@@ -138,7 +139,7 @@ async def test_paused_consumer_bounds_memory_and_blocks_the_command(agent: Agent
     # What the client holds for the paused consumer is bounded by the credit it granted.
     queued: list[tuple[Any, ...]] = [item for st in client._streams.values() for item in st.queue._queue]  # type: ignore[attr-defined]
     buffered = sum(len(item[2]) for item in queued if item[0] == "out")
-    assert buffered <= 2 * 256 * 1024, f"the client buffered {buffered} bytes"
+    assert buffered <= 2 * OUTPUT_WINDOW, f"the client buffered {buffered} bytes"
     # Resuming drains normally.
     total = 0
     async for event in events:
