@@ -29,7 +29,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from vz_core.api._client import Client, EventStream, ExecCall, Operation, default_context
+    from vz_core.api._client import Client, EventStream, ExecCall, ExecResult, Operation, default_context
     from vz_core.api._errors import ApiError
     from vz_core.api._types import (
         Capability,
@@ -38,7 +38,6 @@ if TYPE_CHECKING:
         Environment,
         EnvironmentRef,
         Event,
-        ExecResult,
         Machine,
         Progress,
         StatusReport,
@@ -74,6 +73,7 @@ _WHERE = {
     "Client": "_client",
     "EventStream": "_client",
     "ExecCall": "_client",
+    "ExecResult": "_client",
     "Operation": "_client",
     "default_context": "_client",
 }

@@ -11,20 +11,6 @@ from __future__ import annotations
 import os
 
 from vz_core.api._errors import ApiError
-from vz_core.api._types import (
-    Capability,
-    DaemonStatus,
-    DeleteResult,
-    Environment,
-    Event,
-    ExecResult,
-    Machine,
-    Progress,
-    StatusReport,
-    StopResult,
-    UpResult,
-    Volume,
-)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -32,9 +18,33 @@ if TYPE_CHECKING:
     from typing import Any, Generic, TypeVar
 
     from vz_core.api._transport import CallStream, Transport
+    from vz_core.api._types import (
+        Capability,
+        DaemonStatus,
+        DeleteResult,
+        Environment,
+        Event,
+        Machine,
+        Progress,
+        StatusReport,
+        StopResult,
+        UpResult,
+        Volume,
+    )
 
     _R = TypeVar("_R")
+    from vz_core.api import _types as _typed
 else:  # no `typing` at run time: it costs milliseconds on the CLI's path
+
+    class _LazyTypes:
+        """The typed results' module, imported on first use (the exec path never needs it)."""
+
+        def __getattr__(self, name: str) -> object:
+            from vz_core.api import _types
+
+            return getattr(_types, name)
+
+    _typed = _LazyTypes()
 
     class Generic:
         def __class_getitem__(cls, item: object) -> type:
@@ -42,7 +52,7 @@ else:  # no `typing` at run time: it costs milliseconds on the CLI's path
 
     _R = None
 
-__all__ = ["Client", "EventStream", "ExecCall", "Operation", "default_context"]
+__all__ = ["Client", "EventStream", "ExecCall", "ExecResult", "Operation", "default_context"]
 
 
 def default_context(
@@ -57,6 +67,31 @@ def default_context(
         "environ": dict(os.environ if environ is None else environ),
         "definition_file": None if definition_file is None else os.path.abspath(os.fspath(definition_file)),
     }
+
+
+class ExecResult(dict[str, "Any"]):
+    """How a command ended (``{"exit_code", "signal"}``), plus the output streams ``exec`` captured."""
+
+    __slots__ = ("stderr", "stdout")
+
+    def __init__(self, data: dict[str, Any], stdout: bytes = b"", stderr: bytes = b"") -> None:
+        super().__init__(data)
+        self.stdout = stdout
+        """What the command wrote on stdout (or the terminal), when it was not given a descriptor."""
+        self.stderr = stderr
+        """What the command wrote on stderr, when it was not given a descriptor."""
+
+    @property
+    def exit_code(self) -> int:
+        """The exit code (128+N when signal N ended it)."""
+        value: int = self["exit_code"]
+        return value
+
+    @property
+    def signal(self) -> str | None:
+        """The signal's name when a signal ended it."""
+        value: str | None = self.get("signal")
+        return value
 
 
 class Operation(Generic[_R]):
@@ -91,7 +126,7 @@ class Operation(Generic[_R]):
                 self._stream.close()
                 return
             if message[0] == "progress":
-                progress = Progress(message[1])
+                progress = _typed.Progress(message[1])
                 self.progress.append(progress)
                 yield progress
 
@@ -127,9 +162,9 @@ class EventStream:
     nothing is lost.
     """
 
-    def __init__(self, stream: CallStream, from_revision: int) -> None:
+    def __init__(self, stream: CallStream, from_revision: int | None) -> None:
         self._stream = stream
-        self.last_revision = from_revision
+        self.last_revision = from_revision or 0
         self._finished = False
 
     def __iter__(self) -> Iterator[Event]:
@@ -143,7 +178,7 @@ class EventStream:
                 self.close()
                 raise
             if message[0] == "event":
-                event = Event(message[1])
+                event = _typed.Event(message[1])
                 self.last_revision = event.revision
                 return event
             if message[0] == "result":
@@ -311,7 +346,7 @@ class Client:
             "recreate": recreate,
             "dry_run": dry_run,
         }
-        return Operation(self.transport.start("Environments.Up", request), UpResult)
+        return Operation(self.transport.start("Environments.Up", request), _typed.UpResult)
 
     def stop(
         self,
@@ -322,7 +357,7 @@ class Client:
     ) -> Operation[StopResult]:
         """Stop every Machine of the selected Environment (`vz stop`)."""
         request = {"context": self._context(context, definition_file), "environment": environment}
-        return Operation(self.transport.start("Environments.Stop", request), StopResult)
+        return Operation(self.transport.start("Environments.Stop", request), _typed.StopResult)
 
     def delete(
         self,
@@ -338,7 +373,7 @@ class Client:
             "environment": environment,
             "keep_volumes": keep_volumes,
         }
-        return Operation(self.transport.start("Environments.Delete", request), DeleteResult)
+        return Operation(self.transport.start("Environments.Delete", request), _typed.DeleteResult)
 
     def status(
         self,
@@ -354,8 +389,8 @@ class Client:
         if machine is not None:
             request["machine"] = machine
         if all:
-            return StatusReport(self._call("Environments.List", {**request, "all": True}))
-        return StatusReport(self._call("Environments.Get", {**request, "environment": environment}))
+            return _typed.StatusReport(self._call("Environments.List", {**request, "all": True}))
+        return _typed.StatusReport(self._call("Environments.Get", {**request, "environment": environment}))
 
     def environment(
         self,
@@ -379,10 +414,10 @@ class Client:
     ) -> list[Environment]:
         """The project's Environments (with ``all``: of every project when no vz.json is found)."""
         request = {"context": self._context(context, definition_file), "all": all}
-        return StatusReport(self._call("Environments.List", request)).environments
+        return _typed.StatusReport(self._call("Environments.List", request)).environments
 
-    def watch(self, from_revision: int = 0) -> EventStream:
-        """Events about Environments (and their operations) after ``from_revision``, then live ones."""
+    def watch(self, from_revision: int | None = 0) -> EventStream:
+        """Events about Environments (and their operations) after ``from_revision`` (None: from now), then live."""
         return EventStream(self.transport.start("Environments.Watch", {"from_revision": from_revision}), from_revision)
 
     # --- Machines -------------------------------------------------------------------------------------------
@@ -401,7 +436,7 @@ class Client:
             "environment": environment,
             "machine": machine,
         }
-        return Machine(self._call("Machines.Get", request))
+        return _typed.Machine(self._call("Machines.Get", request))
 
     def machines(
         self,
@@ -412,9 +447,9 @@ class Client:
     ) -> list[Machine]:
         """The Machines of the selected Environment (Machines.List)."""
         request = {"context": self._context(context, definition_file), "environment": environment}
-        return [Machine(m) for m in self._call("Machines.List", request).get("machines") or ()]
+        return [_typed.Machine(m) for m in self._call("Machines.List", request).get("machines") or ()]
 
-    def watch_machines(self, from_revision: int = 0, *, environment_id: str | None = None) -> EventStream:
+    def watch_machines(self, from_revision: int | None = 0, *, environment_id: str | None = None) -> EventStream:
         """Events about Machines (of one Environment, by id) after ``from_revision``, then live ones."""
         request: dict[str, Any] = {"from_revision": from_revision}
         if environment_id is not None:
@@ -462,8 +497,8 @@ class Client:
             "workdir": workdir,
             "env": dict(env or {}),
             "tty": tty,
-            "rows": rows,
-            "cols": cols,
+            "rows": rows or None,
+            "cols": cols or None,
             "term": term,
             "stdio": [fd is not None for fd in stdio],
         }
@@ -577,28 +612,28 @@ class Client:
     def volumes(self, *, context: Mapping[str, Any] | None = None) -> list[Volume]:
         """Every kept volume of every project (`vz volume list`)."""
         result = self._call("Volumes.List", {"context": self._context(context, None)})
-        return [Volume(v) for v in result.get("volumes") or ()]
+        return [_typed.Volume(v) for v in result.get("volumes") or ()]
 
     def remove_volume(self, name: str, *, context: Mapping[str, Any] | None = None) -> list[Volume]:
         """Remove one kept volume (`vz volume rm NAME`); the removed volume's row (state "removed")."""
         result = self._call("Volumes.Remove", {"context": self._context(context, None), "name": name})
-        return [Volume(v) for v in result.get("volumes") or ()]
+        return [_typed.Volume(v) for v in result.get("volumes") or ()]
 
     # --- System ---------------------------------------------------------------------------------------------
 
     def capabilities(self, drivers: Sequence[str] = ()) -> list[Capability]:
         """Each driver's negotiated facts (only ``drivers`` when given)."""
         request: dict[str, Any] = {"drivers": list(drivers)} if drivers else {}
-        return [Capability(row) for row in self._call("System.Capabilities", request).get("drivers") or ()]
+        return [_typed.Capability(row) for row in self._call("System.Capabilities", request).get("drivers") or ()]
 
-    def events(self, from_revision: int = 0, *, follow: bool = False) -> EventStream:
+    def events(self, from_revision: int | None = 0, *, follow: bool = False) -> EventStream:
         """Every event after ``from_revision`` (with ``follow``: then live ones until closed)."""
         request = {"from_revision": from_revision, "follow": follow}
         return EventStream(self.transport.start("System.Events", request), from_revision)
 
     def daemon_status(self) -> DaemonStatus:
         """The daemon's pid, version, uptime, plugins and operations in flight."""
-        return DaemonStatus(self._call("System.Status", {}))
+        return _typed.DaemonStatus(self._call("System.Status", {}))
 
     def shutdown(self) -> dict[str, Any]:
         """Ask the daemon to exit once its operations finished: ``{"pid", "operations"}``."""

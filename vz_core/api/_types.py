@@ -611,26 +611,4 @@ class StatusReport(dict[str, "Any"]):
         return [Environment(e) for e in self.get("environments") or ()]
 
 
-class ExecResult(dict[str, "Any"]):
-    """How a command ended (``{"exit_code", "signal"}``), plus the output streams ``exec`` captured."""
-
-    __slots__ = ("stderr", "stdout")
-
-    def __init__(self, data: dict[str, Any], stdout: bytes = b"", stderr: bytes = b"") -> None:
-        super().__init__(data)
-        self.stdout = stdout
-        """What the command wrote on stdout (or the terminal), when it was not given a descriptor."""
-        self.stderr = stderr
-        """What the command wrote on stderr, when it was not given a descriptor."""
-
-    @property
-    def exit_code(self) -> int:
-        """The exit code (128+N when signal N ended it)."""
-        value: int = self["exit_code"]
-        return value
-
-    @property
-    def signal(self) -> str | None:
-        """The signal's name when a signal ended it."""
-        value: str | None = self.get("signal")
-        return value
+from vz_core.api._client import ExecResult  # noqa: E402  (defined with the exec path, which avoids this module)

@@ -25,6 +25,7 @@ import contextlib
 import logging
 import os
 import shutil
+import stat
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
@@ -87,6 +88,7 @@ class GrpcCall:
         self._context = context
         self._inbox: asyncio.Queue[dict[str, Any] | tuple[int, bytes] | None] = asyncio.Queue(maxsize=64)
         self._closed = False
+        self._write_lock = asyncio.Lock()  # grpc allows one write in flight per call; senders run concurrently
         fields = spec.response.DESCRIPTOR.fields_by_name
         self._streams = {name for name in ("progress", "event", "output") if name in fields and spec.server_streaming}
 
@@ -108,7 +110,8 @@ class GrpcCall:
                 getattr(message, field).CopyFrom(pb.from_wire(value, type(getattr(message, field))))
             except Exception as exc:
                 raise TypeError(f"{self.method}: a {field} message does not fit vz.api.v1: {exc}") from exc
-        await self._context.write(message)
+        async with self._write_lock:
+            await self._context.write(message)
 
     async def progress(self, progress: dict[str, Any]) -> None:
         """Send one progress message."""
@@ -175,6 +178,17 @@ class GrpcFront:
             # Too long for a Unix socket address: a private 0700 directory of our own under the temp dir.
             self._own_dir = tempfile.mkdtemp(prefix="vz-grpc-")
             self.socket_path = os.path.join(self._own_dir, GRPC_SOCKET)
+        directory = os.path.dirname(self.socket_path)
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        info = os.lstat(directory)
+        if info.st_uid != os.geteuid() or info.st_mode & 0o077 or not stat.S_ISDIR(info.st_mode):
+            raise DaemonError(
+                f"refusing to serve gRPC in {directory}: it must be a directory of uid {os.geteuid()} with mode "
+                f"0700 (it is uid {info.st_uid}, mode {info.st_mode & 0o777:o})",
+                code="PERMISSION_DENIED",
+                kind="user_error",
+                exit_code=2,
+            )
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.socket_path)
         server = grpc.aio.server(
@@ -188,8 +202,12 @@ class GrpcFront:
             server.add_generic_rpc_handlers((handler,))
         old = os.umask(0o177)
         try:
-            if server.add_insecure_port("unix:" + self.socket_path) == 0:
-                raise DaemonError(f"cannot listen for gRPC on {self.socket_path}")
+            try:
+                bound = server.add_insecure_port("unix:" + self.socket_path)
+            except RuntimeError:
+                bound = 0
+            if bound == 0:
+                raise DaemonError(f"cannot listen for gRPC on {self.socket_path}; see `vz daemon logs`")
             await server.start()
         finally:
             os.umask(old)
@@ -341,7 +359,8 @@ class GrpcFront:
         async def handler(request: ProtoMessage, context: grpc.aio.ServicerContext[Any, Any]) -> None:
             call = GrpcCall(spec, pb.to_wire(request), context)
             last = await self._run(call, context, lambda _: None)
-            await context.write(last)
+            async with call._write_lock:
+                await context.write(last)
 
         return handler
 
@@ -372,7 +391,8 @@ class GrpcFront:
 
             try:
                 last = await self._run(call, context, start_reader)
-                await context.write(last)
+                async with call._write_lock:
+                    await context.write(last)
             finally:
                 if reader is not None:
                     reader.cancel()

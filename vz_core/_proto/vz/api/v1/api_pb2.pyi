@@ -371,6 +371,26 @@ class Driver(_message.Message):
     error: str
     def __init__(self, name: _Optional[str] = ..., driver_name: _Optional[str] = ..., version: _Optional[str] = ..., api: _Optional[str] = ..., runtime: _Optional[_Union[RuntimeInfo, _Mapping]] = ..., capabilities: _Optional[_Union[DriverCapabilities, _Mapping]] = ..., extensions: _Optional[_Union[DriverExtensions, _Mapping]] = ..., accelerator: _Optional[_Union[Accelerator, _Mapping]] = ..., matrix: _Optional[_Union[MatrixRow, _Mapping]] = ..., error: _Optional[str] = ...) -> None: ...
 
+class DriverFacts(_message.Message):
+    __slots__ = ("name", "driver_name", "version", "api", "runtime", "capabilities", "extensions", "accelerator")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DRIVER_NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    API_FIELD_NUMBER: _ClassVar[int]
+    RUNTIME_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
+    EXTENSIONS_FIELD_NUMBER: _ClassVar[int]
+    ACCELERATOR_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    driver_name: str
+    version: str
+    api: str
+    runtime: RuntimeInfo
+    capabilities: DriverCapabilities
+    extensions: DriverExtensions
+    accelerator: Accelerator
+    def __init__(self, name: _Optional[str] = ..., driver_name: _Optional[str] = ..., version: _Optional[str] = ..., api: _Optional[str] = ..., runtime: _Optional[_Union[RuntimeInfo, _Mapping]] = ..., capabilities: _Optional[_Union[DriverCapabilities, _Mapping]] = ..., extensions: _Optional[_Union[DriverExtensions, _Mapping]] = ..., accelerator: _Optional[_Union[Accelerator, _Mapping]] = ...) -> None: ...
+
 class RuntimeInfo(_message.Message):
     __slots__ = ("name", "version")
     NAME_FIELD_NUMBER: _ClassVar[int]
@@ -801,9 +821,9 @@ class DriverCapabilityRow(_message.Message):
     FACTS_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     name: str
-    facts: Driver
+    facts: DriverFacts
     error: ErrorSummary
-    def __init__(self, name: _Optional[str] = ..., facts: _Optional[_Union[Driver, _Mapping]] = ..., error: _Optional[_Union[ErrorSummary, _Mapping]] = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., facts: _Optional[_Union[DriverFacts, _Mapping]] = ..., error: _Optional[_Union[ErrorSummary, _Mapping]] = ...) -> None: ...
 
 class ErrorSummary(_message.Message):
     __slots__ = ("code", "message")
@@ -868,54 +888,70 @@ class DaemonStatus(_message.Message):
     def __init__(self, pid: _Optional[int] = ..., version: _Optional[str] = ..., fingerprint: _Optional[str] = ..., started: _Optional[str] = ..., uptime_seconds: _Optional[float] = ..., busy: _Optional[bool] = ..., plugins: _Optional[_Iterable[_Union[PluginStatus, _Mapping]]] = ..., operations: _Optional[_Iterable[_Union[OperationInFlight, _Mapping]]] = ..., socket: _Optional[str] = ..., home: _Optional[str] = ..., connections: _Optional[int] = ..., idle_timeout: _Optional[float] = ...) -> None: ...
 
 class PluginStatus(_message.Message):
-    __slots__ = ("name", "options", "pid", "state", "in_flight", "last_use", "launches", "crashes", "script", "sha256")
+    __slots__ = ("name", "origin", "options", "pid", "state", "in_flight", "last_use", "launches", "launch_failures", "crashes", "last_crash", "last_launch_ms", "script", "sha256", "error")
     NAME_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     LAST_USE_FIELD_NUMBER: _ClassVar[int]
     LAUNCHES_FIELD_NUMBER: _ClassVar[int]
+    LAUNCH_FAILURES_FIELD_NUMBER: _ClassVar[int]
     CRASHES_FIELD_NUMBER: _ClassVar[int]
+    LAST_CRASH_FIELD_NUMBER: _ClassVar[int]
+    LAST_LAUNCH_MS_FIELD_NUMBER: _ClassVar[int]
     SCRIPT_FIELD_NUMBER: _ClassVar[int]
     SHA256_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
     name: str
-    options: _struct_pb2.Struct
+    origin: str
+    options: _struct_pb2.Value
     pid: int
     state: str
     in_flight: int
-    last_use: str
+    last_use: _struct_pb2.Value
     launches: int
+    launch_failures: int
     crashes: int
+    last_crash: _struct_pb2.Value
+    last_launch_ms: _struct_pb2.Value
     script: str
     sha256: str
-    def __init__(self, name: _Optional[str] = ..., options: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., pid: _Optional[int] = ..., state: _Optional[str] = ..., in_flight: _Optional[int] = ..., last_use: _Optional[str] = ..., launches: _Optional[int] = ..., crashes: _Optional[int] = ..., script: _Optional[str] = ..., sha256: _Optional[str] = ...) -> None: ...
+    error: str
+    def __init__(self, name: _Optional[str] = ..., origin: _Optional[str] = ..., options: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., pid: _Optional[int] = ..., state: _Optional[str] = ..., in_flight: _Optional[int] = ..., last_use: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., launches: _Optional[int] = ..., launch_failures: _Optional[int] = ..., crashes: _Optional[int] = ..., last_crash: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., last_launch_ms: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., script: _Optional[str] = ..., sha256: _Optional[str] = ..., error: _Optional[str] = ...) -> None: ...
 
 class OperationInFlight(_message.Message):
-    __slots__ = ("method", "environment", "environment_id", "started", "peer_pid")
+    __slots__ = ("call", "method", "environment", "environment_id", "started", "peer_pid")
+    CALL_FIELD_NUMBER: _ClassVar[int]
     METHOD_FIELD_NUMBER: _ClassVar[int]
     ENVIRONMENT_FIELD_NUMBER: _ClassVar[int]
     ENVIRONMENT_ID_FIELD_NUMBER: _ClassVar[int]
     STARTED_FIELD_NUMBER: _ClassVar[int]
     PEER_PID_FIELD_NUMBER: _ClassVar[int]
+    call: int
     method: str
     environment: str
     environment_id: str
     started: str
     peer_pid: int
-    def __init__(self, method: _Optional[str] = ..., environment: _Optional[str] = ..., environment_id: _Optional[str] = ..., started: _Optional[str] = ..., peer_pid: _Optional[int] = ...) -> None: ...
+    def __init__(self, call: _Optional[int] = ..., method: _Optional[str] = ..., environment: _Optional[str] = ..., environment_id: _Optional[str] = ..., started: _Optional[str] = ..., peer_pid: _Optional[int] = ...) -> None: ...
 
 class ShutdownRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class ShutdownResponse(_message.Message):
-    __slots__ = ("pid", "operations")
+    __slots__ = ("pid", "operations", "stopping", "busy")
     PID_FIELD_NUMBER: _ClassVar[int]
     OPERATIONS_FIELD_NUMBER: _ClassVar[int]
+    STOPPING_FIELD_NUMBER: _ClassVar[int]
+    BUSY_FIELD_NUMBER: _ClassVar[int]
     pid: int
     operations: int
-    def __init__(self, pid: _Optional[int] = ..., operations: _Optional[int] = ...) -> None: ...
+    stopping: bool
+    busy: bool
+    def __init__(self, pid: _Optional[int] = ..., operations: _Optional[int] = ..., stopping: _Optional[bool] = ..., busy: _Optional[bool] = ...) -> None: ...
 
 class ErrorInfo(_message.Message):
     __slots__ = ("code", "message", "kind", "exit_code", "details")

@@ -1,0 +1,121 @@
+"""The client against the daemon's real service (vz_core.daemon._service, drivers in-process on the fake): every
+answer the service gives over the local wire parses into its vz.api.v1 message and converts back to the identical
+JSON, and the gRPC front serves the same calls (a shape the .proto does not know fails there loudly)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from vz_core.api import ApiError, Client, pb
+from vz_core.daemon import Daemon, DaemonPaths
+from vz_core.daemon._grpc import GrpcFront
+from vz_core.daemon._service import Service
+
+api = pb.api_pb2
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("VZ_HOME", str(tmp_path / "home"))
+    root = tmp_path / "proj"
+    root.mkdir()
+    machine = {"name": "web", "profile": "developer", "driver": "fake", "image": "vz:default"}
+    definition = {"version": 1, "project_id": "svc", "machines": [{**machine, "workspace": {"projection": "none"}}]}
+    (root / "vz.json").write_text(json.dumps(definition))
+    return root
+
+
+@contextlib.asynccontextmanager
+async def daemon(home: Path) -> AsyncIterator[DaemonPaths]:
+    paths = DaemonPaths(str(home))
+    server: Daemon | None = None
+    service = Service(warm_sessions=False, daemon_status=lambda: server.status() if server else {})
+    await service.start()
+    server = Daemon(paths, service.dispatch, handle_signals=False, idle_timeout=0.0, on_shutdown=[service.close])
+    front = GrpcFront(server.dispatch, paths.directory)
+    server.http2 = front.handle
+    server.on_shutdown.insert(0, front.close)
+    ready = asyncio.Event()
+    serving = asyncio.ensure_future(server.serve(ready=ready.set))
+    waiter = asyncio.ensure_future(ready.wait())
+    await asyncio.wait([serving, waiter], return_when=asyncio.FIRST_COMPLETED)
+    if serving.done():
+        waiter.cancel()
+        serving.result()
+    await front.start()
+    try:
+        yield paths
+    finally:
+        server.request_shutdown("test over")
+        await asyncio.wait_for(serving, 60)
+
+
+def exact(data: dict[str, Any], cls: type[Any]) -> None:
+    """The service's JSON is exactly the message's local-wire form."""
+    wire = json.loads(json.dumps(data))
+    assert pb.to_wire(pb.from_wire(wire, cls)) == wire
+
+
+def session(paths: DaemonPaths, project: Path, transport: str) -> dict[str, Any]:
+    context = {"cwd": str(project), "environ": {}, "definition_file": None}
+    out: dict[str, Any] = {}
+    with Client(paths.home, autostart=False, transport=transport, context=context) as client:
+        op = client.up()
+        out["progress"] = list(op)
+        out["up"] = op.result()
+        out["status"] = client.status()
+        out["all"] = client.status(all=True)
+        out["machine"] = client.machine()
+        out["machines"] = client.machines()
+        out["exec"] = client.exec(["sh", "-c", "cat; echo err >&2; exit 7"], stdin=b"in")
+        out["volumes"] = client.volumes()
+        out["capabilities"] = client.capabilities(["fake"])
+        out["daemon"] = client.daemon_status()
+        with client.events(0) as stream:
+            out["events"] = list(stream)
+        try:
+            client.environment("nope")
+        except ApiError as exc:
+            out["error"] = exc
+        out["stop"] = client.stop().result()
+        out["delete"] = client.delete().result()
+    return out
+
+
+@pytest.mark.parametrize("transport", ["local", "grpc"])
+async def test_the_real_service_over_both_transports(transport: str, tmp_path: Path, project: Path) -> None:
+    async with daemon(tmp_path / "home") as paths:
+        got = await asyncio.to_thread(session, paths, project, transport)
+    for message in got["progress"]:
+        exact(message, api.Progress)
+    exact(got["up"], api.UpResult)
+    exact(got["status"], api.StatusReport)
+    exact(got["all"], api.StatusReport)
+    exact(got["machine"], api.MachineStatus)
+    exact({"environment": got["machine"]["environment"], "machines": got["machines"]}, api.MachineList)
+    exact(got["exec"], api.ExecResult)
+    exact({"volumes": got["volumes"]}, api.VolumeList)
+    exact({"drivers": got["capabilities"]}, api.CapabilitiesResponse)
+    exact(got["daemon"], api.DaemonStatus)
+    for event in got["events"]:
+        exact(event, api.Event)
+    exact(got["stop"], api.StopResult)
+    exact(got["delete"], api.DeleteResult)
+    assert got["up"].environment.state == "running" and got["status"].environments[0].machines[0].state == "running"
+    assert got["machine"].name == "web" and [m.name for m in got["machines"]] == ["web"]
+    assert (got["exec"].exit_code, got["exec"].stdout, got["exec"].stderr) == (7, b"in", b"err\n")
+    assert got["capabilities"][0].name == "fake" and got["capabilities"][0].facts is not None
+    assert got["daemon"].pid == os.getpid()
+    kinds = [e.kind for e in got["events"]]
+    assert "operation.started" in kinds and "operation.finished" in kinds
+    assert [e.revision for e in got["events"]] == sorted(e.revision for e in got["events"])
+    assert (got["error"].code, got["error"].exit_code, got["error"].kind) == ("NOT_FOUND", 3, "not_found")
+    assert got["stop"].environment.state == "stopped" and got["delete"].environment.state == "deleted"
