@@ -698,12 +698,41 @@ async def _install_service(daemon: Daemon) -> None:
         daemon.handler = service.dispatch
         daemon.redactor = lambda: getattr(service, "redactor", None)
         daemon.on_shutdown.append(service.close)
-    grpc_module = _optional_module("vz_core.daemon._grpc")
-    if grpc_module is not None:
-        front = grpc_module.GrpcFront(dispatch=daemon.dispatch, directory=daemon.paths.directory)
-        await front.start()
-        daemon.http2 = front.handle
-        daemon.on_shutdown.insert(0, front.close)
+    front = _LazyGrpcFront(daemon)
+    daemon.http2 = front.handle
+    daemon.on_shutdown.insert(0, front.close)
+
+
+class _LazyGrpcFront:
+    """The gRPC front, imported and started on the first HTTP/2 connection (grpc and the vz.api.v1 stubs
+    cost a few hundred ms: a daemon that only the CLI uses never pays for them)."""
+
+    def __init__(self, daemon: Daemon) -> None:
+        self.daemon = daemon
+        self.front: Any = None
+        self.missing = False
+        self._lock = asyncio.Lock()
+
+    async def handle(self, sock: socket.socket, prefix: bytes) -> None:
+        async with self._lock:
+            if self.front is None and not self.missing:
+                module = _optional_module("vz_core.daemon._grpc")
+                if module is None:
+                    self.missing = True
+                else:
+                    front = module.GrpcFront(dispatch=self.daemon.dispatch, directory=self.daemon.paths.directory)
+                    await front.start()
+                    self.front = front
+                    log.info("gRPC front started")
+        if self.front is None:
+            sock.close()
+            log.warning("an HTTP/2 (gRPC) connection: this installation has no gRPC front; closed")
+            return
+        await self.front.handle(sock, prefix)
+
+    async def close(self) -> None:
+        if self.front is not None:
+            await self.front.close()
 
 
 def run_daemon(

@@ -463,3 +463,25 @@ def test_daemon_exits_when_its_socket_is_removed(home: Path) -> None:
     assert _gone(pid, 20)
     assert "was removed or replaced" in Path(paths.log_file).read_text()
     assert not os.path.exists(paths.pid_file)
+
+
+def test_grpc_front_starts_on_the_first_http2_connection(home: Path) -> None:
+    env = _env(home)
+    with connect(environ=env) as conn:
+        pid = conn.pid
+    paths = daemon_paths(environ=env)
+    assert not os.path.exists(paths.grpc_socket)  # a daemon only the local wire used has not started it
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(30)
+        s.connect(paths.socket)
+        s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")  # + SETTINGS
+        frame = b""
+        while len(frame) < 9:
+            chunk = s.recv(9 - len(frame))
+            assert chunk, "the daemon closed the HTTP/2 connection"
+            frame += chunk
+    assert frame[3] == 0x04  # the server's first frame is its SETTINGS: a real HTTP/2 server answered
+    assert os.path.exists(paths.grpc_socket)
+    assert "gRPC front started" in Path(paths.log_file).read_text()
+    assert stop_daemon(home, environ=env) == pid
+    assert not os.path.exists(paths.grpc_socket)
