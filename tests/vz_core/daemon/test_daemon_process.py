@@ -485,3 +485,34 @@ def test_grpc_front_starts_on_the_first_http2_connection(home: Path) -> None:
     assert "gRPC front started" in Path(paths.log_file).read_text()
     assert stop_daemon(home, environ=env) == pid
     assert not os.path.exists(paths.grpc_socket)
+
+
+def test_vz_daemon_run_in_the_foreground(home: Path) -> None:
+    import shutil
+
+    vz = shutil.which("vz", path=os.path.dirname(sys.executable))
+    assert vz is not None
+    env = _env(home)
+    proc = subprocess.Popen([vz, "daemon", "run"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        paths = daemon_paths(environ=env)
+        deadline = time.monotonic() + 60
+        record = None
+        while record is None and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+            record = live_daemon(paths)  # `vz daemon run` counts as a daemon's command line
+        assert record is not None and record["pid"] == proc.pid
+        with connect(environ={**env, "VZ_DAEMON_AUTOSTART": "0"}) as conn:
+            assert conn.pid == proc.pid
+        second = _vz(home, "run")  # one daemon per home
+        assert second.returncode == 4 and "a vz daemon already runs for" in second.stderr
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(20) == 0
+        assert proc.stderr is not None
+        assert "shutting down: signal SIGINT" in proc.stderr.read().decode()  # the log is echoed on stderr
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stderr is not None:
+            proc.stderr.close()
