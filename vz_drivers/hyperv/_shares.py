@@ -40,6 +40,7 @@ __all__ = [
     "MODULES_FILE",
     "MachineShares",
     "check_access",
+    "describe",
     "generate_password",
     "machine_shares",
     "mount_options",
@@ -55,7 +56,9 @@ image may have no ``mount`` or ``modprobe`` of its own, and the cifs modules are
 MODULES_FILE = "/etc/vz/modules.smb"
 """The initramfs's list of the cifs modules (loaded by the first mount of a boot)."""
 _KEY_RE = re.compile(r"^[0-9a-f]{32}\Z")
-_DESCRIPTION_RE = re.compile(r"^vz Machine ([0-9a-f]{32}) \(state ([0-9a-f]{12})\)\Z")
+_DESCRIPTION_RE = re.compile(r"^vz ([0-9a-f]{32}) ([0-9a-f]{12})\Z")
+DESCRIPTION_MAX = 48
+"""What ``New-LocalUser -Description`` accepts (the LocalAccounts module refuses longer comments)."""
 _ALPHABET = string.ascii_letters + string.digits
 
 
@@ -91,6 +94,12 @@ def state_tag(state_root: Path) -> str:
     return hashlib.sha256(str(state_root).encode()).hexdigest()[:12]
 
 
+def describe(key: str, tag: str) -> str:
+    """The description of a Machine's shares and account: ``vz <key> <state tag>`` (48 characters, the most an
+    account's comment may have), which is how leftovers are told from shares that are not this state's."""
+    return f"vz {key} {tag}"
+
+
 def machine_shares(key: str, mounts: Sequence[MountRecord], state_root: Path) -> MachineShares:
     """The shares of the Machine with record key ``key``: one per bind or volume mount (tmpfs stays in the guest)."""
     if not _KEY_RE.match(key):
@@ -102,7 +111,7 @@ def machine_shares(key: str, mounts: Sequence[MountRecord], state_root: Path) ->
         prefix=prefix,
         account=f"vz-{key[:16]}",
         rule=f"vz-{key}-smb",
-        description=f"vz Machine {key} (state {state_tag(state_root)})",
+        description=describe(key, state_tag(state_root)),
         shares=tuple(
             # A volume's directory is known once the Machine's directory is made (host_path); until then: none.
             Share(name=f"{prefix}{n}$", path=m.host_path, target=m.target, read_only=m.read_only)

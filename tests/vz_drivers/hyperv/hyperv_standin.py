@@ -296,6 +296,8 @@ class StandInHyperV:
             raise PsError(f"Set-LocalUser: the value {password} was refused", "InvalidArgument")
         if len(password) < 14 or not (any(c.isupper() for c in password) and any(c.isdigit() for c in password)):
             raise PsError("The password does not meet the password policy requirements.", "InvalidArgument")
+        if len(args["description"]) > 48:  # New-LocalUser -Description: at most 48 characters
+            raise PsError("Cannot validate argument on parameter 'Description'.", "InvalidData")
         if user is None:
             user = FakeAccount(password, args["description"], f"S-1-5-21-1-2-3-{1000 + len(self.accounts)}")
             self.accounts[args["account"]] = user

@@ -27,7 +27,7 @@ from vz_drivers._machine import AgentLink, AgentMachineDriver
 from vz_drivers.hyperv import _scripts as ps
 from vz_drivers.hyperv._driver import HypervBackend
 from vz_drivers.hyperv._records import HypervPaths, HypervRecord
-from vz_drivers.hyperv._shares import mount_spec, state_tag
+from vz_drivers.hyperv._shares import describe, mount_spec, state_tag
 
 
 class AgentVms(StandInHyperV):
@@ -234,11 +234,11 @@ async def test_workspace_and_mounts_are_smb_shares_of_the_machine(
     # A crash left the shares and account of a Machine of this state directory that no longer exists.
     gone = "f" * 32
     tag = state_tag(backend.book.root)
-    vms.accounts[f"vz-{gone[:16]}"] = FakeAccount("x", f"vz Machine {gone} (state {tag})", "S-1-5-21-9")
-    vms.shares[f"vz-{gone}-0$"] = FakeShare(str(ref), f"vz Machine {gone} (state {tag})", [], True, True)
+    vms.accounts[f"vz-{gone[:16]}"] = FakeAccount("x", describe(gone, tag), "S-1-5-21-9")
+    vms.shares[f"vz-{gone}-0$"] = FakeShare(str(ref), describe(gone, tag), [], True, True)
     # ... and one of another vz home on the same host, which is not this driver's to touch.
     other = "e" * 32
-    vms.shares[f"vz-{other}-0$"] = FakeShare(str(ref), f"vz Machine {other} (state 0123456789ab)", [], True, True)
+    vms.shares[f"vz-{other}-0$"] = FakeShare(str(ref), describe(other, "0123456789ab"), [], True, True)
     try:
         await driver.run_image(request)
         record = backend.book.load(next(iter(backend.book.machines_dir.iterdir())).name)

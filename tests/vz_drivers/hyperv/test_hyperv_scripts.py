@@ -306,10 +306,11 @@ def test_share_names_access_checks_and_orphans(tmp_path) -> None:  # type: ignor
             sh.check_access(made(*wrong), names)
 
     tag = sh.state_tag(tmp_path)
-    desc = f"vz Machine {key} (state {tag})"
+    desc = sh.describe(key, tag)
+    assert len(desc) == sh.DESCRIPTION_MAX == len(names.description)
     other = "f" * 32
     found = sh.orphans(
-        [(f"vz-{key}-0$", "/src", desc), (f"vz-{other}-0$", "/x", f"vz Machine {other} (state 000000000000)")],
+        [(f"vz-{key}-0$", "/src", desc), (f"vz-{other}-0$", "/x", sh.describe(other, "000000000000"))],
         [(names.account, desc), ("vz-ffffffffffffffff", "someone else's account")],
         tag,
         exists=set(),
