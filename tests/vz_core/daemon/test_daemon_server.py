@@ -394,3 +394,10 @@ def test_client_fixes_a_readable_dir_and_refuses_a_writable_one(tmp_path: Path) 
     os.chmod(paths.directory, 0o775)
     with pytest.raises(DaemonError, match=r"others may write to it \(mode 0775\)"):
         connect(paths.home, environ={}, autostart=False)
+
+
+async def test_socket_path_longer_than_sun_path(tmp_path: Path) -> None:
+    paths = DaemonPaths(str(tmp_path / ("h" * 120)))
+    assert len(paths.socket) > 108
+    async with running(paths, Recorder()):
+        assert await client(paths, lambda c: c.request("Test.Echo", {"long": True}))["echo"] == {"long": True}
