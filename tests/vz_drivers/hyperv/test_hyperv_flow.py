@@ -275,7 +275,7 @@ async def test_workspace_and_mounts_are_smb_shares_of_the_machine(
         assert {"vers=3.1.1", "seal", f"username={account}", "domain=DEVBOX", "uid=0", "gid=0"} <= set(options[1])
         # The password is in no exec request, no record, no file of the state directory.
         assert all(password not in " ".join(s.argv) for s in specs)
-        assert _files_containing(state, password) == []
+        assert _files_containing(tmp_path, password) == []  # state, VM files, logs, sockets' directory
 
         await driver.stop(ws)
         assert not any(n.startswith(prefix) for n in vms.shares) and f"vz-{record.key}-smb" not in vms.firewall
