@@ -26,7 +26,7 @@ TYPE_CHECKING = False  # `typing` costs milliseconds on this path
 if TYPE_CHECKING:
     from typing import Any, Protocol
 
-__all__ = ["NOT_A_TTY", "ConnectionCall", "ExecCall", "exit_code_of", "exit_status", "run_exec"]
+__all__ = ["NOT_A_TTY", "ExecCall", "exit_code_of", "exit_status", "run_exec"]
 
 NOT_A_TTY = "the input device is not a TTY"
 """The error of `vz exec -it` when stdin is not a terminal (docker's words, so scripts written for it match)."""
@@ -43,11 +43,10 @@ _STDIN, _STDOUT, _STDERR, _TERMINAL = 0, 1, 2, 3
 if TYPE_CHECKING:
 
     class ExecCall(Protocol):
-        """The live exec call of ``vz_core.api.Client.open_exec`` (one connection to the daemon)."""
+        """What the loop needs of ``vz_core.api.ExecCall`` (``Client.open_exec``: one connection to the daemon)."""
 
         def fileno(self) -> int: ...
-        def receive(self) -> tuple[str, Any, Any]: ...
-        def pending(self) -> bool: ...
+        def receive(self) -> tuple[str, Any] | tuple[str, int, bytes]: ...
         def send(self, stream: int, data: bytes) -> None: ...
         def close_stdin(self) -> None: ...
         def resize(self, rows: int, cols: int) -> None: ...
@@ -151,7 +150,7 @@ def run_exec(
 
     With ``tty`` (`vz exec -t`) and ``interactive`` (`-it`) stdin must be a terminal (else
     ``UserError(NOT_A_TTY)``, before the daemon is asked anything). Errors of the daemon raise
-    ``vz_core.daemon.DaemonError``.
+    ``vz_core.api.ApiError``.
     """
     if tty and interactive and not _isatty(0):
         from vz_core.errors import UserError
@@ -284,41 +283,26 @@ class _Loop:
         return True
 
     def _receive(self) -> int | None:
-        """Handle every complete message; the exit status once the call ended, else None."""
-        while True:
+        """Handle the next message (``receive()`` reads exactly one); the exit status once the call ended."""
+        try:
+            message = self.call.receive()
+        except Exception:
+            if self.signals:  # the daemon confirmed the cancel with an error (or hung up)
+                return 128 + self.signals[0]
+            raise
+        if len(message) == 3:  # ("output", stream, data)
+            _, stream, data = message
+            fd = 1 if stream in (_STDOUT, _TERMINAL) else 2
             try:
-                kind, first, second = self.call.receive()
+                _write_all(fd, data)
             except BrokenPipeError:
+                self.call.cancel()
                 return 128 + signal.SIGPIPE
-            except Exception:
-                if self.signals:  # the daemon confirmed the cancel with an error (or closed)
-                    return 128 + self.signals[0]
-                raise
-            if kind == "output":
-                fd = 1 if first in (_STDOUT, _TERMINAL) else 2
-                try:
-                    _write_all(fd, second)
-                except BrokenPipeError:
-                    self.call.cancel()
-                    return 128 + signal.SIGPIPE
-            elif kind == "result":
-                if self.signals:
-                    return 128 + self.signals[0]
-                return exit_status(int(first.get("exit_code", 1)), first.get("signal"))
-            elif kind == "closed":
-                if self.signals:
-                    return 128 + self.signals[0]
-                raise_error(
-                    {
-                        "code": "UNAVAILABLE",
-                        "kind": "backend_failure",
-                        "exit_code": 1,
-                        "message": "the vz daemon went away before the command ended; see `vz daemon logs` "
-                        "(the next command starts a new one)",
-                    }
-                )
-            if not self.call.pending():
-                return None
+            return None
+        if self.signals:
+            return 128 + self.signals[0]
+        result: Any = message[1]  # ("result", {"exit_code", "signal"})
+        return exit_status(int(result.get("exit_code", 1)), result.get("signal"))
 
 
 _CANCELLING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -330,55 +314,3 @@ def _drain(fd: int) -> None:
             pass
     except OSError:  # empty (non-blocking)
         pass
-
-
-class ConnectionCall:
-    """``ExecCall`` over a ``vz_core.daemon`` connection on which ``Machines.Exec`` was sent."""
-
-    def __init__(self, connection: Any) -> None:
-        self._conn = connection
-
-    def fileno(self) -> int:
-        fileno: int = self._conn.fileno()
-        return fileno
-
-    def receive(self) -> tuple[str, Any, Any]:
-        message = self._conn.receive()
-        if message is None:
-            return ("closed", None, None)
-        if isinstance(message, tuple):
-            return ("output", message[0], message[1])
-        if "result" in message:
-            return ("result", message["result"] if isinstance(message["result"], dict) else {}, None)
-        if "error" in message:
-            error = message["error"]
-            raise_error(error if isinstance(error, dict) else {})
-        return ("other", message, None)
-
-    def pending(self) -> bool:
-        return False  # the connection reads exactly one message per receive(): poll tells the rest
-
-    def send(self, stream: int, data: bytes) -> None:
-        self._conn.write(stream, data)
-
-    def close_stdin(self) -> None:
-        self._conn.send({"stdin_close": {}})
-
-    def resize(self, rows: int, cols: int) -> None:
-        self._conn.send({"resize": {"rows": rows, "cols": cols}})
-
-    def signal(self, name: str) -> None:
-        self._conn.send({"signal": {"name": name}})
-
-    def cancel(self) -> None:
-        self._conn.cancel()
-
-    def close(self) -> None:
-        self._conn.close()
-
-
-def raise_error(error: dict[str, Any]) -> None:
-    """Raise the daemon's error object E."""
-    from vz_core.daemon import DaemonError
-
-    raise DaemonError.from_wire(error)

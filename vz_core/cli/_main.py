@@ -282,13 +282,13 @@ def _exec_args(rest: list[str]) -> Any:
 
 def _exec(rest: list[str]) -> int:
     parsed = _exec_args(rest)
+    from vz_core.api import ApiError, Client
     from vz_core.cli._exec import run_exec
-    from vz_core.cli._remote import DaemonClient, call_context
-    from vz_core.daemon import DaemonError
+    from vz_core.cli._remote import call_context
 
     try:
         return run_exec(
-            DaemonClient(),
+            Client(),
             context=call_context(parsed.file),
             argv=parsed.argv,
             environment=parsed.environment,
@@ -297,7 +297,7 @@ def _exec(rest: list[str]) -> int:
             tty=parsed.tty,
             interactive=parsed.interactive,
         )
-    except DaemonError as exc:  # already masked by the daemon with the secrets of the Environment it selected
+    except ApiError as exc:  # already masked by the daemon with the secrets of the Environment it selected
         from vz_core.cli._output import Output
         from vz_core.cli._remote import report_api_error
 

@@ -76,7 +76,9 @@ def _wait_for(path: Path, proc: subprocess.Popen[bytes], timeout: float = 60) ->
     """Wait until ``path`` exists (the blocking driver writes it when it starts holding RunImage)."""
     deadline = time.monotonic() + timeout
     while not path.exists():
-        assert proc.poll() is None, f"vz exited {proc.returncode} before the driver blocked"
+        if proc.poll() is not None:
+            err = proc.stderr.read().decode() if proc.stderr else ""
+            raise AssertionError(f"vz exited {proc.returncode} before the driver blocked: {err}")
         assert time.monotonic() < deadline, f"{path} never appeared"
         time.sleep(0.05)
 
