@@ -400,4 +400,5 @@ async def test_socket_path_longer_than_sun_path(tmp_path: Path) -> None:
     paths = DaemonPaths(str(tmp_path / ("h" * 120)))
     assert len(paths.socket) > 108
     async with running(paths, Recorder()):
-        assert await client(paths, lambda c: c.request("Test.Echo", {"long": True}))["echo"] == {"long": True}
+        result = await client(paths, lambda c: c.request("Test.Echo", {"long": True}))
+        assert result["echo"] == {"long": True}
