@@ -65,7 +65,7 @@ def exact(data: dict[str, Any], cls: type[Any]) -> None:
 
 
 def session(paths: DaemonPaths, project: Path, transport: str) -> dict[str, Any]:
-    context = {"cwd": str(project), "environ": {}, "definition_file": None}
+    context: dict[str, Any] = {"cwd": str(project), "environ": {}, "definition_file": None}
     out: dict[str, Any] = {}
     with Client(paths.home, autostart=False, transport=transport, context=context) as client:
         op = client.up()
