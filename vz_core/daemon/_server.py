@@ -381,9 +381,12 @@ class Daemon:
                     raise
                 reply: dict[str, Any] = {"error": _encode_error(asyncio.CancelledError())}
             except Exception as exc:
-                if not isinstance(exc, DaemonError):
-                    log.error("%s failed", call.method, exc_info=not _is_vz_error(exc))
                 reply = {"error": _encode_error(exc)}
+                if isinstance(exc, DaemonError) or _is_vz_error(exc) or isinstance(getattr(exc, "error", None), dict):
+                    # an understood failure (the service's CallFailed carries its encoded error): one line
+                    log.info("%s from pid %s failed: %s", call.method, call.peer_pid, reply["error"].get("message"))
+                else:  # a bug: the traceback stays here, the client gets one line
+                    log.error("%s from pid %s failed", call.method, call.peer_pid, exc_info=exc)
             else:
                 if not isinstance(result, dict):
                     log.error("%s: the handler returned %s, not a dict", call.method, type(result).__name__)
