@@ -290,7 +290,7 @@ async def test_ensure_and_attach_are_idempotent_and_removal_is_per_environment(
     def state() -> tuple[str, str, str]:
         rules = run("nsenter", f"--net={domain}", "--", "nft", "list", "ruleset")
         links = run("nsenter", f"--net={domain}", "--", "ip", "-o", "link", "show")
-        inner = run("nsenter", f"--net={shop.netns['db']}", "--", "ip", "-o", "addr", "show")
+        inner = run("nsenter", f"--net={shop.netns['db']}", "--", "ip", "-o", "-4", "addr", "show")
         return rules, "\n".join(sorted(line.split(":")[1] for line in links.splitlines())), inner
 
     before = state()
@@ -341,3 +341,28 @@ async def test_ensure_and_attach_are_idempotent_and_removal_is_per_environment(
         listener.sock.close()
         await remove_domain(env_ids[1])
     assert not domain_exists(env_ids[1])
+
+
+async def test_a_machine_namespace_given_as_proc_pid_is_attached(namespaces: Namespaces, env_ids: list[str]) -> None:
+    """linux_native hands over a container's namespace as /proc/<pid>/ns/net (its init, not yet started)."""
+    definition = parse_definition(BLOG)
+    plan = compile_topology(definition, env_ids[0]).to_json()
+    worker = namespaces.add("p-worker")
+    db = namespaces.add("p-db")
+    holder = await asyncio.create_subprocess_exec("nsenter", f"--net={db}", "--", "sleep", "60")
+    try:
+        await ensure_domain(plan)
+        await attach_machine(plan, "worker", worker)
+        await attach_machine(plan, "db", f"/proc/{holder.pid}/ns/net")
+        await attach_machine(plan, "db", f"/proc/{holder.pid}/ns/net")  # idempotent through the pid path too
+        address = compile_topology(definition, env_ids[0]).machine("db").attachments[0].address
+        listener = listen(db, "db", address, 5432, "tcp")
+        try:
+            assert await asyncio.to_thread(attempt, worker, address, 5432, "tcp")
+            assert listener.drain() == 1
+        finally:
+            listener.sock.close()
+    finally:
+        holder.kill()
+        await holder.wait()
+        await remove_domain(env_ids[0])
