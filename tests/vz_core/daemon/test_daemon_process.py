@@ -516,3 +516,22 @@ def test_vz_daemon_run_in_the_foreground(home: Path) -> None:
             proc.wait()
         if proc.stderr is not None:
             proc.stderr.close()
+
+
+def test_racing_newer_clients_replace_an_idle_old_daemon_once(home: Path, helpers: list[Helper]) -> None:
+    helper = Helper(home, "0.0.1")
+    helpers.append(helper)
+    env = _env(home)
+    code = "from vz_core.daemon import connect; c = connect(); print(c.pid, c.hello['version']); c.close()"
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        for _ in range(3)
+    ]
+    outputs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], [err.decode() for _, err in outputs]
+    answers = {out.decode().strip() for out, _ in outputs}
+    assert len(answers) == 1
+    pid, answered_version = answers.pop().split()
+    assert answered_version == version() and int(pid) != helper.pid
+    assert helper.proc.wait(15) == 0
+    assert _daemon_pids(home) == [int(pid)]
