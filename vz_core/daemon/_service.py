@@ -470,9 +470,7 @@ class Service:
             done, _ = await asyncio.wait({inner, *waiters}, return_when=asyncio.FIRST_COMPLETED)
             if inner not in done:
                 state.cancel_reason = state.cancel_reason or "the client closed the connection"
-                inner.cancel()
-                with contextlib.suppress(BaseException):
-                    await inner
+                await _stop(inner)
             result = inner.result()
             if state.progress is not None:
                 await state.progress.flush()
@@ -482,9 +480,7 @@ class Service:
             if not inner.done() or (task is not None and task.cancelling()):
                 # The server cancelled this call (the client's cancel or hangup, or shutdown): so is the
                 # operation; what it reported on its way out (the failed step) still goes first.
-                inner.cancel()
-                with contextlib.suppress(BaseException):
-                    await inner
+                await _stop(inner)
                 if state.progress is not None:
                     with contextlib.suppress(BaseException):
                         await asyncio.wait_for(state.progress.flush(), timeout=2.0)
@@ -1168,11 +1164,17 @@ async def _pipe_write(fd: int, data: bytes) -> None:
 
 
 async def _stop(task: asyncio.Future[Any]) -> None:
-    """Cancel ``task`` if it still runs and wait for it to end (whatever it ends with)."""
-    if not task.done():
+    """Cancel ``task`` and wait until it ended (whatever it ends with).
+
+    The cancellation is repeated while the task runs on: code below may swallow one (``asyncio.wait_for`` in
+    Python 3.11 does when its awaitable finishes at the moment it is cancelled), and a call must never outlive
+    its client because of that.
+    """
+    while not task.done():
         task.cancel()
-    with contextlib.suppress(BaseException):
-        await task
+        await asyncio.wait({task}, timeout=0.5)
+    if not task.cancelled():
+        task.exception()  # retrieved: an error of a cancelled operation is not "never retrieved"
 
 
 def _close(fd: int) -> None:

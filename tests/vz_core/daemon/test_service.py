@@ -31,6 +31,7 @@ class FakeCall:
         self.sent: list[tuple[str, Any]] = []
         self.inbox: asyncio.Queue[dict[str, Any] | tuple[int, bytes] | None] = asyncio.Queue()
         self.progressed = asyncio.Event()
+        self.evented = asyncio.Event()
 
     async def progress(self, message: dict[str, Any]) -> None:
         self.sent.append(("progress", message))
@@ -38,6 +39,7 @@ class FakeCall:
 
     async def event(self, message: dict[str, Any]) -> None:
         self.sent.append(("event", message))
+        self.evented.set()
 
     async def write(self, stream: int, data: bytes) -> None:
         self.sent.append(("B", (stream, data)))
@@ -704,3 +706,35 @@ def test_list_gives_the_projects_environments(project: Path, tmp_path: Path) -> 
     assert sorted(e["name"] for e in listed["environments"]) == ["default", "second"]
     assert sorted(e["name"] for e in anywhere["environments"]) == ["default", "second"]
     assert anywhere["project"] is None and error["kind"] == "not_found"
+
+
+def test_system_events_and_machines_watch(project: Path, events: Events) -> None:
+    async def main() -> tuple[FakeCall, FakeCall, dict[str, Any], str]:
+        service = await _service(events)
+        try:
+            _, result = await _up(service, project)
+            env_id = result["environment"]["id"]
+            every = FakeCall("System.Events", {"from_revision": 0, "follow": False})
+            end = await service.dispatch(every)
+            watch = FakeCall("Machines.Watch", {"from_revision": 0, "environment": env_id})
+            task = asyncio.ensure_future(service.dispatch(watch))
+            await service.dispatch(FakeCall("Environments.Stop", {"context": context(project)}))
+            while not any(m["data"].get("state") == "stopped" for k, m in watch.sent if k == "event"):
+                watch.evented.clear()
+                await asyncio.wait_for(watch.evented.wait(), 10)
+            watch.cancelled.set()
+            with pytest.raises(CallFailed):
+                await task
+            return every, watch, end, env_id
+        finally:
+            await service.close()
+
+    every, watch, end, env_id = run(main())
+    streamed = [m for k, m in every.sent if k == "event"]
+    assert [e["revision"] for e in streamed] == list(range(1, len(streamed) + 1))
+    assert end == {"revision": streamed[-1]["revision"]}
+    machine_events = [m for k, m in watch.sent if k == "event"]
+    assert machine_events and all(
+        e["kind"] == "machine.state" and e["environment_id"] == env_id for e in machine_events
+    )
+    assert [e["data"]["state"] for e in machine_events][-1] == "stopped"
