@@ -9,20 +9,46 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "vz_core" / "cli"))
-from vzcli import Vz, fake_machine, write_project
+from vzcli import Vz, add_test_driver, fake_machine, write_project
 
 PLUGINS = Path(__file__).resolve().parent / "plugins_redaction"
 LONG = "hunter2-very-secret-value"
 SHORT = "ab1"
 
 
+class LeakyVz(Vz):
+    """``Vz`` whose runs set what the warm sec_leaky plugin leaks (``VZ_SEC_LEAK``/``VZ_SEC_VALUE`` in a run's
+    ``env``) through its control file before the command, and clear it for runs that name none."""
+
+    def __init__(self, home: Path, control: Path) -> None:
+        super().__init__(home)
+        self.control = control
+
+    def run(self, *args: str, cwd: Path, env: dict[str, str | None] | None = None, **kw: Any) -> Any:
+        env = dict(env or {})
+        leak, value = env.pop("VZ_SEC_LEAK", None), env.pop("VZ_SEC_VALUE", None)
+        self.control.write_text(json.dumps({"leak": leak or "", "value": value or ""}))
+        return super().run(*args, cwd=cwd, env=env, **kw)
+
+
 @pytest.fixture
 def vz(tmp_path: Path) -> Vz:
-    return Vz(tmp_path / "home", {"PYTHONPATH": str(PLUGINS)})
+    vz = LeakyVz(tmp_path / "home", tmp_path / "leak-control.json")
+    vz.control.write_text("{}")
+    add_test_driver(
+        vz,
+        "sec_leaky",
+        cwd=tmp_path,
+        plugins=PLUGINS,
+        module="vz_sec_leaky",
+        environ={"VZ_SEC_CONTROL": str(vz.control)},
+    )
+    return vz
 
 
 def _project(root: Path, secret_var: str = "APP_TOKEN") -> Path:
@@ -72,6 +98,8 @@ def test_a_failed_delete_is_masked_in_json_output_and_in_the_state_database(vz: 
     error = next(e for e in events if e["event"] == "error")["error"]
     assert error["message"] == "delete failed: backend said token=*** was refused (and ***)"
     assert LONG.encode() not in _state_bytes(vz)
+    log = vz.home / "daemon" / "daemon.log"  # the daemon ran the delete: its log (and its plugins' stderr) too
+    assert log.exists() and LONG.encode() not in log.read_bytes()
     # Without the variable vz cannot know the value, but it has stored nothing that needs it.
     report = vz.status(proj)
     assert report["environments"][0]["last_operation"]["error"].startswith("delete failed: backend said token=***")

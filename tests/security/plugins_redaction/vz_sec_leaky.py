@@ -1,10 +1,14 @@
-"""Test-only driver "sec_leaky": the fake driver, except that the calls named in ``$VZ_SEC_LEAK`` (comma
-separated: preflight, find, delete, stop, exec) fail with a message quoting ``$VZ_SEC_VALUE``, as a careless
-backend that kept a Machine's secret might. Installed for a subprocess by putting this directory on PYTHONPATH.
+"""Test-only driver "sec_leaky": the fake driver, except that the calls named in the control file fail with a
+message quoting the value it names, as a careless backend that kept a Machine's secret might.
+
+The control file (``$VZ_SEC_CONTROL``, set by the plugin script the test writes) holds
+``{"leak": "preflight,find,delete,stop,exec", "value": "..."}`` and is read at every call: the vz daemon keeps
+this plugin warm across commands, so each command's test setting is written there before the command runs.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import AsyncIterator
 from typing import Any
@@ -16,12 +20,21 @@ from vz_core.errors import FailedPreconditionError, RuntimeFailureError
 from vz_core.registry import BuiltinDriver, hookimpl
 
 
+def _control() -> dict[str, str]:
+    try:
+        with open(os.environ["VZ_SEC_CONTROL"]) as f:
+            data: dict[str, str] = json.load(f)
+    except (KeyError, OSError, ValueError):
+        return {}
+    return data
+
+
 def _leaks(call: str) -> bool:
-    return call in os.environ.get("VZ_SEC_LEAK", "").split(",")
+    return call in _control().get("leak", "").split(",")
 
 
 def _error(call: str) -> RuntimeFailureError:
-    value = os.environ.get("VZ_SEC_VALUE", "")
+    value = _control().get("value", "")
     return RuntimeFailureError(
         f"{call} failed: backend said token={value} was refused (and {value})",
         runtime_message=f"diagnostic: {value}",
@@ -51,7 +64,7 @@ class LeakyDriver(FakeDriver):
 
     def exec(self, spec: ExecSpec, stdin: AsyncIterator[bytes]) -> Any:
         if _leaks("exec"):
-            value = os.environ.get("VZ_SEC_VALUE", "")
+            value = _control().get("value", "")
             raise FailedPreconditionError(f"exec refused: token={value}")
         return super().exec(spec, stdin)
 

@@ -122,6 +122,7 @@ import sys
 
 sys.path.insert(0, {plugins!r})
 os.environ["VZ_DRIVER_OPTIONS"] = {options!r}
+os.environ.update({environ!r})
 from vz_core.registry import main
 
 main(["--module", {module!r}, {declared!r}])
@@ -137,12 +138,14 @@ def add_test_driver(
     plugins: Path = PLUGINS,
     module: str = "vz_test_blocking",
     declared: str | None = None,
+    environ: dict[str, str] | None = None,
 ) -> None:
     """Record test-only driver ``declared`` (default ``name``) of ``plugins/<module>.py`` as external driver
     ``name`` of ``vz``'s home: a plugin script pinned by its SHA-256 in a manifest, added with `vz driver add`.
 
     The vz daemon runs every driver out of process, so a test driver is a plugin like any other. External
-    drivers take no options from vz.json: ``options`` are fixed in the script (the driver's own configuration).
+    drivers take no options from vz.json: ``options`` (and ``environ``, variables the plugin process gets) are
+    fixed in the script (the driver's own configuration).
     """
     import hashlib
 
@@ -158,6 +161,7 @@ def add_test_driver(
             options=json.dumps(options or {}),
             module=module,
             declared=declared or name,
+            environ=environ or {},
         )
     )
     script.chmod(0o755)
