@@ -47,6 +47,7 @@ The functions return plain data (dicts of str/bool/list) for the CLI and ``--jso
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import os
 import sys
@@ -329,21 +330,38 @@ def _console_script(name: str, spec: DriverDeclaration, scripts_dir: Path | None
 def _installed_hash(script: Path, module: str | None) -> str | None:
     """The SHA-256 (hex) the installer recorded for ``script`` in the RECORD of the distribution declaring the
     driver (found through its ``vz.drivers`` entry point), or None when there is no such record."""
+    return _recorded_hashes(module, script.name).get(os.path.realpath(script))
+
+
+@functools.lru_cache(maxsize=64)
+def _recorded_hashes(module: str | None, file_name: str) -> dict[str, str]:
+    """Real path -> SHA-256 (hex) of the files named ``file_name`` in the RECORD of the distribution(s) whose
+    ``vz.drivers`` entry point is registration module ``module`` (read once per process: after a reinstall the
+    daemon is restarted anyway, its fingerprint changes)."""
     import base64
+
+    found: dict[str, str] = {}
+    for dist in _driver_distributions().get(module or "", []):
+        for entry in dist.files or ():
+            if entry.name != file_name or entry.hash is None or entry.hash.mode != "sha256":
+                continue
+            raw = base64.urlsafe_b64decode(entry.hash.value + "=" * (-len(entry.hash.value) % 4))
+            found[os.path.realpath(str(dist.locate_file(entry)))] = raw.hex()
+    return found
+
+
+@functools.lru_cache(maxsize=1)
+def _driver_distributions() -> dict[str, list[Any]]:
+    """Registration module -> the distributions declaring it as a ``vz.drivers`` entry point."""
     from importlib import metadata
 
     from vz_core.registry import ENTRY_POINT_GROUP
 
-    dists = [ep.dist for ep in metadata.entry_points(group=ENTRY_POINT_GROUP) if ep.value == module and ep.dist]
-    target = os.path.realpath(script)
-    for dist in dists:
-        for entry in dist.files or ():
-            if entry.hash is None or entry.hash.mode != "sha256" or entry.name != script.name:
-                continue
-            if os.path.realpath(str(dist.locate_file(entry))) == target:
-                raw = base64.urlsafe_b64decode(entry.hash.value + "=" * (-len(entry.hash.value) % 4))
-                return raw.hex()
-    return None
+    found: dict[str, list[Any]] = {}
+    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        if ep.dist is not None:
+            found.setdefault(ep.value, []).append(ep.dist)
+    return found
 
 
 def _shebang(script: Path) -> str:
