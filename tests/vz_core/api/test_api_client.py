@@ -436,3 +436,33 @@ async def test_cancel_of_a_watch_and_unknown_transport(tmp_path: Path, project: 
                 stream.close()
 
         await asyncio.to_thread(run)
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_cancelling_an_exec_ends_it_as_interrupted(transport: str, tmp_path: Path, project: Path) -> None:
+    async with daemon(tmp_path) as (paths, _, _front):
+
+        def run() -> ApiError:
+            with client(paths, transport, project) as api, api.open_exec(["live"]) as call:
+                call.send(0, b"partial")
+                call.cancel()
+                with pytest.raises(ApiError) as info:
+                    while True:
+                        call.receive()
+                return info.value
+
+        error = await asyncio.to_thread(run)
+    assert (error.code, error.kind, error.exit_code) == ("CANCELLED", "interrupted", 130)
+
+
+def test_a_terminal_descriptor_never_enters_a_call(tmp_path: Path) -> None:
+    primary, secondary = os.openpty()
+    try:
+        api = Client(tmp_path / "home", autostart=False)
+        with pytest.raises(ValueError, match="is a terminal: a terminal never enters a Machine"):
+            api.open_exec(["sh"], stdio=(secondary, None, None))
+        with pytest.raises(ValueError, match="non-empty argv"):
+            api.open_exec([])
+    finally:
+        os.close(primary)
+        os.close(secondary)

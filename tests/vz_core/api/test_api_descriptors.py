@@ -192,3 +192,22 @@ def test_every_message_field_and_rpc_is_documented() -> None:
                 undocumented.append(f"{index + 1}: {line.strip()}")
     # Request messages without fields ("message X {}") are documented by the line above too.
     assert not undocumented, "\n".join(undocumented)
+
+
+def test_the_generator_refuses_a_proto_it_does_not_list(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gen_protos_under_test", ROOT / "scripts" / "gen_protos.py")
+    assert spec is not None and spec.loader is not None
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    assert gen.protos() == gen.PROTOS_LISTED  # the real tree: every .proto is generated and checked
+    fake_root = tmp_path / "protocol"
+    for name in gen.PROTOS_LISTED:
+        (fake_root / name).parent.mkdir(parents=True, exist_ok=True)
+        (fake_root / name).write_text("")
+    (fake_root / "vz" / "new" / "v1").mkdir(parents=True)
+    (fake_root / "vz" / "new" / "v1" / "new.proto").write_text("")
+    monkeypatch.setattr(gen, "PROTO_ROOT", fake_root)
+    with pytest.raises(SystemExit, match=re.escape("not listed: vz/new/v1/new.proto")):
+        gen.protos()
