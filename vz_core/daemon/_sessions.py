@@ -11,13 +11,14 @@ built-in or external, then goes: ``vz_core.trust.verify_binary`` (the file is ha
 descriptor; a changed script is refused with a message naming it, before anything runs) → the sealed copy of
 exactly those bytes is executed under the supervisor (``PR_SET_PDEATHSIG``: plugins die with the daemon, even
 a SIGKILLed one) → go-plugin handshake with AutoMTLS → health check → negotiation (Info with the recreate
-opt-in, validated; Extensions). What the checksum covers: the console script, which names the interpreter and
-the registration module it imports. The interpreter and site-packages are not hashed: they are the code the
-daemon itself runs from (its fingerprint names ``sys.executable``), so a hash of them taken by that code would
-prove nothing more than running it does. The registration module's source file is pinned and checked at
-every launch as well. A built-in declared without a console script (a Python driver package that declares
-only its factory) gets one written by the pool at start (``<VZ_HOME>/daemon/launchers/vz-driver-<name>``: this
-interpreter running the shared plugin main for that declaration), pinned and verified the same way.
+opt-in, validated; Extensions). What the checksums cover: the console script (which names the interpreter and
+the registration module it imports) and the registration module's source file, both pinned at start and
+checked at every launch. The interpreter and the rest of site-packages (the driver's own code included) are
+not hashed: they are the code the daemon itself runs from (its fingerprint names ``sys.executable``), so a
+hash of them taken by that code would prove nothing more than running it does. A built-in declared without
+a console script (a Python driver package that declares only its factory) gets one written by the pool at
+start (``<VZ_HOME>/daemon/launchers/vz-driver-<name>``: this interpreter running the shared plugin main for
+that declaration), pinned and verified the same way.
 
 Sharing. One warm ``vz_core.rpc.RemoteDriver`` per (driver name, effective options) (the options after the
 host configuration is merged in: two Machines with the same options share a plugin); concurrent calls share its
@@ -29,12 +30,17 @@ running fails with ``UnavailableError`` (the plugin's redacted stderr tail attac
 launches a new one, which finds its Machines where drivers keep them: on disk (records in their state
 directories, found by Find). Machines never depend on a plugin process staying alive.
 
-Secrets. The pool has one redactor for every plugin's stderr and error texts; it learns every secret of every
-Environment it serves (each ``acquire_driver(redactor=...)`` adds the command's secrets) and the environment
-values sent to plugins.
+External drivers (``vz driver add``) take the same path with their manifest's checksum; a driver added again
+gets a new session on the new record (the old plugin is stopped once its calls end).
+
+Secrets. The pool has one redactor (``PoolRedactor``) for every plugin's stderr and error texts; it learns
+every secret of every Environment it serves (the redactor given to ``acquire_driver``, merged again before
+every call, short secrets masked as whole tokens) and the environment values sent to plugins (from 4
+characters).
 
 States (``status()``): ``"warm"`` a plugin process runs and a call is in flight; ``"idle"`` it runs with no
-call in flight (it is stopped after the idle time); ``"stopped"`` no plugin process runs.
+call in flight (it is stopped after the idle time); ``"stopped"`` no plugin process runs; ``"refused"`` a
+built-in whose script could not be pinned (``"error"`` says why; launching it fails with that message).
 """
 
 from __future__ import annotations
