@@ -535,6 +535,7 @@ class Service:
     def _context(self, state: _CallState, request: Request, *, track: bool = False) -> Any:
         ctx = request.context()
         ctx.store_path = self._store_path
+        ctx.client_pid = state.operation.peer_pid
         state.redactor = ctx.redactor
         tracker = _Tracker(self, self._store_path) if track else None
         state.tracker = tracker

@@ -79,6 +79,8 @@ class Context:
     progress: Progress = field(default_factory=Progress)
     definition_file: Path | None = None
     store_path: Path | None = None
+    client_pid: int | None = None
+    """The process that asked for this operation when it is not this one (the vz daemon's client)."""
     redactor: Redactor = field(default_factory=_secret_redactor)
     """Every secret value of the Environments the command touches that can be resolved now (the definition's
     and the recorded Machines' secret references, read from ``environ``). Results and stored errors are cleaned
@@ -125,7 +127,11 @@ def learn_definition_secrets(ctx: Context, path: Path | None) -> None:
 # --- store, locks, interrupted operations ------------------------------------------------------------------------
 
 
-def holder(kind: str) -> str:
+def holder(kind: str, ctx: Context | None = None) -> str:
+    """Who holds a lock, as a waiter is told: the command, and the client's pid when the vz daemon runs it."""
+    client = ctx.client_pid if ctx is not None else None
+    if client is not None and client != os.getpid():
+        return f"vz {kind} (pid {client}, run by the vz daemon, pid {os.getpid()})"
     return f"vz {kind} (pid {os.getpid()})"
 
 
@@ -186,7 +192,7 @@ async def lock_environment(ctx: Context, store: Store, env: EnvironmentRecord, k
             holder=who,
         )
 
-    await lock.acquire(holder(kind), on_wait=waiting)
+    await lock.acquire(holder(kind, ctx), on_wait=waiting)
     if store.environment(env.env_id) is None:
         lock.release()
         raise ConflictError(

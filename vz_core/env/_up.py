@@ -417,7 +417,7 @@ async def up(
         store = open_store(ctx)
         op_id: str | None = None
         project_lock = FileLock(project_lock_path(definition.project_id))
-        await project_lock.acquire(holder("up"))
+        await project_lock.acquire(holder("up", ctx))
         try:
             choice = choose(ctx, store, project, environment, for_up=True)
             env = choice.environment
@@ -426,7 +426,7 @@ async def up(
                 assert choice.create_name is not None
                 env_id = new_env_id()
                 env_lock = FileLock(env_lock_path(env_id))
-                if not env_lock.try_acquire(holder("up")):
+                if not env_lock.try_acquire(holder("up", ctx)):
                     raise ConflictError(f"the lock of the new Environment {env_id} is taken; retry")
                 with store.transaction() as db:
                     store.touch_project(db, definition.project_id, str(prepared.path))

@@ -266,6 +266,7 @@ def test_two_concurrent_ups_of_one_environment_serialize_and_the_loop_stays_free
             await service.dispatch(FakeCall("Environments.Stop", {"context": context(project)}))
             monkeypatch.setattr(FakeDriver, "start", held_start)
             first = FakeCall("Environments.Up", {"context": context(project)})
+            first.peer_pid = 4242  # the client that holds the lock, as the waiter is told
             second = FakeCall("Environments.Up", {"context": context(project)})
             one = asyncio.ensure_future(service.dispatch(first))
             await until(first, lambda m: m.get("action") == "start")
@@ -283,6 +284,7 @@ def test_two_concurrent_ups_of_one_environment_serialize_and_the_loop_stays_free
     assert [s["action"] for s in two["plan"]["steps"]] == ["keep"]  # it saw what the first one did
     waiting = next(m for m in second.progress_messages() if m.get("kind") == "waiting")
     assert "waiting for another operation" in waiting["message"]
+    assert waiting["holder"] == f"vz up (pid 4242, run by the vz daemon, pid {os.getpid()})"
     assert sorted(op["method"] for op in status["operations"]) == ["Environments.Up", "Environments.Up"]
     assert status["busy"] is True
 
