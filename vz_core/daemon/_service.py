@@ -11,6 +11,13 @@ progress. Operations on one Environment serialize exactly as separate commands d
 and project file locks (``flock`` per open file description, so two calls of one process exclude each other;
 waits happen in threads, never on the loop).
 
+What still runs on the loop, and why it is short: state-store reads and writes (SQLite in WAL mode; every
+write transaction of the Environment layer and of the event log is synchronous and opened and committed
+without an await in between, so calls of this process never wait for each other's locks; only another
+process holding the database's write lock makes a call wait, up to the store's busy timeout), reading
+vz.json (the definition model is imported at start, in a thread) and the driver registry lookups. File-lock
+waits run in threads (``FileLock.acquire``), drivers are plugin processes reached over gRPC (``SessionPool``).
+
 Cancellation: a client that closes its connection, sends ``cancel`` or a ``signal`` cancels its call's task; the
 Environment layer then records the operation as interrupted (exactly what Ctrl-C did to a command) and the
 next operation explains and converges. An exec's command is killed.
