@@ -227,7 +227,9 @@ class EventLog:
                 if len(batch) == _BATCH:
                     continue
                 try:
-                    await asyncio.wait_for(wake.wait(), self.poll_interval)
+                    # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancellation that races the wake.
+                    async with asyncio.timeout(self.poll_interval):
+                        await wake.wait()
                 except TimeoutError:
                     pass  # poll: another process may have appended
         finally:

@@ -149,3 +149,21 @@ async def test_appends_of_another_process_are_seen_by_polling(db: Path) -> None:
     finally:
         writer.close()
         reader.close()
+
+
+async def test_a_cancelled_follower_ends_also_right_after_an_append(db: Path) -> None:
+    log = EventLog(db, poll_interval=30.0)
+    try:
+        for _ in range(20):
+            async def follow() -> None:
+                async for _event in log.follow(log.latest()):
+                    pass
+
+            task = asyncio.ensure_future(follow())
+            await asyncio.sleep(0)  # the follower is waiting for a wake-up
+            log.append("machine.state", None, None, {})  # wakes it...
+            task.cancel()  # ...while it is being cancelled
+            with pytest.raises(asyncio.CancelledError):
+                await asyncio.wait_for(task, 2.0)
+    finally:
+        log.close()
