@@ -740,3 +740,23 @@ def test_system_events_and_machines_watch(project: Path, events: Events) -> None
         e["kind"] == "machine.state" and e["environment_id"] == env_id for e in machine_events
     )
     assert [e["data"]["state"] for e in machine_events][-1] == "stopped"
+
+
+def test_a_terminal_session_follows_resizes_and_ends_on_a_signal(project: Path) -> None:
+    async def scenario(service: Service) -> tuple[FakeCall, dict[str, Any], dict[str, Any]]:
+        call = FakeCall(
+            "Machines.Exec",
+            {"context": context(project), "argv": ["sh", "-c", "read a; stty size; exit 0"], "tty": True},
+        )
+        await call.inbox.put({"resize": {"rows": 50, "cols": 120}})
+        await call.inbox.put((3, b"go\r"))
+        resized = await service.dispatch(call)
+        held = FakeCall("Machines.Exec", {"context": context(project), "argv": ["sh", "-c", "sleep 30"], "tty": True})
+        task = asyncio.ensure_future(service.dispatch(held))
+        await asyncio.sleep(0.3)
+        await held.inbox.put({"signal": {"name": "TERM"}})
+        return call, resized, await task
+
+    call, resized, ended = _exec_service_run(project, scenario)
+    assert resized == {"exit_code": 0, "signal": None} and b"50 120" in call.output(3)
+    assert ended == {"exit_code": 143, "signal": "SIGTERM"}
