@@ -7,13 +7,17 @@ Input is a topology plan in its JSON form (``vz_core.env`` compiles it from vz.j
 * ``attach_machine(plan, machine, netns)`` / ``detach_machine(plan, machine)``: a Machine's namespace joined to
   (or removed from) the domain through routed veth pairs;
 * ``remove_domain(environment_id)``: everything of that Environment, nothing of another;
-* ``domain_ruleset(DomainSpec.from_plan(plan))``: the nft table as text (pure).
+* ``domain_ruleset(DomainSpec.from_plan(plan))``: the nft table as text (pure);
+* ``DnsServer(plan)``: the Environment's DNS responder on each gateway (each Machine resolves only the names its
+  plan lets it see); ``dns_answer(DnsView.from_plan(plan), source, query)`` is its pure core.
 
 All of it is async (asyncio subprocesses), idempotent and keyed by the environment id.
 """
 
 from __future__ import annotations
 
+from vz_core.network._dns import DnsServer, DnsView
+from vz_core.network._dns import answer as dns_answer
 from vz_core.network._domain import (
     NETNS_DIR,
     NetworkTools,
@@ -31,6 +35,8 @@ __all__ = [
     "NETNS_DIR",
     "TABLE",
     "AttachmentSpec",
+    "DnsServer",
+    "DnsView",
     "DomainSpec",
     "ForwardSpec",
     "InputSpec",
@@ -38,6 +44,7 @@ __all__ = [
     "PlanError",
     "attach_machine",
     "detach_machine",
+    "dns_answer",
     "domain_exists",
     "domain_for",
     "domain_ruleset",
