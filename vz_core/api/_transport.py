@@ -132,12 +132,16 @@ class LocalCall:
     def _send(self, message: dict[str, Any]) -> None:
         try:
             self.connection.send(message)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the daemon ended the call already: receive() reads its final message (the reason)
         except OSError as exc:
             raise _api_error(exc) from None
 
     def send(self, stream: int, data: bytes) -> None:
         try:
             self.connection.write(stream, data)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # as in _send: the call's end is still to be read
         except OSError as exc:
             raise _api_error(exc) from None
 

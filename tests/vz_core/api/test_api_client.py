@@ -23,7 +23,7 @@ from vz_core.daemon import Daemon, DaemonPaths
 from vz_core.daemon._errors import encode_error
 from vz_core.daemon._events import EventLog
 from vz_core.daemon._grpc import GrpcFront
-from vz_core.env import Context, Progress, delete, list_volumes, status, stop, up
+from vz_core.env import Context, Progress, SelectionNotFoundError, delete, list_volumes, status, stop, up
 from vz_core.errors import NotFoundError
 
 TRANSPORTS = ["local", "grpc"]
@@ -145,6 +145,8 @@ class Dispatcher:
         argv = request["argv"]
         if argv == ["misfit"]:
             return {"exit_code": 0, "signal": None, "surprise": True}
+        if argv == ["refuse"]:  # refused before reading any input, as the service does for a bad selection
+            raise SelectionNotFoundError("project 'demo' has no Environment yet; create one with `vz up`")
         stdio = request["stdio"]
         fds = list(call.fds)
         in_fd = fds.pop(0) if stdio[0] else None
@@ -466,3 +468,19 @@ def test_a_terminal_descriptor_never_enters_a_call(tmp_path: Path) -> None:
     finally:
         os.close(primary)
         os.close(secondary)
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_an_exec_refused_at_once_reports_the_reason_not_a_broken_pipe(
+    transport: str, tmp_path: Path, project: Path
+) -> None:
+    async with daemon(tmp_path) as (paths, _, _front):
+
+        def run() -> ApiError:
+            with client(paths, transport, project) as api:
+                with pytest.raises(ApiError) as info:
+                    api.exec(["refuse"], stdin=b"x" * (4 << 20))  # more than the socket buffers hold
+                return info.value
+
+        error = await asyncio.to_thread(run)
+    assert (error.code, error.exit_code) == ("NOT_FOUND", 3) and "no Environment" in error.message
