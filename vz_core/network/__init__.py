@@ -9,7 +9,9 @@ Input is a topology plan in its JSON form (``vz_core.env`` compiles it from vz.j
 * ``remove_domain(environment_id)``: everything of that Environment, nothing of another;
 * ``domain_ruleset(DomainSpec.from_plan(plan))``: the nft table as text (pure);
 * ``DnsServer(plan)``: the Environment's DNS responder on each gateway (each Machine resolves only the names its
-  plan lets it see); ``dns_answer(DnsView.from_plan(plan), source, query)`` is its pure core.
+  plan lets it see); ``dns_answer(DnsView.from_plan(plan), source, query)`` is its pure core;
+* ``ExportListener(plan, machine, service)`` / ``ImportRelay(plan, index)``: TCP relays between 127.0.0.1 on the
+  host and a Machine's service (export), or a Machine's gateway port and a host loopback port (import).
 
 All of it is async (asyncio subprocesses), idempotent and keyed by the environment id.
 """
@@ -28,6 +30,7 @@ from vz_core.network._domain import (
     list_domains,
     remove_domain,
 )
+from vz_core.network._relay import ExportListener, ImportRelay
 from vz_core.network._rules import TABLE, domain_ruleset
 from vz_core.network._spec import AttachmentSpec, DomainSpec, ForwardSpec, InputSpec, PlanError, domain_for
 
@@ -38,7 +41,9 @@ __all__ = [
     "DnsServer",
     "DnsView",
     "DomainSpec",
+    "ExportListener",
     "ForwardSpec",
+    "ImportRelay",
     "InputSpec",
     "NetworkTools",
     "PlanError",

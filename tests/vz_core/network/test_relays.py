@@ -1,0 +1,194 @@
+"""Exports on 127.0.0.1 and import relays, for real: two Environments of one project, Machines as test namespaces.
+
+Host-side traffic stays on loopback; everything else is in namespaces the test creates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+from netns_kit import Namespaces, in_netns
+
+from vz_core.env._definition import parse_definition
+from vz_core.env._topology import TopologyPlan, compile_topology
+from vz_core.errors import UnavailableError
+from vz_core.network import ExportListener, ImportRelay, PlanError, attach_machine, ensure_domain, remove_domain
+
+pytestmark = [pytest.mark.root]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _definition(export_port: int, host_port: int) -> dict[str, Any]:
+    m = {"profile": "developer", "driver": "fake", "image": "vz:default"}
+    return {
+        "version": 2,
+        "project_id": "shop",
+        "machines": [
+            {"name": "app", **m, "services": [{"name": "http", "port": 8080}]},
+            {"name": "db", **m, "services": [{"name": "pg", "port": 5432}]},
+        ],
+        "paths": [{"from": "app", "to": "db", "service": "pg"}],
+        "exports": [{"machine": "app", "service": "http", "host_port": export_port}],
+        "imports": [{"machine": "app", "host_port": host_port, "port": 7000}],
+    }
+
+
+async def _serve_in(netns: str, address: str, port: int, reply: bytes) -> tuple[asyncio.Server, list[int]]:
+    """A TCP server inside a namespace answering ``reply`` and counting connections."""
+    count = [0]
+
+    def make() -> socket.socket:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((address, port))
+        sock.listen(16)
+        sock.setblocking(False)
+        return sock
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        count[0] += 1
+        writer.write(reply + b" " + writer.get_extra_info("peername")[0].encode())
+        await writer.drain()
+        writer.close()
+
+    sock = await asyncio.to_thread(in_netns, netns, make)
+    return await asyncio.start_server(handle, sock=sock), count
+
+
+def _fetch_from(netns: str | None, address: str, port: int) -> bytes | None:
+    sock = in_netns(netns, socket.socket) if netns else socket.socket()
+    sock.settimeout(3)
+    try:
+        sock.connect((address, port))
+        data = b""
+        while part := sock.recv(4096):
+            data += part
+        return data
+    except OSError:
+        return None
+    finally:
+        sock.close()
+
+
+async def _build(
+    spaces: Namespaces, env_id: str, data: dict[str, Any], label: str
+) -> tuple[TopologyPlan, dict[str, str]]:
+    plan = compile_topology(parse_definition(data), env_id)
+    await ensure_domain(plan.to_json())
+    netns = {}
+    for m in plan.machines:
+        netns[m.name] = spaces.add(f"{label}-{m.name}")
+        await attach_machine(plan.to_json(), m.name, netns[m.name])
+    return plan, netns
+
+
+async def _closing(*items: Any, done: Callable[[], Awaitable[None]]) -> None:
+    for item in items:
+        if isinstance(item, asyncio.Server):
+            item.close()
+            await item.wait_closed()
+        else:
+            await item.close()
+    await done()
+
+
+async def test_two_environments_export_the_same_port_on_loopback_only(
+    namespaces: Namespaces, env_ids: list[str]
+) -> None:
+    preferred = _free_port()
+    data = _definition(preferred, _free_port())
+    opened: list[Any] = []
+    try:
+        envs = [await _build(namespaces, env_id, data, label) for env_id, label in zip(env_ids, "ab", strict=True)]
+        listeners = []
+        for i, (plan, netns) in enumerate(envs):
+            app = plan.machine("app").attachments[0]
+            server, _ = await _serve_in(netns["app"], app.address, 8080, f"env{i}".encode())
+            opened.append(server)
+            export = ExportListener(plan.to_json(), "app", "http")
+            opened.append(export)
+            await export.start()
+            listeners.append(export)
+        first, second = listeners
+        assert first.port == preferred  # the declared preference, free: taken by the first Environment
+        assert second.port != preferred and second.port in envs[1][0].exports[0].host_ports[1:]
+        gateway = envs[0][0].machine("app").attachments[0].gateway
+        for i, export in enumerate(listeners):
+            assert [s.getsockname()[0] for s in export._servers[0].sockets] == ["127.0.0.1"]
+            assert export.port is not None
+            got = await asyncio.to_thread(_fetch_from, None, "127.0.0.1", export.port)
+            assert got == f"env{i} {gateway}".encode()  # the Machine sees its gateway as the peer
+        # Stable: closed and reopened, the first Environment gets its port again (it is free).
+        await first.close()
+        again = ExportListener(envs[0][0].to_json(), "app", "http")
+        opened.append(again)
+        assert await again.start() == preferred
+        # Every candidate taken: a clear refusal, not a wildcard or random port.
+        blockers = []
+        try:
+            for port in envs[1][0].exports[0].host_ports:
+                sock = socket.socket()
+                try:
+                    sock.bind(("127.0.0.1", port))
+                except OSError:
+                    sock.close()
+                    continue
+                blockers.append(sock)
+            with pytest.raises(UnavailableError, match="every host port of this export is taken"):
+                await ExportListener(envs[1][0].to_json(), "app", "http").start()
+        finally:
+            for sock in blockers:
+                sock.close()
+    finally:
+        await _closing(*opened, done=lambda: _remove(env_ids))
+
+
+async def _remove(env_ids: list[str]) -> None:
+    for env_id in env_ids:
+        await remove_domain(env_id)
+
+
+async def test_an_import_reaches_the_host_port_only_from_the_declaring_machine(
+    namespaces: Namespaces, env_ids: list[str]
+) -> None:
+    host_port = _free_port()
+    data = _definition(_free_port(), host_port)
+    hits = [0]
+
+    async def host_service(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        hits[0] += 1
+        writer.write(b"from the host")
+        await writer.drain()
+        writer.close()
+
+    host = await asyncio.start_server(host_service, "127.0.0.1", host_port)
+    opened: list[Any] = [host]
+    try:
+        shop, shop_ns = await _build(namespaces, env_ids[0], data, "a")
+        other = dict(data, imports=[])
+        blog, blog_ns = await _build(namespaces, env_ids[1], other, "b")
+        relay = ImportRelay(shop.to_json(), 0)
+        opened.append(relay)
+        await relay.start()
+        gateway = shop.imports[0].relay_addresses[0]
+        assert gateway == blog.machine("app").attachments[0].gateway  # the other Environment: same address
+        got = await asyncio.to_thread(_fetch_from, shop_ns["app"], gateway, 7000)
+        assert (got, hits[0]) == (b"from the host", 1)
+        for netns in (shop_ns["db"], blog_ns["app"], blog_ns["db"]):
+            assert await asyncio.to_thread(_fetch_from, netns, gateway, 7000) is None
+        # Only the declared Machine-side port: the host port itself is not reachable through the gateway.
+        assert await asyncio.to_thread(_fetch_from, shop_ns["app"], gateway, host_port) is None
+        assert hits[0] == 1
+        with pytest.raises(PlanError, match="no such import"):
+            ImportRelay(blog.to_json(), 0)
+    finally:
+        await _closing(*opened, done=lambda: _remove(env_ids))

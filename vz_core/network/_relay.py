@@ -1,0 +1,214 @@
+"""Export listeners and import relays (TCP): the only ways between the host and a route domain.
+
+* ``ExportListener(plan, machine, service)``: listens on 127.0.0.1 (never a wildcard or LAN address) at the
+  first free port of the export's ``host_ports`` (the declared preference first, then the Environment's stable
+  fallbacks) and relays every connection to the Machine's service, connecting from a socket made inside the
+  route domain (the domain's own traffic: no path or egress rule is involved, and the Machine sees the gateway
+  as the peer).
+* ``ImportRelay(plan, index)``: listens inside the route domain on the importing Machine's gateway(s) at the
+  import's Machine-side port (the domain's nft ``local`` set admits only that Machine's interface and address),
+  checks the peer again, and relays to the declared host loopback address and port.
+
+Both are asyncio servers in the calling process (the daemon will own them): ``await start()``, ``await
+close()`` (closes the listeners and every relayed connection). UDP exports/imports are not relayed yet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import ipaddress
+import socket
+from collections.abc import Mapping
+from typing import Any
+
+from vz_core.errors import UnavailableError, UnsupportedError
+from vz_core.network._dns import in_namespace
+from vz_core.network._spec import DomainSpec, PlanError
+
+__all__ = ["ExportListener", "ImportRelay"]
+
+_CHUNK = 64 * 1024
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while data := await reader.read(_CHUNK):
+            writer.write(data)
+            await writer.drain()
+        if writer.can_write_eof():
+            writer.write_eof()
+    except (ConnectionError, OSError):
+        pass
+
+
+class _Relay:
+    def __init__(self) -> None:
+        self._servers: list[asyncio.Server] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def _join(
+        self, down_r: asyncio.StreamReader, down_w: asyncio.StreamWriter, up: tuple[Any, Any] | None
+    ) -> None:
+        if up is None:
+            down_w.close()
+            return
+        up_r, up_w = up
+        try:
+            await asyncio.gather(_pipe(down_r, up_w), _pipe(up_r, down_w))
+        finally:
+            for w in (up_w, down_w):
+                w.close()
+                with contextlib.suppress(ConnectionError, OSError):
+                    await w.wait_closed()
+
+    def _track(self, task: asyncio.Task[None]) -> None:
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def close(self) -> None:
+        for server in self._servers:
+            server.close()
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for server in self._servers:
+            await server.wait_closed()
+        self._servers.clear()
+
+
+def _find(plan: Mapping[str, Any], key: str, index_of: Any) -> Mapping[str, Any]:
+    items = plan.get(key)
+    if not isinstance(items, list):
+        raise PlanError(f"$.{key}: expected a list")
+    for item in items:
+        if isinstance(item, Mapping) and index_of(item):
+            return item
+    raise PlanError(f"$.{key}: no such entry in the plan")
+
+
+class ExportListener(_Relay):
+    """One export: 127.0.0.1:<port> on the host → the Machine's service inside the route domain."""
+
+    def __init__(self, plan: Mapping[str, Any], machine: str, service: str) -> None:
+        super().__init__()
+        spec = DomainSpec.from_plan(plan)
+        item = _find(plan, "exports", lambda e: e.get("machine") == machine and e.get("service") == service)
+        if item.get("protocol") != "tcp":
+            raise UnsupportedError(f"export {machine} {service}: only TCP exports are relayed so far")
+        addresses = {str(a.address) for a in spec.machine(machine)}
+        self.target = str(item.get("machine_address"))
+        if self.target not in addresses:
+            raise PlanError(f"$.exports: {self.target!r} is not an address of {machine}")
+        port = item.get("port")
+        ports = item.get("host_ports")
+        if not isinstance(port, int) or not isinstance(ports, list) or not ports:
+            raise PlanError(f"$.exports: {machine} {service} has no port or host_ports")
+        if item.get("host_address") != "127.0.0.1":
+            raise PlanError("$.exports: an export listens on 127.0.0.1 only")
+        self.target_port = port
+        self.candidates = [p for p in ports if isinstance(p, int) and 1 <= p <= 65535]
+        self.domain_path = f"/run/netns/{spec.name}"
+        self.port: int | None = None
+
+    async def start(self) -> int:
+        """Listen on the first free candidate port; returns it (UnavailableError when every one is taken)."""
+        for candidate in self.candidates:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            # Linux never lets two listeners share the port with SO_REUSEADDR alone; it only lets the listener
+            # come back while old connections of its port linger in TIME_WAIT (the port stays stable).
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind(("127.0.0.1", candidate))
+            except OSError as exc:
+                sock.close()
+                if exc.errno in (errno.EADDRINUSE, errno.EACCES):
+                    continue
+                raise
+            sock.listen(64)
+            sock.setblocking(False)
+            self._servers.append(await asyncio.start_server(self._accept, sock=sock))
+            self.port = candidate
+            return candidate
+        raise UnavailableError(
+            f"every host port of this export is taken on 127.0.0.1 ({', '.join(map(str, self.candidates))})"
+        )
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._track(task)
+        up: tuple[Any, Any] | None = None
+        sock = await asyncio.to_thread(in_namespace, self.domain_path, socket.socket)
+        sock.setblocking(False)
+        try:
+            await asyncio.wait_for(asyncio.get_running_loop().sock_connect(sock, (self.target, self.target_port)), 10)
+            up = await asyncio.open_connection(sock=sock)
+        except (OSError, TimeoutError):
+            sock.close()
+        await self._join(reader, writer, up)
+
+
+class ImportRelay(_Relay):
+    """One import: the Machine's gateway:port inside the route domain → host loopback address:port."""
+
+    def __init__(self, plan: Mapping[str, Any], index: int) -> None:
+        super().__init__()
+        spec = DomainSpec.from_plan(plan)
+        items = plan.get("imports")
+        if not isinstance(items, list) or not 0 <= index < len(items) or not isinstance(items[index], Mapping):
+            raise PlanError(f"$.imports[{index}]: no such import in the plan")
+        item = items[index]
+        where = f"$.imports[{index}]"
+        if item.get("protocol") != "tcp":
+            raise UnsupportedError(f"{where}: only TCP imports are relayed so far")
+        try:
+            host = ipaddress.ip_address(item.get("host_address"))
+        except ValueError:
+            raise PlanError(f"{where}.host_address: not an IP address") from None
+        if not host.is_loopback:
+            raise PlanError(f"{where}.host_address: {host} is not a loopback address")
+        host_port, port = item.get("host_port"), item.get("port")
+        if not isinstance(host_port, int) or not isinstance(port, int):
+            raise PlanError(f"{where}: host_port and port are integers")
+        attachments = spec.machine(str(item.get("machine")))
+        self.allowed = {str(a.address) for a in attachments}
+        self.listen_on = sorted({str(a.gateway) for a in attachments})
+        self.host = (str(host), host_port)
+        self.port = port
+        self.domain_path = f"/run/netns/{spec.name}"
+
+    def _sockets(self) -> list[socket.socket]:
+        out: list[socket.socket] = []
+        try:
+            for address in self.listen_on:
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                out.append(sock)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.bind((address, self.port))
+                sock.listen(64)
+                sock.setblocking(False)
+        except BaseException:
+            for sock in out:
+                sock.close()
+            raise
+        return out
+
+    async def start(self) -> None:
+        sockets = await asyncio.to_thread(in_namespace, self.domain_path, self._sockets)
+        for sock in sockets:
+            self._servers.append(await asyncio.start_server(self._accept, sock=sock))
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._track(task)
+        peer = writer.get_extra_info("peername")
+        up: tuple[Any, Any] | None = None
+        if peer and peer[0] in self.allowed:  # the nft input rule already says so; the relay checks again
+            with contextlib.suppress(OSError, TimeoutError):
+                up = await asyncio.wait_for(asyncio.open_connection(*self.host), 10)
+        await self._join(reader, writer, up)
