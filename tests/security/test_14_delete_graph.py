@@ -127,6 +127,7 @@ def test_delete_reports_what_it_removed_and_keeps_the_sibling(graph: tuple[Vz, P
 def test_delete_leaves_nothing_of_the_environment_on_disk(graph: tuple[Vz, Path, Path, dict[str, str]]) -> None:
     vz, a, _, ids = graph
     vz("delete", cwd=a)
+    vz("daemon", "stop", cwd=a)  # the daemon's state database is checkpointed and closed (no -wal left)
     assert mentioning(vz.home, ids["default"]) == []  # a kept volume's data lives under this test's VZ_HOME
 
 
