@@ -159,22 +159,6 @@ def method(name: str) -> MethodSpec:
 
 # --- errors ------------------------------------------------------------------------------------------------
 
-_GRPC_CODE_OF_CATEGORY = {
-    "UNKNOWN": "UNKNOWN",
-    "NOT_FOUND": "NOT_FOUND",
-    "ALREADY_EXISTS": "ALREADY_EXISTS",
-    "INVALID_ARGUMENT": "INVALID_ARGUMENT",
-    "UNSUPPORTED": "UNIMPLEMENTED",
-    "UNAVAILABLE": "UNAVAILABLE",
-    "FAILED_PRECONDITION": "FAILED_PRECONDITION",
-    "PERMISSION_DENIED": "PERMISSION_DENIED",
-    "TIMEOUT": "DEADLINE_EXCEEDED",
-    "CANCELLED": "CANCELLED",
-    "RUNTIME_FAILURE": "INTERNAL",
-    "INCOMPATIBLE_VERSION": "FAILED_PRECONDITION",
-}
-
-
 def grpc_code_name(code: str) -> str:
     """The gRPC status code name of an error code name (PROTOCOL.md's table; UNKNOWN for anything else)."""
     from vz_core.errors import CATEGORY_TABLE
@@ -182,7 +166,7 @@ def grpc_code_name(code: str) -> str:
     for cls in CATEGORY_TABLE:
         if cls.category.name == code:
             return cls.category.grpc_code_name
-    return _GRPC_CODE_OF_CATEGORY.get(code, "UNKNOWN")
+    return "UNKNOWN"
 
 
 def _runtime_error_of(error: Mapping[str, Any]) -> runtime_pb2.RuntimeError:
@@ -236,20 +220,23 @@ def error_from_status_details(raw: bytes | None, code_name: str, message: str) -
             if detail.type_url == RUNTIME_ERROR_TYPE_URL:
                 runtime = runtime_pb2.RuntimeError()
                 detail.Unpack(runtime)
-    category = {v: k for k, v in reversed(_GRPC_CODE_OF_CATEGORY.items())}.get(code_name, "UNKNOWN")
+    import grpc
+
+    from vz_core.daemon import classify_error
+    from vz_core.errors import error_class_for_code, error_class_for_grpc
+
     if runtime is not None:
-        category = runtime_pb2.RuntimeErrorCode.Name(runtime.code).removeprefix("RUNTIME_ERROR_CODE_")
-    exit_code, kind = (3, "not_found") if category == "NOT_FOUND" else (1, "backend_failure")
-    if category == "CANCELLED":
-        exit_code, kind = 130, "interrupted"
-    elif category in ("INVALID_ARGUMENT", "UNSUPPORTED", "FAILED_PRECONDITION"):
-        exit_code, kind = 2, "user_error"
-    elif category == "ALREADY_EXISTS":
-        exit_code, kind = 4, "conflict"
+        cls = error_class_for_code(runtime.code)
+    else:
+        cls = error_class_for_grpc(getattr(grpc.StatusCode, code_name, grpc.StatusCode.UNKNOWN))
+    text = (runtime.message if runtime is not None and runtime.message else message) or (
+        f"the vz daemon's gRPC call failed with {code_name}"
+    )
+    exit_code, kind = classify_error(cls(text))  # the CLI's one exit-code table
+    category = cls.category.name
     return {
         "code": category,
-        "message": (runtime.message if runtime is not None and runtime.message else message)
-        or f"the vz daemon's gRPC call failed with {code_name}",
+        "message": text,
         "kind": kind,
         "exit_code": exit_code,
         "details": None if runtime is None else to_wire(runtime),
