@@ -760,3 +760,29 @@ def test_a_terminal_session_follows_resizes_and_ends_on_a_signal(project: Path) 
     call, resized, ended = _exec_service_run(project, scenario)
     assert resized == {"exit_code": 0, "signal": None} and b"50 120" in call.output(3)
     assert ended == {"exit_code": 143, "signal": "SIGTERM"}
+
+
+def test_followed_logs_send_what_is_added_until_the_machine_stops(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from vz_conformance.fake._driver import FakeDriver
+
+    fetched: list[int] = []
+    real_find = FakeDriver.find
+
+    async def logs(self: FakeDriver, workspace_id: str) -> Any:
+        fetched.append(1)
+        for number in range(len(fetched)):
+            yield f"line {number}\n".encode()
+
+    async def find(self: FakeDriver, workspace_id: str) -> Any:
+        return None if len(fetched) >= 3 else await real_find(self, workspace_id)
+
+    async def scenario(service: Service) -> tuple[FakeCall, dict[str, Any]]:
+        monkeypatch.setattr(FakeDriver, "logs", logs)
+        monkeypatch.setattr(FakeDriver, "find", find)
+        call = FakeCall("Machines.Logs", {"context": context(project), "follow": True})
+        return call, await service.dispatch(call)
+
+    call, result = _exec_service_run(project, scenario)
+    assert result == {} and call.output(1) == b"line 0\nline 1\nline 2\n" and len(fetched) == 3
