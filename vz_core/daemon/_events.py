@@ -71,17 +71,31 @@ class EventLog:
     ) -> None:
         if retention < 1:
             raise ValueError(f"retention must keep at least one event, not {retention}")
-        # Opening the store creates or migrates the database (migration 3 adds the events table).
-        with Store(path) as store:
-            self.path = store.path
+        self.path = path
+        """The state database (None until first use: the store's default path)."""
         self.retention = retention
         self.poll_interval = poll_interval
-        self._db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None, check_same_thread=False)
-        self._db.row_factory = sqlite3.Row
+        self._db: sqlite3.Connection | None = None
         self._lock = threading.Lock()
         self._appends = 0
         self._waiters: set[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = set()
         self._closed = False
+
+    def _open(self) -> sqlite3.Connection:
+        """The connection, opened on first use (the lock is held). Opening goes through the store, which creates
+        or migrates the database (migration 3 adds the events table) and refuses an unusable one with its own
+        StoreError; the next use tries again, so a daemon started beside a damaged database serves every call
+        (each failing with the store's error) and has events once the database is usable."""
+        if self._db is not None:
+            return self._db
+        if self._closed:
+            raise StoreError("the event log is closed")
+        with Store(self.path) as store:
+            self.path = store.path
+        db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None, check_same_thread=False)
+        db.row_factory = sqlite3.Row
+        self._db = db
+        return db
 
     def _error(self, exc: sqlite3.Error) -> StoreError:
         return StoreError(f"the event log in the state database {self.path} is unusable: {exc}")
@@ -100,20 +114,21 @@ class EventLog:
             raise ValueError("an event needs a kind")
         payload = json.dumps(dict(data or {}), separators=(",", ":"), default=str)
         with self._lock:
+            db = self._open()
             try:
-                self._db.execute("BEGIN IMMEDIATE")
+                db.execute("BEGIN IMMEDIATE")
                 try:
-                    cursor = self._db.execute(
+                    cursor = db.execute(
                         "INSERT INTO events (time, kind, environment_id, machine_id, data) VALUES (?, ?, ?, ?, ?)",
                         (event_time(), kind, environment_id, machine_id, payload),
                     )
                     revision = int(cursor.lastrowid or 0)
                     self._appends += 1
                     if self._appends % _PRUNE_EVERY == 0 or self._appends == 1:
-                        self._db.execute("DELETE FROM events WHERE revision <= ?", (revision - self.retention,))
-                    self._db.execute("COMMIT")
+                        db.execute("DELETE FROM events WHERE revision <= ?", (revision - self.retention,))
+                    db.execute("COMMIT")
                 except BaseException:
-                    self._db.execute("ROLLBACK")
+                    db.execute("ROLLBACK")
                     raise
             except sqlite3.Error as exc:
                 raise self._error(exc) from None
@@ -132,7 +147,7 @@ class EventLog:
         with self._lock:
             try:
                 latest = self._latest()
-                cursor = self._db.execute("DELETE FROM events WHERE revision <= ?", (latest - self.retention,))
+                cursor = self._open().execute("DELETE FROM events WHERE revision <= ?", (latest - self.retention,))
             except sqlite3.Error as exc:
                 raise self._error(exc) from None
         return cursor.rowcount
@@ -141,7 +156,7 @@ class EventLog:
 
     def _latest(self) -> int:
         # The sequence, not MAX(revision): the last number handed out, even when its row was dropped.
-        row = self._db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'events'").fetchone()
+        row = self._open().execute("SELECT seq FROM sqlite_sequence WHERE name = 'events'").fetchone()
         return int(row[0]) if row is not None else 0
 
     def latest(self) -> int:
@@ -156,7 +171,7 @@ class EventLog:
         """The oldest revision still kept, or 0 when the log is empty."""
         with self._lock:
             try:
-                row = self._db.execute("SELECT MIN(revision) FROM events").fetchone()
+                row = self._open().execute("SELECT MIN(revision) FROM events").fetchone()
             except sqlite3.Error as exc:
                 raise self._error(exc) from None
         return int(row[0]) if row is not None and row[0] is not None else 0
@@ -165,11 +180,15 @@ class EventLog:
         """Up to ``limit`` events with a revision above ``revision``, oldest first."""
         with self._lock:
             try:
-                rows = self._db.execute(
-                    "SELECT revision, time, kind, environment_id, machine_id, data FROM events "
-                    "WHERE revision > ? ORDER BY revision LIMIT ?",
-                    (revision, limit),
-                ).fetchall()
+                rows = (
+                    self._open()
+                    .execute(
+                        "SELECT revision, time, kind, environment_id, machine_id, data FROM events "
+                        "WHERE revision > ? ORDER BY revision LIMIT ?",
+                        (revision, limit),
+                    )
+                    .fetchall()
+                )
             except sqlite3.Error as exc:
                 raise self._error(exc) from None
         return [_row(r) for r in rows]
@@ -240,4 +259,6 @@ class EventLog:
         self._closed = True
         self._wake()
         with self._lock:
-            self._db.close()
+            if self._db is not None:
+                self._db.close()
+                self._db = None

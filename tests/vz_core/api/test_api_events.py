@@ -155,6 +155,7 @@ async def test_a_cancelled_follower_ends_also_right_after_an_append(db: Path) ->
     log = EventLog(db, poll_interval=30.0)
     try:
         for _ in range(20):
+
             async def follow() -> None:
                 async for _event in log.follow(log.latest()):
                     pass
@@ -165,5 +166,21 @@ async def test_a_cancelled_follower_ends_also_right_after_an_append(db: Path) ->
             task.cancel()  # ...while it is being cancelled
             with pytest.raises(asyncio.CancelledError):
                 await asyncio.wait_for(task, 2.0)
+    finally:
+        log.close()
+
+
+def test_an_unusable_database_fails_each_use_not_the_construction(db: Path) -> None:
+    from vz_core.env import StoreError
+
+    db.write_bytes(b"")  # an empty state.db: the store refuses it (it never starts a new one over it)
+    log = EventLog(db)  # the daemon starts anyway: every call then fails with the store's own error
+    try:
+        with pytest.raises(StoreError, match="is empty"):
+            log.append("machine.state")
+        with pytest.raises(StoreError, match="is empty"):
+            log.since(0)
+        db.unlink()  # once the database is usable again, the log works (nothing was cached)
+        assert log.append("machine.state") == 1
     finally:
         log.close()
