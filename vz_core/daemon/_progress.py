@@ -45,8 +45,6 @@ class CallProgress(Progress):
         self._queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
         self._pump: asyncio.Task[None] | None = None
         self._failed: BaseException | None = None
-        self.sent: list[dict[str, Any]] = []
-        """Every message sent, redacted (kept for the daemon's own accounting; bounded by the operation)."""
 
     def start(self) -> None:
         if self._pump is None:
@@ -64,7 +62,6 @@ class CallProgress(Progress):
                 await self._send(data)
             except Exception as exc:
                 self._failed = exc
-            self.sent.append(data)
 
     def _emit(self, message: dict[str, Any]) -> None:
         if self._listener is not None:
