@@ -119,3 +119,29 @@ async def test_the_real_service_over_both_transports(transport: str, tmp_path: P
     assert [e.revision for e in got["events"]] == sorted(e.revision for e in got["events"])
     assert (got["error"].code, got["error"].exit_code, got["error"].kind) == ("NOT_FOUND", 3, "not_found")
     assert got["stop"].environment.state == "stopped" and got["delete"].environment.state == "deleted"
+
+
+@pytest.mark.parametrize("transport", ["local", "grpc"])
+async def test_a_terminal_session_over_both_transports(transport: str, tmp_path: Path, project: Path) -> None:
+    async with daemon(tmp_path / "home") as paths:
+
+        def run() -> tuple[bytes, Any]:
+            context: dict[str, Any] = {"cwd": str(project), "environ": {}, "definition_file": None}
+            with Client(paths.home, autostart=False, transport=transport, context=context) as client:
+                client.up().result()
+                output = bytearray()
+                script = "stty size; read line; echo got:$line; exit 2"
+                with client.open_exec(["sh", "-c", script], tty=True, rows=30, cols=100, term="xterm") as call:
+                    call.resize(31, 101)
+                    call.send(3, b"typed\r")
+                    while True:
+                        message = call.receive()
+                        if message[0] == "result":
+                            client.delete().result()
+                            return bytes(output), message[1]
+                        assert message[1] == 3  # a terminal has one stream
+                        output.extend(message[2])
+
+        output, result = await asyncio.to_thread(run)
+    assert result == {"exit_code": 2, "signal": None}
+    assert b"got:typed" in output and (b"30 100" in output or b"31 101" in output)
