@@ -2,8 +2,8 @@
 
 Input is a topology plan in its JSON form (``vz_core.env`` compiles it from vz.json and the environment id).
 
-* ``ensure_domain(plan)``: the Environment's own network namespace ``vzd-<id>``, its sysctls and its nft table
-  (deny first; exactly the declared paths forwarded);
+* ``ensure_domain(plan, uplink=None)``: the Environment's own network namespace ``vzd-<id>``, its sysctls and its
+  nft table (deny first; exactly the declared paths forwarded; egress per Machine through the uplink, if any);
 * ``attach_machine(plan, machine, netns)`` / ``detach_machine(plan, machine)``: a Machine's namespace joined to
   (or removed from) the domain through routed veth pairs;
 * ``remove_domain(environment_id)``: everything of that Environment, nothing of another;
@@ -23,12 +23,14 @@ from vz_core.network._dns import answer as dns_answer
 from vz_core.network._domain import (
     NETNS_DIR,
     NetworkTools,
+    Uplink,
     attach_machine,
     detach_machine,
     domain_exists,
     ensure_domain,
     list_domains,
     remove_domain,
+    uplink_name,
 )
 from vz_core.network._relay import ExportListener, ImportRelay
 from vz_core.network._rules import TABLE, domain_ruleset
@@ -47,6 +49,7 @@ __all__ = [
     "InputSpec",
     "NetworkTools",
     "PlanError",
+    "Uplink",
     "attach_machine",
     "detach_machine",
     "dns_answer",
@@ -56,4 +59,5 @@ __all__ = [
     "ensure_domain",
     "list_domains",
     "remove_domain",
+    "uplink_name",
 ]

@@ -20,6 +20,7 @@ All functions are idempotent. Needs root, ``ip`` (iproute2), ``nft`` (nftables) 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import os
 import shutil
@@ -30,18 +31,20 @@ from pathlib import Path
 from typing import Any
 
 from vz_core.errors import FailedPreconditionError, InvalidArgumentError, RuntimeFailureError, UnavailableError
-from vz_core.network._rules import TABLE, replace_script
+from vz_core.network._rules import TABLE, UPLINK, replace_script
 from vz_core.network._spec import DOMAIN_RE, AttachmentSpec, DomainSpec, domain_for
 
 __all__ = [
     "NETNS_DIR",
     "NetworkTools",
+    "Uplink",
     "attach_machine",
     "detach_machine",
     "domain_exists",
     "ensure_domain",
     "list_domains",
     "remove_domain",
+    "uplink_name",
 ]
 
 NETNS_DIR = Path("/run/netns")
@@ -114,6 +117,35 @@ def list_domains() -> list[str]:
     return sorted(n for n in names if DOMAIN_RE.fullmatch(n))
 
 
+@dataclass(frozen=True)
+class Uplink:
+    """Where a route domain's egress leaves: a veth pair to an upstream namespace (the host's, in service).
+
+    ``network`` is a small network private to this Environment on the upstream side (e.g. a /30 the daemon
+    allocates per Environment); the domain end takes ``domain_address``, the upstream end (``vzu<id12>``)
+    ``upstream_address``. The domain masquerades Machine traffic behind its address; the upstream side is
+    responsible for what happens after (the host's forwarding and NAT: docs/network.md)."""
+
+    upstream_netns: str
+    network: ipaddress.IPv4Network
+    domain_address: ipaddress.IPv4Address
+    upstream_address: ipaddress.IPv4Address
+
+    @classmethod
+    def of(cls, upstream_netns: str, network: str) -> Uplink:
+        """The uplink on ``network`` (a /30 or larger): upstream end its first host, the domain end its second."""
+        net = ipaddress.IPv4Network(network)
+        hosts = list(net.hosts())[:2]
+        if len(hosts) < 2:
+            raise InvalidArgumentError(f"an uplink network needs two host addresses, {net} has {len(hosts)}")
+        return cls(upstream_netns, net, hosts[1], hosts[0])
+
+
+def uplink_name(environment_id: str) -> str:
+    """The upstream end of an Environment's uplink: ``vzu`` + the id's 12 characters (15: an ifname fits)."""
+    return "vzu" + domain_for(environment_id)[4:]
+
+
 class _Domain:
     def __init__(self, tools: NetworkTools, name: str) -> None:
         self.tools = tools
@@ -132,7 +164,9 @@ class _Domain:
         return [d for d in data if isinstance(d, dict)]
 
 
-async def ensure_domain(plan: Mapping[str, Any], *, tools: NetworkTools | None = None) -> DomainSpec:
+async def ensure_domain(
+    plan: Mapping[str, Any], *, uplink: Uplink | None = None, tools: NetworkTools | None = None
+) -> DomainSpec:
     """Create or converge the Environment's route domain from its topology plan (JSON form).
 
     The plan is checked whole before anything is touched. Afterwards the namespace exists with the domain
@@ -153,13 +187,66 @@ async def ensure_domain(plan: Mapping[str, Any], *, tools: NetworkTools | None =
         what=f"sysctls of {spec.name}",
     )
     await _run(domain.inside(tools.ip, "link", "set", "lo", "up"), what=f"loopback of {spec.name}")
-    await _run(domain.inside(tools.nft, "-f", "-"), replace_script(spec).encode(), what=f"nft table of {spec.name}")
-    wanted = {a.domain_ifname for a in spec.attachments}
+    script = replace_script(spec, uplink.network if uplink is not None else None)
+    await _run(domain.inside(tools.nft, "-f", "-"), script.encode(), what=f"nft table of {spec.name}")
+    if uplink is not None:
+        await _ensure_uplink(domain, spec, uplink)
+    wanted = {a.domain_ifname for a in spec.attachments} | ({UPLINK} if uplink is not None else set())
     for link in await domain.links():
         ifname = link.get("ifname")
         if link.get("link_type") != "loopback" and isinstance(ifname, str) and ifname not in wanted:
             await _delete_link(domain, ifname)
     return spec
+
+
+async def _ensure_uplink(domain: _Domain, spec: DomainSpec, uplink: Uplink) -> None:
+    tools = domain.tools
+    upstream = uplink_name(spec.environment_id)
+    inner = await _link(tools, domain.path, UPLINK)
+    outer = await _link(tools, uplink.upstream_netns, upstream)
+    paired = (
+        inner is not None
+        and outer is not None
+        and inner.get("link_index") == outer.get("ifindex")
+        and outer.get("link_index") == inner.get("ifindex")
+    )
+    if not paired:
+        if inner is not None:
+            await _delete_link(domain, UPLINK)
+        if await _link(tools, uplink.upstream_netns, upstream) is not None:
+            await _run(
+                [tools.nsenter, f"--net={uplink.upstream_netns}", "--", tools.ip, "link", "del", upstream],
+                what=f"remove the stale uplink {upstream}",
+            )
+        await _run(
+            domain.inside(
+                tools.ip,
+                "link",
+                "add",
+                UPLINK,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                upstream,
+                "netns",
+                uplink.upstream_netns,
+            ),
+            what=f"uplink of {spec.name}",
+        )
+    prefix = uplink.network.prefixlen
+    inside = (
+        f"link set {UPLINK} up\n"
+        f"addr replace {uplink.domain_address}/{prefix} dev {UPLINK}\n"
+        f"route replace default via {uplink.upstream_address} dev {UPLINK}\n"
+    )
+    await _run(domain.inside(tools.ip, "-batch", "-"), inside.encode(), what=f"domain end of the uplink of {spec.name}")
+    outside = f"link set {upstream} up\naddr replace {uplink.upstream_address}/{prefix} dev {upstream}\n"
+    await _run(
+        [tools.nsenter, f"--net={uplink.upstream_netns}", "--", tools.ip, "-batch", "-"],
+        outside.encode(),
+        what=f"upstream end {upstream}",
+    )
 
 
 async def remove_domain(environment_id: str, *, tools: NetworkTools | None = None) -> bool:
@@ -225,7 +312,8 @@ async def attach_machine(
     domain = _Domain(tools, spec.name)
     if not await domain.exists():
         raise FailedPreconditionError(f"the route domain {spec.name} does not exist; ensure_domain(plan) creates it")
-    for att in attachments:
+    for index, att in enumerate(attachments):
+        first = index == 0
         outer = await _link(tools, domain.path, att.domain_ifname)
         inner = await _link(tools, netns, att.machine_ifname)
         paired = (
@@ -277,6 +365,8 @@ async def attach_machine(
             + f"addr replace {att.address}/32 dev {att.machine_ifname}\n"
             f"route replace {att.gateway}/32 dev {att.machine_ifname} scope link src {att.address}\n"
             f"route replace {att.subnet} via {att.gateway} dev {att.machine_ifname} src {att.address}\n"
+            # Everything else goes to the domain too, which forwards only what the Machine's egress allows.
+            + (f"route replace default via {att.gateway} dev {att.machine_ifname} src {att.address}\n" if first else "")
         )
         machine_ns = [tools.nsenter, f"--net={netns}", "--", tools.ip, "-batch", "-"]
         await _run(machine_ns, inside.encode(), what=f"interface {att.machine_ifname} of {machine}")

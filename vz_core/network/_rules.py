@@ -17,19 +17,43 @@ connects fail fast and never reach their destination.
 
 from __future__ import annotations
 
+import ipaddress
+
 from vz_core.network._spec import DomainSpec
 
-__all__ = ["TABLE", "domain_ruleset", "replace_script"]
+__all__ = ["LAN", "NEVER", "TABLE", "UPLINK", "domain_ruleset", "replace_script"]
 
 TABLE = "vz"
+UPLINK = "vzup"
+"""The domain's end of its uplink (a domain-local name; the other end is ``vzu<id12>`` upstream)."""
+NEVER = ("0.0.0.0/8", "127.0.0.0/8", "169.254.0.0/16", "224.0.0.0/4", "240.0.0.0/4")
+"""Destinations egress never reaches (the uplink's own network is added: upstream is the host)."""
+LAN = ("10.0.0.0/8", "100.64.0.0/10", "172.16.0.0/12", "192.168.0.0/16")
+"""Private ranges: ``allowed`` egress does not reach them; an allowlist may name them explicitly."""
 
 
 def _elements(items: list[str]) -> str:
     return f"    elements = {{ {', '.join(items)} }}\n" if items else ""
 
 
-def domain_ruleset(spec: DomainSpec) -> str:
-    """The ``table inet vz`` definition for ``spec`` (every name in it was checked by ``DomainSpec``)."""
+def domain_ruleset(spec: DomainSpec, uplink: ipaddress.IPv4Network | None = None) -> str:
+    """The ``table inet vz`` definition for ``spec`` (every name in it was checked by ``DomainSpec``).
+
+    ``uplink`` is the network of the domain's uplink, if it has one (it joins the ``never`` set)."""
+    addresses: dict[str, list[str]] = {}
+    for a in spec.attachments:
+        addresses.setdefault(a.machine, []).append(str(a.address))
+    egress_all = sorted({ip for e in spec.egress if e.mode == "allowed" for ip in addresses.get(e.machine, [])})
+    egress_cidrs = sorted(
+        {
+            f"{ip} . {net}"
+            for e in spec.egress
+            if e.mode == "allowlist"
+            for ip in addresses.get(e.machine, [])
+            for net in ipaddress.collapse_addresses(e.cidrs)  # an interval set refuses overlapping elements
+        }
+    )
+    never = [*NEVER, *([str(uplink)] if uplink is not None else [])]
     sources = sorted({f'"{a.domain_ifname}" . {a.address}' for a in spec.attachments})
     paths = sorted(
         {f'{r.source_address} . "{r.dest_ifname}" . {r.dest_address} . {r.protocol} . {r.port}' for r in spec.forward}
@@ -49,9 +73,29 @@ def domain_ruleset(spec: DomainSpec) -> str:
         "    type ifname . ipv4_addr . ipv4_addr . inet_proto . inet_service\n"
         f"{_elements(local)}"
         "  }\n"
+        "  set egress_all {\n"
+        "    type ipv4_addr\n"
+        f"{_elements(egress_all)}"
+        "  }\n"
+        "  set egress_cidrs {\n"
+        "    type ipv4_addr . ipv4_addr\n"
+        "    flags interval\n"
+        f"{_elements(egress_cidrs)}"
+        "  }\n"
+        "  set never {\n"
+        "    type ipv4_addr\n"
+        "    flags interval\n"
+        f"{_elements(never)}"
+        "  }\n"
+        "  set lan {\n"
+        "    type ipv4_addr\n"
+        "    flags interval\n"
+        f"{_elements(list(LAN))}"
+        "  }\n"
         "  chain prerouting {\n"
         "    type filter hook prerouting priority raw; policy drop;\n"
         '    iifname "lo" accept\n'
+        f'    iifname "{UPLINK}" meta nfproto ipv4 accept\n'
         "    meta nfproto ipv4 iifname . ip saddr @sources accept\n"
         "  }\n"
         "  chain forward {\n"
@@ -59,6 +103,8 @@ def domain_ruleset(spec: DomainSpec) -> str:
         "    ct state established,related accept\n"
         "    ct state invalid drop\n"
         "    ct state new ip saddr . oifname . ip daddr . meta l4proto . th dport @paths accept\n"
+        f'    ct state new oifname "{UPLINK}" ip daddr != @never ip saddr @egress_all ip daddr != @lan accept\n'
+        f'    ct state new oifname "{UPLINK}" ip daddr != @never ip saddr . ip daddr @egress_cidrs accept\n'
         "    meta l4proto tcp reject with tcp reset\n"
         "    reject with icmpx admin-prohibited\n"
         "  }\n"
@@ -71,10 +117,14 @@ def domain_ruleset(spec: DomainSpec) -> str:
         "    meta l4proto tcp reject with tcp reset\n"
         "    reject with icmpx admin-prohibited\n"
         "  }\n"
+        "  chain postrouting {\n"
+        "    type nat hook postrouting priority srcnat; policy accept;\n"
+        f'    oifname "{UPLINK}" masquerade\n'
+        "  }\n"
         "}\n"
     )
 
 
-def replace_script(spec: DomainSpec) -> str:
+def replace_script(spec: DomainSpec, uplink: ipaddress.IPv4Network | None = None) -> str:
     """One nft transaction replacing the table whole (never a moment with half the rules, never duplicates)."""
-    return f"table inet {TABLE}\ndelete table inet {TABLE}\n{domain_ruleset(spec)}"
+    return f"table inet {TABLE}\ndelete table inet {TABLE}\n{domain_ruleset(spec, uplink)}"

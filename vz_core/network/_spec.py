@@ -15,7 +15,7 @@ from typing import Any
 
 from vz_core.errors import InvalidArgumentError
 
-__all__ = ["AttachmentSpec", "DomainSpec", "ForwardSpec", "InputSpec", "PlanError", "domain_for"]
+__all__ = ["AttachmentSpec", "DomainSpec", "EgressSpec", "ForwardSpec", "InputSpec", "PlanError", "domain_for"]
 
 DOMAIN_RE = re.compile(r"vzd-[0-9a-z]{12}")
 ENV_ID_RE = re.compile(r"env_[0-9a-z]{12}")
@@ -98,6 +98,15 @@ class InputSpec:
 
 
 @dataclass(frozen=True)
+class EgressSpec:
+    """A Machine's egress as the domain enforces it: its addresses, the mode, the IPv4 CIDRs of an allowlist."""
+
+    machine: str
+    mode: str
+    cidrs: tuple[ipaddress.IPv4Network, ...]
+
+
+@dataclass(frozen=True)
 class DomainSpec:
     """One Environment's route domain: its namespace name, attachments and allowed flows."""
 
@@ -106,6 +115,7 @@ class DomainSpec:
     attachments: tuple[AttachmentSpec, ...]
     forward: tuple[ForwardSpec, ...]
     input: tuple[InputSpec, ...]
+    egress: tuple[EgressSpec, ...] = ()
 
     def machine(self, name: str) -> tuple[AttachmentSpec, ...]:
         found = tuple(a for a in self.attachments if a.machine == name)
@@ -147,6 +157,7 @@ class DomainSpec:
                 raise PlanError(f"{where}.gateway: {gateway} is outside {subnet}")
             subnets[net_name] = (subnet, gateway)
         attachments: list[AttachmentSpec] = []
+        egress: list[EgressSpec] = []
         domain_ifnames: set[str] = set()
         machines = _get(plan, "machines", "$")
         if not isinstance(machines, list):
@@ -157,6 +168,7 @@ class DomainSpec:
             items = _get(machine, "attachments", where)
             if not isinstance(items, list):
                 raise PlanError(f"{where}.attachments: expected a list")
+            egress.append(_egress(machine.get("egress"), machine_name, f"{where}.egress"))
             machine_ifnames: set[str] = set()
             for j, att in enumerate(items):
                 here = f"{where}.attachments[{j}]"
@@ -212,4 +224,21 @@ class DomainSpec:
                 raise PlanError(f"{where}.gateway: {gateway} is not the gateway of {s_if}")
             proto = _protocol(_get(rule, "protocol", where), f"{where}.protocol")
             inputs.append(InputSpec(s_if, s_addr, gateway, proto, _port(_get(rule, "port", where), where)))
-        return cls(environment_id, name, tuple(attachments), tuple(forward), tuple(inputs))
+        return cls(environment_id, name, tuple(attachments), tuple(forward), tuple(inputs), tuple(egress))
+
+
+def _egress(value: Any, machine: str, where: str) -> EgressSpec:
+    if not isinstance(value, Mapping) or value.get("mode") not in ("offline", "allowed", "allowlist"):
+        raise PlanError(f"{where}: expected {{'mode': offline|allowed|allowlist, 'cidrs': [...], 'domains': [...]}}")
+    cidrs: list[ipaddress.IPv4Network] = []
+    items = value.get("cidrs", [])
+    if not isinstance(items, list):
+        raise PlanError(f"{where}.cidrs: expected a list")
+    for i, text in enumerate(items):
+        try:
+            net = ipaddress.ip_network(text)
+        except (ValueError, TypeError):
+            raise PlanError(f"{where}.cidrs[{i}]: {text!r} is not a CIDR") from None
+        if isinstance(net, ipaddress.IPv4Network):  # IPv6 is off inside route domains
+            cidrs.append(net)
+    return EgressSpec(machine, str(value["mode"]), tuple(cidrs))

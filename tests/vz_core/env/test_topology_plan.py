@@ -216,4 +216,9 @@ def test_the_kernel_side_reads_the_plan_and_its_ruleset_names_exactly_the_paths(
     for r in plan.forward:
         assert f'{r.source_address} . "{r.dest_ifname}" . {r.dest_address} . {r.protocol} . {r.port}' in rules
     assert rules.count(" . tcp . 5432") == 1
-    assert "policy drop" in rules and "policy accept" not in rules
+    # Every filter chain drops by default; the only accepting chain is the uplink's masquerade (nat).
+    assert rules.count("policy drop") == 3 and rules.count("policy accept") == 1
+    assert "type nat hook postrouting priority srcnat; policy accept;" in rules
+    # The allowlist's CIDRs are per source address; "allowed" excludes private ranges; nothing reaches "never".
+    app = plan.machine("app").attachments[0].address
+    assert f"{app} . 10.0.0.0/8" in rules and "ip daddr != @lan" in rules and "ip daddr != @never" in rules
