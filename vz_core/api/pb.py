@@ -159,6 +159,7 @@ def method(name: str) -> MethodSpec:
 
 # --- errors ------------------------------------------------------------------------------------------------
 
+
 def grpc_code_name(code: str) -> str:
     """The gRPC status code name of an error code name (PROTOCOL.md's table; UNKNOWN for anything else)."""
     from vz_core.errors import CATEGORY_TABLE
