@@ -157,7 +157,12 @@ def project(
         yield work, env
     finally:
         gone = subprocess.run([_vz(), "delete"], cwd=work, env=env, capture_output=True, timeout=600, check=False)
+        # The module's home outlives each test's tmp_path: its daemon (started by the first command) is stopped here.
+        stopped = subprocess.run(
+            [_vz(), "daemon", "stop"], cwd=work, env=env, capture_output=True, timeout=60, check=False
+        )
         assert gone.returncode == 0, gone.stderr.decode()
+        assert stopped.returncode == 0, stopped.stderr.decode()
 
 
 @pytest.fixture
