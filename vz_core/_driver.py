@@ -26,7 +26,7 @@ import errno
 import os
 import socket
 import stat
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from vz_core._types import (
     DriverInfo,
@@ -144,7 +144,7 @@ class Driver(abc.ABC):
         check_local_stdio(stdio)
         if spec.tty:
             raise InvalidArgumentError("exec_local runs commands without a terminal (tty=False); use terminal()")
-        return await copy_exec_local(self, dataclasses.replace(spec, workspace_id=machine_id), stdio)
+        return await copy_exec_local(self.exec, dataclasses.replace(spec, workspace_id=machine_id), stdio)
 
     def logs(self, workspace_id: str) -> AsyncIterator[bytes]:
         """The main process's output so far, merged, as chunks of 1..MAX_CHUNK bytes; a finite stream.
@@ -235,7 +235,7 @@ def is_terminal(fd: int, st: os.stat_result | None = None) -> bool:
     return os.isatty(fd) or (os.uname().sysname == "Linux" and os.major(st.st_rdev) in _TTY_MAJORS)
 
 
-_READ_SIZE = 65536
+_READ_SIZE = 256 * 1024
 _SIGPIPE_EXIT = ExecExit(128 + 13, "SIGPIPE")
 
 
@@ -334,8 +334,13 @@ class _Endpoint:
             view = view[n:]
 
 
-async def copy_exec_local(driver: Driver, spec: ExecSpec, stdio: tuple[int, int, int]) -> ExecExit:
-    """``Driver.exec_local`` by copying: ``stdio[0]`` feeds ``driver.exec``'s stdin, its output goes to
+async def copy_exec_local(
+    exec: Callable[[ExecSpec, AsyncIterator[bytes]], AsyncIterator[ExecEvent]],
+    spec: ExecSpec,
+    stdio: tuple[int, int, int],
+) -> ExecExit:
+    """``Driver.exec_local`` by copying: ``stdio[0]`` feeds ``exec``'s stdin (a driver's ``exec``; output chunks
+    of any size), its output goes to
     ``stdio[1]``/``stdio[2]``. One chunk in flight per direction (backpressure both ways); cancellation kills
     the command. The descriptors are not checked here (``check_local_stdio``) and stay open."""
     endpoints: list[_Endpoint] = []
@@ -362,7 +367,7 @@ async def copy_exec_local(driver: Driver, spec: ExecSpec, stdio: tuple[int, int,
             yield data
 
     try:
-        async with contextlib.aclosing(driver.exec(spec, stdin())) as events:  # type: ignore[type-var]
+        async with contextlib.aclosing(exec(spec, stdin())) as events:  # type: ignore[type-var]
             async for event in events:
                 if isinstance(event, ExecExit):
                     return event

@@ -18,11 +18,11 @@ import psutil
 import pytest
 from vz_conformance.fake import FakeDriver
 
-from vz_core import ExecExit, ExecSpec, RunImageRequest
+from vz_core import ExecExit, ExecOutput, ExecSpec, RunImageRequest
 from vz_core.drivers import launcher_for
 from vz_core.errors import InvalidArgumentError, NotFoundError, UnavailableError
 from vz_core.redact import Redactor
-from vz_core.rpc import LocalExecServer, RemoteDriver, connect_in_process, local_exec, send_json
+from vz_core.rpc import MAX_WIDE_CHUNK, LocalExecServer, RemoteDriver, connect_in_process, local_exec, send_json
 
 _DATA = os.urandom(1 << 20) * 8  # 8 MiB
 
@@ -382,3 +382,44 @@ async def test_linux_native_through_its_plugin_gives_the_command_the_host_pipe(t
     finally:
         await driver.close()
         await cleanup_state(str(state), image_dir=str(images), agent_binary=agent)
+
+
+async def test_exec_frames_are_widened_between_vz_peers_only_for_exec_local(tmp_path: Path) -> None:
+    """exec_local over frames asks the plugin for wide frames (WIDE_CHUNK_KEY): fewer, larger frames both ways;
+    exec() keeps the protocol's 32 KiB frames exactly as the driver sent them."""
+    import vz_core.rpc._client as client_module
+
+    sent: list[int] = []
+    encode = client_module._ExecFrames.encode
+
+    def counting(self: object, item: bytes) -> list[object]:
+        frames = encode(self, item)  # type: ignore[arg-type]
+        sent.extend(len(f.stdin) for f in frames)  # type: ignore[attr-defined]
+        return frames  # type: ignore[return-value]
+
+    fake = FakeDriver(tmp_path / "state")
+    try:
+        async with connect_in_process(fake, local_exec=False) as remote:
+            await remote.run_image(RunImageRequest("m", "img"))
+
+            async def stdin() -> AsyncIterator[bytes]:
+                for i in range(0, len(_DATA), 1 << 20):
+                    yield _DATA[i : i + (1 << 20)]
+
+            client_module._ExecFrames.encode = counting  # type: ignore[method-assign]
+            try:
+                wide = [e async for e in remote._wide_exec(ExecSpec("m", ("cat",)), stdin())]
+            finally:
+                client_module._ExecFrames.encode = encode  # type: ignore[method-assign]
+            narrow = [e async for e in remote.exec(ExecSpec("m", ("cat",)), stdin())]
+            for events in (wide, narrow):
+                assert b"".join(e.data for e in events if isinstance(e, ExecOutput)) == _DATA
+            out_wide = [len(e.data) for e in wide if isinstance(e, ExecOutput)]
+            assert max(out_wide) > 32768 and max(out_wide) <= MAX_WIDE_CHUNK
+            assert max(sent) == MAX_WIDE_CHUNK and sent[0] == 32768  # wide only once the plugin agreed
+            assert max(len(e.data) for e in narrow if isinstance(e, ExecOutput)) <= 32768
+            # exec_local over frames uses them: the bytes arrive whole.
+            exit_, out, _ = await cat_through_pipes(remote.exec_local, "m", _DATA)
+            assert exit_.success and out == _DATA
+    finally:
+        await fake.close()

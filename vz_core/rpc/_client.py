@@ -83,10 +83,13 @@ from vz_core.rpc import _convert
 from vz_core.rpc._frames import (
     MAX_INFO,
     MAX_MESSAGE,
+    MAX_WIDE_CHUNK,
     STOP_INPUT_KEY,
+    WIDE_CHUNK_KEY,
     resize_problem,
     start_problem,
     terminal_start_problem,
+    wide_chunk,
 )
 from vz_core.rpc._local import local_exec
 from vz_core.rpc._wire import error_from_rpc, runtime_errors_in
@@ -488,7 +491,13 @@ class RemoteDriver(Driver):
     async def delete(self, workspace_id: str) -> None:
         await self._unary("Delete", pb.DeleteRequest(workspace_id=workspace_id))
 
-    async def exec(self, spec: ExecSpec, stdin: AsyncIterator[bytes]) -> AsyncIterator[ExecEvent]:
+    def exec(self, spec: ExecSpec, stdin: AsyncIterator[bytes]) -> AsyncIterator[ExecEvent]:
+        return self._exec(spec, stdin, wide=False)
+
+    async def _exec(self, spec: ExecSpec, stdin: AsyncIterator[bytes], *, wide: bool) -> AsyncIterator[ExecEvent]:
+        """Exec. ``wide``: offer the plugin wide frames (``WIDE_CHUNK_KEY``); output events may then be larger
+        than ``MAX_CHUNK``, so only internal callers that write them out (``exec_local``) ask for it: ``exec``
+        forwards frames exactly as sent, which the conformance suite relies on."""
         if not spec.argv:
             # A frame rule of the protocol: refused here, before a launch or a call.
             raise InvalidArgumentError("exec needs a non-empty argv (the command and its arguments)")
@@ -497,7 +506,7 @@ class RemoteDriver(Driver):
             raise InvalidArgumentError(problem)  # refused here, before a launch or a call
         self._redactor.add(*spec.environment.values())
         async with self._session() as s:
-            call = s.runtime.Exec()
+            call = s.runtime.Exec(metadata=((WIDE_CHUNK_KEY, str(MAX_WIDE_CHUNK)),) if wide else None)
             pump = _ExecPump(call, pb.ExecClientMessage(start=start), stdin, _ExecFrames())
             events = self._events(s, call, pump, "Exec", _convert.exec_event_from_pb)
             try:
@@ -522,11 +531,11 @@ class RemoteDriver(Driver):
             raise InvalidArgumentError(problem)
         self._redactor.add(*spec.environment.values())
         if not self.local_exec:
-            return await copy_exec_local(self, spec, stdio)
+            return await copy_exec_local(self._wide_exec, spec, stdio)
         async with self._session() as s:
             path = await self._local_exec_socket(s)
             if not path:
-                return await copy_exec_local(self, spec, stdio)
+                return await copy_exec_local(self._wide_exec, spec, stdio)
             try:
                 return await local_exec(
                     path,
@@ -548,6 +557,9 @@ class RemoteDriver(Driver):
                             details={"rpc": "LocalExec", "plugin_exit": str(status)},
                         ) from None
                 raise self._clean(exc) from None
+
+    def _wide_exec(self, spec: ExecSpec, stdin: AsyncIterator[bytes]) -> AsyncIterator[ExecEvent]:
+        return self._exec(spec, stdin, wide=True)
 
     async def _local_exec_socket(self, s: _Session) -> str:
         """The plugin's advertised local exec socket ("" when it has none), asked once per connection."""
@@ -782,9 +794,11 @@ class _ExecPump:
     def _on_headers(self, task: asyncio.Task[Any]) -> None:
         if task.cancelled() or task.exception() is not None:
             return
-        for key, _ in task.result() or ():
+        headers = task.result() or ()
+        for key, _ in headers:
             if key == STOP_INPUT_KEY:
                 self.stop()
+        self._frames.widen(wide_chunk(headers))
 
     def stop(self) -> None:
         """Send nothing more; half-close at the next write boundary."""
@@ -860,6 +874,9 @@ class _ExecPump:
 class _Frames:
     """How a pump turns its caller's input into frames (``encode``) and the final close_stdin (``close``)."""
 
+    def widen(self, limit: int) -> None:
+        """The plugin agreed on frames of up to ``limit`` bytes (``WIDE_CHUNK_KEY``); only exec stdin uses it."""
+
     def encode(self, item: Any) -> list[Any]:
         raise NotImplementedError
 
@@ -868,10 +885,18 @@ class _Frames:
 
 
 class _ExecFrames(_Frames):
-    """Exec: stdin chunks in frames of at most MAX_CHUNK bytes, then one close_stdin."""
+    """Exec: stdin chunks in frames of at most MAX_CHUNK bytes (wider once the plugin agreed), then one
+    close_stdin."""
+
+    def __init__(self) -> None:
+        self._limit = MAX_CHUNK
+
+    def widen(self, limit: int) -> None:
+        self._limit = limit
 
     def encode(self, item: bytes) -> list[Any]:
-        return [pb.ExecClientMessage(stdin=item[i : i + MAX_CHUNK]) for i in range(0, len(item), MAX_CHUNK)]
+        n = self._limit
+        return [pb.ExecClientMessage(stdin=item[i : i + n]) for i in range(0, len(item), n)]
 
     def close(self) -> Any | None:
         return pb.ExecClientMessage(close_stdin=pb.CloseStdin())

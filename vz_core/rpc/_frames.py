@@ -9,6 +9,14 @@ missing Machine, an unsupported tty, a driver failure) while the client may stil
 status follows once the client half-closed (or after a bounded wait). A vz host that sees the key stops
 sending stdin and half-closes at once; other hosts ignore unknown metadata and are simply drained.
 
+Wide exec frames (vz host and vz plugin only): per-frame cost is what limits exec throughput over gRPC, and
+the protocol's 32 KiB frames are small. A vz host sends request metadata ``WIDE_CHUNK_KEY: <n>`` on Exec; a vz
+plugin that understands it answers with the same key in its response headers (sent with its first output
+frame) and then accepts stdin frames of up to ``n`` bytes (at most ``MAX_WIDE_CHUNK``) and sends output frames
+of up to that size, joining output chunks the driver has ready. The host sends wide stdin frames only after it
+saw the answer, and hands its caller output in chunks of at most ``MAX_CHUNK`` as the contract says. Hosts
+and plugins that do not know the key ignore it: the 32 KiB rules apply unchanged.
+
 Terminal frames (``vz.machine.v1.MachineExtensions/ExecPty``) follow the same rules, plus window sizes:
 ``terminal_start_problem`` (rows and columns 0..MAX_WINDOW, 0 = the default) and ``resize_problem``
 (1..MAX_WINDOW each). Resize frames may come at any time after the start, also after ``close_stdin``.
@@ -31,15 +39,21 @@ __all__ = [
     "MAX_EXEC_START",
     "MAX_INFO",
     "MAX_MESSAGE",
+    "MAX_WIDE_CHUNK",
     "SERVER_OPTIONS",
     "STOP_INPUT_KEY",
+    "WIDE_CHUNK_KEY",
     "resize_problem",
     "start_problem",
     "stdin_problem",
     "terminal_start_problem",
+    "wide_chunk",
 ]
 
 STOP_INPUT_KEY = "vz-exec-stop-input"
+WIDE_CHUNK_KEY = "vz-exec-chunk"
+MAX_WIDE_CHUNK = 256 * 1024
+"""Bytes: the largest exec stdin/stdout/stderr frame a vz host and a vz plugin agree on (``WIDE_CHUNK_KEY``)."""
 
 MAX_MESSAGE = 4 * 1024 * 1024
 """Bytes: the largest gRPC message a vz host or a vz plugin accepts (and sends)."""
@@ -75,15 +89,28 @@ def start_problem(start: Any) -> str | None:
     return None
 
 
-def stdin_problem(data: bytes, stdin_closed: bool) -> str | None:
-    """What is wrong with one stdin frame's data, or None."""
+def stdin_problem(data: bytes, stdin_closed: bool, limit: int = MAX_CHUNK) -> str | None:
+    """What is wrong with one stdin frame's data, or None (``limit``: the agreed frame size)."""
     if stdin_closed:
         return "a stdin frame after close_stdin"
     if not data:
         return "an empty stdin frame"
-    if len(data) > MAX_CHUNK:
-        return f"a stdin frame of {len(data)} bytes (at most {MAX_CHUNK})"
+    if len(data) > limit:
+        return f"a stdin frame of {len(data)} bytes (at most {limit})"
     return None
+
+
+def wide_chunk(metadata: Any) -> int:
+    """The exec frame size a peer's metadata asks for with ``WIDE_CHUNK_KEY`` (``MAX_CHUNK`` when it does not,
+    at most ``MAX_WIDE_CHUNK``)."""
+    for key, value in metadata or ():
+        if key == WIDE_CHUNK_KEY:
+            try:
+                asked = int(value)
+            except (TypeError, ValueError):
+                return MAX_CHUNK
+            return max(MAX_CHUNK, min(asked, MAX_WIDE_CHUNK))
+    return MAX_CHUNK
 
 
 def terminal_start_problem(start: Any) -> str | None:

@@ -32,7 +32,7 @@ from vz_core._types import DriverInfo, Extensions
 from vz_core.errors import DriverError, InvalidArgumentError, RuntimeFailureError, UnsupportedError
 from vz_core.redact import Redactor
 from vz_core.rpc import _convert
-from vz_core.rpc._frames import start_problem, terminal_start_problem
+from vz_core.rpc._frames import start_problem, terminal_start_problem, wide_chunk
 from vz_core.rpc._server_exec import DRAIN_TIMEOUT, ExecStream
 from vz_core.rpc._wire import error_to_status
 
@@ -213,7 +213,7 @@ class RuntimeServicer(_Base, pb_grpc.RuntimeDriverServicer):
             await _abort(context, InvalidArgumentError(problem))
         self._redactor.add(*first.start.environment.values())
         spec = _convert.exec_spec_from_pb(first.start)
-        stream = ExecStream(context, self._drain_timeout)
+        stream = ExecStream(context, self._drain_timeout, chunk=wide_chunk(context.invocation_metadata()))
         try:
             error: DriverError | None = None
             if spec.tty:

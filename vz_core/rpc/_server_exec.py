@@ -35,6 +35,7 @@ import grpc.aio
 from vz_core._proto.devsy.runtime.v1 import runtime_pb2 as pb
 from vz_core._proto.vz.machine.v1 import extensions_pb2 as ext_pb
 from vz_core._types import (
+    MAX_CHUNK,
     ExecEvent,
     ExecExit,
     ExecOutput,
@@ -47,7 +48,7 @@ from vz_core._types import (
 )
 from vz_core.errors import DriverError, InvalidArgumentError
 from vz_core.rpc import _convert
-from vz_core.rpc._frames import STOP_INPUT_KEY, resize_problem, stdin_problem
+from vz_core.rpc._frames import STOP_INPUT_KEY, WIDE_CHUNK_KEY, resize_problem, stdin_problem
 
 __all__ = ["DRAIN_TIMEOUT", "ClientInput", "ExecStream", "TerminalClientInput"]
 
@@ -193,11 +194,14 @@ class _Input(Generic[T]):
 class ClientInput(_Input[bytes]):
     """Exec input: stdin chunks; iteration ends at ``close_stdin``."""
 
+    limit = MAX_CHUNK
+    """The largest stdin frame accepted (wider once agreed with the host: ``WIDE_CHUNK_KEY``)."""
+
     def _accept(self, msg: Any) -> str | None:
         kind = "malformed" if msg is _convert.MALFORMED else msg.WhichOneof("payload")
         if kind == "stdin":
             data: bytes = msg.stdin
-            problem = stdin_problem(data, self._stdin_closed)
+            problem = stdin_problem(data, self._stdin_closed, self.limit)
             if problem is None:
                 self._push(data)
             return problem
@@ -259,12 +263,16 @@ class ExecStream:
         drain_timeout: float = DRAIN_TIMEOUT,
         *,
         terminal: bool = False,
+        chunk: int = MAX_CHUNK,
     ) -> None:
         self._context = context
+        self._chunk = MAX_CHUNK if terminal else chunk
         self._drain_timeout = drain_timeout
         self._to_pb: Callable[[Any], Any] = _terminal_frame if terminal else _frame
         self.input: _Input[Any] = TerminalClientInput(context) if terminal else ClientInput(context)
         self.input.on_violation = self._on_violation
+        if isinstance(self.input, ClientInput):
+            self.input.limit = self._chunk
         self._stop = False
         self._pulling = False
         self._wrote = False
@@ -274,6 +282,9 @@ class ExecStream:
         self._stop = True
 
     async def _forward(self, events: AsyncIterator[Any]) -> None:
+        if self._chunk > MAX_CHUNK:
+            await self._forward_wide(events)
+            return
         write = self._context.write
         to_pb = self._to_pb
         iterator = events.__aiter__()
@@ -292,6 +303,67 @@ class ExecStream:
                 self.input.drain()
             await write(to_pb(event))
             self._wrote = True
+
+    async def _forward_wide(self, events: AsyncIterator[Any]) -> None:
+        """``_forward`` for a host that agreed on wide frames: output chunks the driver already has ready (of
+        the same stream) are joined into frames of up to ``_chunk`` bytes. One event may be fetched ahead (a
+        task); it is awaited, or cancelled with the forwarder, never left behind."""
+        write = self._context.write
+        iterator = events.__aiter__()
+        ahead: asyncio.Task[Any] | None = None
+        loop = asyncio.get_running_loop()
+        try:
+            while not self._stop:
+                if ahead is None:
+                    ahead = loop.create_task(iterator.__anext__())  # type: ignore[arg-type]
+                self._pulling = True
+                try:
+                    event = await ahead
+                except StopAsyncIteration:
+                    return
+                finally:
+                    self._pulling = False
+                    if ahead.done():
+                        ahead = None
+                if self._stop:
+                    return
+                if type(event) is ExecOutput:
+                    parts, size = [event.data], len(event.data)
+                    while size < self._chunk and not self._stop:
+                        ahead = loop.create_task(iterator.__anext__())  # type: ignore[arg-type]
+                        self._pulling = True  # the driver may be running: a violation cancels, never acloses
+                        try:
+                            await asyncio.sleep(0)  # one step: done now if the driver had the next one ready
+                        finally:
+                            self._pulling = False
+                        if not ahead.done() or ahead.cancelled() or ahead.exception() is not None:
+                            break  # not ready (or the end, or a failure): awaited at the top of the loop
+                        following = ahead.result()
+                        if (
+                            type(following) is not ExecOutput
+                            or following.stream != event.stream
+                            or size + len(following.data) > self._chunk
+                        ):
+                            break
+                        ahead = None
+                        parts.append(following.data)
+                        size += len(following.data)
+                    if len(parts) > 1:
+                        event = ExecOutput(event.stream, b"".join(parts))
+                    # A fetched event that was not joined stays in ``ahead``: the top of the loop awaits it.
+                elif isinstance(event, ExecExit):
+                    self.input.drain()
+                if self._stop:
+                    return
+                if not self._wrote:
+                    with contextlib.suppress(Exception):
+                        await self._context.send_initial_metadata(((WIDE_CHUNK_KEY, str(self._chunk)),))
+                await write(_frame(event))
+                self._wrote = True
+        finally:
+            if ahead is not None and not ahead.done():
+                ahead.cancel()
+                await asyncio.gather(ahead, return_exceptions=True)
 
     async def refuse(self, error: DriverError) -> DriverError:
         """An error that is not the client's fault, found before any output: drain first, then report it."""
