@@ -123,3 +123,29 @@ def test_an_environment_id_works_without_a_definition(vz: Vz, running: Path, tmp
     assert vz.ok("exec", "--environment", env_id, "--", *probe, cwd=elsewhere).strip() == env_id
     assert vz.ok("exec", "--", *probe, cwd=elsewhere, env={"VZ_ENVIRONMENT_ID": env_id}).strip() == env_id
     assert "no vz.json found" in vz.fails(3, "exec", "--environment", "default", "--", "true", cwd=elsewhere)
+
+
+def test_a_terminal_is_copied_never_handed_to_the_machine(vz: Vz, running: Path) -> None:
+    """stdin, stdout and stderr on a terminal (no -t): the bytes cross, the terminal's descriptor does not."""
+    import pty
+
+    master, slave = pty.openpty()
+    try:
+        script = "for fd in 0 1 2; do [ -t $fd ] && echo fd$fd-is-a-tty; done; echo checked; read x; echo "got:$x"; echo err >&2"
+        proc = vz.popen("exec", "--", "sh", "-c", script, cwd=running, stdin=slave, stdout=slave, stderr=slave)
+        os.close(slave)
+        seen = b""
+        deadline = time.monotonic() + 30
+        while b"checked" not in seen:
+            assert time.monotonic() < deadline, seen
+            seen += os.read(master, 4096)
+        os.write(master, b"typed line\n")
+        while b"err" not in seen:
+            assert time.monotonic() < deadline, seen
+            seen += os.read(master, 4096)
+        assert proc.wait(30) == 0
+    finally:
+        os.close(master)
+    text = seen.decode(errors="replace")
+    assert "is-a-tty" not in text, text  # no terminal descriptor reached the command
+    assert "got:typed line" in text and "err" in text  # stdin copied in, stdout and stderr copied out
