@@ -131,7 +131,8 @@ def test_a_terminal_is_copied_never_handed_to_the_machine(vz: Vz, running: Path)
 
     master, slave = pty.openpty()
     try:
-        script = "for fd in 0 1 2; do [ -t $fd ] && echo fd$fd-is-a-tty; done; echo checked; read x; echo "got:$x"; echo err >&2"
+        probe = "for fd in 0 1 2; do [ -t $fd ] && echo fd$fd-is-a-tty; done; echo checked"
+        script = probe + "; read x; echo got:$x; echo err >&2"
         proc = vz.popen("exec", "--", "sh", "-c", script, cwd=running, stdin=slave, stdout=slave, stderr=slave)
         os.close(slave)
         seen = b""
