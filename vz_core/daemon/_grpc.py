@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import os
 import shutil
+import socket
 import stat
 import tempfile
 import time
@@ -167,6 +169,8 @@ class GrpcFront:
         self._own_dir: str | None = None
         self._server: grpc.aio.Server | None = None
         self._proxies: set[asyncio.Task[None]] = set()
+        self._peers: dict[str, int] = {}  # upstream socket name -> the client's pid
+        self._numbers = itertools.count(1)
         self.active = 0
         """Connections being proxied now."""
 
@@ -239,10 +243,13 @@ class GrpcFront:
         self.active += 1
         client_writer: asyncio.StreamWriter | None = None
         server_writer: asyncio.StreamWriter | None = None
+        peer_name: str | None = None
         try:
             sock.setblocking(False)
+            peer_pid = _peer_pid(sock)
             client_reader, client_writer = await asyncio.open_unix_connection(sock=sock)
-            server_reader, server_writer = await asyncio.open_unix_connection(self.socket_path)
+            upstream, peer_name = await self._connect_as(peer_pid)
+            server_reader, server_writer = await asyncio.open_unix_connection(sock=upstream)
             if prefix:
                 server_writer.write(prefix)
             await asyncio.gather(
@@ -260,6 +267,37 @@ class GrpcFront:
                 sock.close()
             if task is not None:
                 self._proxies.discard(task)
+            if peer_name is not None:
+                self._peers.pop(peer_name, None)
+
+    async def _connect_as(self, peer_pid: int | None) -> tuple[socket.socket, str | None]:
+        """A connection to the gRPC server bound to a name of its own, so calls on it know the client's pid
+        (``context.peer()`` is ``unix:<that name>``; the name is unlinked at once, the socket keeps it)."""
+        name = os.path.join(os.path.dirname(self.socket_path), f"p{os.getpid()}-{next(self._numbers)}")
+        upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        named = peer_pid is not None and len(name.encode()) <= _SUN_PATH_MAX
+        try:
+            upstream.setblocking(False)
+            if named:
+                assert peer_pid is not None
+                upstream.bind(name)
+                try:
+                    self._peers[name] = peer_pid
+                    await asyncio.get_running_loop().sock_connect(upstream, self.socket_path)
+                finally:
+                    os.unlink(name)
+            else:
+                await asyncio.get_running_loop().sock_connect(upstream, self.socket_path)
+        except BaseException:
+            self._peers.pop(name, None)
+            upstream.close()
+            raise
+        return upstream, name if named else None
+
+    def peer_pid(self, context: grpc.aio.ServicerContext[Any, Any]) -> int | None:
+        """The pid of the client of a call (None when it is unknown)."""
+        peer = context.peer() or ""
+        return self._peers.get(peer[len("unix:") :]) if peer.startswith("unix:") else None
 
     # --- handlers -------------------------------------------------------------------------------------------
 
@@ -351,6 +389,7 @@ class GrpcFront:
     def _unary(self, spec: pb.MethodSpec) -> Callable[..., Awaitable[ProtoMessage]]:
         async def handler(request: ProtoMessage, context: grpc.aio.ServicerContext[Any, Any]) -> ProtoMessage:
             call = GrpcCall(spec, pb.to_wire(request), context)
+            call.peer_pid = self.peer_pid(context)
             return await self._run(call, context, lambda _: None)
 
         return handler
@@ -358,6 +397,7 @@ class GrpcFront:
     def _server_stream(self, spec: pb.MethodSpec) -> Callable[..., Awaitable[None]]:
         async def handler(request: ProtoMessage, context: grpc.aio.ServicerContext[Any, Any]) -> None:
             call = GrpcCall(spec, pb.to_wire(request), context)
+            call.peer_pid = self.peer_pid(context)
             last = await self._run(call, context, lambda _: None)
             async with call._write_lock:
                 await context.write(last)
@@ -383,6 +423,7 @@ class GrpcFront:
                 )
                 return
             call = GrpcCall(spec, request, context)
+            call.peer_pid = self.peer_pid(context)
             reader: asyncio.Task[None] | None = None
 
             def start_reader(task: asyncio.Task[Any]) -> None:
@@ -400,6 +441,18 @@ class GrpcFront:
                         await reader
 
         return handler
+
+
+def _peer_pid(sock: socket.socket) -> int | None:
+    """The process id of the connection's peer (SO_PEERCRED), or None where it cannot be read."""
+    import struct
+
+    try:
+        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except (AttributeError, OSError):
+        return None
+    pid: int = struct.unpack("3i", raw)[0]
+    return pid or None
 
 
 def _invalid(message: str) -> dict[str, Any]:

@@ -53,6 +53,7 @@ class Dispatcher:
         self.events = events
         self.fixed: dict[str, Any] | None = None
         self.calls: list[str] = []
+        self.peers: list[int | None] = []
 
     def context(self, request: dict[str, Any], progress: Progress | None = None) -> Context:
         ctx = request["context"]
@@ -61,6 +62,7 @@ class Dispatcher:
     async def __call__(self, call: Any) -> dict[str, Any]:
         method, request = call.method, call.request
         self.calls.append(method)
+        self.peers.append(call.peer_pid)
         try:
             return await self._serve(call, method, request)
         except Exception as exc:
@@ -268,6 +270,9 @@ async def test_both_transports_return_the_identical_objects(tmp_path: Path, proj
                 return api.status(all=True), api.daemon_status(), api.capabilities(), list(api.logs())
 
         local, remote = await asyncio.to_thread(run, "local"), await asyncio.to_thread(run, "grpc")
+        leftovers = [n for n in os.listdir(paths.directory) if n not in ("vz.sock", "grpc.sock")]
+        assert all(not n.startswith("p") or n.endswith(".json") for n in leftovers), leftovers  # names unlinked
+    assert dispatcher.peers == [os.getpid()] * 8  # the client's pid reaches the call on both fronts
     assert local == remote
     assert local[0] == dispatcher.fixed and json.dumps(local[0]) == json.dumps(dispatcher.fixed)
     assert local[1].pid == os.getpid() and local[2][0].error == {"code": "NOT_FOUND", "message": "no driver 'nope'"}
