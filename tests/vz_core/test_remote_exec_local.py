@@ -117,13 +117,17 @@ async def test_the_descriptors_reach_the_plugin_process(fake_plugin: RemoteDrive
         try:
             assert await asyncio.to_thread(os.read, out_r, 10) == b"go\n"
             assert fake_plugin.connection is not None
-            assert _holds_pipe(fake_plugin.connection.pid, inode)
+            plugin = fake_plugin.connection.pid
+            assert _holds_pipe(plugin, inode)
         finally:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
             os.close(out_w)
-            os.close(out_r)
+        # Once the exec is over the plugin keeps no copy: the reader sees the end of the pipe.
+        assert await asyncio.wait_for(asyncio.to_thread(os.read, out_r, 10), 10) == b""
+        os.close(out_r)
+        assert not _holds_pipe(plugin, inode)
 
 
 async def test_files_as_stdin_and_stdout(fake_plugin: RemoteDriver, tmp_path: Path) -> None:
