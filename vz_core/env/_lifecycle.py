@@ -60,6 +60,19 @@ async def _delete_volume(
     return {**row, "state": "removed"}
 
 
+async def _remove_route_domain(ctx: Context, env: EnvironmentRecord) -> None:
+    """After its Machines are gone: the Environment's route domain (links, nft table, namespace), nothing of
+    another. `vz stop` keeps it (the next `vz up` re-attaches the Machines). Realized by the process running the
+    command (the daemon) until the daemon owns route domains (docs/network.md)."""
+    from vz_core.network import domain_exists, domain_for, remove_domain
+
+    if not domain_exists(env.env_id):
+        return
+    fields = {"environment": env.name, "environment_id": env.env_id, "route_domain": domain_for(env.env_id)}
+    with ctx.progress.step("network", f"removing route domain {domain_for(env.env_id)}", **fields):
+        await remove_domain(env.env_id)
+
+
 async def stop(ctx: Context, *, environment: str | None = None) -> dict[str, Any]:
     """Stop every Machine of the selected Environment (idempotent); Machine-local data survives."""
     return await _mutate(ctx, environment, "stop")
@@ -131,6 +144,8 @@ async def _mutate(ctx: Context, environment: str | None, kind: str, *, keep_volu
                 results.append({"id": record.machine_id, "name": record.name, "state": state})
             for volume in volume_records:
                 volumes.append(await _delete_volume(ctx, store, pool, env, op_id, volume, keep_volumes))
+            if kind == "delete":
+                await _remove_route_domain(ctx, env)
             with store.transaction() as db:
                 if kind == "delete":
                     store.delete_environment(db, env.env_id)

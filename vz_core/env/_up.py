@@ -11,6 +11,7 @@ the first mutation.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -271,6 +272,7 @@ def _run_request(
     native_arch: str,
     environment: Mapping[str, str],
     allow_recreate: bool = False,
+    network: str | None = None,
 ) -> RunImageRequest:
     labels = [
         f"{LABEL_PROJECT}={project_id}",
@@ -282,6 +284,8 @@ def _run_request(
     ext = facts.extensions
     if ext is not None and EgressPolicy[machine.egress.upper()] in ext.egress_policies:
         labels.append(f"vz.egress={machine.egress}")
+    if network is not None:
+        labels.append(f"{NETWORK_LABEL}={network}")
     worktree = Path(env.worktree)
     workspace_mount = None
     projection = machine.workspace.projection
@@ -323,6 +327,74 @@ def _run_request(
         remote_user=machine.remote_user or "",
         allow_recreate=allow_recreate,
     )
+
+
+# --- route domain (docs/network.md, "linux_native attachment") ----------------------------------------------
+
+NETWORK_LABEL = "vz.network"
+TOPOLOGY_FACT = "topology"
+
+
+def _attaches(facts: DriverFacts) -> bool:
+    """Whether the driver joins a Machine to its route domain from the ``vz.network`` label (Extensions fact)."""
+    ext = facts.extensions
+    return ext is not None and TOPOLOGY_FACT in ext.facts
+
+
+def network_label(plan: Mapping[str, Any], machine: str) -> str | None:
+    """The ``vz.network`` label of one Machine: its topology plan slice (a plan holding only that Machine and its
+    networks, no rules) as compact JSON; None for a Machine attached to no network."""
+    entry = next(m for m in plan["machines"] if m["name"] == machine)
+    if not entry["attachments"]:
+        return None
+    names = {a["network"] for a in entry["attachments"]}
+    piece = {
+        "format": plan["format"],
+        "environment_id": plan["environment_id"],
+        "route_domain": plan["route_domain"],
+        "networks": [
+            {"name": n["name"], "subnet": n["subnet"], "gateway": n["gateway"], "machines": [machine]}
+            for n in plan["networks"]
+            if n["name"] in names
+        ],
+        "machines": [
+            {
+                "name": machine,
+                "attachments": entry["attachments"],
+                "dns_server": entry["dns_server"],
+                "search": entry["search"],
+            }
+        ],
+        "forward": [],
+        "input": [],
+    }
+    return json.dumps(piece, sort_keys=True, separators=(",", ":"))
+
+
+async def _ensure_route_domain(
+    ctx: Context, pool: DriverPool, definition: ProjectDefinition, env: EnvironmentRecord
+) -> dict[str, Any] | None:
+    """Compile a version 2 Environment's plan and realize its route domain before any Machine is created or
+    started (idempotent); the plan's JSON, or None when no Machine's driver attaches to route domains.
+
+    Today this runs in the process running `vz up` (the daemon, since the CLI goes through it); the daemon is
+    meant to own the domain and its long-lived parts (DNS, relays) once it keeps the plans it serves."""
+    if definition.version != 2:
+        return None
+    attaching = False
+    for machine in definition.machines:
+        _, facts = await pool.get(machine.driver, machine.driver_options)
+        attaching = attaching or _attaches(facts)
+    if not attaching:
+        return None
+    from vz_core.env._topology import compile_topology
+    from vz_core.network import ensure_domain
+
+    plan = compile_topology(definition, env.env_id).to_json()
+    fields = {"environment": env.name, "environment_id": env.env_id, "route_domain": plan["route_domain"]}
+    with ctx.progress.step("network", f"preparing route domain {plan['route_domain']}", **fields):
+        await ensure_domain(plan)
+    return plan
 
 
 # --- up -----------------------------------------------------------------------------------------------------
@@ -567,8 +639,9 @@ async def _reconcile(
         else:
             store.set_operation_plan(db, op_id, plan.to_json())
     try:
+        topology = await _ensure_route_domain(ctx, pool, definition, env)
         for step in plan.steps:
-            await _apply_step(ctx, store, pool, prepared, env, op_id, step, recorded)
+            await _apply_step(ctx, store, pool, prepared, env, op_id, step, recorded, topology)
         with store.transaction() as db:
             store.touch_project(db, project_id, str(prepared.path))
             store.set_environment(
@@ -608,6 +681,7 @@ async def _apply_step(
     op_id: str,
     step: Step,
     recorded: list[MachineRecord],
+    topology: Mapping[str, Any] | None = None,
 ) -> None:
     definition = prepared.definition
     project_id = definition.project_id
@@ -651,6 +725,7 @@ async def _apply_step(
         facts=facts,
         native_arch=prepared.native_arch[machine.name],
         environment=prepared.environments[machine.name],
+        network=network_label(topology, machine.name) if topology is not None and _attaches(facts) else None,
     )
     if step.action == "create":
         with store.transaction() as db:
