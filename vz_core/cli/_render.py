@@ -73,6 +73,10 @@ def render_status(report: dict[str, Any]) -> str:
         for machine in env["machines"]:
             if machine.get("error"):
                 lines.append(f"  {machine['name']}: {machine['error']}")
+        endpoints = env.get("endpoints") or []
+        if endpoints:
+            shown = ", ".join(f"{e['machine']}/{e['service']} → {e['host']}:{e['port']}" for e in endpoints)
+            lines.append(f"  endpoints: {shown}")
     return "\n".join(lines).lstrip("\n") + "\n"
 
 

@@ -133,3 +133,22 @@ def test_plan_blocked_needs_recreate_and_exits_4(vz: Vz, running: Path) -> None:
     vz.ok("up", "--recreate", cwd=running)
     after = vz.status(running)["environments"][0]["machines"][0]
     assert after["find"]["id"] != before["id"] and after["drift"]["status"] == "in-sync"
+
+
+def test_status_table_shows_endpoints_when_the_daemon_lists_them() -> None:
+    from vz_core.cli._render import render_status
+
+    env = {
+        "id": "env_000000000000",
+        "name": "default",
+        "project_id": "demo",
+        "state": "running",
+        "bound_worktrees": [],
+        "interrupted_operations": [],
+        "drift": {"status": "in-sync", "not_created": [], "default_machine": None},
+        "machines": [],
+    }
+    report: dict[str, Any] = {"project": None, "environments": [env]}
+    assert "endpoints" not in render_status(report)
+    env["endpoints"] = [{"machine": "app", "service": "http", "protocol": "tcp", "host": "127.0.0.1", "port": 3000}]
+    assert "  endpoints: app/http → 127.0.0.1:3000\n" in render_status(report)
