@@ -12,7 +12,7 @@ leaks_before=$(mktemp)
 bash scripts/leak-check.sh snapshot "$leaks_before"
 echo "== ruff check"; ruff check . || status=1
 echo "== ruff format --check"; ruff format --check . || status=1
-echo "== mypy --strict (vz_core, drivers, plugin SDK, conformance, benchmarks, example driver)"; mypy vz_core vz_drivers plugins/vz_plugins conformance/vz_conformance benchmarks examples/drivers/hostdir/src/vz_driver_hostdir examples/drivers/hostdir/make_manifest.py || status=1
+echo "== mypy --strict (vz_core, drivers, plugin SDK, conformance, benchmarks, example driver, API examples)"; mypy vz_core vz_drivers plugins/vz_plugins conformance/vz_conformance benchmarks examples/drivers/hostdir/src/vz_driver_hostdir examples/drivers/hostdir/make_manifest.py examples/api || status=1
 echo "== pytest"
 python -m pytest "$@"
 rc=$?

@@ -24,6 +24,7 @@ SOURCES = {
     "vz_plugins": ROOT / "plugins",
     "vz_conformance": ROOT / "conformance",
     "vz_driver_hostdir": ROOT / "examples/drivers/hostdir/src",
+    "api": ROOT / "examples",  # examples/api: scripts on the public Python client
 }
 OURS = frozenset(SOURCES)
 
