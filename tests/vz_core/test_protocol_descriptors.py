@@ -268,7 +268,7 @@ def test_service_methods_in_declaration_order() -> None:
 def test_extension_service_lives_in_its_own_package() -> None:
     assert ext_pb.DESCRIPTOR.package == "vz.machine.v1"
     service = ext_pb.DESCRIPTOR.services_by_name["MachineExtensions"]
-    assert [m.name for m in service.methods] == ["Extensions", "ExecPty"]
+    assert [m.name for m in service.methods] == ["Extensions", "ExecPty", "DeleteVolume"]
     assert not any(d.startswith("devsy") for d in ext_pb.DESCRIPTOR.dependencies)
 
 
@@ -321,4 +321,5 @@ def test_local_exec_socket_is_field_13_of_extensions_response() -> None:
     from google.protobuf.descriptor import FieldDescriptor as F
 
     assert _fields("ExtensionsResponse")["local_exec_socket"] == (13, F.TYPE_STRING)
-    assert max(number for number, _ in _fields("ExtensionsResponse").values()) == 13
+    assert _fields("ExtensionsResponse")["volume_removal"] == (14, F.TYPE_BOOL)
+    assert max(number for number, _ in _fields("ExtensionsResponse").values()) == 14

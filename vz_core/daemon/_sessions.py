@@ -411,6 +411,11 @@ class SharedDriver(Driver):
         with self._using():
             return await self._remote.exec_local(machine_id, spec, stdio)
 
+    async def delete_volume(self, name: str) -> None:
+        """A named volume's data removed by the plugin (``MachineExtensions.DeleteVolume``)."""
+        with self._using():
+            await self._remote.delete_volume(name)
+
     async def logs(self, workspace_id: str) -> AsyncIterator[bytes]:
         with self._using():
             chunks = self._remote.logs(workspace_id)

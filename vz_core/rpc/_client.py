@@ -118,7 +118,7 @@ ENV_TIMEOUT = "VZ_PLUGIN_RPC_TIMEOUT"
 ENV_OPERATION_TIMEOUT = "VZ_PLUGIN_OPERATION_TIMEOUT"
 """Environment variable overriding ``DEFAULT_OPERATION_TIMEOUT`` (seconds)."""
 _QUICK = frozenset({"Info", "Find", "TargetArchitecture", "ReusePreflight", "Extensions"})
-_OPERATIONS = ("Preflight", "ProvisioningPreflight", "RunImage", "Start", "Stop", "Delete")
+_OPERATIONS = ("Preflight", "ProvisioningPreflight", "RunImage", "Start", "Stop", "Delete", "DeleteVolume")
 
 
 def _seconds(given: float | None, env: str, default: float) -> float:
@@ -682,6 +682,23 @@ class RemoteDriver(Driver):
                     return None
                 raise await self._translate(exc, "Extensions", s.conn) from None
             return _convert.extensions_from_pb(reply)
+
+    async def delete_volume(self, name: str) -> None:
+        """Remove a named volume's data through the plugin (``MachineExtensions.DeleteVolume``; idempotent).
+
+        ``UnsupportedError`` when the plugin's driver has no volume-removal operation (or the plugin predates
+        the RPC); ``FailedPreconditionError`` while one of its Machines still mounts the volume.
+        """
+        async with self._session() as s:
+            request = ext_pb.DeleteVolumeRequest(name=name)
+            try:
+                await s.extensions.DeleteVolume(request, timeout=self.operation_timeout)
+            except grpc.RpcError as exc:
+                if exc.code() == grpc.StatusCode.UNIMPLEMENTED and not runtime_errors_in(exc):
+                    raise UnsupportedError(
+                        f"driver {self.name!r} serves no volume removal (its plugin predates DeleteVolume)"
+                    ) from None
+                raise await self._translate(exc, "DeleteVolume", s.conn) from None
 
 
 _MADE_UP_DETAILS = "Internal error from Core"

@@ -270,7 +270,24 @@ class ExtensionsServicer(_Base, ext_grpc.MachineExtensionsServicer):
             await _abort(context, UnsupportedError("this driver has no vz.machine.v1 extensions"))
         reply = _convert.extensions_to_pb(ext)
         reply.local_exec_socket = self.local_exec_socket
+        reply.volume_removal = self._volume_removal() is not None
         return reply
+
+    def _volume_removal(self) -> Callable[[str], Awaitable[None]] | None:
+        """The driver's optional ``delete_volume`` (not part of the Driver base class), or None."""
+        remove = getattr(self._driver, "delete_volume", None)
+        return remove if callable(remove) else None
+
+    async def DeleteVolume(
+        self, request: ext_pb.DeleteVolumeRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> ext_pb.DeleteVolumeResponse:
+        remove = self._volume_removal()
+        if remove is None:
+            await _abort(context, UnsupportedError("this driver has no volume-removal operation"))
+        if not request.name:
+            await _abort(context, InvalidArgumentError("a volume name is required"))
+        await self._call(context, "DeleteVolume", lambda: remove(request.name))
+        return ext_pb.DeleteVolumeResponse()
 
     async def ExecPty(self, request_iterator: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
         first = await context.read()

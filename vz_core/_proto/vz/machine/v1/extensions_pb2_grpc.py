@@ -45,6 +45,11 @@ class MachineExtensionsStub:
                 request_serializer=vz_dot_machine_dot_v1_dot_extensions__pb2.PtyClientMessage.SerializeToString,
                 response_deserializer=vz_dot_machine_dot_v1_dot_extensions__pb2.PtyServerMessage.FromString,
                 _registered_method=True)
+        self.DeleteVolume = channel.unary_unary(
+                '/vz.machine.v1.MachineExtensions/DeleteVolume',
+                request_serializer=vz_dot_machine_dot_v1_dot_extensions__pb2.DeleteVolumeRequest.SerializeToString,
+                response_deserializer=vz_dot_machine_dot_v1_dot_extensions__pb2.DeleteVolumeResponse.FromString,
+                _registered_method=True)
 
 
 class MachineExtensionsServicer:
@@ -72,6 +77,17 @@ class MachineExtensionsServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DeleteVolume(self, request, context):
+        """Remove a named volume's data (idempotent: a volume that does not exist is
+        success). Served when ExtensionsResponse.volume_removal is true, otherwise
+        UNSUPPORTED (UNIMPLEMENTED from a plugin that predates it). A volume still
+        mounted by one of the driver's Machines is FAILED_PRECONDITION. Errors as
+        for RuntimeDriver.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MachineExtensionsServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -84,6 +100,11 @@ def add_MachineExtensionsServicer_to_server(servicer, server):
                     servicer.ExecPty,
                     request_deserializer=vz_dot_machine_dot_v1_dot_extensions__pb2.PtyClientMessage.FromString,
                     response_serializer=vz_dot_machine_dot_v1_dot_extensions__pb2.PtyServerMessage.SerializeToString,
+            ),
+            'DeleteVolume': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteVolume,
+                    request_deserializer=vz_dot_machine_dot_v1_dot_extensions__pb2.DeleteVolumeRequest.FromString,
+                    response_serializer=vz_dot_machine_dot_v1_dot_extensions__pb2.DeleteVolumeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -140,6 +161,33 @@ class MachineExtensions:
             '/vz.machine.v1.MachineExtensions/ExecPty',
             vz_dot_machine_dot_v1_dot_extensions__pb2.PtyClientMessage.SerializeToString,
             vz_dot_machine_dot_v1_dot_extensions__pb2.PtyServerMessage.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteVolume(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vz.machine.v1.MachineExtensions/DeleteVolume',
+            vz_dot_machine_dot_v1_dot_extensions__pb2.DeleteVolumeRequest.SerializeToString,
+            vz_dot_machine_dot_v1_dot_extensions__pb2.DeleteVolumeResponse.FromString,
             options,
             channel_credentials,
             insecure,
