@@ -38,6 +38,7 @@ __all__ = [
     "go_spec",
     "linux_native_problem",
     "rss_of_tree",
+    "rss_without",
     "run_timed",
     "uncached_modules",
     "vz_script",
@@ -304,6 +305,26 @@ def rss_of_tree(pid: int) -> tuple[int, int]:
                 rss += info.rss
                 uss += info.uss
     return rss, uss
+
+
+def rss_without(pid: int, excluded_roots: Sequence[int]) -> int:
+    """RSS in bytes of process ``pid`` and its descendants, leaving out the trees rooted at ``excluded_roots``."""
+    import psutil
+
+    skip: set[int] = set()
+    for root in excluded_roots:
+        with contextlib.suppress(psutil.Error):
+            proc = psutil.Process(root)
+            skip |= {root, *(p.pid for p in proc.children(recursive=True))}
+    rss = 0
+    with contextlib.suppress(psutil.Error):
+        top = psutil.Process(pid)
+        for proc in [top, *top.children(recursive=True)]:
+            if proc.pid in skip:
+                continue
+            with contextlib.suppress(psutil.Error):
+                rss += proc.memory_info().rss
+    return rss
 
 
 def importable(name: str) -> bool:
