@@ -363,6 +363,7 @@ def network_label(plan: Mapping[str, Any], machine: str) -> str | None:
                 "attachments": entry["attachments"],
                 "dns_server": entry["dns_server"],
                 "search": entry["search"],
+                "egress": entry["egress"],
             }
         ],
         "forward": [],
