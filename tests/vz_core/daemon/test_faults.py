@@ -394,3 +394,44 @@ def test_full_disk_under_the_state_dir(small_fs: Path, tmp_path: Path, daemon_ru
     vz.ok("up", cwd=project)
     assert machines(vz, project) == before
     finish(vz, project)
+
+
+# --- the typed client ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("transport", ["local", "grpc"])
+def test_api_client_sees_a_daemon_sigkill_during_an_exec(
+    vz: Vz, project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, transport: str
+) -> None:
+    """A program on vz_core.api streaming an exec's output when the daemon dies: ApiError (unavailable, naming
+    the daemon), then a new Client autostarts a daemon that finds the Machines and runs the next exec."""
+    from vz_core.api import ApiError, Client, default_context
+
+    for key in [k for k in os.environ if k.startswith("VZ_")]:
+        monkeypatch.delenv(key)  # the same daemon-affecting settings as the CLI's (vzcli drops VZ_*)
+    vz.ok("up", cwd=project)
+    before = machines(vz, project)
+    context = default_context(cwd=project, environ=vz.env())
+    marker = tmp_path / "started"
+    with Client(home=vz.home, transport=transport, context=context) as client:
+        call = client.open_exec(["sh", "-c", f"echo $$ > {marker}; echo ready; exec sleep 3023"])
+        try:
+            assert call.receive() == ("output", 1, b"ready\n")
+            daemon = vz.daemon_pid()
+            old = tree(daemon)
+            os.kill(daemon, signal.SIGKILL)
+            with pytest.raises(ApiError) as failed:
+                while True:
+                    call.receive()
+        finally:
+            call.close()
+    error = failed.value
+    assert error.kind in ("unavailable", "backend_failure") and error.exit_code != 0, error.to_wire()
+    assert "daemon" in error.message and "Traceback" not in error.message, error.message
+    wait_gone(old, "the SIGKILLed daemon's plugins and the command they ran")
+    with Client(home=vz.home, transport=transport, context=context) as client:
+        found = {m["name"]: (m["id"], m["state"]) for m in client.machines()}
+        assert found == before
+        assert client.exec(["echo", "again"]).stdout == b"again\n"
+        assert client.daemon_status()["pid"] != daemon
+    finish(vz, project, also="sleep 3023")
