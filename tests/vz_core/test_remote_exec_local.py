@@ -8,6 +8,7 @@ import hashlib
 import os
 import shutil
 import socket
+import subprocess
 import sys
 import tempfile
 import threading
@@ -277,32 +278,26 @@ async def test_another_uid_is_refused(tmp_path: Path) -> None:
         for directory in (parent, os.path.dirname(path)):
             os.chmod(directory, 0o755)
         os.chmod(path, 0o777)
-        result_r, result_w = os.pipe()
-        child = os.fork()
-        if child == 0:  # pragma: no cover - the child: connect as nobody, report what came back
-            code = 1
-            try:
-                os.setgid(65534)
-                os.setuid(65534)
-                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-                    s.settimeout(20)
-                    s.connect(path)
-                    s.sendall(b"\x00\x00\x00\x03J{}")
-                    try:
-                        answer = s.recv(100)
-                    except ConnectionResetError:  # closed with our request unread
-                        answer = b""
-                    os.write(result_w, b"answer:" + answer)
-                code = 0
-            except BaseException as exc:
-                os.write(result_w, repr(exc).encode())
-            finally:
-                os._exit(code)
-        os.close(result_w)
-        _, status = await asyncio.to_thread(os.waitpid, child, 0)
-        with os.fdopen(result_r, "rb") as f:
-            seen = f.read()
-        assert os.waitstatus_to_exitcode(status) == 0, seen
+        # The system's interpreter (world-executable), as nobody: connect, send a request, report the answer.
+        script = (
+            "import socket,sys\n"
+            "s=socket.socket(socket.AF_UNIX); s.settimeout(20); s.connect(sys.argv[1])\n"
+            "try:\n    s.sendall(b'\\x00\\x00\\x00\\x03J{}'); a=s.recv(100)\n"
+            "except (BrokenPipeError, ConnectionResetError):\n    a=b''\n"
+            "sys.stdout.buffer.write(b'answer:'+a)\n"
+        )
+        done = await asyncio.to_thread(
+            subprocess.run,
+            ["/usr/bin/python3", "-I", "-c", script, path],
+            user=65534,
+            group=65534,
+            extra_groups=[],
+            capture_output=True,
+            timeout=60,
+            cwd="/",
+        )
+        assert done.returncode == 0, done.stderr
+        seen = done.stdout
         assert seen == b"answer:"  # connected, then closed without a word
     finally:
         await server.close()
