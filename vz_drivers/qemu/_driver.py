@@ -46,6 +46,7 @@ from vz_drivers._machine import (
     tail,
 )
 from vz_drivers.qemu._accel import ACCELERATORS, Accelerator, choose_accelerator
+from vz_drivers.qemu._attach import TOPOLOGY_FACT, parse_network_label, remove_taps
 from vz_drivers.qemu._disk import (
     default_disk_size,
     find_mke2fs,
@@ -214,6 +215,7 @@ class QemuBackend(Backend[QemuRecord, QemuPaths]):
         facts["agent_transport"] = f"virtio-serial, {self.sessions} port(s) per Machine"
         facts["egress_allow"] = "QEMU user networking (NAT through the host's sockets)"
         facts["egress_deny"] = "QEMU user networking with restrict=on (nothing leaves the guest)"
+        facts["topology"] = TOPOLOGY_FACT
         return facts, accel_name, reason
 
     async def preflight(self) -> None:
@@ -232,6 +234,7 @@ class QemuBackend(Backend[QemuRecord, QemuPaths]):
 
     async def plan(self, request: RunImageRequest, key: str) -> MachinePlan[QemuRecord]:
         valid = validate_request(request, self.limits)
+        parse_network_label(valid.labels)  # a bad vz.network label is refused before anything is created
         host = await self.host()
         image = await self.images.resolve(request, architecture="amd64", display=self.display)
         usage = await asyncio.to_thread(tree_usage, image.rootfs)
@@ -348,6 +351,9 @@ class QemuBackend(Backend[QemuRecord, QemuPaths]):
 
     async def release(self, record: QemuRecord) -> None:
         await asyncio.to_thread(self._forget_config, record, everything=True)
+        network = parse_network_label(record.labels)
+        if network is not None:
+            await remove_taps(network)  # a leftover tap of the Machine (QEMU normally takes them along)
 
     async def boot(self, record: QemuRecord) -> None:
         host = await self.host()
@@ -365,6 +371,7 @@ class QemuBackend(Backend[QemuRecord, QemuPaths]):
             shares=tuple(shares),
             egress=record.egress,
             sessions=int(record.extra.get("sessions", 1)),
+            network=parse_network_label(record.labels),
         )
         record.pid, record.pid_start = await launch(host.qemu.path, spec, paths.run)
         record.accelerator = host.accel.name

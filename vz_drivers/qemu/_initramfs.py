@@ -135,13 +135,80 @@ vz_hostname() {
 	$bb hostname "$1"
 }
 
-# vz_network: loopback, and eth0 on QEMU user networking (10.0.2.0/24, gateway 10.0.2.2, DNS 10.0.2.3).
+# vz_network: loopback; then either the route-domain attachments named on the kernel command line (a version 2
+# Machine: "vz.net=IFNAME,MAC,ADDRESS,GATEWAY,SUBNET" per interface, "vz.dns=SERVER", "vz.search=D1,D2") or eth0
+# on QEMU user networking (10.0.2.0/24, gateway 10.0.2.2, DNS 10.0.2.3).
 vz_network() {
 	$bb ip link set lo up
-	if [ -e /sys/class/net/eth0 ]; then
-		$bb ip link set eth0 up
-		$bb ip addr add 10.0.2.15/24 dev eth0
-		$bb ip route add default via 10.0.2.2
+	nets= dns= search=
+	for word in $($bb cat /proc/cmdline); do
+		case "$word" in
+		vz.net=?*) nets="$nets ${word#vz.net=}" ;;
+		vz.dns=?*) dns=${word#vz.dns=} ;;
+		vz.search=?*) search=${word#vz.search=} ;;
+		esac
+	done
+	if [ -z "$nets" ]; then
+		if [ -e /sys/class/net/eth0 ]; then
+			$bb ip link set eth0 up
+			$bb ip addr add 10.0.2.15/24 dev eth0
+			$bb ip route add default via 10.0.2.2
+		fi
+		return 0
+	fi
+	# First every attached interface (found by its MAC) under a temporary name, so that renaming to ethN
+	# never collides with an interface that has yet to be renamed.
+	i=0
+	for net in $nets; do
+		vz_net_claim "$(echo "$net" | $bb cut -d, -f2)" "vznet$i"
+		i=$((i + 1))
+	done
+	i=0
+	for net in $nets; do
+		set -- $(echo "$net" | $bb tr , ' ')
+		$bb ip link set "vznet$i" name "$1" || die "cannot name the interface $1"
+		$bb ip link set "$1" up || die "cannot bring $1 up"
+		$bb ip addr add "$3/32" dev "$1" || die "cannot give $1 the address $3"
+		$bb ip route add "$4/32" dev "$1" scope link src "$3" || die "cannot route to the gateway $4"
+		$bb ip route add "$5" via "$4" dev "$1" src "$3" || die "cannot route $5 via $4"
+		if [ $i -eq 0 ]; then
+			$bb ip route add default via "$4" dev "$1" src "$3" || die "cannot set the default route via $4"
+		fi
+		i=$((i + 1))
+	done
+	if [ -n "$dns" ]; then
+		{
+			echo "nameserver $dns"
+			[ -n "$search" ] && echo "search $(echo "$search" | $bb tr , ' ')"
+		} >/run/vz/resolv.conf
+		vz_write_file /run/vz/resolv.conf /etc/resolv.conf
+	fi
+}
+
+# vz_net_claim MAC NAME: rename the interface with MAC (its driver may still be probing) to NAME.
+vz_net_claim() {
+	n=0
+	while :; do
+		for p in /sys/class/net/*; do
+			if [ "$($bb cat "$p/address" 2>/dev/null)" = "$1" ]; then
+				$bb ip link set "${p##*/}" name "$2" || die "cannot rename the interface with MAC $1"
+				return 0
+			fi
+		done
+		n=$((n + 1))
+		[ $n -gt 500 ] && die "no network interface with MAC $1"
+		$bb usleep 10000
+	done
+}
+
+# vz_write_file SOURCE TARGET: SOURCE over TARGET inside the root: bound over a regular file (nothing of the
+# image changes), otherwise written in place of a missing file or a link.
+vz_write_file() {
+	if [ -f "/mnt/root$2" ] && [ ! -L "/mnt/root$2" ]; then
+		$bb mount --bind "$1" "/mnt/root$2" || die "cannot bind $2"
+	else
+		$bb mkdir -p "/mnt/root${2%/*}" && $bb rm -f "/mnt/root$2" && $bb cp "$1" "/mnt/root$2" \
+			|| die "cannot write $2"
 	fi
 }
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from vz_core.errors import RuntimeFailureError, UnavailableError
 from vz_drivers._machine import proc_start_time, tail
+from vz_drivers.qemu._attach import GuestNetwork, open_taps
 
 __all__ = [
     "QemuBinary",
@@ -84,6 +85,8 @@ class VmSpec:
     sessions: int = 1
     kernel_args: tuple[str, ...] = ()
     extra: tuple[str, ...] = field(default_factory=tuple)
+    network: GuestNetwork | None = None
+    """A version 2 Machine's route-domain attachment: tap devices instead of QEMU user networking."""
 
 
 CONSOLE_LOG = "console.log"
@@ -101,8 +104,14 @@ def _security_model() -> str:
     return "passthrough" if os.geteuid() == 0 else "mapped-xattr"
 
 
-def build_command(qemu: str, spec: VmSpec) -> list[str]:
-    """The full argv of the Machine's QEMU (relative socket paths: run it in the Machine's run/ directory)."""
+def build_command(qemu: str, spec: VmSpec, tap_fds: tuple[int, ...] = ()) -> list[str]:
+    """The full argv of the Machine's QEMU (relative socket paths: run it in the Machine's run/ directory).
+
+    With ``spec.network`` the Machine's NICs are the tap devices ``tap_fds`` (one per attachment, opened by
+    ``vz_drivers.qemu._attach.open_taps``) and the guest learns its addresses from the kernel command line."""
+    if spec.network is not None and len(tap_fds) != len(spec.network.attachments):
+        wanted = len(spec.network.attachments)
+        raise ValueError(f"{wanted} attachment(s) need as many tap descriptors, not {len(tap_fds)}")
     kvm = spec.accelerator == "kvm"
     # cryptomgr.notests: the crypto self-tests cost a few hundred ms of boot under TCG. Speculative-execution
     # mitigations protect nothing on an emulated CPU (TCG does not speculate) and slow it down.
@@ -110,6 +119,8 @@ def build_command(qemu: str, spec: VmSpec) -> list[str]:
     if not kvm:
         cmdline.append("mitigations=off")
     cmdline += spec.kernel_args
+    if spec.network is not None:
+        cmdline += spec.network.kernel_args()
     args = [
         qemu,
         "-name",
@@ -172,17 +183,27 @@ def build_command(qemu: str, spec: VmSpec) -> list[str]:
             "-device",
             f"virtio-9p-pci,fsdev=fs{index},mount_tag={share.tag}",
         ]
-    # User networking: "restrict=on" isolates the guest (no connection leaves it; exec is unaffected: it uses
-    # virtio-serial). Allowed egress is NAT through the host's own sockets.
-    restrict = "on" if spec.egress == "deny" else "off"
-    args += [
-        "-netdev",
-        f"user,id=net0,restrict={restrict},hostname={spec.name}",
-        "-device",
-        "virtio-net-pci,netdev=net0,romfile=",
-        *spec.extra,
-        "-daemonize",
-    ]
+    if spec.network is not None:
+        # The route domain: each attachment a tap whose other end lives in the Environment's namespace; nothing
+        # goes through the host's sockets. vhost stays off (no /dev/vhost-net descriptor to hand over).
+        for index, (att, fd) in enumerate(zip(spec.network.attachments, tap_fds, strict=True)):
+            args += [
+                "-netdev",
+                f"tap,id=net{index},fd={fd},vhost=off",
+                "-device",
+                f"virtio-net-pci,netdev=net{index},mac={spec.network.mac(att)},romfile=",
+            ]
+    else:
+        # User networking: "restrict=on" isolates the guest (no connection leaves it; exec is unaffected: it uses
+        # virtio-serial). Allowed egress is NAT through the host's own sockets.
+        restrict = "on" if spec.egress == "deny" else "off"
+        args += [
+            "-netdev",
+            f"user,id=net0,restrict={restrict},hostname={spec.name}",
+            "-device",
+            "virtio-net-pci,netdev=net0,romfile=",
+        ]
+    args += [*spec.extra, "-daemonize"]
     return args
 
 
@@ -194,23 +215,32 @@ def _escape(value: str) -> str:
 async def launch(qemu: str, spec: VmSpec, run_dir: Path) -> tuple[int, int]:
     """Start the Machine's QEMU detached; return (pid, start time) once it has set up every device.
 
+    A version 2 Machine's taps are created in its route domain first and handed to QEMU; QEMU then holds the
+    only descriptors (ours are closed whatever happens), so the taps go when QEMU goes.
+
     Raises ``RuntimeFailureError`` with QEMU's own message when it refuses to start.
     """
-    argv = build_command(qemu, spec)
     for name in (CONSOLE_LOG, PIDFILE, QMP_SOCKET, *(agent_socket_name(p) for p in range(spec.sessions))):
         with contextlib.suppress(FileNotFoundError):
             (run_dir / name).unlink()
-    proc = await asyncio.create_subprocess_exec(
-        *argv,
-        cwd=run_dir,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        start_new_session=True,
-    )
-    # The launching process exits when the daemon is initialised; the daemon then drops its copies of our
-    # pipes, so reading to the end does not wait for the VM.
-    out, err = await proc.communicate()
+    fds = tuple(await open_taps(spec.network)) if spec.network is not None else ()
+    try:
+        argv = build_command(qemu, spec, fds)
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            cwd=run_dir,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,
+            pass_fds=fds,
+        )
+        # The launching process exits when the daemon is initialised; the daemon then drops its copies of our
+        # pipes, so reading to the end does not wait for the VM.
+        out, err = await proc.communicate()
+    finally:
+        for fd in fds:
+            os.close(fd)
     if proc.returncode != 0:
         message = (err or out).decode(errors="replace").strip()
         raise RuntimeFailureError(

@@ -1,0 +1,289 @@
+"""A version 2 Machine's attachment to its Environment's route domain: tap devices instead of user networking.
+
+The Machine's slice of the topology plan arrives as the label ``vz.network`` (compact JSON; the slice is itself
+a one-Machine plan, so ``vz_core.network.DomainSpec.from_plan`` checks every name and address in it). For each
+attachment the host creates the domain end as a tap device named by the plan (``v<10 hex>``) *inside* the
+domain's namespace (``TUNSETIFF`` from a thread joined to it: nothing appears in the host's namespace),
+configures it exactly like a veth domain end (the gateway as /32, a /32 route to the Machine), and hands the
+open descriptor to QEMU (``-netdev tap,fd=N,vhost=off``). The tap is not persistent: it lives as long as QEMU
+holds it, so a stopped or killed Machine leaves no link behind; ``remove_taps`` removes a leftover one.
+
+Inside the guest, the init (``vz_network`` of ``vz_drivers.qemu._initramfs``) reads ``vz.net=IFNAME,MAC,ADDRESS,
+GATEWAY,SUBNET`` words from the kernel command line, gives the interface with that MAC its name and address
+(/32, link route to the gateway, the subnet via the gateway, the default route via the first gateway) and, from
+``vz.dns=``/``vz.search=``, writes the Machine's ``/etc/resolv.conf``. Every value there was checked here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import fcntl
+import json
+import os
+import re
+import struct
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from vz_core.errors import FailedPreconditionError, InvalidArgumentError, RuntimeFailureError, UnavailableError
+from vz_core.network import NETNS_DIR, AttachmentSpec, DomainSpec, NetworkTools, PlanError
+
+__all__ = [
+    "MAX_LABEL",
+    "NETWORK_LABEL",
+    "TOPOLOGY_FACT",
+    "GuestNetwork",
+    "network_label",
+    "open_taps",
+    "parse_network_label",
+    "remove_taps",
+]
+
+NETWORK_LABEL = "vz.network"
+MAX_LABEL = 8192
+TOPOLOGY_FACT = (
+    "route-domain attachment: a RunImage label vz.network=<the Machine's topology plan slice as JSON> joins the "
+    "Machine to the Environment's route domain through a tap device (vz_core.network; the domain is created by the "
+    "caller before RunImage) instead of QEMU user networking; resolv.conf names the plan's DNS server "
+    "(docs/network.md)"
+)
+_ENV_LABEL = "dev.vz.environment"
+_SEARCH_RE = re.compile(r"(?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\.)*[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
+_TUNSETIFF = 0x400454CA
+_IFF_TAP = 0x0002
+_IFF_NO_PI = 0x1000
+_CLONE_NEWNET = 0x40000000
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+@dataclass(frozen=True)
+class GuestNetwork:
+    """What a Machine's route-domain attachment needs on the host (taps) and in the guest (kernel arguments)."""
+
+    environment_id: str
+    domain: str
+    machine: str
+    attachments: tuple[AttachmentSpec, ...]
+    dns_server: str
+    search: tuple[str, ...]
+
+    def mac(self, attachment: AttachmentSpec) -> str:
+        """A stable, locally administered MAC per attachment: 02 + the 10 hex digits of its domain end's name."""
+        digits = attachment.domain_ifname[1:]
+        return "02:" + ":".join(digits[i : i + 2] for i in range(0, 10, 2))
+
+    def kernel_args(self) -> tuple[str, ...]:
+        args = [f"vz.net={a.machine_ifname},{self.mac(a)},{a.address},{a.gateway},{a.subnet}" for a in self.attachments]
+        if self.dns_server and self.attachments:
+            args.append(f"vz.dns={self.dns_server}")
+            if self.search:
+                args.append("vz.search=" + ",".join(self.search))
+        return tuple(args)
+
+
+def network_label(plan: Mapping[str, Any], machine: str) -> str:
+    """The ``vz.network`` label value of ``machine``: its slice of the plan (JSON form), compact JSON.
+
+    The slice is a one-Machine plan: the Machine's entry (name, attachments, DNS server and search, egress),
+    the networks it is attached to (their member list reduced to it), no forward or input rules (the domain's
+    table comes from the whole plan, never from a Machine's label)."""
+    entries = [m for m in plan.get("machines", []) if isinstance(m, Mapping) and m.get("name") == machine]
+    if len(entries) != 1:
+        raise PlanError(f"{machine!r} is not a Machine of this plan")
+    entry = entries[0]
+    names = {a.get("network") for a in entry.get("attachments", []) if isinstance(a, Mapping)}
+    data = {
+        "format": plan.get("format"),
+        "environment_id": plan.get("environment_id"),
+        "route_domain": plan.get("route_domain"),
+        "networks": [
+            {**n, "machines": [machine]}
+            for n in plan.get("networks", [])
+            if isinstance(n, Mapping) and n.get("name") in names
+        ],
+        "machines": [{k: entry[k] for k in ("name", "attachments", "dns_server", "search", "egress") if k in entry}],
+        "forward": [],
+        "input": [],
+    }
+    return json.dumps(data, separators=(",", ":"), sort_keys=True)
+
+
+def _bad(message: str) -> InvalidArgumentError:
+    return InvalidArgumentError(
+        f"label {NETWORK_LABEL}: {message}", details={"field": "labels", "label": NETWORK_LABEL}
+    )
+
+
+def parse_network_label(labels: Mapping[str, str]) -> GuestNetwork | None:
+    """The Machine's route-domain attachment from its ``vz.network`` label; None without the label (version 1).
+
+    The same checks as linux_native's (``vz_drivers.linux_native._attach.network_slice``): the plan checks of
+    ``vz_core.network`` plus the slice's own (one Machine, attached, no rules, its DNS server one of its gateways,
+    the Machine's Environment). Raises InvalidArgumentError naming what is wrong before anything is touched."""
+    text = labels.get(NETWORK_LABEL)
+    if text is None:
+        return None
+    if len(text) > MAX_LABEL:
+        raise _bad(f"{len(text)} characters is longer than {MAX_LABEL}; it carries one Machine's slice of the plan")
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise _bad(f"not JSON ({exc}); it is the Machine's slice of the topology plan (docs/network.md)") from None
+    if not isinstance(data, dict):
+        raise _bad("expected a JSON object (the Machine's slice of the topology plan)")
+    try:
+        spec = DomainSpec.from_plan(data)
+    except PlanError as exc:
+        raise _bad(exc.message) from None
+    machines = data["machines"]
+    if len(machines) != 1:
+        raise _bad(f"$.machines: {len(machines)} Machines; a slice holds exactly the one Machine it is given to")
+    entry = machines[0]
+    name = str(entry["name"])
+    attachments = spec.machine(name)
+    if not attachments:
+        raise _bad(f"$.machines[0].attachments: {name!r} has none (a Machine attached to no network gets no label)")
+    if data["forward"] or data["input"]:
+        raise _bad("$.forward/$.input: a slice carries no rules (the route domain holds them)")
+    if _ENV_LABEL in labels and labels[_ENV_LABEL] != spec.environment_id:
+        raise _bad(
+            f"$.environment_id: {spec.environment_id!r} is not the Machine's Environment ({labels[_ENV_LABEL]!r})"
+        )
+    dns = entry.get("dns_server")
+    if dns not in {str(a.gateway) for a in attachments}:
+        raise _bad(f"$.machines[0].dns_server: {dns!r} is not a gateway of the Machine's attachments")
+    search = entry.get("search")
+    if (
+        not isinstance(search, list)
+        or not search
+        or not all(isinstance(x, str) and _SEARCH_RE.fullmatch(x) for x in search)
+    ):
+        raise _bad(f"$.machines[0].search: {search!r} is not a non-empty list of domain names")
+    return GuestNetwork(
+        environment_id=spec.environment_id,
+        domain=spec.name,
+        machine=name,
+        attachments=attachments,
+        dns_server=str(dns),
+        search=tuple(search),
+    )
+
+
+def _require_root() -> None:
+    if os.geteuid() != 0:
+        raise UnavailableError("a version 2 Machine on qemu joins its route domain through taps, which needs root")
+
+
+async def _run(argv: list[str], stdin: bytes = b"", what: str = "") -> str:
+    proc = await asyncio.create_subprocess_exec(
+        *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    out, err = await proc.communicate(stdin)
+    if proc.returncode != 0:
+        raise RuntimeFailureError(f"route domain: {what} failed", runtime_message=err.decode(errors="replace").strip())
+    return out.decode(errors="replace")
+
+
+async def _links(tools: NetworkTools, netns: str) -> dict[str, dict[str, Any]]:
+    out = await _run([tools.nsenter, f"--net={netns}", "--", tools.ip, "-j", "-d", "link", "show"], what="list links")
+    return {d["ifname"]: d for d in json.loads(out or "[]") if isinstance(d, dict) and "ifname" in d}
+
+
+def _create_tap(netns: str, ifname: str) -> int:
+    """A non-persistent tap named ``ifname`` created in the namespace at ``netns``; its descriptor (close-on-exec)."""
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            ns = os.open(netns, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                if _libc.setns(ns, _CLONE_NEWNET) != 0:
+                    err = ctypes.get_errno()
+                    raise OSError(err, f"setns {netns}: {os.strerror(err)}")
+            finally:
+                os.close(ns)
+            fd = os.open("/dev/net/tun", os.O_RDWR | os.O_CLOEXEC)
+            try:
+                fcntl.ioctl(fd, _TUNSETIFF, struct.pack("16sH22x", ifname.encode(), _IFF_TAP | _IFF_NO_PI))
+            except BaseException:
+                os.close(fd)
+                raise
+            box["fd"] = fd
+        except BaseException as exc:  # handed to the caller
+            box["error"] = exc
+
+    # A thread of its own: setns changes only this thread's namespace, and it ends right after.
+    thread = threading.Thread(target=target, name=f"tap-{ifname}")
+    thread.start()
+    thread.join()
+    if "error" in box:
+        exc = box["error"]
+        raise RuntimeFailureError(f"route domain: creating the tap {ifname} failed: {exc}") from None
+    fd: int = box["fd"]
+    return fd
+
+
+async def open_taps(network: GuestNetwork, *, tools: NetworkTools | None = None) -> list[int]:
+    """Create and configure the Machine's tap devices in its route domain; their descriptors, in attachment order.
+
+    The domain must exist (the Environment's ``ensure_domain``). A stale link of the same name (a previous boot's,
+    or anything else there under that name) is removed first. The caller owns the descriptors."""
+    _require_root()
+    tools = tools or NetworkTools.find()
+    netns = str(NETNS_DIR / network.domain)
+    if not await asyncio.to_thread(os.path.lexists, netns):
+        raise FailedPreconditionError(
+            f"the route domain {network.domain} of Machine {network.machine!r} does not exist; `vz up` creates it "
+            "before the Machine starts"
+        )
+    present = await _links(tools, netns)
+    fds: list[int] = []
+    try:
+        for att in network.attachments:
+            if att.domain_ifname in present:
+                await _run(
+                    [tools.nsenter, f"--net={netns}", "--", tools.ip, "link", "del", att.domain_ifname],
+                    what=f"remove the stale {att.domain_ifname}",
+                )
+            fds.append(await asyncio.to_thread(_create_tap, netns, att.domain_ifname))
+            batch = (
+                f"link set {att.domain_ifname} up\n"
+                f"addr replace {att.gateway}/32 dev {att.domain_ifname}\n"
+                f"route replace {att.address}/32 dev {att.domain_ifname} scope link src {att.gateway}\n"
+            )
+            await _run(
+                [tools.nsenter, f"--net={netns}", "--", tools.ip, "-batch", "-"],
+                batch.encode(),
+                what=f"domain end {att.domain_ifname} of {network.machine}",
+            )
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+    return fds
+
+
+async def remove_taps(network: GuestNetwork, *, tools: NetworkTools | None = None) -> list[str]:
+    """Remove the Machine's tap devices still present in its domain (QEMU normally takes them along); only taps
+    named by its attachments, nothing else. Returns the names removed."""
+    netns = str(NETNS_DIR / network.domain)
+    if os.geteuid() != 0 or not await asyncio.to_thread(os.path.lexists, netns):
+        return []
+    tools = tools or NetworkTools.find()
+    present = await _links(tools, netns)
+    removed = []
+    for att in network.attachments:
+        link = present.get(att.domain_ifname)
+        if link is None or (link.get("linkinfo") or {}).get("info_kind") != "tun":
+            continue
+        with contextlib.suppress(RuntimeFailureError):
+            await _run(
+                [tools.nsenter, f"--net={netns}", "--", tools.ip, "link", "del", att.domain_ifname],
+                what=f"remove {att.domain_ifname}",
+            )
+            removed.append(att.domain_ifname)
+    return removed
