@@ -367,7 +367,21 @@ def _fill(fs: Path) -> Path:
     return filler
 
 
-@pytest.mark.parametrize("daemon_running", [True, False], ids=["daemon-running", "daemon-starting"])
+@pytest.mark.parametrize(
+    "daemon_running",
+    [
+        True,
+        pytest.param(
+            False,
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="a daemon that cannot start on a full disk says `OSError: [Errno 28] No space left on device` "
+                "without saying what to do (request to vz_core/daemon/_connect.py's owner in requests.md)",
+            ),
+        ),
+    ],
+    ids=["daemon-running", "daemon-starting"],
+)
 def test_full_disk_under_the_state_dir(small_fs: Path, tmp_path: Path, daemon_running: bool) -> None:
     """No space left where VZ_HOME lives: `vz stop` fails naming the state dir and "no space" (with the daemon
     running, and with one started on the full disk), nothing recorded is lost, and once space is freed the
@@ -383,7 +397,7 @@ def test_full_disk_under_the_state_dir(small_fs: Path, tmp_path: Path, daemon_ru
         failed = vz.run("stop", cwd=project, timeout=120)
         # 2: the store refused the write; 69: the daemon could not start on the full filesystem.
         assert failed.returncode in (2, 69), failed.stderr.decode()
-        clear_error(failed.stderr, "stop", str(vz.home), "no space", "free space")
+        message = clear_error(failed.stderr, "stop", str(vz.home), "no space")
         assert machines(vz, project) == before, "a failed write lost or changed a Machine"
         assert vz.ok("exec", "--", "echo", "still", cwd=project) == "still\n"
     finally:
@@ -394,6 +408,8 @@ def test_full_disk_under_the_state_dir(small_fs: Path, tmp_path: Path, daemon_ru
     vz.ok("up", cwd=project)
     assert machines(vz, project) == before
     finish(vz, project)
+    # Last, so that everything above is checked in both variants: the message says what to do.
+    assert "free space" in message.lower(), message
 
 
 # --- the typed client ----------------------------------------------------------------------------------------
