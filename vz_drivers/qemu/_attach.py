@@ -22,29 +22,26 @@ import ctypes
 import fcntl
 import json
 import os
-import re
 import struct
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from vz_core.errors import FailedPreconditionError, InvalidArgumentError, RuntimeFailureError, UnavailableError
-from vz_core.network import NETNS_DIR, AttachmentSpec, DomainSpec, NetworkTools, PlanError
+from vz_core.errors import FailedPreconditionError, RuntimeFailureError, UnavailableError
+from vz_core.network import NETNS_DIR, AttachmentSpec, NetworkTools
+from vz_core.network.label import LABEL, parse_machine_slice
 
 __all__ = [
-    "MAX_LABEL",
     "NETWORK_LABEL",
     "TOPOLOGY_FACT",
     "GuestNetwork",
-    "network_label",
     "open_taps",
     "parse_network_label",
     "remove_taps",
 ]
 
-NETWORK_LABEL = "vz.network"
-MAX_LABEL = 8192
+NETWORK_LABEL = LABEL
 TOPOLOGY_FACT = (
     "route-domain attachment: a RunImage label vz.network=<the Machine's topology plan slice as JSON> joins the "
     "Machine to the Environment's route domain through a tap device (vz_core.network; the domain is created by the "
@@ -52,7 +49,6 @@ TOPOLOGY_FACT = (
     "(docs/network.md)"
 )
 _ENV_LABEL = "dev.vz.environment"
-_SEARCH_RE = re.compile(r"(?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\.)*[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
 _TUNSETIFF = 0x400454CA
 _IFF_TAP = 0x0002
 _IFF_NO_PI = 0x1000
@@ -85,91 +81,21 @@ class GuestNetwork:
         return tuple(args)
 
 
-def network_label(plan: Mapping[str, Any], machine: str) -> str:
-    """The ``vz.network`` label value of ``machine``: its slice of the plan (JSON form), compact JSON.
-
-    The slice is a one-Machine plan: the Machine's entry (name, attachments, DNS server and search, egress),
-    the networks it is attached to (their member list reduced to it), no forward or input rules (the domain's
-    table comes from the whole plan, never from a Machine's label)."""
-    entries = [m for m in plan.get("machines", []) if isinstance(m, Mapping) and m.get("name") == machine]
-    if len(entries) != 1:
-        raise PlanError(f"{machine!r} is not a Machine of this plan")
-    entry = entries[0]
-    names = {a.get("network") for a in entry.get("attachments", []) if isinstance(a, Mapping)}
-    data = {
-        "format": plan.get("format"),
-        "environment_id": plan.get("environment_id"),
-        "route_domain": plan.get("route_domain"),
-        "networks": [
-            {**n, "machines": [machine]}
-            for n in plan.get("networks", [])
-            if isinstance(n, Mapping) and n.get("name") in names
-        ],
-        "machines": [{k: entry[k] for k in ("name", "attachments", "dns_server", "search", "egress") if k in entry}],
-        "forward": [],
-        "input": [],
-    }
-    return json.dumps(data, separators=(",", ":"), sort_keys=True)
-
-
-def _bad(message: str) -> InvalidArgumentError:
-    return InvalidArgumentError(
-        f"label {NETWORK_LABEL}: {message}", details={"field": "labels", "label": NETWORK_LABEL}
-    )
-
-
 def parse_network_label(labels: Mapping[str, str]) -> GuestNetwork | None:
     """The Machine's route-domain attachment from its ``vz.network`` label; None without the label (version 1).
 
-    The same checks as linux_native's (``vz_drivers.linux_native._attach.network_slice``): the plan checks of
-    ``vz_core.network`` plus the slice's own (one Machine, attached, no rules, its DNS server one of its gateways,
-    the Machine's Environment). Raises InvalidArgumentError naming what is wrong before anything is touched."""
-    text = labels.get(NETWORK_LABEL)
-    if text is None:
+    Read with ``vz_core.network.label.parse_machine_slice``, the same checks (and messages) as linux_native's:
+    InvalidArgumentError naming what is wrong, before anything is touched."""
+    found = parse_machine_slice(labels)
+    if found is None:
         return None
-    if len(text) > MAX_LABEL:
-        raise _bad(f"{len(text)} characters is longer than {MAX_LABEL}; it carries one Machine's slice of the plan")
-    try:
-        data = json.loads(text)
-    except ValueError as exc:
-        raise _bad(f"not JSON ({exc}); it is the Machine's slice of the topology plan (docs/network.md)") from None
-    if not isinstance(data, dict):
-        raise _bad("expected a JSON object (the Machine's slice of the topology plan)")
-    try:
-        spec = DomainSpec.from_plan(data)
-    except PlanError as exc:
-        raise _bad(exc.message) from None
-    machines = data["machines"]
-    if len(machines) != 1:
-        raise _bad(f"$.machines: {len(machines)} Machines; a slice holds exactly the one Machine it is given to")
-    entry = machines[0]
-    name = str(entry["name"])
-    attachments = spec.machine(name)
-    if not attachments:
-        raise _bad(f"$.machines[0].attachments: {name!r} has none (a Machine attached to no network gets no label)")
-    if data["forward"] or data["input"]:
-        raise _bad("$.forward/$.input: a slice carries no rules (the route domain holds them)")
-    if _ENV_LABEL in labels and labels[_ENV_LABEL] != spec.environment_id:
-        raise _bad(
-            f"$.environment_id: {spec.environment_id!r} is not the Machine's Environment ({labels[_ENV_LABEL]!r})"
-        )
-    dns = entry.get("dns_server")
-    if dns not in {str(a.gateway) for a in attachments}:
-        raise _bad(f"$.machines[0].dns_server: {dns!r} is not a gateway of the Machine's attachments")
-    search = entry.get("search")
-    if (
-        not isinstance(search, list)
-        or not search
-        or not all(isinstance(x, str) and _SEARCH_RE.fullmatch(x) for x in search)
-    ):
-        raise _bad(f"$.machines[0].search: {search!r} is not a non-empty list of domain names")
     return GuestNetwork(
-        environment_id=spec.environment_id,
-        domain=spec.name,
-        machine=name,
-        attachments=attachments,
-        dns_server=str(dns),
-        search=tuple(search),
+        environment_id=found.spec.environment_id,
+        domain=found.spec.name,
+        machine=found.machine,
+        attachments=found.attachments,
+        dns_server=found.dns_server,
+        search=found.search,
     )
 
 

@@ -32,9 +32,10 @@ from vz_core.env import compile_topology
 from vz_core.env._definition import parse_definition
 from vz_core.errors import InvalidArgumentError
 from vz_core.network import attach_machine, ensure_domain, remove_domain
+from vz_core.network.label import machine_slice
 from vz_drivers._machine import no_input
 from vz_drivers.qemu import cleanup_state
-from vz_drivers.qemu._attach import NETWORK_LABEL, network_label, parse_network_label
+from vz_drivers.qemu._attach import NETWORK_LABEL, parse_network_label
 from vz_drivers.qemu._qemu import VmSpec, build_command
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "vz_core" / "network"))
@@ -69,6 +70,12 @@ def _env_id() -> str:
     return "env_" + "".join(secrets.choice(_ALPHABET) for _ in range(12))
 
 
+def _label(plan: dict[str, Any], machine: str) -> str:
+    label = machine_slice(plan, machine)
+    assert label is not None
+    return label
+
+
 def _machine(plan: dict[str, Any], name: str) -> dict[str, Any]:
     return next(m for m in plan["machines"] if m["name"] == name)
 
@@ -79,7 +86,7 @@ def _machine(plan: dict[str, Any], name: str) -> dict[str, Any]:
 def test_the_label_round_trips_and_names_the_attachment() -> None:
     env = _env_id()
     plan = _plan(env)
-    network = parse_network_label({NETWORK_LABEL: network_label(plan, "app")})
+    network = parse_network_label({NETWORK_LABEL: _label(plan, "app")})
     assert network is not None
     app = _machine(plan, "app")["attachments"][0]
     assert network.domain == "vzd-" + env[4:] and network.machine == "app"
@@ -136,7 +143,7 @@ def _dns_rule(slice_: dict[str, Any]) -> dict[str, Any]:
     ],
 )
 def test_a_bad_label_is_refused_naming_it(mutate: Any, fragment: str) -> None:
-    good = json.loads(network_label(_plan(_env_id()), "app"))
+    good = json.loads(_label(_plan(_env_id()), "app"))
     with pytest.raises(InvalidArgumentError) as caught:
         parse_network_label({NETWORK_LABEL: mutate(good)})
     assert caught.value.message.startswith(f"label {NETWORK_LABEL}: ") and fragment in caught.value.message
@@ -157,7 +164,7 @@ def _spec(**kw: Any) -> VmSpec:
 
 
 def test_the_command_line_uses_the_tap_and_no_user_networking() -> None:
-    network = parse_network_label({NETWORK_LABEL: network_label(_plan(_env_id()), "app")})
+    network = parse_network_label({NETWORK_LABEL: _label(_plan(_env_id()), "app")})
     assert network is not None
     argv = build_command("qemu", _spec(network=network, egress="deny"), (7,))
     netdevs = [argv[i + 1] for i, a in enumerate(argv) if a == "-netdev"]
@@ -270,7 +277,7 @@ def test_a_qemu_machine_reaches_only_its_declared_path(
             request = RunImageRequest(
                 workspace_id=workspace_id,
                 image="vz:default",
-                labels=("vz.egress=deny", f"{NETWORK_LABEL}={network_label(plan, 'app')}"),
+                labels=("vz.egress=deny", f"{NETWORK_LABEL}={_label(plan, 'app')}"),
                 host_requirements=HostRequirements(cpus=1, memory_bytes=256 * 1024 * 1024),
                 entrypoint="sh",
                 args=("-c", "exec sleep 1000000"),
