@@ -8,7 +8,7 @@ holding only that Machine (so ``DomainSpec.from_plan`` and ``attach_machine`` re
      "networks": [{"name", "subnet", "gateway", "machines": [m]}, …],          # the Machine's networks only
      "machines": [{"name": m, "attachments": [{"network", "address", "prefixlen", "gateway",
                                                "machine_ifname", "domain_ifname"}, …],
-                   "dns_server": "10.89.242.1", "search": ["vz.internal"]}],
+                   "dns_server": "10.89.242.1", "search": ["vz.internal"], "egress": {…}}],
      "forward": [], "input": []}
 
 The driver advertises that it reads the label with the Extensions fact ``topology`` (``FACT_KEY``). A Machine

@@ -1,5 +1,9 @@
 """Machine networking: an own network namespace per Machine, set up between ``runc create`` and ``runc start``.
 
+This is the networking of Machines without a route domain (version 1 definitions, and any Machine created
+without the ``vz.network`` label); a Machine with the label is attached to its Environment's route domain
+instead (``_attach.py``) and never touches the host-wide pool or masquerade table below.
+
 * ``allow``: a veth pair, host end ``vz<key[:12]>`` with ``<subnet>.4i+1/30``, Machine end ``eth0`` with
   ``.4i+2/30`` and a default route via the host end. The host masquerades Machine traffic leaving the
   subnet (nftables table ``ip vz_<subnet>``) and forwards IPv4. Anything the host can reach, the Machine can.
