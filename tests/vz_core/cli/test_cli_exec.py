@@ -150,3 +150,41 @@ def test_a_terminal_is_copied_never_handed_to_the_machine(vz: Vz, running: Path)
     text = seen.decode(errors="replace")
     assert "is-a-tty" not in text, text  # no terminal descriptor reached the command
     assert "got:typed line" in text and "err" in text  # stdin copied in, stdout and stderr copied out
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--", "true"],
+        ["true"],
+        ["--machine", "db", "sh", "-c", "echo $X"],
+        ["--environment=env_000000000000", "--workdir", "sub", "--", "ls", "-l"],
+        ["-f", "other.json", "-it", "--", "sh"],
+        ["-t", "-i", "sh"],
+        ["--tty", "--interactive", "--file=x.json", "--", "-weird-command"],
+        ["-ti", "--", "--"],
+    ],
+)
+def test_the_quick_exec_parser_agrees_with_argparse(argv: list[str]) -> None:
+    """`vz exec` parses its common spellings without argparse (B7); the result is what argparse gives."""
+    from vz_core.cli._main import _parser, _quick_exec_args
+
+    quick = _quick_exec_args(argv)
+    assert quick is not None
+    if "--" in argv:
+        cut = argv.index("--")
+        full, command = _parser("exec").parse_args(argv[:cut]), argv[cut + 1 :]
+    else:
+        full = _parser("exec").parse_args(argv)
+        command = full.argv
+    for name in ("environment", "machine", "workdir", "interactive", "tty"):
+        assert getattr(quick, name) == getattr(full, name), name
+    assert quick.file == (None if full.file is None else str(full.file))
+    assert quick.argv == command
+
+
+@pytest.mark.parametrize("argv", [["--machine"], ["--machine", "--", "x"], ["--mach", "db", "x"], ["-h"], ["-x"]])
+def test_anything_unusual_goes_to_argparse(argv: list[str]) -> None:
+    from vz_core.cli._main import _quick_exec_args
+
+    assert _quick_exec_args(argv) is None
