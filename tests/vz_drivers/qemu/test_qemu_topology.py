@@ -4,8 +4,9 @@ The VM test boots one real Machine (TCG here) attached through the ``vz.network`
 Machine stood in by a plain test namespace attached with ``vz_core.network.attach_machine``. Listeners count
 what reaches them: the declared path connects, an undeclared service and an undeclared port of the other
 Machine are refused and never reached, and so are the host's loopback and wildcard listeners (through the
-gateway, the user-networking host alias and every host address). Deleting the Machine removes its tap and
-nothing else of the domain. Nothing is left on the host afterwards (QEMU, taps, namespaces, nft tables).
+gateway, the user-networking host alias and every host address). Stopping the Machine takes its tap along,
+starting it makes a new one (the path works again), deleting it leaves nothing of it and nothing else of the
+domain is touched. Nothing is left on the host afterwards (QEMU, taps, namespaces, nft tables).
 """
 
 from __future__ import annotations
@@ -271,7 +272,7 @@ def test_a_qemu_machine_reaches_only_its_declared_path(
     script += "".join(f"nc -w 3 {a} {p} </dev/null >/dev/null 2>&1; echo connect {a}:{p} $?; " for a, p in db_targets)
     script += "".join(f"nc -w 3 {a} {p} </dev/null >/dev/null 2>&1; echo connect {a}:{p} $?; " for a, p in host_targets)
 
-    async def scenario() -> tuple[str, dict[str, str], dict[str, str]]:
+    async def scenario() -> tuple[str, list[dict[str, str]], dict[str, str]]:
         driver = make_driver(state, image_dir, agent_binary)
         try:
             request = RunImageRequest(
@@ -285,8 +286,15 @@ def test_a_qemu_machine_reaches_only_its_declared_path(
             await driver.run_image(request)
             running = _domain_links(domain)
             output = await _guest(driver, workspace_id, script)
+            # Stop: QEMU held the only descriptor of the tap, so the tap goes with it. Start: a new one, and the
+            # declared path works again.
+            await driver.stop(workspace_id)
+            stopped = _domain_links(domain)
+            await driver.start(workspace_id)
+            output += await _guest(driver, workspace_id, f"nc -w 3 {db['address']} 5432 </dev/null; echo again $?")
+            restarted = _domain_links(domain)
             await driver.delete(workspace_id)
-            return output, running, _domain_links(domain)
+            return output, [running, stopped, restarted], _domain_links(domain)
         finally:
             await driver.close()
             await cleanup_state(str(state), image_dir=str(image_dir), agent_binary=agent_binary)
@@ -302,7 +310,7 @@ def test_a_qemu_machine_reaches_only_its_declared_path(
     acceptor = threading.Thread(target=accept_all, daemon=True)
     acceptor.start()
     try:
-        output, running, deleted = asyncio.run(scenario())
+        output, (running, stopped, restarted), deleted = asyncio.run(scenario())
     finally:
         stop.set()
         acceptor.join()
@@ -323,7 +331,8 @@ def test_a_qemu_machine_reaches_only_its_declared_path(
     assert [t for t in refused if results[t] == "0"] == [], output
     assert len(results) == len(db_targets) + len(host_targets), output
     # What reached each listener: exactly the declared connection, nothing at the host.
-    assert counts == {"declared db:5432": 1, "service without a path db:8081": 0, "undeclared port db:9999": 0}
+    assert re.search(r"^again 0$", output, re.M), output
+    assert counts == {"declared db:5432": 2, "service without a path db:8081": 0, "undeclared port db:9999": 0}
     assert host_counts == {"loopback": 0, "wildcard": 0}
 
     # While it ran, its domain end was a tap in the domain (never in the host's namespace); deleting the Machine
@@ -332,5 +341,6 @@ def test_a_qemu_machine_reaches_only_its_declared_path(
     assert running.get(db["domain_ifname"]) == "veth", running
     expected = dict(running)
     del expected[app["domain_ifname"]]
+    assert stopped == expected and restarted == running
     assert deleted == expected
     assert app["domain_ifname"] not in {d["ifname"] for d in json.loads(_run("ip", "-j", "link", "show"))}
