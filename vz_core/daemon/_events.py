@@ -135,6 +135,18 @@ class EventLog:
         self._wake()
         return revision
 
+    def forget_environment(self, environment_id: str) -> int:
+        """Drop every event about one Environment (after it was deleted: nothing of it stays on disk); returns
+        how many. Revisions are never renumbered: a watcher resuming across the gap just does not see them."""
+        if not environment_id:
+            return 0
+        with self._lock:
+            try:
+                cursor = self._open().execute("DELETE FROM events WHERE environment_id = ?", (environment_id,))
+            except sqlite3.Error as exc:
+                raise self._error(exc) from None
+        return int(cursor.rowcount or 0)
+
     def _wake(self) -> None:
         for loop, event in list(self._waiters):
             try:

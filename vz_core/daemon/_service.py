@@ -86,6 +86,8 @@ OPERATIONS = {
     "Volumes.Remove": "volume",
 }
 STDIO_DRAIN_SECONDS = 5.0
+FORGET_DELAY = 5.0
+"""Seconds between an Environment's deletion event and the removal of its events from the log."""
 """After an exec's exit, how long its output pipes may take to reach end of file (a background process of the
 command may hold them open)."""
 
@@ -293,6 +295,7 @@ class Service:
         self._daemon_status = daemon_status
         self._warm_sessions = warm_sessions
         self._events = events
+        self._forget: set[str] = set()
         self._own_events = False
         self._on_shutdown = on_shutdown
         self._pool = pool
@@ -355,6 +358,8 @@ class Service:
 
     async def close(self) -> None:
         """Stop the sessions this service started (Machines keep running) and close the event log."""
+        for environment_id in list(self._forget):
+            self._forget_now(environment_id)
         if self._own_pool and self._pool is not None:
             await _maybe_await(self._pool.aclose())
         if self._own_events and self._events is not None:
@@ -535,6 +540,20 @@ class Service:
             return
         with contextlib.suppress(Exception):  # an event that cannot be stored never fails an operation
             self._events.append(kind, environment_id, machine_id, data)
+        if kind == "environment.updated" and data.get("change") == "deleted" and environment_id:
+            # `vz delete` leaves nothing of the Environment on disk, its events included: live watchers get the
+            # deletion first (they are woken by the append), then its events are dropped from the log.
+            loop = asyncio.get_running_loop()
+            self._forget.add(environment_id)
+            loop.call_later(FORGET_DELAY, self._forget_now, environment_id)
+
+    def _forget_now(self, environment_id: str) -> None:
+        if environment_id in self._forget and self._events is not None:
+            self._forget.discard(environment_id)
+            forget = getattr(self._events, "forget_environment", None)
+            if forget is not None:
+                with contextlib.suppress(Exception):
+                    forget(environment_id)
 
     def _request(self, state: _CallState, allowed: tuple[str, ...]) -> Request:
         return Request(state.call.method, state.call.request, allowed)

@@ -197,19 +197,20 @@ def test_get_shows_live_health_from_the_driver_beside_the_record(project: Path, 
 
 
 def test_up_stop_delete_publish_operation_machine_and_environment_events(project: Path, events: Events) -> None:
+    seen: list[dict[str, Any]] = []
+
     async def main() -> None:
         service = await _service(events)
         try:
             await _up(service, project)
             await service.dispatch(FakeCall("Environments.Stop", {"context": context(project)}))
             await service.dispatch(FakeCall("Environments.Delete", {"context": context(project)}))
+            seen.extend(events.events)  # what a watcher reads right after the deletion
         finally:
             await service.close()
 
     run(main())
-    summary = [
-        (e["kind"], e["data"].get("state") or e["data"].get("status") or e["data"].get("method")) for e in events.events
-    ]
+    summary = [(e["kind"], e["data"].get("state") or e["data"].get("status") or e["data"].get("method")) for e in seen]
     assert summary[0] == ("operation.started", "Environments.Up")
     assert ("environment.updated", "creating") in summary or ("environment.updated", "running") in summary
     assert ("machine.state", "running") in summary
@@ -218,8 +219,12 @@ def test_up_stop_delete_publish_operation_machine_and_environment_events(project
     )
     assert ("machine.state", "stopped") in summary and ("environment.updated", "stopped") in summary
     assert summary[-2:] == [("environment.updated", "deleted"), ("operation.finished", "succeeded")]
-    finished = [e for e in events.events if e["kind"] == "operation.finished"]
+    finished = [e for e in seen if e["kind"] == "operation.finished"]
     assert all(e["environment_id"] and e["data"]["operation_id"] for e in finished)
+    # Then the deleted Environment's events leave the log (at the latest when the service closes): `vz delete`
+    # leaves nothing of it on disk.
+    env_id = finished[-1]["environment_id"]
+    assert [e for e in events.events if e["environment_id"] == env_id] == []
 
 
 def test_watch_streams_from_a_revision_until_cancelled(project: Path, events: Events) -> None:
@@ -786,3 +791,24 @@ def test_followed_logs_send_what_is_added_until_the_machine_stops(
 
     call, result = _exec_service_run(project, scenario)
     assert result == {} and call.output(1) == b"line 0\nline 1\nline 2\n" and len(fetched) == 3
+
+
+def test_forget_environment_drops_only_that_environments_events(tmp_path: Path) -> None:
+    from vz_core.daemon._events import EventLog
+
+    log = EventLog(tmp_path / "state.db")
+    try:
+        log.append("environment.updated", "env-a", None, {"change": "created"})
+        kept = log.append("environment.updated", "env-b", None, {"change": "created"})
+        log.append("machine.state", "env-a", "m1", {"state": "running"})
+        log.append("daemon.note", None, None, {})
+        assert log.forget_environment("env-a") == 2
+        rows = log.since(0)
+        assert [(e["environment_id"], e["kind"]) for e in rows] == [
+            ("env-b", "environment.updated"),
+            (None, "daemon.note"),
+        ]
+        assert rows[0]["revision"] == kept  # nothing renumbered
+        assert log.forget_environment("") == 0
+    finally:
+        log.close()
