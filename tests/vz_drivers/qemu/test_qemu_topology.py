@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from qemu_testlib import make_driver, qemu_processes
+from machine_testlib import run
+from qemu_testlib import Booted, make_driver, qemu_processes
 
 from vz_core import ExecOutput, ExecSpec, HostRequirements, RunImageRequest
 from vz_core.env import compile_topology
@@ -185,19 +186,19 @@ def test_the_command_line_uses_the_tap_and_no_user_networking() -> None:
 # ---------------------------------------------------------------------------------------------- real VM
 
 
-def _run(*argv: str) -> str:
+def _sh(*argv: str) -> str:
     return subprocess.run(list(argv), capture_output=True, text=True, check=True).stdout
 
 
 def _domain_links(domain: str) -> dict[str, str]:
     """ifname -> kind ("tun", "veth", "") of every link in the domain's namespace."""
-    out = json.loads(_run("ip", "-n", domain, "-j", "-d", "link", "show") or "[]")
+    out = json.loads(_sh("ip", "-n", domain, "-j", "-d", "link", "show") or "[]")
     return {d["ifname"]: (d.get("linkinfo") or {}).get("info_kind", "") for d in out}
 
 
 def _host_addresses() -> list[str]:
     found = []
-    for item in json.loads(_run("ip", "-j", "-4", "addr", "show")):
+    for item in json.loads(_sh("ip", "-j", "-4", "addr", "show")):
         for a in item.get("addr_info", []):
             if a.get("family") == "inet" and not a["local"].startswith("127."):
                 found.append(a["local"])
@@ -233,7 +234,7 @@ def topology_host() -> Iterator[dict[str, Any]]:
     before = ours(inventory(), tag, {domain})
     db_ns = f"vzt{tag}-db"
     plan = _plan(env)
-    _run("ip", "netns", "add", db_ns)
+    _sh("ip", "netns", "add", db_ns)
     try:
         asyncio.run(ensure_domain(plan))
         asyncio.run(attach_machine(plan, "db", f"/run/netns/{db_ns}"))
@@ -242,7 +243,7 @@ def topology_host() -> Iterator[dict[str, Any]]:
         with contextlib.suppress(Exception):
             asyncio.run(remove_domain(env))
         with contextlib.suppress(subprocess.CalledProcessError):
-            _run("ip", "netns", "del", db_ns)
+            _sh("ip", "netns", "del", db_ns)
     after = ours(inventory(), tag, {domain})
     assert after == before, f"leaked: { {k: after[k] - before[k] for k in after} }"
 
@@ -343,4 +344,23 @@ def test_a_qemu_machine_reaches_only_its_declared_path(
     del expected[app["domain_ifname"]]
     assert stopped == expected and restarted == running
     assert deleted == expected
-    assert app["domain_ifname"] not in {d["ifname"] for d in json.loads(_run("ip", "-j", "link", "show"))}
+    assert app["domain_ifname"] not in {d["ifname"] for d in json.loads(_sh("ip", "-j", "link", "show"))}
+
+
+async def test_a_version_1_machine_keeps_user_networking(booted: Booted) -> None:
+    """No vz.network label: QEMU user networking exactly as before (10.0.2.15/24 via 10.0.2.2), no tap."""
+    driver = booted.driver()
+    try:
+        result = await run(
+            driver, booted.workspace_id, "sh", "-c", "ip -4 -o addr show dev eth0; ip route; cat /proc/cmdline"
+        )
+    finally:
+        await driver.close()
+    text = result.stdout.decode()
+    assert "inet 10.0.2.15/24" in text and "default via 10.0.2.2" in text, text
+    assert "vz.net=" not in text and "vz.dns=" not in text
+    (proc,) = qemu_processes(booted.state_dir)
+    netdevs = [a for a in proc.cmdline() if a.startswith(("user,", "tap,"))]
+    assert netdevs == [
+        "user,id=net0,restrict=off,hostname=" + proc.cmdline()[proc.cmdline().index("-name") + 1].split(",")[0]
+    ]
