@@ -11,7 +11,6 @@ the first mutation.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -285,7 +284,7 @@ def _run_request(
     if ext is not None and EgressPolicy[machine.egress.upper()] in ext.egress_policies:
         labels.append(f"vz.egress={machine.egress}")
     if network is not None:
-        labels.append(f"{NETWORK_LABEL}={network}")
+        labels.append(f"vz.network={network}")
     worktree = Path(env.worktree)
     workspace_mount = None
     projection = machine.workspace.projection
@@ -331,45 +330,21 @@ def _run_request(
 
 # --- route domain (docs/network.md, "linux_native attachment") ----------------------------------------------
 
-NETWORK_LABEL = "vz.network"
-TOPOLOGY_FACT = "topology"
-
 
 def _attaches(facts: DriverFacts) -> bool:
     """Whether the driver joins a Machine to its route domain from the ``vz.network`` label (Extensions fact)."""
+    from vz_core.network.label import FACT_KEY
+
     ext = facts.extensions
-    return ext is not None and TOPOLOGY_FACT in ext.facts
+    return ext is not None and FACT_KEY in ext.facts
 
 
 def network_label(plan: Mapping[str, Any], machine: str) -> str | None:
     """The ``vz.network`` label of one Machine: its topology plan slice (a plan holding only that Machine and its
     networks, no rules) as compact JSON; None for a Machine attached to no network."""
-    entry = next(m for m in plan["machines"] if m["name"] == machine)
-    if not entry["attachments"]:
-        return None
-    names = {a["network"] for a in entry["attachments"]}
-    piece = {
-        "format": plan["format"],
-        "environment_id": plan["environment_id"],
-        "route_domain": plan["route_domain"],
-        "networks": [
-            {"name": n["name"], "subnet": n["subnet"], "gateway": n["gateway"], "machines": [machine]}
-            for n in plan["networks"]
-            if n["name"] in names
-        ],
-        "machines": [
-            {
-                "name": machine,
-                "attachments": entry["attachments"],
-                "dns_server": entry["dns_server"],
-                "search": entry["search"],
-                "egress": entry["egress"],
-            }
-        ],
-        "forward": [],
-        "input": [],
-    }
-    return json.dumps(piece, sort_keys=True, separators=(",", ":"))
+    from vz_core.network.label import machine_slice
+
+    return machine_slice(plan, machine)
 
 
 async def _ensure_route_domain(

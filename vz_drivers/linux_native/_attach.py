@@ -20,106 +20,42 @@ pair is created again, idempotently); releasing a start (stop, delete, a failed 
 domain end outlives its Machine. The kernel of the domain, not the Machine, decides what connects: a Machine
 with the label has no link but its attachments (no route to the host, no host-wide pool, no masquerade).
 
-The label is read and checked whole (``network_slice``) when RunImage is validated, before anything is
-created: a damaged label is refused naming what is wrong.
+The label is read and checked whole (``network_slice``: ``vz_core.network.label.parse_machine_slice``, shared by
+the drivers) when RunImage is validated, before anything is created: a damaged label is refused naming what is
+wrong.
 """
 
 from __future__ import annotations
 
-import json
-import re
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
 
-from vz_core.errors import InvalidArgumentError
-from vz_core.network import DomainSpec, PlanError, attach_machine, detach_machine
+from vz_core.network import attach_machine, detach_machine
+from vz_core.network.label import FACT_KEY, LABEL, MachineSlice, parse_machine_slice
 from vz_drivers.linux_native._network import NetworkConfig, setup_network
 
 __all__ = [
     "FACT",
     "FACT_KEY",
     "LABEL",
-    "NetworkSlice",
+    "MachineSlice",
     "connect_machine",
     "disconnect_machine",
     "network_slice",
     "resolv_conf_for",
 ]
 
-LABEL = "vz.network"
-FACT_KEY = "topology"
 FACT = (
     "route-domain attachment: a RunImage label vz.network=<the Machine's topology plan slice as JSON> joins the "
     "Machine to the Environment's route domain (vz_core.network; created by the caller before RunImage) instead "
     "of the driver's egress networking; resolv.conf names the plan's DNS server (docs/network.md)"
 )
-MAX_LABEL = 8192
-_ENV_LABEL = "dev.vz.environment"
-_SEARCH_RE = re.compile(r"(?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\.)*[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
 
 
-def _bad(message: str) -> InvalidArgumentError:
-    return InvalidArgumentError(f"label {LABEL}: {message}", details={"field": "labels", "label": LABEL})
-
-
-@dataclass(frozen=True)
-class NetworkSlice:
-    """One Machine's part of its Environment's topology plan, as carried by the ``vz.network`` label."""
-
-    plan: dict[str, Any]
-    spec: DomainSpec
-    machine: str
-    dns_server: str
-    search: tuple[str, ...]
-
-    def resolv_conf(self) -> str:
-        return f"nameserver {self.dns_server}\nsearch {' '.join(self.search)}\n"
-
-
-def network_slice(labels: Mapping[str, str]) -> NetworkSlice | None:
-    """The Machine's slice from its labels (None: no ``vz.network`` label, the driver's own networking).
-
-    Checked whole, with the checks ``vz_core.network`` applies to any plan plus the slice's own (one Machine,
-    attached, no rules, its DNS server one of its gateways); InvalidArgumentError naming the problem otherwise."""
-    text = labels.get(LABEL)
-    if text is None:
-        return None
-    if len(text) > MAX_LABEL:
-        raise _bad(f"{len(text)} characters is longer than {MAX_LABEL}; it carries one Machine's slice of the plan")
-    try:
-        data = json.loads(text)
-    except ValueError as exc:
-        raise _bad(f"not JSON ({exc}); it is the Machine's slice of the topology plan (docs/network.md)") from None
-    if not isinstance(data, dict):
-        raise _bad("expected a JSON object (the Machine's slice of the topology plan)")
-    try:
-        spec = DomainSpec.from_plan(data)
-    except PlanError as exc:
-        raise _bad(exc.message) from None
-    machines = data["machines"]
-    if len(machines) != 1:
-        raise _bad(f"$.machines: {len(machines)} Machines; a slice holds exactly the one Machine it is given to")
-    entry = machines[0]
-    name = entry["name"]
-    if not spec.attachments:
-        raise _bad(f"$.machines[0].attachments: {name!r} has none (a Machine attached to no network gets no label)")
-    if data["forward"] or data["input"]:
-        raise _bad("$.forward/$.input: a slice carries no rules (the route domain holds them)")
-    environment_id = data["environment_id"]
-    if _ENV_LABEL in labels and labels[_ENV_LABEL] != environment_id:
-        raise _bad(f"$.environment_id: {environment_id!r} is not the Machine's Environment ({labels[_ENV_LABEL]!r})")
-    dns = entry.get("dns_server")
-    if dns not in {str(a.gateway) for a in spec.attachments}:
-        raise _bad(f"$.machines[0].dns_server: {dns!r} is not a gateway of the Machine's attachments")
-    search = entry.get("search")
-    if (
-        not isinstance(search, list)
-        or not search
-        or not all(isinstance(x, str) and _SEARCH_RE.fullmatch(x) for x in search)
-    ):
-        raise _bad(f"$.machines[0].search: {search!r} is not a non-empty list of domain names")
-    return NetworkSlice(data, spec, name, str(dns), tuple(search))
+def network_slice(labels: Mapping[str, str]) -> MachineSlice | None:
+    """The Machine's slice from its labels (None: no ``vz.network`` label, the driver's own networking), checked
+    whole by ``vz_core.network.label.parse_machine_slice`` (the parser every driver shares); InvalidArgumentError
+    naming the problem otherwise."""
+    return parse_machine_slice(labels)
 
 
 async def connect_machine(cfg: NetworkConfig, *, pid: int, key: str, egress: str, labels: Mapping[str, str]) -> None:
