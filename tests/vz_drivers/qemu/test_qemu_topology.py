@@ -36,7 +36,7 @@ from vz_core.errors import InvalidArgumentError
 from vz_core.network import attach_machine, ensure_domain, remove_domain
 from vz_core.network.label import machine_slice
 from vz_drivers._machine import no_input
-from vz_drivers.qemu import cleanup_state
+from vz_drivers.qemu import QemuDriver, cleanup_state
 from vz_drivers.qemu._attach import NETWORK_LABEL, parse_network_label
 from vz_drivers.qemu._qemu import VmSpec, build_command
 
@@ -364,3 +364,40 @@ async def test_a_version_1_machine_keeps_user_networking(booted: Booted) -> None
     assert netdevs == [
         "user,id=net0,restrict=off,hostname=" + proc.cmdline()[proc.cmdline().index("-name") + 1].split(",")[0]
     ]
+
+
+def test_two_networks_give_two_taps_and_two_named_interfaces() -> None:
+    definition = _definition()
+    definition["networks"] = [
+        {"name": "front", "machines": ["app", "db"]},
+        {"name": "back", "machines": ["app"], "subnet": "10.89.7.0/24"},
+    ]
+    plan = compile_topology(parse_definition(definition), _env_id()).to_json()
+    network = parse_network_label({NETWORK_LABEL: _label(plan, "app")})
+    assert network is not None and [a.machine_ifname for a in network.attachments] == ["eth0", "eth1"]
+    argv = build_command("qemu", _spec(network=network), (7, 9))
+    assert [argv[i + 1] for i, a in enumerate(argv) if a == "-netdev"] == [
+        "tap,id=net0,fd=7,vhost=off",
+        "tap,id=net1,fd=9,vhost=off",
+    ]
+    macs = [network.mac(a) for a in network.attachments]
+    assert len(set(macs)) == 2
+    words = argv[argv.index("-append") + 1].split()
+    nets = [w for w in words if w.startswith("vz.net=")]
+    assert [n.split(",")[:2] for n in nets] == [["vz.net=eth0", macs[0]], ["vz.net=eth1", macs[1]]]
+    assert "vz.net=eth1," + macs[1] + ",10.89.7." in nets[1]
+
+
+async def test_a_bad_label_is_refused_before_anything_is_created(driver: QemuDriver, state_dir: Path) -> None:
+    good = json.loads(_label(_plan(_env_id()), "app"))
+    good["machines"][0]["attachments"][0]["domain_ifname"] = "eth0"
+    request = RunImageRequest(
+        workspace_id="bad-label",
+        image="vz:default",
+        labels=("vz.egress=deny", f"{NETWORK_LABEL}={json.dumps(good)}"),
+    )
+    with pytest.raises(InvalidArgumentError, match=r"label vz.network: .*domain_ifname"):
+        await driver.run_image(request)
+    assert await driver.find("bad-label") is None
+    machines = state_dir / "machines"
+    assert not machines.exists() or list(machines.iterdir()) == []
