@@ -401,3 +401,56 @@ async def test_a_bad_label_is_refused_before_anything_is_created(driver: QemuDri
     assert await driver.find("bad-label") is None
     machines = state_dir / "machines"
     assert not machines.exists() or list(machines.iterdir()) == []
+
+
+def test_a_machine_on_two_networks_gets_both_interfaces_in_the_guest(
+    tmp_path: Path, image_dir: Path, agent_binary: str
+) -> None:
+    if os.geteuid() != 0:
+        pytest.fail("the qemu route-domain test needs root (network namespaces, taps, nft tables)")
+    definition = _definition()
+    definition["networks"] = [
+        {"name": "front", "machines": ["app", "db"]},
+        {"name": "back", "machines": ["app"], "subnet": "10.89.7.0/24"},
+    ]
+    env = _env_id()
+    domain = "vzd-" + env[4:]
+    plan = compile_topology(parse_definition(definition), env).to_json()
+    attachments = _machine(plan, "app")["attachments"]
+    tag = secrets.token_hex(2)
+    before = ours(inventory(), tag, {domain})
+    state = tmp_path / "state"
+
+    async def scenario() -> tuple[str, dict[str, str]]:
+        await ensure_domain(plan)
+        driver = make_driver(state, image_dir, agent_binary)
+        try:
+            await driver.run_image(
+                RunImageRequest(
+                    workspace_id="two-networks",
+                    image="vz:default",
+                    labels=("vz.egress=deny", f"{NETWORK_LABEL}={_label(plan, 'app')}"),
+                    host_requirements=HostRequirements(cpus=1, memory_bytes=256 * 1024 * 1024),
+                    entrypoint="sh",
+                    args=("-c", "exec sleep 1000000"),
+                )
+            )
+            links = _domain_links(domain)
+            output = await _guest(driver, "two-networks", "ip -4 -o addr; ip route")
+            await driver.delete("two-networks")
+            return output, links
+        finally:
+            await driver.close()
+            await cleanup_state(str(state), image_dir=str(image_dir), agent_binary=agent_binary)
+            await remove_domain(env)
+
+    output, links = asyncio.run(scenario())
+    assert qemu_processes(state) == []
+    for att in attachments:
+        assert links.get(att["domain_ifname"]) == "tun", links
+        assert re.search(rf"{att['machine_ifname']}\s+inet {re.escape(att['address'])}/32", output), output
+        subnet = next(n["subnet"] for n in plan["networks"] if n["name"] == att["network"])
+        assert f"{subnet} via {att['gateway']} dev {att['machine_ifname']}" in output, output
+    assert f"default via {attachments[0]['gateway']} dev eth0" in output, output
+    after = ours(inventory(), tag, {domain})
+    assert after == before, f"leaked: { {k: after[k] - before[k] for k in after} }"
