@@ -11,7 +11,9 @@ Input is a topology plan in its JSON form (``vz_core.env`` compiles it from vz.j
 * ``DnsServer(plan)``: the Environment's DNS responder on each gateway (each Machine resolves only the names its
   plan lets it see); ``dns_answer(DnsView.from_plan(plan), source, query)`` is its pure core;
 * ``ExportListener(plan, machine, service)`` / ``ImportRelay(plan, index)``: TCP relays between 127.0.0.1 on the
-  host and a Machine's service (export), or a Machine's gateway port and a host loopback port (import).
+  host and a Machine's service (export), or a Machine's gateway port and a host loopback port (import);
+* ``NetworkHost``: those long-lived parts of every running Environment in one process (the daemon), keyed by
+  environment id: ``ensure(plan, ports=...)`` -> its ``Endpoint``s, ``stop``, ``remove``.
 
 All of it is async (asyncio subprocesses), idempotent and keyed by the environment id.
 """
@@ -32,6 +34,7 @@ from vz_core.network._domain import (
     remove_domain,
     uplink_name,
 )
+from vz_core.network._host import Endpoint, NetworkHost
 from vz_core.network._relay import ExportListener, ImportRelay
 from vz_core.network._rules import TABLE, domain_ruleset
 from vz_core.network._spec import AttachmentSpec, DomainSpec, ForwardSpec, InputSpec, PlanError, domain_for
@@ -43,10 +46,12 @@ __all__ = [
     "DnsServer",
     "DnsView",
     "DomainSpec",
+    "Endpoint",
     "ExportListener",
     "ForwardSpec",
     "ImportRelay",
     "InputSpec",
+    "NetworkHost",
     "NetworkTools",
     "PlanError",
     "Uplink",
