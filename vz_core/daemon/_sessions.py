@@ -123,6 +123,31 @@ def _now() -> str:
     return datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds")
 
 
+def _verified_files(resolved: ResolvedDriver) -> list[str]:
+    """The files a launch of ``resolved`` verifies (a pinned script and its registration module, or an external
+    driver's binary); [] for what is not launched from a verified file."""
+    if resolved.pinned is not None:
+        return [str(resolved.pinned.script), *([resolved.pinned.module_file] if resolved.pinned.module_file else [])]
+    if resolved.external is not None:
+        with contextlib.suppress(Exception):
+            record = resolved.external
+            return [str(record.manifest.binary_path(record.driver_dir))]
+    return []
+
+
+def _stamp(paths: list[str]) -> tuple[tuple[int, int, int, int] | None, ...]:
+    """What changes whenever a file's bytes change (a write always moves ctime; a replacement moves the inode)."""
+    stamps: list[tuple[int, int, int, int] | None] = []
+    for path in paths:
+        try:
+            st = os.stat(path)
+        except OSError:
+            stamps.append(None)
+        else:
+            stamps.append((st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+    return tuple(stamps)
+
+
 class PoolRedactor(Redactor):
     """The pool's redactor: declared secrets (``add_secret``, ``merge``) are masked even when short (as whole
     tokens); other values (the environment values ``RemoteDriver`` registers, ``add``) only from
@@ -204,6 +229,22 @@ class PluginSession:
         self.remote: RemoteDriver = RemoteDriver(
             launcher, mode="warm", idle_timeout=pool.plugin_idle, name=self.name, redactor=pool.redactor
         )
+        self._files = _verified_files(resolved)
+        self._stamp = _stamp(self._files)
+
+    def recheck(self) -> None:
+        """Refuse to go on with a warm plugin whose verified file changed since: the same check a launch does,
+        now, so a changed binary is refused at the next operation (``TrustError``) even while its plugin runs.
+
+        A stat per file when nothing changed; the full verification only after a change.
+        """
+        stamp = _stamp(self._files)
+        if stamp == self._stamp:
+            return
+        spec = self.resolved.launch_spec(self.options)()  # verifies (TrustError) and seals a copy
+        if spec.binary is not None:
+            spec.binary.close()
+        self._stamp = stamp
 
     # what the launcher reports ---------------------------------------------------------------------------
 
@@ -621,6 +662,15 @@ class SessionPool:
                     del self._sessions[old_key]
                     self._retire(old)
             self._sessions[key] = session
+        else:
+            try:
+                session.recheck()
+            except TrustError:
+                # The plugin runs code that no longer matches what was verified: stop it once its calls end;
+                # the next command launches again, and that launch verifies (refused until the bytes match).
+                del self._sessions[key]
+                self._retire(session)
+                raise
         return session
 
     def _retire(self, session: PluginSession) -> None:

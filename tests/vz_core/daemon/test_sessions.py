@@ -560,3 +560,24 @@ async def test_a_declaration_without_a_console_script_runs_from_a_pinned_generat
         pinned.script.write_text(pinned.script.read_text() + "import os\n")
         with pytest.raises(TrustError, match="refusing to launch its console script"):
             await driver.find("ws")
+
+
+async def test_a_script_changed_under_a_warm_plugin_is_refused_at_the_next_acquire(home: Path, scripts: Path) -> None:
+    script = scripts / "vz-driver-fake"
+    original = script.read_bytes()
+    async with SessionPool(plugin_idle=0, scripts_dir=scripts) as pool:
+        driver = acquire_driver("fake", {})
+        assert (await driver.info()).driver_name == "fake"
+        session = pool.session("fake")
+        warm_pid = session.pid
+        assert warm_pid is not None
+        script.write_bytes(original + b"# changed while its plugin runs\n")
+        with pytest.raises(TrustError, match="SHA-256 mismatch"):
+            acquire_driver("fake", {})  # the next command: refused although a verified plugin is running
+        await until(lambda: not psutil.pid_exists(warm_pid) or psutil.Process(warm_pid).status() == "zombie")
+        with pytest.raises(TrustError, match="refusing to launch"):
+            await acquire_driver("fake", {}).info()  # a new session: its launch verifies, and refuses
+        script.write_bytes(original)  # the pinned bytes again: launches again
+        again = acquire_driver("fake", {})
+        assert (await again.info()).driver_name == "fake"
+        assert pool.session("fake").pid not in (None, warm_pid)
