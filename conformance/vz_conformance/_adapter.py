@@ -136,6 +136,10 @@ class Adapter:
         """Terminate by a signal (SIGKILL sent to itself)."""
         return ("sh", "-c", "kill -KILL $$")
 
+    def terminate_self(self) -> Argv:
+        """Terminate by SIGTERM sent to itself (the exit is then ``128 + 15``, ``"SIGTERM"``)."""
+        return ("sh", "-c", "kill -TERM $$")
+
     def print_user(self) -> Argv:
         return ("id", "-un")
 

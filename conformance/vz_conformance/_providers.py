@@ -70,6 +70,11 @@ class DriverProvider(abc.ABC):
         """The process id of the plugin serving ``driver`` (external providers only)."""
         return None
 
+    @abc.abstractmethod
+    def frames_only(self, driver: Driver) -> contextlib.AbstractAsyncContextManager[Driver]:
+        """``driver`` seen through a ``RemoteDriver(local_exec=False)``: its ``exec_local`` copies over Exec
+        frames even when a local exec socket is advertised (the fallback every host has)."""
+
 
 class InProcessProvider(DriverProvider):
     """A driver object built in this process, from the registry by name or from a factory."""
@@ -104,6 +109,14 @@ class InProcessProvider(DriverProvider):
         from vz_core.rpc import serve_in_process  # the server half is loaded only by the wire-level cases
 
         return serve_in_process(driver)
+
+    @contextlib.asynccontextmanager
+    async def frames_only(self, driver: Driver) -> AsyncIterator[Driver]:
+        from vz_core.rpc import connect_in_process
+
+        async with connect_in_process(driver, local_exec=False, name=self.name) as remote:
+            remote.local_exec = False
+            yield remote
 
 
 class ExternalProvider(DriverProvider):
@@ -184,3 +197,14 @@ class ExternalProvider(DriverProvider):
         from vz_conformance import _remote
 
         return _remote.pid_of(driver)
+
+    @contextlib.asynccontextmanager
+    async def frames_only(self, driver: Driver) -> AsyncIterator[Driver]:
+        from vz_conformance import _remote
+
+        await driver.info()  # make sure the plugin is up (a crashed one is relaunched by the client)
+        remote = _remote.frames_only(driver, self.name)
+        try:
+            yield remote
+        finally:
+            await remote.close()

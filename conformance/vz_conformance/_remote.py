@@ -18,7 +18,7 @@ from vz_core.rpc import RemoteDriver
 from vz_core.transport import LaunchSpec, PluginLauncher
 from vz_core.trust import verify_binary
 
-__all__ = ["channel_of", "launch", "pid_of"]
+__all__ = ["channel_of", "frames_only", "launch", "pid_of"]
 
 
 def _remote(
@@ -61,3 +61,9 @@ def channel_of(driver: Driver) -> grpc.aio.Channel:
 def pid_of(driver: Driver) -> int | None:
     conn = driver.connection if isinstance(driver, RemoteDriver) else None
     return conn.pid if conn is not None else None
+
+
+def frames_only(driver: Driver, name: str) -> RemoteDriver:
+    """A second ``RemoteDriver`` on ``driver``'s live plugin channel that never uses the local exec socket:
+    ``exec_local`` copies over Exec frames. Closing it leaves the plugin and the channel to ``driver``."""
+    return RemoteDriver(channel=channel_of(driver), name=name, local_exec=False)

@@ -53,6 +53,15 @@ from vz_conformance._checks.lifecycle import check_run_find_running as check_lif
 from vz_conformance._checks.lifecycle import check_start_idempotent as check_lifecycle_start_idempotent
 from vz_conformance._checks.lifecycle import check_stop_idempotent as check_lifecycle_stop_idempotent
 from vz_conformance._checks.lifecycle import check_stopped_exec_refused as check_lifecycle_stopped_exec_refused
+from vz_conformance._checks.local_exec import check_local_cancelled as check_exec_local_cancelled
+from vz_conformance._checks.local_exec import check_local_exit_code as check_exec_local_exit_code
+from vz_conformance._checks.local_exec import check_local_file_to_file as check_exec_local_file_to_file
+from vz_conformance._checks.local_exec import check_local_frames as check_exec_local_frames
+from vz_conformance._checks.local_exec import check_local_missing_not_found as check_exec_local_missing_not_found
+from vz_conformance._checks.local_exec import check_local_pipe_to_pipe as check_exec_local_pipe_to_pipe
+from vz_conformance._checks.local_exec import check_local_signal_exit as check_exec_local_signal_exit
+from vz_conformance._checks.local_exec import check_local_stopped_refused as check_exec_local_stopped_refused
+from vz_conformance._checks.local_exec import check_local_terminal_refused as check_exec_local_terminal_refused
 from vz_conformance._checks.logs import check_chunk_sizes as check_logs_chunk_sizes
 from vz_conformance._checks.logs import check_kept_after_stop as check_logs_kept_after_stop
 from vz_conformance._checks.logs import check_merged_exact as check_logs_merged_exact
@@ -114,6 +123,15 @@ __all__ = [
     "check_exec_early_exit",
     "check_exec_empty_stdin",
     "check_exec_environment",
+    "check_exec_local_cancelled",
+    "check_exec_local_exit_code",
+    "check_exec_local_file_to_file",
+    "check_exec_local_frames",
+    "check_exec_local_missing_not_found",
+    "check_exec_local_pipe_to_pipe",
+    "check_exec_local_signal_exit",
+    "check_exec_local_stopped_refused",
+    "check_exec_local_terminal_refused",
     "check_exec_nonzero_exit",
     "check_exec_output_frames",
     "check_exec_shell_command",

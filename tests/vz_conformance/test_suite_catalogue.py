@@ -15,7 +15,7 @@ from vz_conformance import _catalogue
 COUNTS = {
     "discovery": 4,
     "lifecycle": 10,
-    "exec": 13,
+    "exec": 22,
     "cancel": 3,
     "pty": 8,
     "malformed": 8,
@@ -33,8 +33,8 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "conformance.md"
 
 def test_counts_per_label() -> None:
     assert Counter(c.label for c in _catalogue.CATALOGUE) == COUNTS
-    assert len(_catalogue.select("external")) == sum(COUNTS.values()) == 81
-    assert len(_catalogue.select("in-process")) == sum(COUNTS.values()) - COUNTS["crash"] == 72
+    assert len(_catalogue.select("external")) == sum(COUNTS.values()) == 90
+    assert len(_catalogue.select("in-process")) == sum(COUNTS.values()) - COUNTS["crash"] == 81
 
 
 def test_ids_are_stable_label_dot_name_and_unique() -> None:

@@ -35,6 +35,12 @@ NEEDS_AN_EXIT = frozenset(
         "exec.early_exit",
         "exec.empty_stdin",
         "exec.environment",
+        "exec.local_cancelled",
+        "exec.local_exit_code",
+        "exec.local_file_to_file",
+        "exec.local_frames",
+        "exec.local_pipe_to_pipe",
+        "exec.local_signal_exit",
         "exec.nonzero_exit",
         "exec.output_frames",
         "exec.shell_command",
@@ -54,6 +60,8 @@ NEEDS_AN_EXIT = frozenset(
 # Every case that works on a Machine it created: a RunImage that always fails breaks all of them.
 NEEDS_A_MACHINE = NEEDS_AN_EXIT | frozenset(
     {
+        "exec.local_stopped_refused",
+        "exec.local_terminal_refused",
         "identity.reuse_cancelled",
         "identity.reuse_changed",
         "identity.reuse_same",
@@ -94,6 +102,10 @@ BROKEN_BY_SHELL_REPARSING = frozenset(
         "cancel.deadline",
         "exec.argv_verbatim",
         "exec.duplex_backpressure",  # 'sh -c "tee /dev/stderr"' becomes 'sh -c tee' with $0=/dev/stderr
+        "exec.local_cancelled",
+        "exec.local_exit_code",
+        "exec.local_frames",
+        "exec.local_signal_exit",  # 'sh -c "kill -TERM $$"' becomes 'sh -c kill' with $0=-TERM: no signal
         "exec.nonzero_exit",
         "exec.output_frames",
         "exec.shell_command",
@@ -118,6 +130,11 @@ PRINTS_BEFORE_ITS_END = frozenset(
         "exec.binary_roundtrip",
         "exec.duplex_backpressure",
         "exec.environment",
+        "exec.local_cancelled",
+        "exec.local_exit_code",
+        "exec.local_file_to_file",
+        "exec.local_frames",
+        "exec.local_pipe_to_pipe",
         "exec.nonzero_exit",
         "exec.output_frames",
         "exec.shell_command",
@@ -141,11 +158,15 @@ class Row:
     """Cases whose result depends on a race the fault itself creates (stated per row, with the reason)."""
 
 
+# exec.local_frames reaches the in-process driver through a RemoteDriver (the Exec-frame path), which negotiates
+# Info as every host does: an Info the host refuses stops it there, as it stops every case externally.
+INFO_REFUSED_IN_PROCESS = frozenset({"discovery.info_valid", "exec.local_frames"})
+
 TABLE = (
     Row("failing-preflight", "in-process", frozenset({"discovery.preflight"})),
-    Row("incompatible-version", "in-process", frozenset({"discovery.info_valid"})),
-    Row("malformed-info", "in-process", frozenset({"discovery.info_valid"})),
-    Row("unknown-enum-info", "in-process", frozenset({"discovery.info_valid"})),
+    Row("incompatible-version", "in-process", INFO_REFUSED_IN_PROCESS),
+    Row("malformed-info", "in-process", INFO_REFUSED_IN_PROCESS),
+    Row("unknown-enum-info", "in-process", INFO_REFUSED_IN_PROCESS),
     Row("failing-run", "in-process", NEEDS_A_MACHINE),
     Row("stop-not-idempotent", "in-process", frozenset({"lifecycle.stop_idempotent"})),
     Row("delete-not-idempotent", "in-process", frozenset({"lifecycle.delete_idempotent"})),
@@ -178,10 +199,23 @@ TABLE = (
     Row(
         "exec-merge-streams",
         "in-process",
-        frozenset({"exec.stdin_to_stderr", "exec.nonzero_exit", "exec.output_frames", "exec.duplex_backpressure"}),
+        frozenset(
+            {
+                "exec.stdin_to_stderr",
+                "exec.nonzero_exit",
+                "exec.output_frames",
+                "exec.duplex_backpressure",
+                "exec.local_exit_code",  # its diagnostic must arrive on the stderr pipe
+                "exec.local_frames",
+            }
+        ),
     ),
     Row("exec-shell-reparse", "in-process", BROKEN_BY_SHELL_REPARSING),
-    Row("exec-ignore-cancel", "in-process", frozenset({"cancel.cancelled", "cancel.deadline", "cancel.blocked_stdin"})),
+    Row(
+        "exec-ignore-cancel",
+        "in-process",
+        frozenset({"cancel.cancelled", "cancel.deadline", "cancel.blocked_stdin", "exec.local_cancelled"}),
+    ),
     Row("pty-ignores-size", "in-process", frozenset({"pty.size"})),
     Row("pty-ignores-resize", "in-process", frozenset({"pty.resize"})),
     Row("pty-no-echo", "in-process", frozenset({"pty.echo"})),
