@@ -291,8 +291,12 @@ class Service:
         store_path: Path | None = None,
         warm_sessions: bool = True,
         daemon_status: Callable[[], dict[str, Any]] | None = None,
+        network: Any = None,
     ) -> None:
         self._daemon_status = daemon_status
+        from vz_core.daemon._network import DaemonNetwork
+
+        self._network: DaemonNetwork = network if network is not None else DaemonNetwork(store_path)
         self._warm_sessions = warm_sessions
         self._events = events
         self._forget: set[str] = set()
@@ -342,6 +346,8 @@ class Service:
             self._own_pool = True
         if self._pool is not None:
             await _maybe_await(self._pool.start())
+        # Network parts (DNS, exports, imports) of the version 2 Environments running when the daemon stopped.
+        await self._network.restore()
         # The first `vz up` would otherwise import pydantic and the definition model on the loop, stalling
         # every other call for a few hundred milliseconds: import them now, in a thread.
         await asyncio.to_thread(_warm_imports)
@@ -357,7 +363,10 @@ class Service:
                 self._own_events = True
 
     async def close(self) -> None:
-        """Stop the sessions this service started (Machines keep running) and close the event log."""
+        """Stop the sessions this service started (Machines keep running), close the network parts it serves
+        (their records stay for the next start) and close the event log."""
+        with contextlib.suppress(Exception):
+            await self._network.close()
         for environment_id in list(self._forget):
             self._forget_now(environment_id)
         if self._own_pool and self._pool is not None:
@@ -589,7 +598,24 @@ class Service:
         recreate = request.boolean("recreate")
         dry_run = request.boolean("dry_run")
         ctx = self._context(state, request, track=not dry_run)
-        return await up(ctx, environment=environment, recreate=recreate, dry_run=dry_run)
+        result = await up(ctx, environment=environment, recreate=recreate, dry_run=dry_run)
+        env_id = _result_environment_id(result)
+        if not dry_run and env_id is not None:
+            await self._serve_network(ctx, result, env_id)
+        return result
+
+    async def _serve_network(self, ctx: Any, result: dict[str, Any], env_id: str) -> None:
+        """After a successful up: the Environment's DNS responder, export listeners and import relays (a version
+        2 Environment whose route domain `vz up` realized; nothing otherwise)."""
+        from vz_core.daemon._network import has_domain
+
+        if not has_domain(env_id):
+            await self._network.after_up(ctx, env_id)  # forgets what it served for it, if anything
+            return
+        env = result.get("environment") or {}
+        fields = {"environment": env.get("name"), "environment_id": env_id}
+        with ctx.progress.step("network", f"serving DNS, exports and imports of {env.get('name')}", **fields):
+            await self._network.after_up(ctx, env_id)
 
     async def _stop(self, state: _CallState) -> dict[str, Any]:
         from vz_core.env import stop
@@ -597,7 +623,11 @@ class Service:
         request = self._request(state, ("context", "environment"))
         environment = request.string("environment", empty=False)
         ctx = self._context(state, request, track=True)
-        return await stop(ctx, environment=environment)
+        result = await stop(ctx, environment=environment)
+        env_id = _result_environment_id(result)
+        if env_id is not None:
+            await self._network.after_stop(env_id)
+        return result
 
     async def _delete(self, state: _CallState) -> dict[str, Any]:
         from vz_core.env import delete
@@ -606,7 +636,11 @@ class Service:
         environment = request.string("environment", empty=False)
         keep = request.boolean("keep_volumes")
         ctx = self._context(state, request, track=True)
-        return await delete(ctx, environment=environment, keep_volumes=keep)
+        result = await delete(ctx, environment=environment, keep_volumes=keep)
+        env_id = _result_environment_id(result)
+        if env_id is not None:
+            await self._network.after_delete(env_id)
+        return result
 
     async def _status_report(
         self,
@@ -622,6 +656,11 @@ class Service:
         ctx = self._context(state, request)
         report = await status(ctx, environment=environment, all_environments=all_environments, machine=machine)
         self._observe(report)
+        for env in report.get("environments") or ():
+            # The exports this daemon listens on now for the Environment (127.0.0.1 only).
+            endpoints = self._network.endpoints(env["id"]) if isinstance(env.get("id"), str) else []
+            if endpoints:
+                env["endpoints"] = endpoints
         return report
 
     def _observe(self, report: dict[str, Any]) -> None:
@@ -1202,6 +1241,12 @@ async def _stop(task: asyncio.Future[Any]) -> None:
         await asyncio.wait({task}, timeout=0.5)
     if not task.cancelled():
         task.exception()  # retrieved: an error of a cancelled operation is not "never retrieved"
+
+
+def _result_environment_id(result: Any) -> str | None:
+    env = result.get("environment") if isinstance(result, dict) else None
+    env_id = env.get("id") if isinstance(env, dict) else None
+    return env_id if isinstance(env_id, str) and env_id else None
 
 
 def _close(fd: int) -> None:

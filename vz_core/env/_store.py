@@ -2,7 +2,9 @@
 
 Everything vz knows about projects, Environments, Machines, volumes, worktree bindings and operations lives
 here (external driver manifests are kept by ``vz_core.drivers``), and so does the daemon's numbered event log
-(table ``events``, written and read only by ``vz_core.daemon._events``). Rules:
+(table ``events``, written and read only by ``vz_core.daemon._events``) and the network parts it serves (table
+``environment_networks``: a version 2 Environment's topology plan and its exports' chosen host ports, written
+and read only by ``vz_core.daemon._network``). Rules:
 
 * Ownership is in the keys: a Machine row is keyed by (env_id, machine_id), a volume by (env_id, machine_id,
   name), a binding points at one env_id; deleting an Environment deletes exactly the rows reachable from its
@@ -234,6 +236,17 @@ MIGRATIONS: tuple[Migration, ...] = (
                 machine_id TEXT,
                 data TEXT NOT NULL DEFAULT '{}')""",
             "CREATE INDEX events_environment ON events (environment_id, revision)",
+        ),
+    ),
+    Migration(
+        4,
+        "environment_networks: the topology plan the daemon serves for a version 2 Environment, its export ports",
+        (
+            """CREATE TABLE environment_networks (
+                env_id TEXT PRIMARY KEY REFERENCES environments(env_id) ON DELETE CASCADE,
+                plan TEXT NOT NULL,
+                ports TEXT NOT NULL DEFAULT '[]',
+                updated_at TEXT NOT NULL)""",
         ),
     ),
 )

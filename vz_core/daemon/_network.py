@@ -1,0 +1,206 @@
+"""The daemon's part of Environment networks: the long-lived pieces of every running version 2 Environment.
+
+``DaemonNetwork`` wraps a ``vz_core.network.NetworkHost`` (DNS responder, export listeners, import relays, all in
+the daemon process) with what must outlive the process, in the state store table ``environment_networks``
+(migration 4; keyed by environment id, removed with the Environment's row):
+
+* the **plan** it serves (the topology plan compiled from the Environment's vz.json when `vz up` realized its
+  route domain), so a restarted daemon restores the same parts without reading a vz.json that may have changed;
+* the **chosen host port** of each export, tried first on the next start, so `vz stop` / `vz up` and a daemon
+  restart keep an export where it was whenever that port is free.
+
+The service calls ``after_up`` when an Environments.Up succeeded, ``after_stop`` / ``after_delete`` after those
+operations, ``restore`` once at start (every Environment recorded running whose route domain exists) and
+``endpoints`` for the status document. The route domain itself is created and removed by the Environment layer
+(``vz up`` / ``vz delete``); nothing here is started for a version 1 Environment or one without a route domain.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = ["DaemonNetwork", "has_domain"]
+
+log = logging.getLogger("vz.daemon")
+
+
+_NETNS = "/run/netns"
+
+
+def has_domain(environment_id: str) -> bool:
+    """Whether the Environment's route domain exists (``vz_core.network.domain_exists`` without importing the
+    network package: every `vz up` asks, most Environments have none)."""
+    return environment_id.startswith("env_") and os.path.lexists(f"{_NETNS}/vzd-{environment_id[4:]}")
+
+
+def _any_domain() -> bool:
+    try:
+        return any(name.startswith("vzd-") for name in os.listdir(_NETNS))
+    except OSError:
+        return False
+
+
+class DaemonNetwork:
+    """The network parts of the Environments this daemon serves (see the module docstring)."""
+
+    def __init__(self, store_path: Path | None = None, host: Any = None) -> None:
+        self._store_path = store_path
+        self._host = host
+
+    @property
+    def host(self) -> Any:
+        """The ``NetworkHost`` (created on first use: a daemon that serves no version 2 Environment never imports
+        the network package)."""
+        if self._host is None:
+            from vz_core.network import NetworkHost
+
+            self._host = NetworkHost()
+        return self._host
+
+    def endpoints(self, environment_id: str) -> list[dict[str, Any]]:
+        """The Environment's exports listening now, as the status document shows them."""
+        if self._host is None:
+            return []
+        return [e.to_json() for e in self._host.endpoints(environment_id)]
+
+    # --- the store ----------------------------------------------------------------------------------------------
+
+    def _store(self) -> Any:
+        from vz_core.env import Store
+
+        return Store(self._store_path)
+
+    def _recorded(self, environment_id: str) -> tuple[dict[str, Any] | None, dict[tuple[str, str], int]]:
+        with self._store() as store, store.transaction() as db:
+            row = db.execute(
+                "SELECT plan, ports FROM environment_networks WHERE env_id = ?", (environment_id,)
+            ).fetchone()
+        if row is None:
+            return None, {}
+        return _loads_plan(row["plan"]), _loads_ports(row["ports"])
+
+    def _record(self, environment_id: str, plan: Mapping[str, Any], ports: Mapping[tuple[str, str], int]) -> None:
+        rows = [{"machine": m, "service": s, "port": p} for (m, s), p in sorted(ports.items())]
+        with self._store() as store, store.transaction() as db:
+            if db.execute("SELECT 1 FROM environments WHERE env_id = ?", (environment_id,)).fetchone() is None:
+                return  # deleted meanwhile: nothing to remember
+            db.execute(
+                "INSERT INTO environment_networks (env_id, plan, ports, updated_at) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (env_id) DO UPDATE SET plan = excluded.plan, ports = excluded.ports, "
+                "updated_at = excluded.updated_at",
+                (environment_id, json.dumps(plan, sort_keys=True), json.dumps(rows), _now()),
+            )
+
+    def _forget(self, environment_id: str) -> None:
+        with self._store() as store, store.transaction() as db:
+            db.execute("DELETE FROM environment_networks WHERE env_id = ?", (environment_id,))
+
+    # --- what the service calls ---------------------------------------------------------------------------------
+
+    async def after_up(self, ctx: Any, environment_id: str) -> list[dict[str, Any]] | None:
+        """An Environments.Up succeeded: serve its plan (compiled again from the vz.json `vz up` just applied:
+        deterministic, so it is the plan the route domain was realized from). None when the Environment has no
+        route domain (version 1, or no Machine's driver attaches). Raises what could not be started, after
+        starting everything else (the chosen ports are recorded either way)."""
+        if not has_domain(environment_id):
+            if self._host is not None and self._host.plan(environment_id) is not None:
+                await self._host.remove(environment_id)  # it had one: what was served for it goes too
+                with contextlib.suppress(Exception):
+                    self._forget(environment_id)
+            return None
+        from vz_core.env import compile_topology, find_definition, load_definition
+
+        definition = load_definition(find_definition(ctx.cwd, ctx.definition_file))
+        if definition.version != 2:
+            return None
+        plan = compile_topology(definition, environment_id).to_json()
+        _, ports = self._recorded(environment_id)
+        host = self.host
+        try:
+            await host.ensure(plan, ports=ports)
+        finally:
+            self._record(environment_id, plan, {**ports, **host.chosen_ports(environment_id)})
+        return self.endpoints(environment_id)
+
+    async def after_stop(self, environment_id: str) -> None:
+        """The Environment was stopped: its parts are closed; its plan and chosen ports stay recorded."""
+        if self._host is not None:
+            await self._host.stop(environment_id)
+
+    async def after_delete(self, environment_id: str) -> None:
+        """The Environment was deleted: its parts are closed and its record is gone (with the Environment's)."""
+        if self._host is not None:
+            await self._host.remove(environment_id)
+        with contextlib.suppress(Exception):
+            self._forget(environment_id)
+
+    async def restore(self) -> list[str]:
+        """At daemon start: serve again every recorded Environment that is running and whose route domain
+        exists. Failures are logged, never raised (a daemon always starts). The ids restored."""
+        if not _any_domain():
+            return []
+        try:
+            with self._store() as store, store.transaction() as db:
+                rows = db.execute(
+                    "SELECT n.env_id, n.plan, n.ports FROM environment_networks n "
+                    "JOIN environments e ON e.env_id = n.env_id WHERE e.state = 'running' "
+                    "AND EXISTS (SELECT 1 FROM machines m WHERE m.env_id = n.env_id AND m.state = 'running') "
+                    "ORDER BY n.env_id"
+                ).fetchall()
+        except Exception as exc:
+            log.warning("network parts not restored: %s", exc)
+            return []
+        restored = []
+        for row in rows:
+            env_id = row["env_id"]
+            if not has_domain(env_id):
+                continue
+            plan = _loads_plan(row["plan"])
+            if plan is None:
+                log.warning("network parts of %s not restored: its recorded plan is unreadable", env_id)
+                continue
+            try:
+                await self.host.ensure(plan, ports=_loads_ports(row["ports"]))
+            except Exception as exc:
+                log.warning("network parts of %s restored in part: %s", env_id, exc)
+            with contextlib.suppress(Exception):
+                self._record(env_id, plan, {**_loads_ports(row["ports"]), **self.host.chosen_ports(env_id)})
+            restored.append(env_id)
+        return restored
+
+    async def close(self) -> None:
+        """The daemon stops: every part is closed (the records stay for the next start)."""
+        if self._host is not None:
+            await self._host.close()
+
+
+def _now() -> str:
+    now = time.time()
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
+
+
+def _loads_plan(text: str) -> dict[str, Any] | None:
+    try:
+        plan = json.loads(text)
+    except ValueError:
+        return None
+    return plan if isinstance(plan, dict) else None
+
+
+def _loads_ports(text: str) -> dict[tuple[str, str], int]:
+    try:
+        rows = json.loads(text)
+    except ValueError:
+        return {}
+    out: dict[tuple[str, str], int] = {}
+    for row in rows if isinstance(rows, list) else []:
+        if isinstance(row, dict) and isinstance(row.get("port"), int) and not isinstance(row.get("port"), bool):
+            out[(str(row.get("machine")), str(row.get("service")))] = row["port"]
+    return out
