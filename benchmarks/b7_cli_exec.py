@@ -30,7 +30,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import ROOT, bytecode_env, cli_env, linux_native_problem, run_timed, vz_script
+from benchmarks._common import (
+    ROOT,
+    bytecode_env,
+    cli_env,
+    linux_native_problem,
+    run_timed,
+    uncached_modules,
+    vz_script,
+)
 from benchmarks._peers import Peer, docker_peer, podman_peer
 from benchmarks._stats import summary
 
@@ -125,6 +133,12 @@ async def run(ctx: Any) -> dict[str, Any]:
             await cleanup_cli(home, env)
 
     stats = {name: summary(values) for name, values in samples.items()}
+    # What "as-is" means here: how many modules of `vz exec`'s import path had no usable cached bytecode.
+    cli_path = ["vz_core.cli._main", "vz_core.cli._exec", "vz_core.api._client", "vz_core.api._transport"]
+    try:
+        as_is_bytecode: dict[str, Any] | str = await asyncio.to_thread(uncached_modules, cli_path, env)
+    except Exception as exc:  # a renamed module must not cost the figures
+        as_is_bytecode = f"not checked: {exc}"
     out: dict[str, Any] = {
         "driver": driver,
         "example": f"examples/{example}",
@@ -136,6 +150,7 @@ async def run(ctx: Any) -> dict[str, Any]:
         "warm_bytecode_cached": stats["vz_bytecode"],
         "python_pass": stats["python_pass"],
         "cold_daemon_start": summary(cold),
+        "as_is_cli_bytecode": as_is_bytecode,
         "peers": {name: {"version": p.version, **stats[name]} if p else None for name, p in peers.items()},
         "ratios": {
             f"{ours}_over_{peer}": _ratio(stats[ours], stats.get(peer))
