@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[3]
 
 @pytest.fixture(scope="module")
 def agent_binary() -> str:
-    from vz_drivers._agent import ensure_agent_binary
+    from vz_drivers.agent import ensure_agent_binary
 
     return str(ensure_agent_binary())
 
