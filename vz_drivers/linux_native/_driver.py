@@ -51,9 +51,17 @@ from vz_drivers._machine import (
     record_fields,
     tail,
 )
+from vz_drivers.linux_native._attach import (
+    FACT,
+    FACT_KEY,
+    connect_machine,
+    disconnect_machine,
+    network_slice,
+    resolv_conf_for,
+)
 from vz_drivers.linux_native._host import HostFacts, host_facts, read_meminfo
 from vz_drivers.linux_native._mounts import is_mounted, mount_overlay, mounts_under, unmount
-from vz_drivers.linux_native._network import NetworkConfig, remove_host_table, setup_network
+from vz_drivers.linux_native._network import NetworkConfig, remove_host_table
 from vz_drivers.linux_native._records import LinuxNativeBook, LinuxNativePaths, LinuxNativeRecord
 from vz_drivers.linux_native._runc import Runc
 from vz_drivers.linux_native._spec import RUN_DIR, build_spec
@@ -133,6 +141,7 @@ class LinuxNativeBackend(Backend[LinuxNativeRecord, LinuxNativePaths]):
             "egress_deny": "namespace with no link to the host; nftables rejects all but loopback",
             "seccomp": "Docker-style default filter, no user namespaces (developer: seccomp=unconfined opts out)",
             "state_dir": str(self.book.root),
+            FACT_KEY: FACT,
         }
         return facts, "none", "Machines are containers sharing the host kernel; no hardware virtualization"
 
@@ -161,6 +170,7 @@ class LinuxNativeBackend(Backend[LinuxNativeRecord, LinuxNativePaths]):
 
     async def plan(self, request: RunImageRequest, key: str) -> MachinePlan[LinuxNativeRecord]:
         valid = validate_request(request, self.facts, key)
+        network_slice(valid.common.labels)  # a vz.network label is checked before anything is created
         image = await self.images.resolve(request, architecture=self.facts.architecture, display=self.display)
         await self.agent_binary()
         await asyncio.to_thread(self.verify_runc)
@@ -232,7 +242,7 @@ class LinuxNativeBackend(Backend[LinuxNativeRecord, LinuxNativePaths]):
         start_time = proc_start_time(pid)
         if start_time is None:
             raise RuntimeFailureError(f"Machine {record.workspace_id!r}: its init process vanished while starting")
-        await setup_network(self.net, pid=pid, key=record.key, egress=record.egress)
+        await connect_machine(self.net, pid=pid, key=record.key, egress=record.egress, labels=record.labels)
         await self.runc.check(
             "start", record.container_id, what=f"starting Machine {record.workspace_id!r}", log=paths.runc_log
         )
@@ -256,7 +266,8 @@ class LinuxNativeBackend(Backend[LinuxNativeRecord, LinuxNativePaths]):
         atomic_write(
             paths.etc / "hosts", f"127.0.0.1\tlocalhost\n::1\tlocalhost\n127.0.1.1\t{hostname}\n".encode(), 0o644
         )
-        atomic_write(paths.etc / "resolv.conf", (_resolv_conf() if record.egress == "allow" else "").encode(), 0o644)
+        default_resolv = _resolv_conf() if record.egress == "allow" else ""
+        atomic_write(paths.etc / "resolv.conf", resolv_conf_for(record.labels, default_resolv).encode(), 0o644)
         if record.memory_bytes:
             atomic_write(paths.etc / "meminfo", _meminfo(record.memory_bytes).encode(), 0o644)
         if record.cpus:
@@ -367,6 +378,7 @@ class LinuxNativeBackend(Backend[LinuxNativeRecord, LinuxNativePaths]):
         self._close_ready(record.key)
         if (self.book.runc_root / record.container_id).exists():
             await self.runc.delete_force(record.container_id)
+        await disconnect_machine(record.labels)
         paths = self.book.paths(record.key)
         if mounts_under(paths.rootfs):
             await asyncio.to_thread(unmount, paths.rootfs)
