@@ -369,6 +369,8 @@ def _spawn(paths: DaemonPaths, environ: Mapping[str, str], timeout: float) -> No
         return
     if text.startswith("error "):
         message = text[len("error ") :]
+        if "[Errno 28]" in message or "No space left" in message:
+            message += f"; free space on the filesystem of {paths.home} and run the command again"
         raise DaemonError(f"the vz daemon for {paths.home} could not start: {message}")
     tail = _log_tail(paths)
     raise DaemonError(

@@ -380,17 +380,7 @@ def _fill(fs: Path) -> Path:
 
 @pytest.mark.parametrize(
     "daemon_running",
-    [
-        True,
-        pytest.param(
-            False,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="a daemon that cannot start on a full disk says `OSError: [Errno 28] No space left on device` "
-                "without saying what to do (request to vz_core/daemon/_connect.py's owner in requests.md)",
-            ),
-        ),
-    ],
+    [True, False],
     ids=["daemon-running", "daemon-starting"],
 )
 def test_full_disk_under_the_state_dir(small_fs: Path, tmp_path: Path, daemon_running: bool) -> None:
