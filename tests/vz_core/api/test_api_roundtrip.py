@@ -92,3 +92,26 @@ async def test_up_status_stop_delete_reports_roundtrip(project: Path) -> None:
 def test_an_unknown_key_fails_loudly() -> None:
     with pytest.raises(json_format.ParseError, match="surprise"):
         pb.from_wire({"project_id": "p", "surprise": 1}, api.UpResult)
+
+
+async def test_a_version_2_environments_network_step_and_endpoints_roundtrip(project: Path) -> None:
+    """What the daemon adds for a version 2 Environment: its `network` progress step (with the route domain)
+    and the status document's endpoints (the exports it listens on)."""
+    ctx = Context(cwd=project, environ={}, progress=Recorder())
+    await up(ctx)
+    report = await status(ctx)
+    report["environments"][0]["endpoints"] = [
+        {"machine": "web", "service": "http", "protocol": "tcp", "host": "127.0.0.1", "port": 3000}
+    ]
+    roundtrip(report, api.StatusReport)
+    step = {
+        "event": "step",
+        "action": "network",
+        "status": "started",
+        "message": "preparing route domain vzd-0123456789ab",
+        "environment": "default",
+        "environment_id": "env_0123456789ab",
+        "route_domain": "vzd-0123456789ab",
+    }
+    roundtrip(step, api.Progress)
+    await delete(ctx)

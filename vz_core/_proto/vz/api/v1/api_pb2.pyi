@@ -52,7 +52,7 @@ class UpResponse(_message.Message):
     def __init__(self, progress: _Optional[_Union[Progress, _Mapping]] = ..., result: _Optional[_Union[UpResult, _Mapping]] = ...) -> None: ...
 
 class Progress(_message.Message):
-    __slots__ = ("event", "action", "status", "kind", "message", "seconds", "environment", "environment_id", "machine", "machine_id", "image", "volume", "driver", "field", "holder", "operation_id", "worktree", "plan")
+    __slots__ = ("event", "action", "status", "kind", "message", "seconds", "environment", "environment_id", "machine", "machine_id", "image", "volume", "driver", "field", "holder", "operation_id", "worktree", "plan", "route_domain")
     EVENT_FIELD_NUMBER: _ClassVar[int]
     ACTION_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
@@ -71,6 +71,7 @@ class Progress(_message.Message):
     OPERATION_ID_FIELD_NUMBER: _ClassVar[int]
     WORKTREE_FIELD_NUMBER: _ClassVar[int]
     PLAN_FIELD_NUMBER: _ClassVar[int]
+    ROUTE_DOMAIN_FIELD_NUMBER: _ClassVar[int]
     event: str
     action: str
     status: str
@@ -89,7 +90,8 @@ class Progress(_message.Message):
     operation_id: str
     worktree: str
     plan: Plan
-    def __init__(self, event: _Optional[str] = ..., action: _Optional[str] = ..., status: _Optional[str] = ..., kind: _Optional[str] = ..., message: _Optional[str] = ..., seconds: _Optional[float] = ..., environment: _Optional[str] = ..., environment_id: _Optional[str] = ..., machine: _Optional[str] = ..., machine_id: _Optional[str] = ..., image: _Optional[str] = ..., volume: _Optional[str] = ..., driver: _Optional[str] = ..., field: _Optional[str] = ..., holder: _Optional[str] = ..., operation_id: _Optional[str] = ..., worktree: _Optional[str] = ..., plan: _Optional[_Union[Plan, _Mapping]] = ...) -> None: ...
+    route_domain: str
+    def __init__(self, event: _Optional[str] = ..., action: _Optional[str] = ..., status: _Optional[str] = ..., kind: _Optional[str] = ..., message: _Optional[str] = ..., seconds: _Optional[float] = ..., environment: _Optional[str] = ..., environment_id: _Optional[str] = ..., machine: _Optional[str] = ..., machine_id: _Optional[str] = ..., image: _Optional[str] = ..., volume: _Optional[str] = ..., driver: _Optional[str] = ..., field: _Optional[str] = ..., holder: _Optional[str] = ..., operation_id: _Optional[str] = ..., worktree: _Optional[str] = ..., plan: _Optional[_Union[Plan, _Mapping]] = ..., route_domain: _Optional[str] = ...) -> None: ...
 
 class Plan(_message.Message):
     __slots__ = ("steps", "default_machine", "blocked")
@@ -220,7 +222,7 @@ class ProjectRef(_message.Message):
     def __init__(self, id: _Optional[str] = ..., definition: _Optional[str] = ..., definition_error: _Optional[str] = ...) -> None: ...
 
 class EnvironmentStatus(_message.Message):
-    __slots__ = ("id", "name", "project_id", "state", "worktree", "bound_worktrees", "default_machine", "created_at", "updated_at", "last_operation", "interrupted_operations", "machines", "drift", "health")
+    __slots__ = ("id", "name", "project_id", "state", "worktree", "bound_worktrees", "default_machine", "created_at", "updated_at", "last_operation", "interrupted_operations", "machines", "drift", "health", "endpoints")
     ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     PROJECT_ID_FIELD_NUMBER: _ClassVar[int]
@@ -235,6 +237,7 @@ class EnvironmentStatus(_message.Message):
     MACHINES_FIELD_NUMBER: _ClassVar[int]
     DRIFT_FIELD_NUMBER: _ClassVar[int]
     HEALTH_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINTS_FIELD_NUMBER: _ClassVar[int]
     id: str
     name: str
     project_id: str
@@ -249,7 +252,22 @@ class EnvironmentStatus(_message.Message):
     machines: _containers.RepeatedCompositeFieldContainer[MachineStatus]
     drift: EnvironmentDrift
     health: EnvironmentHealth
-    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., project_id: _Optional[str] = ..., state: _Optional[str] = ..., worktree: _Optional[str] = ..., bound_worktrees: _Optional[_Iterable[str]] = ..., default_machine: _Optional[str] = ..., created_at: _Optional[str] = ..., updated_at: _Optional[str] = ..., last_operation: _Optional[_Union[OperationRecord, _Mapping]] = ..., interrupted_operations: _Optional[_Iterable[_Union[OperationRecord, _Mapping]]] = ..., machines: _Optional[_Iterable[_Union[MachineStatus, _Mapping]]] = ..., drift: _Optional[_Union[EnvironmentDrift, _Mapping]] = ..., health: _Optional[_Union[EnvironmentHealth, _Mapping]] = ...) -> None: ...
+    endpoints: _containers.RepeatedCompositeFieldContainer[Endpoint]
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., project_id: _Optional[str] = ..., state: _Optional[str] = ..., worktree: _Optional[str] = ..., bound_worktrees: _Optional[_Iterable[str]] = ..., default_machine: _Optional[str] = ..., created_at: _Optional[str] = ..., updated_at: _Optional[str] = ..., last_operation: _Optional[_Union[OperationRecord, _Mapping]] = ..., interrupted_operations: _Optional[_Iterable[_Union[OperationRecord, _Mapping]]] = ..., machines: _Optional[_Iterable[_Union[MachineStatus, _Mapping]]] = ..., drift: _Optional[_Union[EnvironmentDrift, _Mapping]] = ..., health: _Optional[_Union[EnvironmentHealth, _Mapping]] = ..., endpoints: _Optional[_Iterable[_Union[Endpoint, _Mapping]]] = ...) -> None: ...
+
+class Endpoint(_message.Message):
+    __slots__ = ("machine", "service", "protocol", "host", "port")
+    MACHINE_FIELD_NUMBER: _ClassVar[int]
+    SERVICE_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    machine: str
+    service: str
+    protocol: str
+    host: str
+    port: int
+    def __init__(self, machine: _Optional[str] = ..., service: _Optional[str] = ..., protocol: _Optional[str] = ..., host: _Optional[str] = ..., port: _Optional[int] = ...) -> None: ...
 
 class OperationRecord(_message.Message):
     __slots__ = ("id", "kind", "status", "step", "pid", "started_at", "finished_at", "error", "explanation")
