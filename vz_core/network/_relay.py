@@ -149,6 +149,9 @@ class ExportListener(_Relay):
             up = await asyncio.open_connection(sock=sock)
         except (OSError, TimeoutError):
             sock.close()
+        except BaseException:  # cancelled mid-connect (the listener closing): the socket is not left to the GC
+            sock.close()
+            raise
         await self._join(reader, writer, up)
 
 
