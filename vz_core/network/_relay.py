@@ -32,15 +32,17 @@ __all__ = ["ExportListener", "ImportRelay"]
 _CHUNK = 64 * 1024
 
 
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+    """Copy until end of file, then half-close the writer: True. A reset or any socket error: False."""
     try:
         while data := await reader.read(_CHUNK):
             writer.write(data)
             await writer.drain()
         if writer.can_write_eof():
             writer.write_eof()
+        return True
     except (ConnectionError, OSError):
-        pass
+        return False
 
 
 class _Relay:
@@ -55,9 +57,20 @@ class _Relay:
             down_w.close()
             return
         up_r, up_w = up
+        pipes = {asyncio.ensure_future(_pipe(down_r, up_w)), asyncio.ensure_future(_pipe(up_r, down_w))}
         try:
-            await asyncio.gather(_pipe(down_r, up_w), _pipe(up_r, down_w))
+            # One side ending cleanly half-closes the other (each direction ends on its own); a side that is
+            # reset or fails ends the whole connection, or the other direction would wait forever.
+            while pipes:
+                done, pipes = await asyncio.wait(pipes, return_when=asyncio.FIRST_COMPLETED)
+                if not all(task.result() for task in done):
+                    break
         finally:
+            for task in pipes:
+                task.cancel()
+            for task in pipes:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             for w in (up_w, down_w):
                 w.close()
                 with contextlib.suppress(ConnectionError, OSError):
