@@ -32,17 +32,18 @@ __all__ = ["ExportListener", "ImportRelay"]
 _CHUNK = 64 * 1024
 
 
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
-    """Copy until end of file, then half-close the writer: True. A reset or any socket error: False."""
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Copy until end of file, then half-close the writer. On a reset or any socket error the writer is closed
+    at once: the other end learns the connection is gone (else a side that was reset would leave its peer
+    waiting forever for an end of file); the opposite direction keeps delivering what it already has."""
     try:
         while data := await reader.read(_CHUNK):
             writer.write(data)
             await writer.drain()
         if writer.can_write_eof():
             writer.write_eof()
-        return True
     except (ConnectionError, OSError):
-        return False
+        writer.close()
 
 
 class _Relay:
@@ -57,22 +58,12 @@ class _Relay:
             down_w.close()
             return
         up_r, up_w = up
-        pipes = {asyncio.ensure_future(_pipe(down_r, up_w)), asyncio.ensure_future(_pipe(up_r, down_w))}
         try:
-            # One side ending cleanly half-closes the other (each direction ends on its own); a side that is
-            # reset or fails ends the whole connection, or the other direction would wait forever.
-            while pipes:
-                done, pipes = await asyncio.wait(pipes, return_when=asyncio.FIRST_COMPLETED)
-                if not all(task.result() for task in done):
-                    break
+            await asyncio.gather(_pipe(down_r, up_w), _pipe(up_r, down_w))
         finally:
-            for task in pipes:
-                task.cancel()
-            for task in pipes:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-            for w in (up_w, down_w):
+            for w in (up_w, down_w):  # both closed before anything is awaited: a cancellation cannot skip one
                 w.close()
+            for w in (up_w, down_w):
                 with contextlib.suppress(ConnectionError, OSError):
                     await w.wait_closed()
 

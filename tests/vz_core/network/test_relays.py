@@ -6,7 +6,9 @@ Host-side traffic stays on loopback; everything else is in namespaces the test c
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
+import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -56,9 +58,15 @@ async def _serve_in(netns: str, address: str, port: int, reply: bytes) -> tuple[
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         count[0] += 1
-        writer.write(reply + b" " + writer.get_extra_info("peername")[0].encode())
-        await writer.drain()
-        writer.close()
+        try:
+            writer.write(reply + b" " + writer.get_extra_info("peername")[0].encode())
+            await writer.drain()
+        except ConnectionError:
+            pass  # the client went away first: the connection still counts, and is still closed
+        finally:
+            writer.close()
+            with contextlib.suppress(ConnectionError):
+                await writer.wait_closed()  # closed for real before the test's loop ends
 
     sock = await asyncio.to_thread(in_netns, netns, make)
     return await asyncio.start_server(handle, sock=sock), count
@@ -92,7 +100,7 @@ async def _build(
 
 
 async def _closing(*items: Any, done: Callable[[], Awaitable[None]]) -> None:
-    for item in items:
+    for item in reversed(items):  # relays first: their connections to a host service end before it closes
         if isinstance(item, asyncio.Server):
             item.close()
             await item.wait_closed()
@@ -157,20 +165,44 @@ async def _remove(env_ids: list[str]) -> None:
         await remove_domain(env_id)
 
 
+class _HostService:
+    """A host loopback service answering ``from the host`` and counting connections, in a thread with plain
+    sockets: every connection it accepted is closed by it before ``close()`` returns, whatever the test's
+    event loop does."""
+
+    def __init__(self, port: int) -> None:
+        self.hits = [0]
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", port))
+        self.sock.listen(16)
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.hits[0] += 1
+            with conn, contextlib.suppress(OSError):
+                conn.sendall(b"from the host")
+
+    async def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        self.sock.close()
+        await asyncio.to_thread(self.thread.join, 5)
+
+
 async def test_an_import_reaches_the_host_port_only_from_the_declaring_machine(
     namespaces: Namespaces, env_ids: list[str]
 ) -> None:
     host_port = _free_port()
     data = _definition(_free_port(), host_port)
-    hits = [0]
-
-    async def host_service(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        hits[0] += 1
-        writer.write(b"from the host")
-        await writer.drain()
-        writer.close()
-
-    host = await asyncio.start_server(host_service, "127.0.0.1", host_port)
+    host = _HostService(host_port)
+    hits = host.hits
     opened: list[Any] = [host]
     try:
         shop, shop_ns = await _build(namespaces, env_ids[0], data, "a")
