@@ -552,9 +552,9 @@ class Service:
         if kind == "environment.updated" and data.get("change") == "deleted" and environment_id:
             # `vz delete` leaves nothing of the Environment on disk, its events included: live watchers get the
             # deletion first (they are woken by the append), then its events are dropped from the log.
-            loop = asyncio.get_running_loop()
-            self._forget.add(environment_id)
-            loop.call_later(FORGET_DELAY, self._forget_now, environment_id)
+            self._forget.add(environment_id)  # dropped at close() at the latest
+            with contextlib.suppress(RuntimeError):  # no running loop: close() does it
+                asyncio.get_running_loop().call_later(FORGET_DELAY, self._forget_now, environment_id)
 
     def _forget_now(self, environment_id: str) -> None:
         if environment_id in self._forget and self._events is not None:
