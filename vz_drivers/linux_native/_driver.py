@@ -61,7 +61,7 @@ from vz_drivers.linux_native._attach import (
 )
 from vz_drivers.linux_native._host import HostFacts, host_facts, read_meminfo
 from vz_drivers.linux_native._mounts import is_mounted, mount_overlay, mounts_under, unmount
-from vz_drivers.linux_native._network import NetworkConfig, remove_host_table
+from vz_drivers.linux_native._network import NetworkConfig, remove_host_link, remove_host_table
 from vz_drivers.linux_native._records import LinuxNativeBook, LinuxNativePaths, LinuxNativeRecord
 from vz_drivers.linux_native._runc import Runc
 from vz_drivers.linux_native._spec import RUN_DIR, build_spec
@@ -378,6 +378,9 @@ class LinuxNativeBackend(Backend[LinuxNativeRecord, LinuxNativePaths]):
         self._close_ready(record.key)
         if (self.book.runc_root / record.container_id).exists():
             await self.runc.delete_force(record.container_id)
+        if record.egress == "allow":
+            await remove_host_link(self.net, record.key)
+            await remove_host_table(self.net)
         await disconnect_machine(record.labels)
         paths = self.book.paths(record.key)
         if mounts_under(paths.rootfs):
@@ -403,6 +406,8 @@ class LinuxNativeBackend(Backend[LinuxNativeRecord, LinuxNativePaths]):
     async def remove_host_state(self) -> None:
         for cid in self.runc.list_ids():
             await self.runc.delete_force(cid)
+            if cid.startswith("vz-"):
+                await remove_host_link(self.net, cid.removeprefix("vz-"))
         await remove_host_table(self.net)
         await asyncio.to_thread(self._remove_cgroup_parent)
 

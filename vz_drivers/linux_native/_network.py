@@ -25,7 +25,15 @@ from pathlib import Path
 
 from vz_core.errors import RuntimeFailureError, UnavailableError
 
-__all__ = ["NetworkConfig", "check_subnet", "host_routes", "host_table_name", "remove_host_table", "setup_network"]
+__all__ = [
+    "NetworkConfig",
+    "check_subnet",
+    "host_routes",
+    "host_table_name",
+    "remove_host_link",
+    "remove_host_table",
+    "setup_network",
+]
 
 DENY_RULES = """
 table inet vz_egress {
@@ -47,7 +55,6 @@ class NetworkConfig:
         self.nsenter = nsenter
         self.nft = nft
         self.subnet = ipaddress.IPv4Network(subnet)
-        self.nat_ready = False
         if self.subnet.prefixlen > 28:
             raise ValueError("the Machine subnet must be /28 or larger")
         check_subnet(self.subnet)
@@ -167,12 +174,42 @@ async def ensure_host_nat(cfg: NetworkConfig) -> None:
 
 
 async def remove_host_table(cfg: NetworkConfig) -> None:
-    """Remove the masquerade table when no running Machine of any driver process uses the subnet."""
-    if not cfg.nft or not cfg.ip or await _used_slots(cfg):
+    """Remove the masquerade table when no running Machine of any driver process uses the subnet.
+
+    Taken under the host lock that every start takes to ensure the table and claim a slot, so a Machine
+    being started by another driver process never loses its table.
+    """
+    if not cfg.nft or not cfg.ip:
         return
     table = host_table_name(cfg.subnet)
-    with contextlib.suppress(RuntimeFailureError):
-        await _run([cfg.nft, "-f", "-"], f"table ip {table}\ndelete table ip {table}\n".encode())
+    async with _host_lock():
+        if await _used_slots(cfg) or not await _table_exists(cfg, table):
+            return
+        with contextlib.suppress(RuntimeFailureError):
+            await _run([cfg.nft, "-f", "-"], f"table ip {table}\ndelete table ip {table}\n".encode())
+
+
+async def _table_exists(cfg: NetworkConfig, table: str) -> bool:
+    proc = await asyncio.create_subprocess_exec(
+        cfg.nft, "list", "table", "ip", table, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL
+    )
+    return await proc.wait() == 0
+
+
+async def remove_host_link(cfg: NetworkConfig, key: str) -> None:
+    """Delete the host end of a Machine's veth now (idempotent).
+
+    The kernel removes it by itself only when the Machine's network namespace is destroyed, which happens some
+    time after the container's last process has exited; until then its address still counts as a used slot,
+    and :func:`remove_host_table` would keep the masquerade table of a subnet that nothing uses any more.
+    """
+    host_if = f"vz{key[:12]}"
+    if not cfg.ip:
+        return
+    present: bool = await asyncio.to_thread(os.path.lexists, f"/sys/class/net/{host_if}")
+    if present:
+        with contextlib.suppress(RuntimeFailureError):
+            await _run([cfg.ip, "link", "del", host_if])
 
 
 HOST_LOCK = Path("/run/lock/vz-linux-native-net.lock")
@@ -226,14 +263,13 @@ async def setup_network(cfg: NetworkConfig, *, pid: int, key: str, egress: str) 
         await _run([*inside, cfg.nft, "-f", "-"], DENY_RULES.encode(), what="egress deny rules")
         return
     host_if = f"vz{key[:12]}"
-    if not cfg.nat_ready:
-        await ensure_host_nat(cfg)
-        cfg.nat_ready = True
     # A stale host end (a crashed start) would make the add fail: remove it first.
     if await asyncio.to_thread(os.path.lexists, f"/sys/class/net/{host_if}"):
         with contextlib.suppress(RuntimeFailureError):
             await _run([cfg.ip, "link", "del", host_if])
     async with _host_lock():
+        # Under the lock that removal takes too: the table exists whenever a Machine holds a slot.
+        await ensure_host_nat(cfg)
         used = await _used_slots(cfg)
         index = next((i for i in range(cfg.slots) if i not in used), None)
         if index is None:

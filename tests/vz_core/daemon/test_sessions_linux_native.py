@@ -66,7 +66,7 @@ async def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, agent_binary: st
     finally:
         from vz_drivers.linux_native import cleanup_state
 
-        await cleanup_state(str(state), image_dir=str(images), agent_binary=agent_binary)
+        await cleanup_state(str(state), image_dir=str(images), agent_binary=agent_binary, subnet=SUBNET)
 
 
 async def nothing() -> AsyncIterator[bytes]:

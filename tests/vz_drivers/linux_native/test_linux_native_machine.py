@@ -211,6 +211,14 @@ def _listen(netns: str) -> subprocess.Popen[bytes]:
     return proc
 
 
+def _exists(path: Path) -> bool:
+    return path.is_symlink() or path.exists()
+
+
+def _nft_tables() -> str:
+    return subprocess.run(["nft", "list", "tables"], capture_output=True, text=True, check=True).stdout
+
+
 def _rx_counter(netns: str) -> int:
     out = subprocess.run(
         ["ip", "netns", "exec", netns, "nft", "list", "table", "inet", "vztest"], capture_output=True, text=True
@@ -233,6 +241,13 @@ async def test_egress_allow_reaches_a_test_destination_and_deny_refuses(
         with contextlib.suppress(ProcessLookupError):
             listener.kill()
         listener.wait()
+    # The host's masquerade table and the Machine's veth live exactly as long as a Machine holds a slot.
+    record = driver._store.load(machine_key("egress-allow"))
+    assert record is not None
+    host_if = Path(f"/sys/class/net/vz{record.key[:12]}")
+    assert _exists(host_if) and "vz_10_231_0_0_16" in _nft_tables()
+    await driver.delete("egress-allow")
+    assert not _exists(host_if) and "vz_10_231_0_0_16" not in _nft_tables()
     seen = _rx_counter(netns)
     await driver.run_image(request("egress-deny", labels=("vz.egress=deny",)))
     for restart in (False, True):
