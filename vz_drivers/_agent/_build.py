@@ -4,7 +4,9 @@ The agent is a static Go program shipped as source under ``go/``. It is built at
 ``cache_dir()/agent/<digest>/vz-agent``, where ``<digest>`` is the SHA-256 of the Go sources and the target
 platform, so a changed source tree gets a new binary and an unchanged one is never rebuilt. Builds happen in a
 temporary directory and are renamed into place; a file lock makes concurrent callers (several processes)
-wait for one build. ``VZ_AGENT_BINARY`` points at a prebuilt agent and skips all of this.
+wait for one build. Go's build cache is ``$GOCACHE`` when that is an absolute path (Go's own variable: state
+homes then share compiled packages, and a build for a new home only links), else ``cache_dir()/agent/gocache``.
+``VZ_AGENT_BINARY`` points at a prebuilt agent and skips all of this.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from vz_core.errors import UnavailableError
 __all__ = ["agent_source_digest", "agent_source_dir", "ensure_agent_binary"]
 
 ENV_BINARY: Final = "VZ_AGENT_BINARY"
+ENV_GOCACHE: Final = "GOCACHE"
 _GOARCH: Final = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
 _BUILD_TIMEOUT: Final = 600.0
 
@@ -62,7 +65,8 @@ def ensure_agent_binary(goarch: str | None = None, *, goos: str = "linux", cache
     architecture), building it if needed. ``goos`` is ``linux`` (VM guests, linux_native) or ``darwin`` (macOS
     guests).
 
-    Binaries (and Go's build cache) live under ``cache_dir`` (default ``vz_core.paths.cache_dir() / "agent"``).
+    Binaries live under ``cache_dir`` (default ``vz_core.paths.cache_dir() / "agent"``); Go's build cache is
+    ``$GOCACHE`` when it is an absolute path, else ``<cache_dir>/gocache``.
 
     ``VZ_AGENT_BINARY`` (an executable file) wins when set. Otherwise the binary is built with ``go`` from
     PATH (Go >= 1.19, standard library only) at most once per source digest; concurrent callers wait for the
@@ -101,6 +105,12 @@ def ensure_agent_binary(goarch: str | None = None, *, goos: str = "linux", cache
     return target
 
 
+def _go_cache(base: Path) -> Path:
+    """Go's build cache: ``$GOCACHE`` when it is an absolute path (as ``go`` itself requires), else under ``base``."""
+    configured = os.environ.get(ENV_GOCACHE, "")
+    return Path(configured) if os.path.isabs(configured) else base / "gocache"
+
+
 def _build(go: str, goos: str, goarch: str, base: Path, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="build-", dir=base) as tmp:
@@ -116,7 +126,7 @@ def _build(go: str, goos: str, goarch: str, base: Path, target: Path) -> None:
         env.update(
             GO111MODULE="off",
             GOPATH=str(Path(tmp) / "gopath"),
-            GOCACHE=str(base / "gocache"),
+            GOCACHE=str(_go_cache(base)),
             GOFLAGS="",
             CGO_ENABLED="0",
             GOOS=goos,

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from vz_core.errors import UnavailableError
+from vz_core.paths import cache_dir
+from vz_drivers._agent import _build as build_module
 from vz_drivers._agent import agent_source_digest, agent_source_dir, ensure_agent_binary
 
 
@@ -56,14 +58,62 @@ def test_built_binary_lives_under_its_digest(agent_binary: Path) -> None:
     assert b"/lib64/ld-linux" not in agent_binary.read_bytes()[:4096]
 
 
-@pytest.mark.slow
-def test_concurrent_first_builds_share_one_result(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def _fake_go(bin_dir: Path, record: Path) -> None:
+    """A ``go`` that records the GOCACHE it was given and writes a stand-in binary where ``-o`` says."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    go = bin_dir / "go"
+    go.write_text(
+        "#!/bin/sh\n"
+        f'printf "%s" "$GOCACHE" > "{record}"\n'
+        'while [ "$#" -gt 0 ]; do if [ "$1" = "-o" ]; then printf "#!/bin/sh\\n" > "$2"; fi; shift; done\n'
+    )
+    go.chmod(0o755)
+
+
+@pytest.mark.parametrize(
+    ("gocache", "expected"),
+    [(None, "cache/gocache"), ("shared-gocache", "shared-gocache"), ("relative/dir", "cache/gocache")],
+    ids=["unset", "absolute", "relative-ignored"],
+)
+def test_go_build_cache_is_gocache_when_absolute_else_under_the_cache_dir(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, gocache: str | None, expected: str
+) -> None:
     monkeypatch.delenv("VZ_AGENT_BINARY", raising=False)
+    record = tmp_path / "gocache-seen"
+    _fake_go(tmp_path / "bin", record)
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    if gocache is None:
+        monkeypatch.delenv("GOCACHE", raising=False)
+    else:
+        monkeypatch.setenv("GOCACHE", str(tmp_path / gocache) if gocache.startswith("shared") else gocache)
+    built = ensure_agent_binary(cache_dir=tmp_path / "cache")
+    assert built == tmp_path / "cache" / agent_source_digest() / "vz-agent"
+    assert record.read_text() == str(tmp_path / expected)
+
+
+@pytest.mark.slow
+def test_concurrent_first_builds_share_one_result(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, agent_binary: Path
+) -> None:
+    """Two callers of an empty output directory get one build. Go's build cache is the one the session's agent
+    build warmed (``$GOCACHE``): the packages are compiled already, the binary is still built (and linked) here."""
+    monkeypatch.delenv("VZ_AGENT_BINARY", raising=False)
+    monkeypatch.setenv("GOCACHE", str(build_module._go_cache(cache_dir() / "agent")))
     cache = tmp_path / "cache"
+    builds: list[Path] = []
+    real_build = build_module._build
+
+    def counting_build(go: str, goos: str, goarch: str, base: Path, target: Path) -> None:
+        builds.append(target)
+        real_build(go, goos, goarch, base, target)
+
+    monkeypatch.setattr(build_module, "_build", counting_build)
     results: list[Path | BaseException] = []
+    start = threading.Barrier(2)
 
     def build() -> None:
         try:
+            start.wait()
             results.append(ensure_agent_binary(cache_dir=cache))
         except BaseException as exc:
             results.append(exc)
@@ -78,8 +128,12 @@ def test_concurrent_first_builds_share_one_result(monkeypatch: pytest.MonkeyPatc
     assert isinstance(first, Path), first
     assert first == second
     assert first == cache / agent_source_digest() / "vz-agent"
+    assert builds == [first]  # the second caller waited for the first one's build
+    out = subprocess.run([first, "version"], capture_output=True, check=True).stdout
+    assert out.startswith(b"vz-agent ")
     # Built in a temporary directory and renamed: nothing else is left behind.
-    assert sorted(p.name for p in cache.iterdir()) == sorted([".build.lock", "gocache", agent_source_digest()])
+    assert sorted(p.name for p in cache.iterdir()) == sorted([".build.lock", agent_source_digest()])
     mtime = first.stat().st_mtime_ns
     assert ensure_agent_binary(cache_dir=cache) == first
     assert first.stat().st_mtime_ns == mtime  # not rebuilt
+    assert builds == [first]
