@@ -1,4 +1,4 @@
-"""Export listeners and import relays (TCP): the only ways between the host and a route domain.
+"""Export listeners and import relays (TCP and UDP): the only ways between the host and a route domain.
 
 * ``ExportListener(plan, machine, service)``: listens on 127.0.0.1 (never a wildcard or LAN address) at the
   first free port of the export's ``host_ports`` (the declared preference first, then the Environment's stable
@@ -9,8 +9,10 @@
   import's Machine-side port (the domain's nft ``local`` set admits only that Machine's interface and address),
   checks the peer again, and relays to the declared host loopback address and port.
 
-Both are asyncio servers in the calling process (the daemon will own them): ``await start()``, ``await
-close()`` (closes the listeners and every relayed connection). UDP exports/imports are not relayed yet.
+Both are asyncio servers in the calling process (the daemon owns them): ``await start()``, ``await close()``
+(closes the listeners and every relayed connection). ``protocol`` is the plan's: a ``udp`` export or import is
+relayed datagram by datagram, one socket per peer on the other side, closed after ``idle`` seconds without
+traffic (``vz_core.network._udp``).
 """
 
 from __future__ import annotations
@@ -23,9 +25,10 @@ import socket
 from collections.abc import Mapping
 from typing import Any
 
-from vz_core.errors import UnavailableError, UnsupportedError
+from vz_core.errors import UnavailableError
 from vz_core.network._dns import in_namespace
 from vz_core.network._spec import DomainSpec, PlanError
+from vz_core.network._udp import IDLE, UdpExport, UdpImport
 
 __all__ = ["ExportListener", "ImportRelay"]
 
@@ -97,12 +100,16 @@ def _find(plan: Mapping[str, Any], key: str, index_of: Any) -> Mapping[str, Any]
 class ExportListener(_Relay):
     """One export: 127.0.0.1:<port> on the host → the Machine's service inside the route domain."""
 
-    def __init__(self, plan: Mapping[str, Any], machine: str, service: str) -> None:
+    def __init__(self, plan: Mapping[str, Any], machine: str, service: str, *, idle: float = IDLE) -> None:
         super().__init__()
         spec = DomainSpec.from_plan(plan)
         item = _find(plan, "exports", lambda e: e.get("machine") == machine and e.get("service") == service)
-        if item.get("protocol") != "tcp":
-            raise UnsupportedError(f"export {machine} {service}: only TCP exports are relayed so far")
+        protocol = item.get("protocol")
+        if protocol not in ("tcp", "udp"):
+            raise PlanError(f"$.exports: {machine} {service}: protocol {protocol!r} is not tcp or udp")
+        self.protocol: str = protocol
+        self.idle = idle
+        self._udp: UdpExport | None = None
         addresses = {str(a.address) for a in spec.machine(machine)}
         self.target = str(item.get("machine_address"))
         if self.target not in addresses:
@@ -120,6 +127,10 @@ class ExportListener(_Relay):
 
     async def start(self) -> int:
         """Listen on the first free candidate port; returns it (UnavailableError when every one is taken)."""
+        if self.protocol == "udp":
+            self._udp = UdpExport(self.domain_path, (self.target, self.target_port), self.candidates, idle=self.idle)
+            self.port = await self._udp.start()
+            return self.port
         for candidate in self.candidates:
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             # Linux never lets two listeners share the port with SO_REUSEADDR alone; it only lets the listener
@@ -140,6 +151,16 @@ class ExportListener(_Relay):
         raise UnavailableError(
             f"every host port of this export is taken on 127.0.0.1 ({', '.join(map(str, self.candidates))})"
         )
+
+    @property
+    def udp(self) -> UdpExport | None:
+        """The datagram relay of a started UDP export (its sessions), else None."""
+        return self._udp
+
+    async def close(self) -> None:
+        if self._udp is not None:
+            await self._udp.close()
+        await super().close()
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
@@ -162,7 +183,7 @@ class ExportListener(_Relay):
 class ImportRelay(_Relay):
     """One import: the Machine's gateway:port inside the route domain → host loopback address:port."""
 
-    def __init__(self, plan: Mapping[str, Any], index: int) -> None:
+    def __init__(self, plan: Mapping[str, Any], index: int, *, idle: float = IDLE) -> None:
         super().__init__()
         spec = DomainSpec.from_plan(plan)
         items = plan.get("imports")
@@ -170,8 +191,12 @@ class ImportRelay(_Relay):
             raise PlanError(f"$.imports[{index}]: no such import in the plan")
         item = items[index]
         where = f"$.imports[{index}]"
-        if item.get("protocol") != "tcp":
-            raise UnsupportedError(f"{where}: only TCP imports are relayed so far")
+        protocol = item.get("protocol")
+        if protocol not in ("tcp", "udp"):
+            raise PlanError(f"{where}.protocol: {protocol!r} is not tcp or udp")
+        self.protocol: str = protocol
+        self.idle = idle
+        self._udp: UdpImport | None = None
         try:
             host = ipaddress.ip_address(item.get("host_address"))
         except ValueError:
@@ -204,10 +229,25 @@ class ImportRelay(_Relay):
             raise
         return out
 
+    @property
+    def udp(self) -> UdpImport | None:
+        """The datagram relay of a started UDP import (its sessions), else None."""
+        return self._udp
+
     async def start(self) -> None:
+        if self.protocol == "udp":
+            relay = UdpImport(self.domain_path, self.listen_on, self.port, self.allowed, self.host, idle=self.idle)
+            await relay.start()
+            self._udp = relay
+            return
         sockets = await asyncio.to_thread(in_namespace, self.domain_path, self._sockets)
         for sock in sockets:
             self._servers.append(await asyncio.start_server(self._accept, sock=sock))
+
+    async def close(self) -> None:
+        if self._udp is not None:
+            await self._udp.close()
+        await super().close()
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
