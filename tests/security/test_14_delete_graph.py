@@ -22,8 +22,18 @@ import pytest
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 
 
+@pytest.fixture(scope="module")
+def agent_binary() -> str:
+    """The guest agent built once (vz's own cache) and given to every ``vz`` run as ``VZ_AGENT_BINARY``: a test's
+    fresh VZ_HOME would otherwise build it again, which is not what these tests are about."""
+    from vz_drivers.agent import ensure_agent_binary
+
+    return str(ensure_agent_binary())
+
+
 class Vz:
-    def __init__(self, home: Path) -> None:
+    def __init__(self, home: Path, agent: str) -> None:
+        self.agent = agent
         beside = Path(sys.executable).parent / "vz"
         self.exe = str(beside) if beside.exists() else (shutil.which("vz") or "vz")
         self.home = home
@@ -31,6 +41,7 @@ class Vz:
     def __call__(self, *args: str, cwd: Path, code: int | None = 0, input: bytes = b"") -> str:
         env = {k: v for k, v in os.environ.items() if not k.startswith("VZ_")}
         env["VZ_HOME"] = str(self.home)
+        env["VZ_AGENT_BINARY"] = self.agent
         proc = subprocess.run(
             [self.exe, *args], cwd=cwd, env=env, capture_output=True, input=input, timeout=300, check=False
         )
@@ -77,12 +88,12 @@ def env_ids(vz: Vz, cwd: Path) -> dict[str, str]:
 
 
 @pytest.fixture
-def graph(tmp_path: Path) -> Iterator[tuple[Vz, Path, Path, dict[str, str]]]:
+def graph(tmp_path: Path, agent_binary: str) -> Iterator[tuple[Vz, Path, Path, dict[str, str]]]:
     """Environment "default" from worktree a and "sibling" from worktree b, each with a named volume and
     sentinels; everything is deleted afterwards, whatever happened."""
     if os.geteuid() != 0:
         pytest.fail("linux_native needs root (namespaces, cgroups, runc)")
-    vz = Vz(tmp_path / "home")
+    vz = Vz(tmp_path / "home", agent_binary)
     a, b = project(tmp_path / "a"), project(tmp_path / "b")
     try:
         vz("up", cwd=a)

@@ -33,8 +33,18 @@ DRIVERS = [
 pytestmark = pytest.mark.slow
 
 
+@pytest.fixture(scope="module")
+def agent_binary() -> str:
+    """The guest agent built once (vz's own cache) and given to every ``vz`` run as ``VZ_AGENT_BINARY``: a test's
+    fresh VZ_HOME would otherwise build it again, which is not what these tests are about."""
+    from vz_drivers.agent import ensure_agent_binary
+
+    return str(ensure_agent_binary())
+
+
 class Run:
-    def __init__(self, home: Path, project: Path, secret: str) -> None:
+    def __init__(self, home: Path, project: Path, secret: str, agent: str | None = None) -> None:
+        self.agent = agent
         beside = Path(sys.executable).parent / "vz"
         self.exe = str(beside) if beside.exists() else (shutil.which("vz") or "vz")
         self.home, self.project, self.secret = home, project, secret
@@ -43,6 +53,8 @@ class Run:
     def __call__(self, *args: str, ok: bool = True) -> subprocess.CompletedProcess[bytes]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("VZ_")}
         env.update(VZ_HOME=str(self.home), CANARY_SECRET=self.secret)
+        if self.agent is not None:
+            env["VZ_AGENT_BINARY"] = self.agent
         proc = subprocess.run(
             [self.exe, *args], cwd=self.project, env=env, capture_output=True, timeout=300, check=False
         )
@@ -89,7 +101,12 @@ def files_holding(root: Path, needle: bytes) -> list[str]:
     return sorted(hits)
 
 
-def lifecycle(tmp_path: Path, driver: str) -> tuple[Run, CmdlineWatch, bytes]:
+def _agent(driver: str, request: pytest.FixtureRequest) -> str | None:
+    """The prebuilt agent for the drivers that run one (only those build it)."""
+    return str(request.getfixturevalue("agent_binary")) if driver == "linux_native" else None
+
+
+def lifecycle(tmp_path: Path, driver: str, agent: str | None) -> tuple[Run, CmdlineWatch, bytes]:
     if driver == "linux_native" and os.geteuid() != 0:
         pytest.fail("the linux_native canary needs root (namespaces, cgroups, runc)")
     secret = "canary-" + secrets.token_hex(16)
@@ -104,7 +121,7 @@ def lifecycle(tmp_path: Path, driver: str) -> tuple[Run, CmdlineWatch, bytes]:
         "environment": {"TOKEN": {"from_env": "CANARY_SECRET"}, "PLAIN": "visible"},
     }
     (project / "vz.json").write_text(json.dumps({"version": 1, "project_id": "canary", "machines": [machine]}))
-    run = Run(tmp_path / "home", project, secret)
+    run = Run(tmp_path / "home", project, secret, agent)
     with CmdlineWatch() as watch:
         try:
             run("up")
@@ -123,8 +140,10 @@ def lifecycle(tmp_path: Path, driver: str) -> tuple[Run, CmdlineWatch, bytes]:
 
 
 @pytest.mark.parametrize("driver", DRIVERS)
-def test_vz_itself_keeps_no_secret_at_rest_nor_in_arguments_or_output(tmp_path: Path, driver: str) -> None:
-    run, watch, needle = lifecycle(tmp_path, driver)
+def test_vz_itself_keeps_no_secret_at_rest_nor_in_arguments_or_output(
+    tmp_path: Path, driver: str, request: pytest.FixtureRequest
+) -> None:
+    run, watch, needle = lifecycle(tmp_path, driver, _agent(driver, request))
     vz_files = [p for p in files_holding(run.home, needle) if not p.startswith("drivers" + os.sep)]
     assert vz_files == []
     assert (run.home / "state.db").exists()
@@ -143,7 +162,7 @@ DRIVER_FILES = [
 
 
 @pytest.mark.parametrize("driver", DRIVER_FILES)
-def test_the_drivers_keep_no_secret_at_rest(tmp_path: Path, driver: str) -> None:
+def test_the_drivers_keep_no_secret_at_rest(tmp_path: Path, driver: str, request: pytest.FixtureRequest) -> None:
     """Everything under VZ_HOME, the drivers' state directories included, while the Machine exists and after."""
     secret = "canary-" + secrets.token_hex(16)
     project = tmp_path / "proj"
@@ -157,7 +176,7 @@ def test_the_drivers_keep_no_secret_at_rest(tmp_path: Path, driver: str) -> None
         "environment": {"TOKEN": {"from_env": "CANARY_SECRET"}},
     }
     (project / "vz.json").write_text(json.dumps({"version": 1, "project_id": "canary", "machines": [machine]}))
-    run = Run(tmp_path / "home", project, secret)
+    run = Run(tmp_path / "home", project, secret, _agent(driver, request))
     try:
         run("up")
         held = files_holding(run.home, secret.encode())  # while it runs: the runc bundle, the record, logs
