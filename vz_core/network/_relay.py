@@ -207,9 +207,26 @@ class ImportRelay(_Relay):
         if not isinstance(host_port, int) or not isinstance(port, int):
             raise PlanError(f"{where}: host_port and port are integers")
         attachments = spec.machine(str(item.get("machine")))
-        self.allowed = {str(a.address) for a in attachments}
         self.listen_on = sorted({str(a.gateway) for a in attachments})
         self.host = (str(host), host_port)
+        # Machines on one network share its gateway: every import of this protocol/port (one host target, the
+        # definition says so) is served by whichever of their relays the kernel hands the flow to, so each relay
+        # admits all of them on its gateways (the nft ``local`` set admits each only to its own gateway).
+        sharing = {
+            str(other.get("machine"))
+            for other in items
+            if isinstance(other, Mapping) and (other.get("protocol"), other.get("port")) == (protocol, port)
+        }
+        for other in items:
+            if (
+                isinstance(other, Mapping)
+                and (other.get("protocol"), other.get("port")) == (protocol, port)
+                and (other.get("host_address"), other.get("host_port")) != (item.get("host_address"), host_port)
+            ):
+                raise PlanError(f"{where}: {protocol}/{port} of the gateway carries two different host targets")
+        self.allowed = {
+            str(a.address) for name in sorted(sharing) for a in spec.machine(name) if str(a.gateway) in self.listen_on
+        }
         self.port = port
         self.domain_path = f"/run/netns/{spec.name}"
 
@@ -220,6 +237,8 @@ class ImportRelay(_Relay):
                 sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
                 out.append(sock)
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                # Another Machine's import of the same port on this gateway is an equivalent relay: both listen.
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
                 sock.bind((address, self.port))
                 sock.listen(64)
                 sock.setblocking(False)

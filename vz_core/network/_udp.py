@@ -317,6 +317,9 @@ class UdpImport(_UdpRelay):
             for address in self.listen_on:
                 sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
                 out.append(sock)
+                # Another Machine's import of the same port on this gateway is an equivalent relay: both listen
+                # (the kernel keeps each peer's datagrams on one socket).
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
                 sock.bind((address, self.port))
                 sock.setblocking(False)
         except BaseException:

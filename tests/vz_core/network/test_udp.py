@@ -318,3 +318,97 @@ async def test_closing_a_udp_relay_leaves_no_socket(namespaces: Namespaces, env_
             await export.close()  # idempotent
     finally:
         await _close_all(opened, env_ids)
+
+
+class _HostTcp:
+    """A host loopback TCP service answering ``tcp host`` and counting connections (plain-socket thread)."""
+
+    def __init__(self, port: int) -> None:
+        import threading
+
+        self.hits = 0
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", port))
+        self.sock.listen(16)
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.hits += 1
+            with conn, contextlib.suppress(OSError):
+                conn.sendall(b"tcp host")
+
+    async def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        self.sock.close()
+        await asyncio.to_thread(self.thread.join, 5)
+
+
+def _fetch(netns: str, address: str, port: int) -> bytes | None:
+    sock = in_netns(netns, socket.socket)
+    sock.settimeout(2)
+    try:
+        sock.connect((address, port))
+        data = b""
+        while part := sock.recv(4096):
+            data += part
+        return data
+    except OSError:
+        return None
+    finally:
+        sock.close()
+
+
+async def test_two_machines_of_one_network_import_the_same_host_port(
+    namespaces: Namespaces, env_ids: list[str]
+) -> None:
+    """Machines sharing a gateway may import the same host port at the same port (tcp and udp): each one's relay
+    starts (they share the gateway's port) and each Machine reaches the host; a Machine without the import
+    does not."""
+    tcp_port, udp_port = _free_port(), _free_udp_port()
+    m = {"profile": "developer", "driver": "fake", "image": "vz:default"}
+    data = {
+        "version": 2,
+        "project_id": "models",
+        "machines": [{"name": n, **m} for n in ("app", "worker", "db")],
+        "imports": [
+            {"machine": name, "host_port": port, "port": at, "protocol": proto}
+            for name in ("app", "worker")
+            for port, at, proto in ((tcp_port, 7000, "tcp"), (udp_port, 7001, "udp"))
+        ],
+        "default_machine": "app",
+    }
+    opened: list[Any] = []
+    try:
+        tcp = _HostTcp(tcp_port)
+        opened.append(tcp)
+        udp = await _HostEcho(udp_port).start()
+        opened.append(udp)
+        plan, netns = await _build(namespaces, env_ids[0], data, "a")
+        for index in range(4):
+            relay = ImportRelay(plan.to_json(), index)
+            opened.append(relay)
+            await relay.start()
+        gateway = plan.imports[0].relay_addresses[0]
+        for name in ("app", "worker"):
+            assert await asyncio.to_thread(_fetch, netns[name], gateway, 7000) == b"tcp host"
+            got = await _ask_from(netns[name], gateway, 7001, name.encode())
+            assert got is not None and got.startswith(b"host " + name.encode())
+        assert await asyncio.to_thread(_fetch, netns["db"], gateway, 7000) is None
+        assert await _ask_from(netns["db"], gateway, 7001, b"db") is None
+        assert (tcp.hits, udp.hits) == (2, 2)
+    finally:
+        await _close_all(opened, env_ids)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
