@@ -6,7 +6,9 @@ express). The same checks run against both.
 
 In-process the raw channel goes to the Runtime Protocol server every Python driver is served with
 (``vz_core.rpc.serve_in_process``: the plugin server's servicers on a private Unix socket inside this
-process), so malformed frames are judged by that server. Externally it is the channel of the launched plugin.
+process), so malformed frames are judged by that server. Externally it is the channel of the launched plugin;
+through the daemon (``DaemonProvider``) the channel of the daemon's proxy of its own plugin, which passes every
+frame and status unchanged.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import hashlib
+import json
 import os
 import shutil
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -26,6 +29,7 @@ from vz_core import Driver
 from vz_core.registry import DriverRegistry
 
 __all__ = [
+    "DaemonProvider",
     "DriverProvider",
     "ExternalProvider",
     "InProcessProvider",
@@ -208,3 +212,54 @@ class ExternalProvider(DriverProvider):
             yield remote
         finally:
             await remote.close()
+
+
+class DaemonProvider(ExternalProvider):
+    """The external side run through the vz daemon: every ``connect()`` is a ``Drivers.Connect`` call, so the
+    plugin under test is the daemon's own warm session of a registered driver (launched by its ``SessionPool``
+    from the pinned console script, checksum-verified, supervised, shared with ``vz`` commands of the same
+    options), reached through the daemon's byte-for-byte proxy of the Runtime Protocol.
+
+    ``executable``/``sha256``/``args``/``env`` describe that same launch (the installed console script, its
+    hash, the options as the daemon passes them): ``connect()`` refuses a daemon whose pinned script or hash
+    differ (another installation), and ``derive()`` (the crash cases that launch a changed copy) launches
+    from the suite like ``ExternalProvider``. ``environ`` picks the daemon (``VZ_HOME``, ``VZ_DAEMON_SOCKET``;
+    default ``os.environ``); one is started when none runs unless ``VZ_DAEMON_AUTOSTART=0``.
+    """
+
+    def __init__(
+        self,
+        driver: str,
+        executable: str | os.PathLike[str],
+        sha256: str,
+        *,
+        options: Mapping[str, object] | None = None,
+        args: Sequence[str] = (),
+        handshake_timeout: float = 15.0,
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
+        self.options = {k: str(v) if isinstance(v, os.PathLike) else v for k, v in (options or {}).items()}
+        env = {}
+        if self.options:
+            from vz_core.registry import OPTIONS_ENV
+
+            env[OPTIONS_ENV] = json.dumps(self.options)
+        super().__init__(executable, sha256, args=args, env=env, handshake_timeout=handshake_timeout, name=driver)
+        self.environ = None if environ is None else dict(environ)
+        self.sessions: list[dict[str, Any]] = []
+        """What the daemon said about each session it opened (socket, plugin pid, script, hash, launches)."""
+
+    async def connect(self) -> Driver:
+        from vz_conformance import _remote
+
+        driver = await _remote.through_daemon(self.name, self.options, environ=self.environ)
+        session = driver.session
+        if session.get("script") != str(self.executable) or session.get("sha256") != self.sha256:
+            await driver.close()
+            raise RuntimeError(
+                f"the vz daemon's plugin of {self.name!r} is {session.get('script')} (SHA-256 "
+                f"{session.get('sha256')}), not this installation's {self.executable} ({self.sha256}): it runs "
+                "another vz; stop it with `vz daemon stop` (the next run starts one of this vz)"
+            )
+        self.sessions.append(session)
+        return driver

@@ -19,7 +19,13 @@ from typing import Any
 from vz_conformance import _catalogue
 from vz_conformance._adapter import Adapter
 from vz_conformance._gate import expected_count, verify
-from vz_conformance._providers import DriverProvider, ExternalProvider, InProcessProvider, sha256_of
+from vz_conformance._providers import (
+    DaemonProvider,
+    DriverProvider,
+    ExternalProvider,
+    InProcessProvider,
+    sha256_of,
+)
 from vz_conformance._report import CaseEntry, Report, load_report, schema
 from vz_conformance._runner import DEFAULT_CASE_TIMEOUT, run_suite
 from vz_conformance.adapters import adapter_for, load_adapter
@@ -68,6 +74,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--provider-mode",
         choices=("in-process", "external", "parity"),
         help="default: in-process with --driver, external with --plugin",
+    )
+    run.add_argument(
+        "--through-daemon",
+        action="store_true",
+        help="run the external side against the vz daemon's own plugin of --driver (its warm, checksum-verified "
+        "session, through Drivers.Connect; the daemon of VZ_HOME, started if none runs)",
     )
     run.add_argument("--label", action="append", choices=_catalogue.LABELS, help="run only this label (repeatable)")
     run.add_argument(
@@ -133,6 +145,8 @@ def _adapter(args: argparse.Namespace) -> Adapter:
 
 
 def _plugin_side(args: argparse.Namespace, adapter: Adapter, state: Path) -> ExternalProvider:
+    if args.through_daemon:
+        return _daemon_side(args, adapter, state)
     if args.plugin:
         if not args.sha256:
             raise UsageError("--plugin needs --sha256 HEX (the binary's SHA-256; it is verified before every launch)")
@@ -156,6 +170,29 @@ def _plugin_side(args: argparse.Namespace, adapter: Adapter, state: Path) -> Ext
         env=adapter.plugin_env(),
         handshake_timeout=args.handshake_timeout,
         name=name,
+    )
+
+
+def _daemon_side(args: argparse.Namespace, adapter: Adapter, state: Path) -> DaemonProvider:
+    """The daemon's own session of --driver: its options are the in-process ones (the daemon passes them to
+    the plugin), so both sides of a parity run build the driver the same way."""
+    if args.plugin or not args.driver:
+        raise UsageError(
+            "--through-daemon runs a registered driver (--driver NAME) as the vz daemon's plugin; "
+            "a plugin binary (--plugin) is launched by the suite itself"
+        )
+    from vz_core.drivers import pin_builtin
+
+    pinned = pin_builtin(args.driver).pinned
+    assert pinned is not None
+    options: dict[str, Any] = {**adapter.driver_options(state), **_options(args.driver_option)}
+    return DaemonProvider(
+        args.driver,
+        pinned.script,
+        pinned.sha256,
+        options=options,
+        args=pinned.args,
+        handshake_timeout=args.handshake_timeout,
     )
 
 

@@ -3,7 +3,8 @@
 Per connection, in order: ``SO_PEERCRED`` must name our uid (before a byte is read; anyone else is closed
 and logged); a connection whose first bytes are the HTTP/2 client preface goes to the ``http2`` hook (the
 gRPC front); otherwise the client's ``hello`` is answered with ours (``busy`` = operations in flight), then
-at most one ``call`` runs: ``Daemon.dispatch(call)`` counts it, handles ``System.Shutdown`` itself and
+at most one ``call`` runs: ``Daemon.dispatch(call)`` counts it, handles ``System.Shutdown`` and
+``Drivers.Connect`` (a warm plugin's gRPC for a client, ``_sessions.serve_driver_connect``) itself and
 awaits the handler (``async (Call) -> dict``); the result is sent as ``{"result": ...}`` or the exception as
 ``{"error": E}`` (``vz_core.daemon._errors.encode_error``) and the connection is closed. A client's
 ``{"cancel": {}}`` or hangup sets ``call.cancelled`` and cancels the handler's task.
@@ -69,6 +70,9 @@ NON_OPERATIONS = frozenset(
 )
 """Methods that are not Machine operations: they do not keep the daemon from idling out."""
 SHUTDOWN_METHOD = "System.Shutdown"
+DRIVER_CONNECT_METHOD = "Drivers.Connect"
+"""A client's gRPC session with a warm plugin of the daemon (``vz_core.daemon._sessions.serve_driver_connect``):
+answered here, next to the service; it counts as an operation while the client holds it open."""
 HELLO_TIMEOUT = 10.0
 """A connection that has not said hello by then is closed."""
 SOCKET_CHECK_INTERVAL = 5.0
@@ -339,6 +343,10 @@ class Daemon:
             if call.method == SHUTDOWN_METHOD:
                 self.request_shutdown(f"System.Shutdown from pid {call.peer_pid}")
                 return {"pid": self.pid, "operations": len(self.operations)}
+            if call.method == DRIVER_CONNECT_METHOD:
+                from vz_core.daemon._sessions import serve_driver_connect
+
+                return await serve_driver_connect(call)
             return await self.handler(call)
         finally:
             self._calls.discard(call)

@@ -82,12 +82,15 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_PLUGIN_IDLE",
+    "DRIVER_CONNECT",
     "ENV_PLUGIN_IDLE",
+    "DriverProxy",
     "PluginSession",
     "PoolRedactor",
     "SessionPool",
     "SharedDriver",
     "plugin_idle_seconds",
+    "serve_driver_connect",
 ]
 
 log = logging.getLogger("vz.daemon.sessions")
@@ -218,6 +221,7 @@ class PluginSession:
         self._facts_launch = -1
         self._facts_lock = asyncio.Lock()
         self._watchers: set[asyncio.Task[None]] = set()
+        self._keeper: asyncio.Task[None] | None = None
         launcher = _CountingLauncher(
             self,
             resolved.launch_spec(options),
@@ -345,6 +349,35 @@ class PluginSession:
             self._facts_launch = self.stats.launches
             return self.facts
 
+    async def connection(self) -> PluginConnection:
+        """The live plugin connection (launching the plugin when none runs), for a proxied call
+        (``DriverProxy``); call it inside ``using()``. The plugin is kept from idling out while proxied calls
+        run and counts as used when they end (``RemoteDriver``'s idle timer sees only its own calls: the
+        session touches it with an Info now and then)."""
+        from vz_core.errors import UnavailableError
+
+        conn = self.remote.connection
+        if conn is None:
+            await self.remote.info()
+            conn = self.remote.connection
+            if conn is None:
+                raise UnavailableError(f"driver {self.name!r}: its plugin stopped right after it was launched")
+        if self.pool.plugin_idle is not None and (self._keeper is None or self._keeper.done()):
+            self._keeper = asyncio.get_running_loop().create_task(self._keep_warm(self.pool.plugin_idle))
+        return conn
+
+    async def _keep_warm(self, idle: float) -> None:
+        """While calls are in flight, and once after they ended, move the plugin's idle timer forward."""
+        every = max(idle / 10, 0.05)
+        while True:
+            await asyncio.sleep(every)
+            if self.remote.connection is None:
+                return
+            with contextlib.suppress(Exception):
+                await self.remote.info()
+            if not self.in_flight:
+                return
+
     def cached_extensions(self) -> tuple[bool, Extensions | None]:
         """(True, the Extensions) when they are known for the plugin running now."""
         if self.facts is not None and self.remote.connection is not None and self._facts_launch == self.stats.launches:
@@ -352,6 +385,10 @@ class PluginSession:
         return False, None
 
     async def aclose(self) -> None:
+        if self._keeper is not None:
+            self._keeper.cancel()
+            with contextlib.suppress(BaseException):
+                await self._keeper
         await self.remote.close()
         for task in list(self._watchers):
             with contextlib.suppress(TimeoutError, asyncio.CancelledError):
@@ -532,6 +569,7 @@ class SessionPool:
         self._retired: set[asyncio.Task[None]] = set()
         self._retiring: set[PluginSession] = set()
         self._previous: DriverSource | None = None
+        self._proxies: set[DriverProxy] = set()
         self._started = False
         self._closed = False
 
@@ -578,6 +616,8 @@ class SessionPool:
             drivers.use_driver_source(self._previous)
         for task in list(self._retired):
             task.cancel()
+        for proxy in list(self._proxies):
+            await proxy.close()
         sessions, self._sessions = list(self._sessions.values()), {}
         sessions += list(self._retiring)
         self._retiring.clear()
@@ -700,6 +740,42 @@ class SessionPool:
             self._pins[name] = resolved
         return resolved
 
+    # Drivers.Connect -------------------------------------------------------------------------------------
+
+    async def serve_connect(self, call: Any, name: str, options: Mapping[str, Any]) -> dict[str, Any]:
+        """Serve a ``Drivers.Connect`` call (see ``serve_driver_connect``): launch the session's plugin, open a
+        ``DriverProxy`` to it, tell the client its socket, and close it when the client hangs up."""
+        session = self.session(name, dict(options), where=f"{DRIVER_CONNECT} options", recorded=True)
+        with session.using():
+            conn = await session.connection()
+        proxy = DriverProxy(session, self.run_root)
+        self._proxies.add(proxy)
+        try:
+            path = await proxy.start()
+            log.info("driver %s: a client speaks to its plugin (pid %s) through %s", name, conn.pid, path)
+            row = session.describe()
+            pinned = session.resolved.pinned
+            await call.progress(
+                {
+                    "driver": {
+                        "socket": path,
+                        "pid": conn.pid,
+                        "name": session.name,
+                        "script": row.get("script"),
+                        "sha256": row.get("sha256"),
+                        "args": list(pinned.args) if pinned is not None else [],
+                        "options": row.get("options"),
+                        "launches": session.stats.launches,
+                    }
+                }
+            )
+            while await call.receive() is not None:
+                pass
+        finally:
+            self._proxies.discard(proxy)
+            await proxy.close()
+        return {}
+
     # System.Status and System.Capabilities --------------------------------------------------------------
 
     def status(self) -> list[dict[str, Any]]:
@@ -752,3 +828,198 @@ class SessionPool:
             return {"name": name, "facts": facts.describe()}
 
         return list(await asyncio.gather(*(one(name) for name in names)))
+
+
+# Drivers.Connect: a client's gRPC view of a warm plugin session ---------------------------------------------
+
+DRIVER_CONNECT = "Drivers.Connect"
+"""The local-wire method that opens a driver session for a client (``serve_driver_connect``)."""
+_PROXIED = ("/devsy.runtime.v1.RuntimeDriver/", "/vz.machine.v1.MachineExtensions/")
+_HOP_BY_HOP = ("user-agent", "content-type", "te", "grpc-", ":")
+_DETAILS = "grpc-status-details-bin"  # the RuntimeError details: the plugin's, passed on
+_TRANSPORT = ("UNAVAILABLE", "INTERNAL", "CANCELLED", "UNKNOWN")
+_FOREVER = 10**7  # seconds: time_remaining() of a call without a deadline is about this or larger
+
+
+def _forwarded(metadata: Any) -> list[tuple[str, str | bytes]]:
+    """Metadata a hop forwards: the application's keys (``vz-exec-*``) and the status details, not the rest of
+    gRPC's own."""
+    out: list[tuple[str, str | bytes]] = []
+    for key, value in metadata or ():
+        if key.startswith(_HOP_BY_HOP) and key != _DETAILS:
+            continue
+        out.append((key, value))
+    return out
+
+
+class DriverProxy:
+    """A gRPC server on a private Unix socket that passes ``devsy.runtime.v1.RuntimeDriver`` and
+    ``vz.machine.v1.MachineExtensions`` calls, byte for byte, to the warm plugin of one ``PluginSession``.
+
+    Nothing is decoded: requests, responses, response headers (``vz-exec-stop-input``, ``vz-exec-chunk``) and
+    the status with its RuntimeError details are the plugin's own, so a client sees exactly what the plugin
+    sent (the conformance suite judges it through here). Only one thing is the proxy's: a call whose plugin
+    died during it ends UNAVAILABLE with the plugin's redacted stderr tail (what ``RemoteDriver`` says for its
+    own calls). The plugin's controller (``plugin.GRPCController/Shutdown``) is not reachable: its methods are
+    UNIMPLEMENTED here.
+
+    One proxy per ``Drivers.Connect`` call, closed when the call ends. Its socket (mode 0600) is in a fresh
+    0700 directory with a random name: only this user can reach it, and only while the call is open.
+    """
+
+    def __init__(self, session: PluginSession, run_root: str | None = None) -> None:
+        self.session = session
+        self._run_root = run_root
+        self._server: Any = None
+        self._dir: str | None = None
+        self.path = ""
+
+    async def start(self) -> str:
+        """Start serving; returns the socket path."""
+        import tempfile
+
+        import grpc
+
+        from vz_core.rpc import SERVER_OPTIONS
+
+        self._dir = tempfile.mkdtemp(prefix="vz-drv-", dir=self._run_root)
+        os.chmod(self._dir, 0o700)
+        self.path = os.path.join(self._dir, "driver.sock")
+        server = grpc.aio.server(options=SERVER_OPTIONS)
+        handler: Any = _ProxyHandler(self.session)
+        server.add_generic_rpc_handlers((handler,))
+        server.add_insecure_port(f"unix:{self.path}")
+        await server.start()
+        os.chmod(self.path, 0o600)
+        self._server = server
+        return self.path
+
+    async def close(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            from vz_core.rpc import stop_server
+
+            await stop_server(server, 1.0)
+        if self._dir is not None:
+            import shutil
+
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
+
+
+class _ProxyHandler:
+    """The generic handler of ``DriverProxy``: every proxied method as a raw-bytes stream-stream relay (the wire
+    does not say whether a method is unary or streaming; a unary call is one message each way)."""
+
+    def __init__(self, session: PluginSession) -> None:
+        self._session = session
+
+    def service(self, details: Any) -> Any:
+        import grpc
+
+        method: str = details.method
+        if not method.startswith(_PROXIED):
+            return None  # UNIMPLEMENTED, as a plugin answers a method it does not serve
+        return grpc.stream_stream_rpc_method_handler(_Relay(self._session, method).run)
+
+
+class _Relay:
+    """One proxied call."""
+
+    def __init__(self, session: PluginSession, method: str) -> None:
+        self.session = session
+        self.method = method
+        self.rpc = method.rsplit("/", 1)[-1]
+
+    async def run(self, requests: AsyncIterator[bytes], context: Any) -> None:
+        import grpc
+
+        with self.session.using():
+            conn = await self.session.connection()
+            upstream = conn.channel.stream_stream(self.method, None, None)  # no (de)serializers: bytes both ways
+            remaining = context.time_remaining()
+            timeout = remaining if remaining is not None and remaining < _FOREVER else None
+            call = upstream(None, metadata=_forwarded(context.invocation_metadata()), timeout=timeout)
+            pump = asyncio.get_running_loop().create_task(self._pump(requests, call))
+            try:
+                headers = await call.initial_metadata()
+                forwarded = _forwarded(headers)
+                if forwarded:
+                    await context.send_initial_metadata(tuple(forwarded))
+                while True:
+                    message = await call.read()
+                    if message is grpc.aio.EOF:  # type: ignore[attr-defined]
+                        break
+                    await context.write(message)
+                code = await call.code()
+            except grpc.RpcError:
+                code = await call.code()
+            except BaseException:
+                call.cancel()
+                raise
+            finally:
+                pump.cancel()
+                with contextlib.suppress(BaseException):
+                    await pump
+            if code == grpc.StatusCode.OK:
+                return
+            trailers = tuple(_forwarded(await call.trailing_metadata()))
+            details = await call.details() or ""
+            has_details = any(key == _DETAILS for key, _ in trailers)
+            if code.name in _TRANSPORT and not has_details:
+                status = await conn.wait_exited(1.0)
+                if status is not None:
+                    await self._died(context, conn, status)
+            await context.abort(code, details, trailers)
+
+    async def _pump(self, requests: AsyncIterator[bytes], call: Any) -> None:
+        try:
+            async for request in requests:
+                await call.write(request)
+            await call.done_writing()
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # the plugin ended the call: its status is what the client gets
+            return
+
+    async def _died(self, context: Any, conn: PluginConnection, status: object) -> None:
+        from vz_core.errors import UnavailableError
+        from vz_core.rpc import error_to_status
+
+        await conn.stderr.finish(0.5)
+        redactor = self.session.pool.redactor
+        err = UnavailableError(
+            f"driver {self.session.name!r}: the plugin process died during {self.rpc} ({status}); "
+            "the next call starts it again",
+            runtime_message=redactor.redact(conn.stderr_tail()),
+            details={"rpc": self.rpc, "plugin_exit": str(status)},
+        )
+        grpc_status = error_to_status(err)
+        await context.abort(grpc_status.code, grpc_status.details, grpc_status.trailing_metadata)
+
+
+async def serve_driver_connect(call: Any) -> dict[str, Any]:
+    """``Drivers.Connect {"driver": NAME, "options": {...}}``: the daemon's warm plugin session of that driver,
+    for a client that speaks the Runtime Protocol itself (the conformance suite's ``--through-daemon``).
+
+    The session is the one ``vz`` commands share for those effective options (``options`` are validated like
+    recorded Machine options: every key must be one the driver declares; host-scoped keys such as a state
+    directory are allowed, since the caller is this user). The plugin is launched (verified, handshaken,
+    negotiated) now. Then one progress message ``{"driver": {"socket", "pid", "name", "script", "sha256",
+    "args", "options", "launches"}}`` tells the client where to send gRPC (``socket``: a ``DriverProxy`` of
+    this call). It is served until the client closes this connection (or cancels); the result is then ``{}``.
+    The plugin stays warm afterwards, like any other session of the pool.
+    """
+    from vz_core import drivers
+
+    pool = drivers.driver_source()
+    if not isinstance(pool, SessionPool):
+        raise UserError("this vz daemon serves no driver sessions (it runs without its service)")
+    request = call.request or {}
+    name = request.get("driver")
+    if not isinstance(name, str) or not name:
+        raise UserError(f'{DRIVER_CONNECT}: give "driver": the name of a driver (`vz driver list`)')
+    options = request.get("options") or {}
+    if not isinstance(options, dict):
+        raise UserError(f'{DRIVER_CONNECT}: "options" must be an object of driver options, not {options!r}')
+    return await pool.serve_connect(call, name, options)
