@@ -30,6 +30,7 @@ MODULES = [
     "benchmarks.b8_memory",
     "benchmarks.b9_session",
     "benchmarks.b10_pty",
+    "benchmarks.b11_network",
     "benchmarks.b6_scale",
 ]
 
