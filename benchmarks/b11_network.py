@@ -314,6 +314,7 @@ def _measure(ctx: Any, state: _Run, iperf3: str | None) -> dict[str, Any]:
     out["up_ms"] = round((time.perf_counter() - t0) * 1000, 1)
     (environment,) = json.loads(state.vz_ok("status", "--json"))["environments"]
     state.env_id = environment["id"]
+    out["environment_id"] = state.env_id
     ports = {e["service"]: int(e["port"]) for e in environment.get("endpoints", [])}
     if set(ports) != {"iperf", "echo"}:
         raise RuntimeError(f"vz status shows the endpoints {environment.get('endpoints')}, not both exports")
