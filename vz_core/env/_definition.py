@@ -375,6 +375,13 @@ Port = Annotated[int, Field(ge=1, le=65535, description="a TCP or UDP port, 1..6
 Protocol = Literal["tcp", "udp"]
 RESERVED_PORTS = frozenset({53})
 """Ports of the Environment's own address (its DNS resolver) that no import may take on the Machine side."""
+MAX_ATTACHMENTS = 16
+"""Networks one Machine may attach to: each is an interface in the Machine, a part of its ``vz.network`` label
+and, on VM drivers, a kernel argument (all of them bounded)."""
+AUTO_POOL = ipaddress.IPv4Network("10.89.0.0/16")
+"""Where networks without a declared subnet get their /24 (``vz_core.env._topology.DEFAULT_POOL``)."""
+AUTO_ROOM = 2**8 - 3
+"""Machines an automatic /24 holds (network, gateway and broadcast addresses taken)."""
 
 _DOMAIN_LABEL = r"(?!-)[a-z0-9-]{1,63}(?<!-)"
 _DOMAIN_RE = re.compile(rf"(?:\*\.)?(?:{_DOMAIN_LABEL}\.)+{_DOMAIN_LABEL}")
@@ -928,6 +935,48 @@ def network_problems(definition: ProjectDefinition) -> list[tuple[str, str]]:
     if not definition.networks:
         for name in attached:
             attached[name].add("default")
+        if len(machines) > AUTO_ROOM:
+            out.append(
+                (
+                    "$.machines",
+                    f"{len(machines)} Machines on the automatic network 'default' (a /24 of {AUTO_POOL}, room for "
+                    f"{AUTO_ROOM}); declare $.networks with a larger 'subnet'",
+                )
+            )
+    memberships: dict[str, int] = {}
+    for i, net in enumerate(definition.networks):
+        for j, name in enumerate(dict.fromkeys(net.machines)):
+            if name not in machines:
+                continue
+            memberships[name] = memberships.get(name, 0) + 1
+            if memberships[name] == MAX_ATTACHMENTS + 1:
+                out.append(
+                    (
+                        f"$.networks[{i}].machines[{j}]",
+                        f"{name!r} would attach to more than {MAX_ATTACHMENTS} networks (each is an interface of the "
+                        "Machine); attach it to fewer",
+                    )
+                )
+        if net.subnet is None and len(set(net.machines)) > AUTO_ROOM:
+            out.append(
+                (
+                    f"$.networks[{i}].machines",
+                    f"{len(set(net.machines))} Machines on network {net.name!r}, whose automatic subnet (a /24 of "
+                    f"{AUTO_POOL}) has room for {AUTO_ROOM}; declare a larger 'subnet'",
+                )
+            )
+    automatic = sorted((net.name, i) for i, net in enumerate(definition.networks) if net.subnet is None)
+    if automatic:
+        declared = [s for s, _ in subnets]
+        free = sum(1 for block in AUTO_POOL.subnets(new_prefix=24) if not any(block.overlaps(d) for d in declared))
+        for name, i in automatic[free:]:  # allocation goes by name: the last ones would find no /24 left
+            out.append(
+                (
+                    f"$.networks[{i}].subnet",
+                    f"network {name!r} has no 'subnet' and the declared subnets leave no free /24 of {AUTO_POOL} "
+                    "for it; declare its 'subnet'",
+                )
+            )
 
     seen_paths: dict[tuple[str, str, str, int], int] = {}
     for i, path in enumerate(definition.paths):
@@ -982,6 +1031,7 @@ def network_problems(definition: ProjectDefinition) -> list[tuple[str, str]]:
 
     exported: dict[tuple[str, str], int] = {}
     host_ports: dict[tuple[str, int], int] = {}
+    implicit: list[tuple[int, str, int]] = []
     for i, export in enumerate(definition.exports):
         where = f"$.exports[{i}]"
         owner = machines.get(export.machine)
@@ -1014,6 +1064,21 @@ def network_problems(definition: ProjectDefinition) -> list[tuple[str, str]]:
                     )
                 )
             host_ports.setdefault(port_key, i)
+        elif svc.port >= 1024:
+            implicit.append((i, svc.protocol, svc.port))
+    # An export without host_port prefers its service port: another export preferring the same port makes the
+    # outcome depend on the order they start in, so it is refused like two declared host ports.
+    for i, svc_protocol, svc_port in implicit:
+        earlier = host_ports.get((svc_protocol, svc_port))
+        if earlier is not None:
+            out.append(
+                (
+                    f"$.exports[{i}]",
+                    f"prefers {svc_protocol}/{svc_port} on the host (its service port, no host_port given), which "
+                    f"exports[{earlier}] also prefers; give it a host_port of its own",
+                )
+            )
+        host_ports.setdefault((svc_protocol, svc_port), i)
 
     for i, export in enumerate(definition.exports):
         if export.machine in attached and not attached[export.machine]:
@@ -1064,6 +1129,43 @@ def network_problems(definition: ProjectDefinition) -> list[tuple[str, str]]:
                 )
             )
         relays.setdefault(relay, host)
+        looped = host_ports.get((item.protocol, item.host_port))
+        if item.host_address == "127.0.0.1" and looped is not None:
+            out.append(
+                (
+                    f"{where}.host_port",
+                    f"127.0.0.1 {item.protocol}/{item.host_port} is where exports[{looped}] listens: the import would "
+                    "lead back into this Environment; declare a path to that Machine's service instead",
+                )
+            )
+    if not out:
+        out.extend(_label_problems(definition))
+    return out
+
+
+_PLACEHOLDER_ID = "env_000000000000"
+
+
+def _label_problems(definition: ProjectDefinition) -> list[tuple[str, str]]:
+    """Each Machine's share of the topology must fit its ``vz.network`` label. The label's length does not depend
+    on the Environment (ids have one length; addresses and interface names come from the definition alone), so
+    it is measured once here, with a placeholder id, instead of failing when that Machine is created."""
+    from vz_core.env._topology import compile_topology
+    from vz_core.network.label import MAX_LABEL, machine_slice
+
+    plan = compile_topology(definition, _PLACEHOLDER_ID).to_json()
+    out: list[tuple[str, str]] = []
+    for i, m in enumerate(definition.machines):
+        label = machine_slice(plan, m.name)
+        if label is not None and len(label) > MAX_LABEL:
+            out.append(
+                (
+                    f"$.machines[{i}]",
+                    f"{m.name!r}'s share of the Environment's network (its networks and egress) is {len(label)} "
+                    f"characters, more than the {MAX_LABEL} its driver accepts; shorten its egress allowlist or "
+                    "attach it to fewer networks",
+                )
+            )
     return out
 
 

@@ -367,3 +367,117 @@ def _doc_definitions() -> list[str]:
 def test_the_examples_of_docs_network_are_valid(block: str) -> None:
     definition = parse_definition(json.loads(block))
     assert definition.version == 2
+
+
+def _long_name(i: int) -> str:
+    return f"n{i:02d}" + "x" * 37  # 40 characters: the longest name
+
+
+@pytest.mark.parametrize(
+    ("data", "path", "needle"),
+    [
+        (  # an export without host_port prefers its service port, which another export declares
+            shop(
+                exports=[
+                    {"machine": "app", "service": "http"},
+                    {"machine": "db", "service": "pg", "host_port": 8080},
+                ]
+            ),
+            "$.exports[0]",
+            "prefers tcp/8080 on the host (its service port, no host_port given), which exports[1] also prefers",
+        ),
+        (  # two exports preferring the same service port
+            v2(
+                machine("app", services=[{"name": "http", "port": 8080}]),
+                machine("web", services=[{"name": "http", "port": 8080}]),
+                exports=[{"machine": "app", "service": "http"}, {"machine": "web", "service": "http"}],
+                default_machine="app",
+            ),
+            "$.exports[1]",
+            "which exports[0] also prefers; give it a host_port of its own",
+        ),
+        (  # an import of the Environment's own export: a loop back into the Environment
+            shop(imports=[{"machine": "db", "host_port": 3000}]),
+            "$.imports[0].host_port",
+            "127.0.0.1 tcp/3000 is where exports[0] listens",
+        ),
+        (
+            v2(
+                machine("app"),
+                machine("db"),
+                networks=[{"name": _long_name(i), "machines": ["app", "db"]} for i in range(17)],
+                default_machine="app",
+            ),
+            "$.networks[16].machines[0]",
+            "'app' would attach to more than 16 networks",
+        ),
+        (
+            v2(*(machine(f"m{i}") for i in range(254)), default_machine="m0"),
+            "$.machines",
+            "254 Machines on the automatic network 'default' (a /24 of 10.89.0.0/16, room for 253)",
+        ),
+        (
+            v2(
+                *(machine(f"m{i}") for i in range(254)),
+                networks=[{"name": "big", "machines": [f"m{i}" for i in range(254)]}],
+                default_machine="m0",
+            ),
+            "$.networks[0].machines",
+            "254 Machines on network 'big'",
+        ),
+        (
+            v2(
+                machine("app"),
+                networks=[
+                    {"name": "all", "machines": ["app"], "subnet": "10.89.0.0/16"},
+                    {"name": "more", "machines": ["app"]},
+                ],
+            ),
+            "$.networks[1].subnet",
+            "network 'more' has no 'subnet' and the declared subnets leave no free /24",
+        ),
+        (
+            v2(machine(egress={"allow": [f"h{i:03d}." + "d" * 60 + ".example.com" for i in range(150)]})),
+            "$.machines[0]",
+            "more than the 8192 its driver accepts; shorten its egress allowlist",
+        ),
+    ],
+    ids=[
+        "implicit-vs-declared-export",
+        "implicit-vs-implicit-export",
+        "import-of-own-export",
+        "too-many-networks",
+        "default-network-full",
+        "automatic-subnet-full",
+        "no-automatic-subnet-left",
+        "label-too-long",
+    ],
+)
+def test_declarations_that_would_fail_when_machines_start_fail_before(
+    data: dict[str, Any], path: str, needle: str
+) -> None:
+    """What used to fail only once `vz up` realized the topology (a second relay on a port, a Machine without
+    an address, a label its driver refuses) is a definition problem naming the field."""
+    found = problems(data)
+    assert path in found, found
+    assert needle in found[path], found[path]
+
+
+def test_the_limits_themselves_are_accepted() -> None:
+    """16 networks of the longest names, 253 Machines on an automatic /24, an export and an import on distinct
+    ports: valid, and every Machine's label fits (the plan compiles and each slice is within the limit)."""
+    from vz_core.env._topology import compile_topology
+    from vz_core.network.label import MAX_LABEL, machine_slice
+
+    wide = v2(
+        machine("a" * 40, egress={"allow": [f"h{i:03d}.example.com" for i in range(40)]}),
+        machine("db"),
+        networks=[{"name": _long_name(i), "machines": ["a" * 40, "db"]} for i in range(16)],
+        default_machine="db",
+    )
+    plan = compile_topology(parse_definition(wide), "env_0123456789ab").to_json()
+    assert all(len(machine_slice(plan, m["name"]) or "") <= MAX_LABEL for m in plan["machines"])
+    full = v2(*(machine(f"m{i}") for i in range(253)), default_machine="m0")
+    plan = compile_topology(parse_definition(full), "env_0123456789ab").to_json()
+    assert len({m["attachments"][0]["address"] for m in plan["machines"]}) == 253
+    parse_definition(shop(imports=[{"machine": "app", "host_port": 3001}]))  # next to the export's 3000: fine
