@@ -9,6 +9,13 @@ the daemon process) with what must outlive the process, in the state store table
 * the **chosen host port** of each export, tried first on the next start, so `vz stop` / `vz up` and a daemon
   restart keep an export where it was whenever that port is free.
 
+It also converges the host half of each Environment's egress (``vz_core.network.ensure_egress``: the uplink's
+/30 from the host pool, forwarding on its host end, the host table ``inet vz_<id12>``) whenever it serves the
+plan, and removes it with the Environment. DNS beyond the Environment goes to the host's resolvers
+(``VZ_NETWORK_DNS_UPSTREAMS``: comma-separated ``address[:port]`` instead of /etc/resolv.conf's; an allowlist
+entry lives for its answer's TTL clamped to ``VZ_NETWORK_DNS_MIN_TTL``..``VZ_NETWORK_DNS_MAX_TTL``, default
+30..3600 seconds).
+
 The service calls ``after_up`` when an Environments.Up succeeded, ``after_stop`` / ``after_delete`` after those
 operations, ``restore`` once at start (every Environment recorded running whose route domain exists) and
 ``endpoints`` for the status document. The route domain itself is created and removed by the Environment layer
@@ -26,7 +33,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DaemonNetwork", "has_domain"]
+__all__ = ["DaemonNetwork", "dns_options", "has_domain"]
 
 log = logging.getLogger("vz.daemon")
 
@@ -61,8 +68,19 @@ class DaemonNetwork:
         if self._host is None:
             from vz_core.network import NetworkHost
 
-            self._host = NetworkHost()
+            self._host = NetworkHost(**dns_options(os.environ))
         return self._host
+
+    async def _egress(self, plan: Mapping[str, Any]) -> BaseException | None:
+        """The host half of the plan's egress (None when converged; the error otherwise, raised by the caller
+        after the other parts started: a Machine keeps its DNS, exports and imports without egress)."""
+        from vz_core.network import ensure_egress
+
+        try:
+            await ensure_egress(plan)
+        except Exception as exc:
+            return exc
+        return None
 
     def endpoints(self, environment_id: str) -> list[dict[str, Any]]:
         """The Environment's exports listening now, as the status document shows them."""
@@ -123,10 +141,13 @@ class DaemonNetwork:
         plan = compile_topology(definition, environment_id).to_json()
         _, ports = self._recorded(environment_id)
         host = self.host
+        failed = await self._egress(plan)
         try:
             await host.ensure(plan, ports=ports)
         finally:
             self._record(environment_id, plan, {**ports, **host.chosen_ports(environment_id)})
+        if failed is not None:
+            raise failed
         return self.endpoints(environment_id)
 
     async def after_stop(self, environment_id: str) -> None:
@@ -140,6 +161,13 @@ class DaemonNetwork:
             await self._host.remove(environment_id)
         with contextlib.suppress(Exception):
             self._forget(environment_id)
+        if environment_id.startswith("env_") and os.geteuid() == 0:
+            from vz_core.network import remove_host_egress
+
+            try:  # `vz delete` removed it with the route domain; a leftover (a killed removal) goes now
+                await remove_host_egress(environment_id)
+            except Exception as exc:
+                log.warning("host egress of %s not removed: %s", environment_id, exc)
 
     async def restore(self) -> list[str]:
         """At daemon start: serve again every recorded Environment that is running and whose route domain
@@ -166,6 +194,9 @@ class DaemonNetwork:
             if plan is None:
                 log.warning("network parts of %s not restored: its recorded plan is unreadable", env_id)
                 continue
+            failed = await self._egress(plan)
+            if failed is not None:
+                log.warning("egress of %s not restored: %s", env_id, failed)
             try:
                 await self.host.ensure(plan, ports=_loads_ports(row["ports"]))
             except Exception as exc:
@@ -179,6 +210,38 @@ class DaemonNetwork:
         """The daemon stops: every part is closed (the records stay for the next start)."""
         if self._host is not None:
             await self._host.close()
+
+
+def dns_options(environ: Mapping[str, str]) -> dict[str, Any]:
+    """``NetworkHost`` options from ``VZ_NETWORK_DNS_UPSTREAMS`` / ``_MIN_TTL`` / ``_MAX_TTL`` (bad values are
+    refused naming the variable: the daemon does not silently resolve through somewhere else)."""
+    from vz_core.errors import InvalidArgumentError
+
+    out: dict[str, Any] = {}
+    text = environ.get("VZ_NETWORK_DNS_UPSTREAMS", "").strip()
+    if text:
+        import ipaddress
+
+        upstreams = []
+        for item in text.split(","):
+            host, _, port = item.strip().partition(":")
+            try:
+                upstreams.append((str(ipaddress.IPv4Address(host)), int(port) if port else 53))
+            except ValueError:
+                raise InvalidArgumentError(
+                    f"VZ_NETWORK_DNS_UPSTREAMS: {item.strip()!r} is not an IPv4 address[:port] "
+                    f"(e.g. 127.0.0.1:5353,192.0.2.53)"
+                ) from None
+            if not 1 <= upstreams[-1][1] <= 65535:
+                raise InvalidArgumentError(f"VZ_NETWORK_DNS_UPSTREAMS: {item.strip()!r} has no valid port")
+        out["upstreams"] = upstreams
+    for key, name in (("min_ttl", "VZ_NETWORK_DNS_MIN_TTL"), ("max_ttl", "VZ_NETWORK_DNS_MAX_TTL")):
+        value = environ.get(name, "").strip()
+        if value:
+            if not value.isdigit() or not 1 <= int(value) <= 86400:
+                raise InvalidArgumentError(f"{name}={value!r}: expected seconds, 1..86400")
+            out[key] = int(value)
+    return out
 
 
 def _now() -> str:

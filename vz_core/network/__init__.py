@@ -2,14 +2,19 @@
 
 Input is a topology plan in its JSON form (``vz_core.env`` compiles it from vz.json and the environment id).
 
-* ``ensure_domain(plan, uplink=None)``: the Environment's own network namespace ``vzd-<id>``, its sysctls and its
+* ``ensure_domain(plan, uplink=KEEP)``: the Environment's own network namespace ``vzd-<id>``, its sysctls and its
   nft table (deny first; exactly the declared paths forwarded; egress per Machine through the uplink, if any);
+* ``ensure_egress(plan)`` / ``remove_host_egress(environment_id)``: the host half of egress (the uplink's /30
+  from the host pool, forwarding on its host end, the host table ``inet vz_<id12>`` masquerading it and
+  dropping anything toward the host, its connected networks, link-local and the other uplinks);
 * ``attach_machine(plan, machine, netns)`` / ``detach_machine(plan, machine)``: a Machine's namespace joined to
   (or removed from) the domain through routed veth pairs;
 * ``remove_domain(environment_id)``: everything of that Environment, nothing of another;
 * ``domain_ruleset(DomainSpec.from_plan(plan))``: the nft table as text (pure);
 * ``DnsServer(plan)``: the Environment's DNS responder on each gateway (each Machine resolves only the names its
-  plan lets it see); ``dns_answer(DnsView.from_plan(plan), source, query)`` is its pure core;
+  plan lets it see; names beyond the Environment are forwarded to the host's resolvers as its egress allows,
+  an allowlist's answers admitted in the domain for their TTL); ``dns_answer(DnsView.from_plan(plan), source,
+  query)`` is its pure core;
 * ``ExportListener(plan, machine, service)`` / ``ImportRelay(plan, index)``: TCP relays between 127.0.0.1 on the
   host and a Machine's service (export), or a Machine's gateway port and a host loopback port (import);
 * ``NetworkHost``: those long-lived parts of every running Environment in one process (the daemon), keyed by
@@ -20,9 +25,10 @@ All of it is async (asyncio subprocesses), idempotent and keyed by the environme
 
 from __future__ import annotations
 
-from vz_core.network._dns import DnsServer, DnsView
+from vz_core.network._dns import DnsServer, DnsView, forwardable, host_resolvers, name_matches
 from vz_core.network._dns import answer as dns_answer
 from vz_core.network._domain import (
+    KEEP,
     NETNS_DIR,
     NetworkTools,
     Uplink,
@@ -34,13 +40,25 @@ from vz_core.network._domain import (
     remove_domain,
     uplink_name,
 )
+from vz_core.network._egress import (
+    DEFAULT_POOL,
+    POOL_ENV,
+    ensure_egress,
+    host_egress_ruleset,
+    host_table,
+    needs_uplink,
+    remove_host_egress,
+)
 from vz_core.network._host import Endpoint, NetworkHost
 from vz_core.network._relay import ExportListener, ImportRelay
 from vz_core.network._rules import TABLE, domain_ruleset
 from vz_core.network._spec import AttachmentSpec, DomainSpec, ForwardSpec, InputSpec, PlanError, domain_for
 
 __all__ = [
+    "DEFAULT_POOL",
+    "KEEP",
     "NETNS_DIR",
+    "POOL_ENV",
     "TABLE",
     "AttachmentSpec",
     "DnsServer",
@@ -62,7 +80,15 @@ __all__ = [
     "domain_for",
     "domain_ruleset",
     "ensure_domain",
+    "ensure_egress",
+    "forwardable",
+    "host_egress_ruleset",
+    "host_resolvers",
+    "host_table",
     "list_domains",
+    "name_matches",
+    "needs_uplink",
     "remove_domain",
+    "remove_host_egress",
     "uplink_name",
 ]

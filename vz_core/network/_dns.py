@@ -9,11 +9,18 @@ query)`` is pure: the response bytes for one DNS message, or None for what is no
   another type of a visible name: no data;
 * any other name under ``vz.internal`` or ``docker.internal``: NXDOMAIN (another Machine's name is never
   confirmed to exist);
-* every other name: REFUSED. Forwarding to the host's resolvers (and the allowlist's expiring entries) is the
-  next step (docs/network.md).
+* every other name: REFUSED by ``answer``. ``DnsServer`` forwards it to the host's resolvers instead when the
+  Machine's egress allows it (``forwardable``): an ``allowed`` Machine's every name, an allowlist Machine's only
+  names matching its ``domains`` (``example.com`` exactly, ``*.example.com`` every name below it), an
+  ``offline`` Machine's never (no way out through DNS either). For an allowlist Machine every A record of the
+  answer is added, before the answer is sent, to the domain's ``egress_dns`` set (Machine . address) with a
+  timeout of the record's TTL clamped to ``min_ttl``..``max_ttl`` (30 s..1 h): the forward rule toward the
+  uplink admits exactly those pairs, until they expire.
 
 ``DnsServer(plan)`` serves a view on UDP and TCP port 53 of every gateway address, with sockets created inside
-the domain's namespace (a fresh thread joins it; the sockets keep it), so one process can serve every domain.
+the domain's namespace (a fresh thread joins it; the sockets keep it), so one process can serve every domain;
+queries are forwarded from the process's own namespace (the host's, in the daemon) to ``upstreams`` (default:
+the ``nameserver`` lines of /etc/resolv.conf).
 """
 
 from __future__ import annotations
@@ -22,22 +29,36 @@ import asyncio
 import contextlib
 import ctypes
 import ipaddress
+import logging
 import os
 import re
+import secrets
 import socket
 import struct
 import threading
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
 from vz_core.network._spec import DomainSpec, PlanError
 
-__all__ = ["DnsRecordSpec", "DnsServer", "DnsView", "answer"]
+__all__ = [
+    "DnsRecordSpec",
+    "DnsServer",
+    "DnsView",
+    "answer",
+    "answer_addresses",
+    "forwardable",
+    "host_resolvers",
+    "name_matches",
+]
+
+log = logging.getLogger("vz.network")
 
 T = TypeVar("T")
 TTL = 30
 ZONES = ("vz.internal", "docker.internal")
+_PATTERN_RE = re.compile(r"(?:\*\.)?(?:[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9])?\.)+[a-z0-9-]{2,63}")
 _NAME_RE = re.compile(r"(?:_?[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z]{2,63}")
 TYPE_A, TYPE_SRV, TYPE_ANY = 1, 33, 255
 CLASS_IN = 1
@@ -61,6 +82,10 @@ class DnsView:
     environment_id: str
     gateways: tuple[ipaddress.IPv4Address, ...]
     records: Mapping[ipaddress.IPv4Address, tuple[DnsRecordSpec, ...]]
+    egress: Mapping[ipaddress.IPv4Address, tuple[str, tuple[str, ...]]] = field(default_factory=dict)
+    """Per source address: its Machine's egress mode and allowlisted domain names (lowercase)."""
+    machines: Mapping[ipaddress.IPv4Address, tuple[ipaddress.IPv4Address, ...]] = field(default_factory=dict)
+    """Per source address: every address of its Machine (an allowlist entry is added for each)."""
 
     @classmethod
     def from_plan(cls, plan: Mapping[str, Any]) -> DnsView:
@@ -76,7 +101,19 @@ class DnsView:
             by_machine[str(machine["name"])] = tuple(records)
         view = {a.address: by_machine.get(a.machine, ()) for a in spec.attachments}
         gateways = tuple(sorted({a.gateway for a in spec.attachments}))
-        return cls(spec.environment_id, gateways, view)
+        modes: dict[str, tuple[str, tuple[str, ...]]] = {}
+        for i, machine in enumerate(plan["machines"]):
+            egress = machine.get("egress") if isinstance(machine, Mapping) else None
+            domains = egress.get("domains", []) if isinstance(egress, Mapping) else []
+            if not isinstance(domains, list) or not all(
+                isinstance(d, str) and _PATTERN_RE.fullmatch(d.lower().rstrip(".")) for d in domains
+            ):
+                raise PlanError(f"$.machines[{i}].egress.domains: expected a list of domain names")
+            mode = str(egress.get("mode")) if isinstance(egress, Mapping) else "offline"
+            modes[str(machine["name"])] = (mode, tuple(d.lower().rstrip(".") for d in domains))
+        egress = {a.address: modes.get(a.machine, ("offline", ())) for a in spec.attachments}
+        own = {a.address: tuple(b.address for b in spec.machine(a.machine)) for a in spec.attachments}
+        return cls(spec.environment_id, gateways, view, egress, own)
 
 
 def _record(item: Any, where: str) -> DnsRecordSpec:
@@ -203,6 +240,100 @@ def answer(view: DnsView, source: str, message: bytes) -> bytes | None:
     return reply(NOERROR, question, answers, extra)
 
 
+def name_matches(name: str, pattern: str) -> bool:
+    """``example.com`` matches exactly that name; ``*.example.com`` every name below it (not itself)."""
+    name, pattern = name.lower().rstrip("."), pattern.lower().rstrip(".")
+    if pattern.startswith("*."):
+        return name.endswith(pattern[1:]) and len(name) > len(pattern) - 1
+    return name == pattern
+
+
+def forwardable(view: DnsView, source: str, message: bytes) -> bool:
+    """Whether the query from ``source`` goes to the host's resolvers: a well-formed standard query for a name
+    outside the Environment's zones, from a Machine whose egress is ``allowed``, or an allowlist whose domain
+    names match it. Never for ``offline`` Machines, never for a name under vz.internal/docker.internal."""
+    if len(message) < 12:
+        return False
+    _, flags, qdcount = struct.unpack_from("!HHH", message, 0)
+    if flags & 0x8000 or (flags >> 11) & 0xF or qdcount != 1:
+        return False
+    parsed = _question(message)
+    if parsed is None:
+        return False
+    name = parsed[0]
+    if any(name == zone or name.endswith("." + zone) for zone in ZONES) or not name:
+        return False
+    try:
+        mode, domains = view.egress.get(ipaddress.IPv4Address(source), ("offline", ()))
+    except ValueError:
+        return False
+    if mode == "allowed":
+        return True
+    return mode == "allowlist" and any(name_matches(name, d) for d in domains)
+
+
+def _skip_name(message: bytes, offset: int) -> int:
+    while True:
+        if offset >= len(message):
+            raise ValueError("truncated name")
+        length = message[offset]
+        if length & 0xC0 == 0xC0:
+            return offset + 2
+        if length & 0xC0:
+            raise ValueError("bad label")
+        offset += 1 + length
+        if length == 0:
+            return offset
+
+
+def answer_addresses(message: bytes) -> list[tuple[ipaddress.IPv4Address, int]]:
+    """The (address, TTL) of every A record in the answer section of a response (empty if malformed)."""
+    try:
+        ancount = struct.unpack_from("!H", message, 6)[0]
+        qdcount = struct.unpack_from("!H", message, 4)[0]
+        offset = 12
+        for _ in range(qdcount):
+            offset = _skip_name(message, offset) + 4
+        out = []
+        for _ in range(ancount):
+            offset = _skip_name(message, offset)
+            rtype, rclass, ttl, length = struct.unpack_from("!HHIH", message, offset)
+            offset += 10
+            if offset + length > len(message):
+                raise ValueError("truncated record")
+            if rtype == TYPE_A and rclass == CLASS_IN and length == 4:
+                out.append((ipaddress.IPv4Address(message[offset : offset + 4]), ttl))
+            offset += length
+        return out
+    except (struct.error, ValueError):
+        return []
+
+
+def host_resolvers(path: str = "/etc/resolv.conf") -> list[tuple[str, int]]:
+    """The IPv4 ``nameserver`` lines of resolv.conf, as (address, 53)."""
+    out = []
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                parts = line.split()
+                if len(parts) >= 2 and parts[0] == "nameserver":
+                    try:
+                        out.append((str(ipaddress.IPv4Address(parts[1])), 53))
+                    except ValueError:
+                        continue
+    except OSError:
+        pass
+    return out
+
+
+def _servfail(message: bytes) -> bytes:
+    ident, flags = struct.unpack_from("!HH", message, 0)
+    parsed = _question(message)
+    question = message[12 : parsed[3]] if parsed is not None else b""
+    head = struct.pack("!HHHHHH", ident, 0x8000 | (flags & 0x7900) | 0x0080 | SERVFAIL, 1 if question else 0, 0, 0, 0)
+    return head + question
+
+
 # --- the server ----------------------------------------------------------------------------------------------
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -235,28 +366,111 @@ def in_namespace(path: str, fn: Callable[[], T]) -> T:
 
 
 class _Udp(asyncio.DatagramProtocol):
-    def __init__(self, view: DnsView) -> None:
-        self.view = view
+    def __init__(self, server: DnsServer) -> None:
+        self.server = server
         self.transport: asyncio.DatagramTransport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.DatagramTransport, transport)
 
     def datagram_received(self, data: bytes, addr: tuple[str | Any, int]) -> None:
-        response = answer(self.view, str(addr[0]), data)
+        source = str(addr[0])
+        if forwardable(self.server.view, source, data):
+            self.server._spawn(self._forward(source, data, addr))
+            return
+        response = answer(self.server.view, source, data)
         if response is not None and self.transport is not None:
+            self.transport.sendto(response, addr)
+
+    async def _forward(self, source: str, data: bytes, addr: tuple[str | Any, int]) -> None:
+        response = await self.server.resolve(source, data, tcp=False)
+        if self.transport is not None and not self.transport.is_closing():
             self.transport.sendto(response, addr)
 
 
 class DnsServer:
     """The responder of one route domain on UDP and TCP 53 of each gateway; ``await start()``, ``await close()``."""
 
-    def __init__(self, plan: Mapping[str, Any], *, port: int = 53) -> None:
+    def __init__(
+        self,
+        plan: Mapping[str, Any],
+        *,
+        port: int = 53,
+        upstreams: Sequence[tuple[str, int]] | None = None,
+        min_ttl: int = 30,
+        max_ttl: int = 3600,
+        timeout: float = 3.0,
+    ) -> None:
         self.view = DnsView.from_plan(plan)
         self.domain = DomainSpec.from_plan(plan).name
         self.port = port
+        self.upstreams = list(upstreams) if upstreams is not None else None
+        self.min_ttl, self.max_ttl, self.timeout = min_ttl, max(min_ttl, max_ttl), timeout
         self._transports: list[asyncio.BaseTransport] = []
         self._servers: list[asyncio.Server] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def resolve(self, source: str, message: bytes, *, tcp: bool) -> bytes:
+        """A forwardable query's response from the upstreams (its id restored); for an allowlist Machine, its
+        A records admitted in ``egress_dns`` first. SERVFAIL when no upstream answers or the entries cannot be
+        added (an answer whose addresses the domain would refuse is not an answer)."""
+        upstreams = self.upstreams if self.upstreams is not None else host_resolvers()
+        ident = message[:2]
+        for host, port in upstreams:
+            query_id = secrets.token_bytes(2)
+            try:
+                response = await asyncio.wait_for(_ask(host, port, query_id + message[2:], tcp=tcp), self.timeout)
+            except (OSError, TimeoutError, asyncio.IncompleteReadError, ValueError):
+                continue
+            if len(response) < 12 or response[:2] != query_id or not response[2] & 0x80:
+                continue
+            asked, answered = _question(message), _question(response)
+            if asked is None or answered is None or asked[:3] != answered[:3]:
+                continue
+            response = ident + response[2:]
+            mode, _ = self.view.egress.get(ipaddress.IPv4Address(source), ("offline", ()))
+            if mode == "allowlist" and response[3] & 0x0F == NOERROR:
+                try:
+                    await self._admit(source, answer_addresses(response))
+                except Exception as exc:
+                    log.warning("resolved addresses of %s not admitted: %s", self.domain, exc)
+                    return _servfail(message)
+            return response
+        return _servfail(message)
+
+    async def _admit(self, source: str, found: list[tuple[ipaddress.IPv4Address, int]]) -> None:
+        if not found:
+            return
+        from vz_core.network._domain import NetworkTools, _run
+        from vz_core.network._rules import DNS_SET, TABLE
+
+        tools = NetworkTools.find()
+        sources = self.view.machines.get(ipaddress.IPv4Address(source), (ipaddress.IPv4Address(source),))
+        ttls: dict[str, int] = {}
+        for src in sources:
+            for address, ttl in found:
+                key = f"{src} . {address}"
+                ttls[key] = max(ttls.get(key, 0), min(self.max_ttl, max(self.min_ttl, ttl)))
+        keys = ", ".join(sorted(ttls))
+        timed = ", ".join(f"{key} timeout {ttls[key]}s" for key in sorted(ttls))
+        # One transaction: make sure each pair exists, drop it, add it with the new timeout (so an answer
+        # refreshes an entry's lifetime; an `add` alone keeps an existing element's old timeout).
+        where = f"inet {TABLE} {DNS_SET}"
+        script = (
+            f"add element {where} {{ {keys} }}\n"
+            f"delete element {where} {{ {keys} }}\n"
+            f"add element {where} {{ {timed} }}\n"
+        )
+        await _run(
+            [tools.nsenter, f"--net=/run/netns/{self.domain}", "--", tools.nft, "-f", "-"],
+            script.encode(),
+            what=f"admit resolved addresses in {self.domain}",
+        )
 
     def _sockets(self) -> list[tuple[socket.socket, socket.socket]]:
         pairs = []
@@ -283,7 +497,7 @@ class DnsServer:
         loop = asyncio.get_running_loop()
         try:
             for udp, tcp in pairs:
-                transport, _ = await loop.create_datagram_endpoint(lambda: _Udp(self.view), sock=udp)
+                transport, _ = await loop.create_datagram_endpoint(lambda: _Udp(self), sock=udp)
                 self._transports.append(transport)
                 self._servers.append(await asyncio.start_server(self._tcp, sock=tcp))
         except BaseException:
@@ -300,7 +514,10 @@ class DnsServer:
                 head = await asyncio.wait_for(reader.readexactly(2), 10)
                 (length,) = struct.unpack("!H", head)
                 message = await asyncio.wait_for(reader.readexactly(length), 10)
-                response = answer(self.view, str(peer[0]), message)
+                if forwardable(self.view, str(peer[0]), message):
+                    response: bytes | None = await self.resolve(str(peer[0]), message, tcp=True)
+                else:
+                    response = answer(self.view, str(peer[0]), message)
                 if response is None:
                     break
                 writer.write(struct.pack("!H", len(response)) + response)
@@ -313,6 +530,11 @@ class DnsServer:
                 await writer.wait_closed()
 
     async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(BaseException):
+                await task
         for transport in self._transports:
             transport.close()
         for server in self._servers:
@@ -320,3 +542,30 @@ class DnsServer:
             await server.wait_closed()
         self._transports.clear()
         self._servers.clear()
+
+
+async def _ask(host: str, port: int, message: bytes, *, tcp: bool) -> bytes:
+    """One query to one upstream (from this process's namespace): UDP, or TCP with its length prefix."""
+    loop = asyncio.get_running_loop()
+    if tcp:
+        reader, writer = await asyncio.open_connection(host, port)
+        try:
+            writer.write(struct.pack("!H", len(message)) + message)
+            await writer.drain()
+            (length,) = struct.unpack("!H", await reader.readexactly(2))
+            return await reader.readexactly(length)
+        finally:
+            writer.close()
+            with contextlib.suppress(ConnectionError):
+                await writer.wait_closed()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        sock.setblocking(False)
+        await loop.sock_connect(sock, (host, port))
+        await loop.sock_sendall(sock, message)
+        while True:
+            data = await loop.sock_recv(sock, 65535)
+            if data[:2] == message[:2]:
+                return data
+    finally:
+        sock.close()

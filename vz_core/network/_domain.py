@@ -31,10 +31,11 @@ from pathlib import Path
 from typing import Any
 
 from vz_core.errors import FailedPreconditionError, InvalidArgumentError, RuntimeFailureError, UnavailableError
-from vz_core.network._rules import TABLE, UPLINK, replace_script
+from vz_core.network._rules import DNS_SET, TABLE, UPLINK, replace_script
 from vz_core.network._spec import DOMAIN_RE, AttachmentSpec, DomainSpec, domain_for
 
 __all__ = [
+    "KEEP",
     "NETNS_DIR",
     "NetworkTools",
     "Uplink",
@@ -141,6 +142,15 @@ class Uplink:
         return cls(upstream_netns, net, hosts[1], hosts[0])
 
 
+class _Keep:
+    def __repr__(self) -> str:
+        return "KEEP"
+
+
+KEEP = _Keep()
+"""``ensure_domain(plan)``'s default uplink: whatever the domain has now stays (none for a new domain)."""
+
+
 def uplink_name(environment_id: str) -> str:
     """The upstream end of an Environment's uplink: ``vzu`` + the id's 12 characters (15: an ifname fits)."""
     return "vzu" + domain_for(environment_id)[4:]
@@ -165,18 +175,22 @@ class _Domain:
 
 
 async def ensure_domain(
-    plan: Mapping[str, Any], *, uplink: Uplink | None = None, tools: NetworkTools | None = None
+    plan: Mapping[str, Any], *, uplink: Uplink | _Keep | None = KEEP, tools: NetworkTools | None = None
 ) -> DomainSpec:
     """Create or converge the Environment's route domain from its topology plan (JSON form).
 
     The plan is checked whole before anything is touched. Afterwards the namespace exists with the domain
-    sysctls and exactly the plan's nft table (replaced in one transaction). Attachments of Machines that the
-    plan no longer has are removed; present ones are kept (``attach_machine`` adds or repairs them)."""
+    sysctls and exactly the plan's nft table (replaced in one transaction; the live entries the resolver added
+    for allowlisted names are kept). Attachments of Machines that the plan no longer has are removed; present
+    ones are kept (``attach_machine`` adds or repairs them). ``uplink``: an ``Uplink`` is created or converged;
+    ``None`` removes the domain's uplink; ``KEEP`` (the default) leaves whatever the domain has (the host side
+    of egress, ``vz_core.network.ensure_egress``, is the one that adds or removes it)."""
     spec = DomainSpec.from_plan(plan)
     _require_root()
     tools = tools or NetworkTools.find()
     domain = _Domain(tools, spec.name)
-    if not await domain.exists():
+    existed = await domain.exists()
+    if not existed:
         try:
             await _run([tools.ip, "netns", "add", spec.name], what=f"create namespace {spec.name}")
         except RuntimeFailureError:
@@ -187,16 +201,57 @@ async def ensure_domain(
         what=f"sysctls of {spec.name}",
     )
     await _run(domain.inside(tools.ip, "link", "set", "lo", "up"), what=f"loopback of {spec.name}")
-    script = replace_script(spec, uplink.network if uplink is not None else None)
+    if isinstance(uplink, _Keep):
+        network = await _uplink_network(domain) if existed else None
+    else:
+        network = uplink.network if uplink is not None else None
+    resolved = await _resolved(domain) if existed and network is not None else []
+    script = replace_script(spec, network, resolved)
     await _run(domain.inside(tools.nft, "-f", "-"), script.encode(), what=f"nft table of {spec.name}")
-    if uplink is not None:
+    if isinstance(uplink, Uplink):
         await _ensure_uplink(domain, spec, uplink)
-    wanted = {a.domain_ifname for a in spec.attachments} | ({UPLINK} if uplink is not None else set())
+    wanted = {a.domain_ifname for a in spec.attachments} | ({UPLINK} if network is not None else set())
     for link in await domain.links():
         ifname = link.get("ifname")
         if link.get("link_type") != "loopback" and isinstance(ifname, str) and ifname not in wanted:
             await _delete_link(domain, ifname)
     return spec
+
+
+async def _uplink_network(domain: _Domain) -> ipaddress.IPv4Network | None:
+    """The network of the domain's uplink as configured now (None: no uplink)."""
+    argv = domain.inside(domain.tools.ip, "-j", "-4", "addr", "show")
+    for item in json.loads(await _run(argv, what=f"addresses of {domain.name}") or "[]"):
+        if isinstance(item, dict) and item.get("ifname") == UPLINK:
+            for a in item.get("addr_info", []):
+                if isinstance(a, dict) and a.get("family") == "inet":
+                    try:
+                        return ipaddress.IPv4Network(f"{a.get('local')}/{a.get('prefixlen')}", strict=False)
+                    except ValueError:
+                        return None
+    return None
+
+
+async def _resolved(domain: _Domain) -> list[tuple[ipaddress.IPv4Address, ipaddress.IPv4Address, int]]:
+    """The live entries of the domain's ``egress_dns`` set: (Machine, resolved address, seconds left)."""
+    argv = domain.inside(domain.tools.nft, "-j", "list", "set", "inet", TABLE, DNS_SET)
+    try:
+        data = json.loads(await _run(argv, what=f"resolved names of {domain.name}") or "{}")
+    except (RuntimeFailureError, ValueError):
+        return []  # no table yet (or one without the set): nothing to keep
+    out = []
+    for item in data.get("nftables", []) if isinstance(data, dict) else []:
+        elements = item.get("set", {}).get("elem", []) if isinstance(item, dict) else []
+        for element in elements if isinstance(elements, list) else []:
+            inner = element.get("elem", {}) if isinstance(element, dict) else {}
+            pair = inner.get("val", {}).get("concat") if isinstance(inner.get("val"), dict) else None
+            left = inner.get("expires")
+            if isinstance(pair, list) and len(pair) == 2 and isinstance(left, int) and left > 0:
+                try:
+                    out.append((ipaddress.IPv4Address(pair[0]), ipaddress.IPv4Address(pair[1]), left))
+                except ValueError:
+                    continue
+    return out
 
 
 async def _ensure_uplink(domain: _Domain, spec: DomainSpec, uplink: Uplink) -> None:
@@ -257,6 +312,9 @@ async def remove_domain(environment_id: str, *, tools: NetworkTools | None = Non
     _require_root()
     tools = tools or NetworkTools.find()
     domain = _Domain(tools, name)
+    from vz_core.network._egress import remove_host_egress  # the host half of its egress (a leftover one too)
+
+    await remove_host_egress(environment_id, tools=tools)
     if not await domain.exists():
         return False
     # Links and table first: even if some process still holds the namespace open, nothing is connected any more.

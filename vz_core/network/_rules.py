@@ -21,13 +21,16 @@ import ipaddress
 
 from vz_core.network._spec import DomainSpec
 
-__all__ = ["LAN", "NEVER", "TABLE", "UPLINK", "domain_ruleset", "replace_script"]
+__all__ = ["DNS_SET", "LAN", "NEVER", "TABLE", "UPLINK", "domain_ruleset", "replace_script"]
 
 TABLE = "vz"
 UPLINK = "vzup"
 """The domain's end of its uplink (a domain-local name; the other end is ``vzu<id12>`` upstream)."""
 NEVER = ("0.0.0.0/8", "127.0.0.0/8", "169.254.0.0/16", "224.0.0.0/4", "240.0.0.0/4")
 """Destinations egress never reaches (the uplink's own network is added: upstream is the host)."""
+DNS_SET = "egress_dns"
+"""(Machine address . resolved address) pairs an allowlist's domain names admit, added by the Environment's
+resolver with a timeout (the answer's TTL, clamped): they expire, and ``replace_script`` keeps live ones."""
 LAN = ("10.0.0.0/8", "100.64.0.0/10", "172.16.0.0/12", "192.168.0.0/16")
 """Private ranges: ``allowed`` egress does not reach them; an allowlist may name them explicitly."""
 
@@ -82,6 +85,10 @@ def domain_ruleset(spec: DomainSpec, uplink: ipaddress.IPv4Network | None = None
         "    flags interval\n"
         f"{_elements(egress_cidrs)}"
         "  }\n"
+        f"  set {DNS_SET} {{\n"
+        "    type ipv4_addr . ipv4_addr\n"
+        "    flags timeout\n"
+        "  }\n"
         "  set never {\n"
         "    type ipv4_addr\n"
         "    flags interval\n"
@@ -105,6 +112,7 @@ def domain_ruleset(spec: DomainSpec, uplink: ipaddress.IPv4Network | None = None
         "    ct state new ip saddr . oifname . ip daddr . meta l4proto . th dport @paths accept\n"
         f'    ct state new oifname "{UPLINK}" ip daddr != @never ip saddr @egress_all ip daddr != @lan accept\n'
         f'    ct state new oifname "{UPLINK}" ip daddr != @never ip saddr . ip daddr @egress_cidrs accept\n'
+        f'    ct state new oifname "{UPLINK}" ip daddr != @never ip saddr . ip daddr @{DNS_SET} accept\n'
         "    meta l4proto tcp reject with tcp reset\n"
         "    reject with icmpx admin-prohibited\n"
         "  }\n"
@@ -125,6 +133,23 @@ def domain_ruleset(spec: DomainSpec, uplink: ipaddress.IPv4Network | None = None
     )
 
 
-def replace_script(spec: DomainSpec, uplink: ipaddress.IPv4Network | None = None) -> str:
-    """One nft transaction replacing the table whole (never a moment with half the rules, never duplicates)."""
-    return f"table inet {TABLE}\ndelete table inet {TABLE}\n{domain_ruleset(spec, uplink)}"
+def replace_script(
+    spec: DomainSpec,
+    uplink: ipaddress.IPv4Network | None = None,
+    resolved: list[tuple[ipaddress.IPv4Address, ipaddress.IPv4Address, int]] | None = None,
+) -> str:
+    """One nft transaction replacing the table whole (never a moment with half the rules, never duplicates).
+
+    ``resolved``: live (Machine address, resolved address, seconds left) entries of the old table's
+    ``egress_dns`` set; those whose Machine is still an allowlist Machine of ``spec`` are kept with the time
+    they had left (a `vz up` does not make an allowlist forget what its resolver admitted)."""
+    keep: list[str] = []
+    if uplink is not None:
+        allowlisted = {
+            a.address for a in spec.attachments for e in spec.egress if e.machine == a.machine and e.mode == "allowlist"
+        }
+        keep = sorted(
+            {f"{src} . {dst} timeout {max(1, left)}s" for src, dst, left in resolved or () if src in allowlisted}
+        )
+    elements = f"add element inet {TABLE} {DNS_SET} {{ {', '.join(keep)} }}\n" if keep else ""
+    return f"table inet {TABLE}\ndelete table inet {TABLE}\n{domain_ruleset(spec, uplink)}{elements}"

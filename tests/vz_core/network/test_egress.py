@@ -91,12 +91,14 @@ async def test_each_machine_reaches_exactly_what_its_egress_allows(namespaces: N
                 server.close()
                 await server.wait_closed()
             assert peer == str(uplink.domain_address)
-        # Converging twice changes nothing; without an uplink, the link goes (both ends) and nothing leaves.
+        # Converging twice changes nothing; with uplink=None, the link goes (both ends) and nothing leaves.
         plan, netns = envs[0]
         before = run("nsenter", f"--net=/run/netns/{plan.route_domain}", "--", "nft", "list", "ruleset")
         await ensure_domain(plan.to_json(), uplink=uplinks[0])
         assert run("nsenter", f"--net=/run/netns/{plan.route_domain}", "--", "nft", "list", "ruleset") == before
-        await ensure_domain(plan.to_json())
+        await ensure_domain(plan.to_json())  # the default keeps the uplink (`vz up` does not own it)
+        assert uplink_name(plan.environment_id) in run("nsenter", f"--net={upstream}", "--", "ip", "-o", "link")
+        await ensure_domain(plan.to_json(), uplink=None)
         assert uplink_name(plan.environment_id) not in run("nsenter", f"--net={upstream}", "--", "ip", "-o", "link")
         assert not await asyncio.to_thread(attempt, netns["app"], PUBLIC, 80, "tcp", timeout=1.5)
         assert listeners[PUBLIC].drain() == 0

@@ -1,0 +1,314 @@
+"""The host half of egress, for real: the host's namespace is the upstream, a test namespace is "the internet".
+
+The test creates a namespace ``inet`` joined to the host by a veth pair (198.51.100.0/30: a network directly
+connected to the host) and routes 203.0.113.0/24 (a documentation range) through it; destinations there count
+the connections that reach them. A DNS upstream on the host's 127.0.0.1 (a free port) answers a few names and
+counts the queries it gets. Two Environments: ``alpha`` with Machines ``app`` (allowed), ``lst`` (an allowlist
+of one CIDR and two domain patterns) and ``off`` (offline); ``beta`` with one allowed Machine. Checked, each
+time counting what arrived at the destination:
+
+* allowed reaches the public destinations; offline reaches nothing; the allowlist reaches its CIDR, and a
+  listed name's address only after its Machine resolved that name through the Environment's resolver, until
+  the entry expires; another name is REFUSED without the upstream ever being asked;
+* DNS beyond the Environment is forwarded for allowed and allowlisted names only (offline: REFUSED);
+* nothing reaches the host itself (a listener on 0.0.0.0 at every host address, the uplinks' host ends), the
+  host's directly connected network, or the other Environment, even after the domain's own table was made to
+  accept everything (the host table holds by itself);
+* each Environment gets its own /30 (converging again keeps it and rewrites nothing); removal leaves no
+  uplink end, no host table and no route domain.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import json
+import re
+import socket
+import struct
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from netns_kit import Listener, Namespaces, attempt, in_netns, listen, run
+
+from vz_core.env._definition import parse_definition
+from vz_core.env._topology import compile_topology
+from vz_core.network import (
+    NetworkHost,
+    attach_machine,
+    ensure_domain,
+    ensure_egress,
+    host_table,
+    remove_domain,
+    uplink_name,
+)
+
+pytestmark = [pytest.mark.root]
+
+M = {"profile": "developer", "driver": "fake", "image": "vz:default"}
+ALPHA = {
+    "version": 2,
+    "project_id": "egresshost",
+    "machines": [
+        {"name": "app", **M, "egress": "allowed"},
+        {"name": "lst", **M, "egress": {"allow": ["203.0.113.16/28", "api.example.com", "*.cdn.example.net"]}},
+        {"name": "off", **M},
+    ],
+}
+BETA = {"version": 2, "project_id": "egresshostb", "machines": [{"name": "peer", **M, "egress": "allowed"}]}
+PUBLIC, LISTED_CIDR, BY_NAME, OTHER, CDN = (
+    "203.0.113.10",
+    "203.0.113.20",
+    "203.0.113.60",
+    "203.0.113.70",
+    "203.0.113.80",
+)
+NAMES = {
+    "api.example.com": BY_NAME,
+    "other.example.com": OTHER,
+    "img.cdn.example.net": CDN,
+    "public.example.org": PUBLIC,
+}
+CONNECTED = "198.51.100.2"  # the inet namespace's end of its veth: a network directly connected to the host
+TTL = 2
+
+
+class Upstream:
+    """A DNS server on 127.0.0.1 answering NAMES with A records (TTL 2) and counting the queries per name."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.settimeout(0.2)
+        self.port = int(self.sock.getsockname()[1])
+        self.asked: dict[str, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                data, addr = self.sock.recvfrom(2048)
+            except (TimeoutError, OSError):
+                continue
+            name, end = _qname(data)
+            self.asked[name] = self.asked.get(name, 0) + 1
+            address = NAMES.get(name)
+            flags = 0x8180 if address else 0x8183
+            answers = b""
+            if address is not None:
+                answers = b"\xc0\x0c" + struct.pack("!HHIH", 1, 1, TTL, 4) + ipaddress.IPv4Address(address).packed
+            head = data[:2] + struct.pack("!HHHHH", flags, 1, 1 if address else 0, 0, 0)
+            self.sock.sendto(head + data[12:end] + answers, addr)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sock.close()
+
+
+def _qname(message: bytes) -> tuple[str, int]:
+    offset, labels = 12, []
+    while message[offset]:
+        length = message[offset]
+        labels.append(message[offset + 1 : offset + 1 + length].decode())
+        offset += 1 + length
+    return ".".join(labels), offset + 5
+
+
+def _query(name: str) -> bytes:
+    question = b"".join(bytes([len(p)]) + p.encode() for p in name.split(".")) + b"\x00" + struct.pack("!HH", 1, 1)
+    return struct.pack("!HHHHHH", 0x4242, 0x0100, 1, 0, 0, 0) + question
+
+
+def resolve(netns: str, server: str, name: str) -> tuple[int, list[str]]:
+    """(rcode, A addresses) of a query for ``name`` sent from the namespace to ``server``:53 over UDP."""
+    sock = in_netns(netns, lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM))
+    sock.settimeout(5)
+    try:
+        sock.sendto(_query(name), (server, 53))
+        data = sock.recv(2048)
+    finally:
+        sock.close()
+    rcode = data[3] & 0x0F
+    ancount = struct.unpack_from("!H", data, 6)[0]
+    _, offset = _qname(data)
+    found = []
+    for _ in range(ancount):
+        offset += 2  # a compressed name (the answers here all point at the question)
+        rtype, _, _, length = struct.unpack_from("!HHIH", data, offset)
+        offset += 10
+        if rtype == 1:
+            found.append(str(ipaddress.IPv4Address(data[offset : offset + 4])))
+        offset += length
+    return rcode, found
+
+
+def _host_addresses() -> list[str]:
+    out = []
+    for item in json.loads(run("ip", "-j", "-4", "addr", "show")):
+        for a in item.get("addr_info", []):
+            if not str(a.get("local", "")).startswith("127."):
+                out.append(str(a["local"]))
+    return out
+
+
+@pytest.fixture
+def internet(namespaces: Namespaces) -> Iterator[str]:
+    """The "internet" namespace, its veth to the host and the host's route to 203.0.113.0/24 (all removed)."""
+    inet = namespaces.add("inet")
+    name = inet.rsplit("/", 1)[1]
+    host_end = f"vzt{namespaces.tag}h"
+    run("ip", "link", "add", host_end, "type", "veth", "peer", "name", "eth0", "netns", name)
+    try:
+        run("ip", "addr", "add", "198.51.100.1/30", "dev", host_end)
+        run("ip", "link", "set", host_end, "up")
+        batch = "link set eth0 up\naddr add 198.51.100.2/30 dev eth0\nroute add default via 198.51.100.1\n"
+        batch += "".join(f"addr add {a}/32 dev lo\n" for a in (PUBLIC, LISTED_CIDR, BY_NAME, OTHER, CDN))
+        run("ip", "-n", name, "-batch", "-", stdin=batch)
+        run("ip", "route", "add", "203.0.113.0/24", "via", "198.51.100.2", "dev", host_end)
+        yield inet
+    finally:
+        with contextlib.suppress(RuntimeError):
+            run("ip", "link", "del", host_end)  # the route goes with it
+
+
+def _rules(table: str) -> str:
+    """The host table without its ``connected`` set (other work on the host may add networks meanwhile)."""
+    return re.sub(r"set connected \{.*?\}", "", run("nft", "list", "table", "inet", table), flags=re.S)
+
+
+def _reach(netns: str, address: str, port: int = 80) -> bool:
+    # Refusals are resets from the domain or silent drops on the host: the listeners' counts say what arrived.
+    return attempt(netns, address, port, "tcp", timeout=0.7)
+
+
+def _host_listener() -> socket.socket:
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("0.0.0.0", 0))
+    sock.listen(16)
+    sock.setblocking(False)
+    return sock
+
+
+def _accepted(sock: socket.socket) -> int:
+    got = 0
+    while True:
+        try:
+            conn, _ = sock.accept()
+        except BlockingIOError:
+            return got
+        conn.close()
+        got += 1
+
+
+async def test_host_egress_allowed_offline_allowlist_and_denials(
+    namespaces: Namespaces, env_ids: list[str], internet: str
+) -> None:
+    upstream = Upstream()
+    listeners: dict[str, Listener] = {}
+    host = NetworkHost(upstreams=[("127.0.0.1", upstream.port)], min_ttl=1, max_ttl=TTL)
+    wildcard = _host_listener()
+    wildcard_port = int(wildcard.getsockname()[1])
+    plans: list[dict[str, Any]] = []
+    netns: dict[str, str] = {}
+    try:
+        for env_id, definition, label in zip(env_ids, (ALPHA, BETA), "ab", strict=True):
+            plan = compile_topology(parse_definition(definition), env_id).to_json()
+            await ensure_domain(plan)  # what `vz up` does: no uplink of its own
+            for m in plan["machines"]:
+                netns[m["name"]] = namespaces.add(f"{label}-{m['name']}")
+                await attach_machine(plan, m["name"], netns[m["name"]])
+            plans.append(plan)
+        uplinks = [await ensure_egress(plan) for plan in plans]
+        assert all(u is not None for u in uplinks)
+        ups = [u for u in uplinks if u is not None]
+        assert ups[0].network != ups[1].network and not ups[0].network.overlaps(ups[1].network)
+        # The allocation is kept: converging again picks the same /30 and changes nothing on the host.
+        before = _rules(host_table(env_ids[0]))
+        assert await ensure_egress(plans[0]) == ups[0]
+        assert _rules(host_table(env_ids[0])) == before
+        for plan in plans:
+            await host.ensure(plan)
+        alpha_dns = plans[0]["machines"][0]["dns_server"]
+        for address in (PUBLIC, LISTED_CIDR, BY_NAME, OTHER, CDN, CONNECTED):
+            listeners[address] = listen(internet, "inet", address, 80, "tcp")
+        peer_address = plans[1]["machines"][0]["attachments"][0]["address"]
+        listeners["peer"] = listen(netns["peer"], "peer", peer_address, 80, "tcp")
+
+        def check(machine: str, address: str, want: bool, key: str | None = None) -> None:
+            ok = _reach(netns[machine], address)
+            got = {a: lst.drain() for a, lst in listeners.items()}
+            assert ok == want, f"{machine} -> {address}: {'reached' if ok else 'refused'}"
+            assert got == {a: int(want and a == (key or address)) for a in listeners}, (machine, address, got)
+
+        # Before any name was resolved: allowed reaches the public destinations, the allowlist its CIDR only.
+        for address in (PUBLIC, LISTED_CIDR, BY_NAME, OTHER, CDN):
+            check("app", address, True)
+            check("lst", address, address == LISTED_CIDR)
+            check("off", address, False)
+        check("peer", PUBLIC, True)
+        # Never the host's directly connected network, the other Environment, the host itself.
+        for machine in ("app", "lst", "off", "peer"):
+            check(machine, CONNECTED, False)
+        check("app", peer_address, False, "peer")  # the same subnet in the other Environment: not the same
+        for address in [*_host_addresses(), *(str(u.upstream_address) for u in ups), str(ups[1].domain_address)]:
+            for machine in ("app", "lst", "peer"):
+                assert not _reach(netns[machine], address, wildcard_port), f"{machine} reached the host at {address}"
+        assert _accepted(wildcard) == 0
+
+        # DNS beyond the Environment: forwarded for allowed and for allowlisted names only.
+        assert await asyncio.to_thread(resolve, netns["app"], alpha_dns, "public.example.org") == (0, [PUBLIC])
+        assert await asyncio.to_thread(resolve, netns["off"], alpha_dns, "public.example.org") == (5, [])
+        asked = dict(upstream.asked)
+        assert await asyncio.to_thread(resolve, netns["lst"], alpha_dns, "other.example.com") == (5, [])
+        assert await asyncio.to_thread(resolve, netns["lst"], alpha_dns, "example.com") == (
+            5,
+            [],
+        )  # "*." is below the name, not it
+        assert upstream.asked == asked  # refused without asking anyone
+        check("lst", BY_NAME, False)
+        assert await asyncio.to_thread(resolve, netns["lst"], alpha_dns, "api.example.com") == (0, [BY_NAME])
+        assert await asyncio.to_thread(resolve, netns["lst"], alpha_dns, "img.cdn.example.net") == (0, [CDN])
+        check("lst", BY_NAME, True)
+        check("lst", CDN, True)
+        check("lst", OTHER, False)
+        check("off", BY_NAME, False)  # the entry is the allowlist Machine's, nobody else's
+        # A `vz up` meanwhile (the domain's table replaced) keeps what the resolver admitted.
+        await ensure_domain(plans[0])
+        check("lst", BY_NAME, True)
+        deadline = time.monotonic() + TTL + 3
+        while time.monotonic() < deadline and _reach(netns["lst"], BY_NAME):
+            listeners[BY_NAME].drain()
+            await asyncio.sleep(0.5)
+        check("lst", BY_NAME, False)  # expired: refused again until resolved again
+        assert await asyncio.to_thread(resolve, netns["lst"], alpha_dns, "api.example.com") == (0, [BY_NAME])
+        check("lst", BY_NAME, True)
+
+        # Even with the domain's own table accepting everything, the host table holds.
+        domain = f"/run/netns/{plans[0]['route_domain']}"
+        run("nsenter", f"--net={domain}", "--", "nft", "insert", "rule", "inet", "vz", "forward", "accept")
+        check("off", PUBLIC, True)  # the domain now lets anything out (the host's forwarding is not the filter)
+        check("off", CONNECTED, False)
+        for address in [*_host_addresses(), *(str(u.upstream_address) for u in ups), str(ups[1].domain_address)]:
+            assert not _reach(netns["off"], address, wildcard_port), f"off reached the host at {address}"
+        assert _accepted(wildcard) == 0
+    finally:
+        await host.close()
+        upstream.close()
+        wildcard.close()
+        for listener in listeners.values():
+            listener.sock.close()
+        for env_id in env_ids:
+            await remove_domain(env_id)
+    links = run("ip", "-o", "link")
+    tables = run("nft", "list", "tables")
+    for env_id in env_ids:
+        assert uplink_name(env_id) not in links
+        assert host_table(env_id) not in tables
