@@ -3,7 +3,8 @@
 For each Environment, keyed by its environment id, from its topology plan (JSON form):
 
 * its **DNS responder** (``DnsServer``) on the gateways of the route domain that have an attached Machine (the
-  sockets are made inside the domain's namespace; a gateway with no Machine attached has no address to bind);
+  sockets are made inside the domain's namespace; a gateway with no Machine attached has no address to bind),
+  forwarding what each Machine's egress allows to the host's resolvers;
 * one **export listener** per export (``ExportListener``) on 127.0.0.1, at the first free port of: the port
   this export had before (``ports``, or the one it listens on now) when it is still one of the export's
   candidates, then the plan's ``host_ports`` (the declared preference, then the Environment's fallbacks);
@@ -28,7 +29,7 @@ import dataclasses
 import errno
 import json
 import socket
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -106,8 +107,13 @@ class NetworkHost:
     ``await ensure(plan, ports=...)`` -> the Environment's endpoints; ``await stop(id)``; ``await remove(id)``;
     ``endpoints(id)``; ``chosen_ports(id)``; ``await close()`` (every Environment, at shutdown)."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self, *, upstreams: Sequence[tuple[str, int]] | None = None, min_ttl: int = 30, max_ttl: int = 3600
+    ) -> None:
+        """``upstreams``: the resolvers DNS queries beyond the Environment go to (default: /etc/resolv.conf's,
+        read at each query); ``min_ttl``/``max_ttl``: the clamp of an allowlist entry's lifetime (seconds)."""
         self._envs: dict[str, _Environment] = {}
+        self._dns_options: dict[str, Any] = {"upstreams": upstreams, "min_ttl": min_ttl, "max_ttl": max_ttl}
 
     def environments(self) -> list[str]:
         """Ids of the Environments with at least one part running."""
@@ -126,7 +132,7 @@ class NetworkHost:
         out = []
         for (machine, service), (_, listener) in env.exports.items():
             if listener.port is not None:
-                out.append(Endpoint(machine, service, "tcp", "127.0.0.1", listener.port))
+                out.append(Endpoint(machine, service, listener.protocol, "127.0.0.1", listener.port))
         return out
 
     def chosen_ports(self, environment_id: str) -> dict[ExportKey, int]:
@@ -138,7 +144,7 @@ class NetworkHost:
         """Start (or converge) every part of the plan's Environment whose Machine is attached; its endpoints.
 
         ``ports``: host ports the exports had before (from the daemon's records), tried first when still a
-        candidate. Every part is attempted; when some cannot start (every candidate port taken, a UDP export),
+        candidate. Every part is attempted; when some cannot start (every candidate port taken),
         the others keep running and the error names each failure (the class of the first)."""
         spec = DomainSpec.from_plan(plan)  # checks the addressing half; PlanError names what is wrong
         env_id = spec.environment_id
@@ -180,7 +186,7 @@ class NetworkHost:
         key = _key(
             {
                 "gateways": [str(g) for g in gateways],
-                "machines": [{k: m.get(k) for k in ("name", "attachments", "dns")} for m in machines],
+                "machines": [{k: m.get(k) for k in ("name", "attachments", "dns", "egress")} for m in machines],
             }
         )
         if env.dns is not None and env.dns_key == key:
@@ -191,7 +197,7 @@ class NetworkHost:
         if not gateways:
             return
         try:
-            server = DnsServer(plan)
+            server = DnsServer(plan, **self._dns_options)
             # Only the gateways with an attached Machine have their address in the domain (the others cannot
             # be bound, and no Machine could send there); the records are the plan's, unchanged.
             server.view = dataclasses.replace(server.view, gateways=gateways)

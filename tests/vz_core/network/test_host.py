@@ -21,7 +21,7 @@ from netns_kit import Namespaces, in_netns, run
 
 from vz_core.env._definition import parse_definition
 from vz_core.env._topology import TopologyPlan, compile_topology
-from vz_core.errors import FailedPreconditionError, UnavailableError, UnsupportedError
+from vz_core.errors import FailedPreconditionError, UnavailableError
 from vz_core.network import Endpoint, NetworkHost, attach_machine, detach_machine, ensure_domain, remove_domain
 
 pytestmark = [pytest.mark.root]
@@ -409,16 +409,18 @@ async def test_parts_of_unattached_machines_wait_for_them(
         (endpoint,) = await host.ensure(shop.json)
         assert await fetch(None, "127.0.0.1", endpoint.port) == b"shop hello\n"
         assert await fetch(shop.netns["app"], gw, 7000) == b"from the host"
-        # A UDP export cannot be relayed yet: refused by name, the rest runs.
+        # A UDP export starts beside the TCP one (tests/vz_core/network/test_udp.py relays it for real).
         udp = dict(
             data,
             machines=[_machine("app", ("http", 8080), ("stats", 8125)), *data["machines"][1:]],
             exports=[*data["exports"], {"machine": "app", "service": "stats"}],
         )
         udp["machines"][0]["services"][1]["protocol"] = "udp"
-        with pytest.raises(UnsupportedError, match=r"export app/stats: .*only TCP"):
-            await host.ensure(compile_topology(parse_definition(udp), shop.id).to_json())
-        assert host.endpoints(shop.id) == [endpoint]
+        both = await host.ensure(compile_topology(parse_definition(udp), shop.id).to_json())
+        assert both[0] == endpoint and [(e.service, e.protocol, e.host) for e in both[1:]] == [
+            ("stats", "udp", "127.0.0.1")
+        ]
+        assert host.endpoints(shop.id) == both
     finally:
         outside.close()
         await outside.wait_closed()
