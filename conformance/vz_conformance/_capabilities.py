@@ -21,6 +21,7 @@ __all__ = [
     "REUSE_PREFLIGHT",
     "STORAGE_LIMITS",
     "TERMINAL",
+    "TOPOLOGY",
     "declared",
     "mount_capability",
 ]
@@ -36,6 +37,8 @@ EGRESS = "extensions.egress_policies.deny"
 RESOURCE_LIMITS = "extensions.resource_limits"
 STORAGE_LIMITS = "extensions.storage_limits"
 TERMINAL = "extensions.terminal"
+TOPOLOGY = "extensions.facts.topology"
+"""The Extensions fact ``topology``: the driver joins a Machine with the ``vz.network`` label to its route domain."""
 
 ALL = (
     PROVISIONING_PREFLIGHT,
@@ -49,6 +52,7 @@ ALL = (
     RESOURCE_LIMITS,
     STORAGE_LIMITS,
     TERMINAL,
+    TOPOLOGY,
 )
 
 _MOUNTS = {MountType.BIND: MOUNT_BIND, MountType.VOLUME: MOUNT_VOLUME, MountType.TMPFS: MOUNT_TMPFS}
@@ -84,4 +88,6 @@ def declared(
         return ext is not None and ext.storage_limits
     if name == TERMINAL:
         return ext is not None and ext.terminal
+    if name == TOPOLOGY:
+        return ext is not None and bool(ext.facts.get("topology"))
     raise KeyError(f"unknown capability name {name!r}; known: {', '.join(ALL)}")

@@ -23,6 +23,7 @@ from vz_conformance._checks import (
     logs,
     malformed,
     mounts,
+    network,
     pty,
     recreate,
     resources,
@@ -48,6 +49,7 @@ CATALOGUE: tuple[Case, ...] = (
     *identity.CASES,
     *recreate.CASES,
     *egress.CASES,
+    *network.CASES,
     *crash.CASES,
 )
 

@@ -56,6 +56,18 @@ class DriverSession:
         self._info: DriverInfo | None = None
         self._extensions: Extensions | None = None
         self._connect_error: str | None = None
+        self._shared: dict[str, object] = {}
+        self._finalizers: list[Callable[[], Awaitable[None]]] = []
+
+    def shared(self, key: str) -> object | None:
+        """What a case shared under ``key`` for the rest of the run (None: nothing yet)."""
+        return self._shared.get(key)
+
+    def share(self, key: str, value: object, finalizer: Callable[[], Awaitable[None]]) -> None:
+        """Keep ``value`` for the later cases of this run; ``finalizer`` runs when the run ends (before the
+        connection closes, in reverse order of sharing), so Machines shared by several cases are created once."""
+        self._shared[key] = value
+        self._finalizers.append(finalizer)
 
     @property
     def connected(self) -> bool:
@@ -104,6 +116,12 @@ class DriverSession:
                     await driver.close()
 
     async def close(self) -> None:
+        while self._finalizers:
+            finalizer = self._finalizers.pop()
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(120):
+                    await finalizer()
+        self._shared.clear()
         await self.reset()
 
 

@@ -19,5 +19,6 @@ LABELS: tuple[str, ...] = (
     "identity",
     "recreate",
     "egress",
+    "network",
     "crash",
 )

@@ -81,6 +81,9 @@ class ExtensionsRecord(_Model):
     resource_limits: bool
     storage_limits: bool
     terminal: bool = False
+    topology: bool = Field(
+        default=False, description="the Extensions fact 'topology' is present (the driver reads the vz.network label)"
+    )
 
 
 class InfoRecord(_Model):
@@ -134,6 +137,7 @@ class InfoRecord(_Model):
                 resource_limits=e.resource_limits,
                 storage_limits=e.storage_limits,
                 terminal=e.terminal,
+                facts={"topology": "declared in the report"} if e.topology else {},
             )
         on_run = None if self.recreate_mode_on_run is None else _enum(RecreateMode, self.recreate_mode_on_run)
         return info, ext, on_run
@@ -173,6 +177,7 @@ def info_record(info: DriverInfo, ext: Extensions | None, on_run: RecreateMode |
             resource_limits=ext.resource_limits,
             storage_limits=ext.storage_limits,
             terminal=ext.terminal,
+            topology=bool(ext.facts.get("topology")),
         )
     return InfoRecord(
         driver_name=info.driver_name,

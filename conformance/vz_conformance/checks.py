@@ -78,6 +78,14 @@ from vz_conformance._checks.mounts import check_bind_read_write as check_mounts_
 from vz_conformance._checks.mounts import check_tmpfs_reset as check_mounts_tmpfs_reset
 from vz_conformance._checks.mounts import check_unsupported_type as check_mounts_unsupported_type
 from vz_conformance._checks.mounts import check_volume_persists as check_mounts_volume_persists
+from vz_conformance._checks.network import check_after_restart as check_network_after_restart
+from vz_conformance._checks.network import check_allowlist_cidr as check_network_allowlist_cidr
+from vz_conformance._checks.network import check_cross_environment as check_network_cross_environment
+from vz_conformance._checks.network import check_dns as check_network_dns
+from vz_conformance._checks.network import check_export as check_network_export
+from vz_conformance._checks.network import check_import as check_network_import
+from vz_conformance._checks.network import check_offline as check_network_offline
+from vz_conformance._checks.network import check_paths as check_network_paths
 from vz_conformance._checks.pty import check_bulk_output as check_pty_bulk_output
 from vz_conformance._checks.pty import check_cancel as check_pty_cancel
 from vz_conformance._checks.pty import check_ctrl_c as check_pty_ctrl_c
@@ -170,6 +178,14 @@ __all__ = [
     "check_mounts_tmpfs_reset",
     "check_mounts_unsupported_type",
     "check_mounts_volume_persists",
+    "check_network_after_restart",
+    "check_network_allowlist_cidr",
+    "check_network_cross_environment",
+    "check_network_dns",
+    "check_network_export",
+    "check_network_import",
+    "check_network_offline",
+    "check_network_paths",
     "check_pty_bulk_output",
     "check_pty_cancel",
     "check_pty_ctrl_c",

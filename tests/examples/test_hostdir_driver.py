@@ -161,6 +161,7 @@ NOT_APPLICABLE = {  # what hostdir declares absent, each refusal verified by the
     "extensions.egress_policies.deny",
     "extensions.resource_limits",
     "extensions.storage_limits",
+    "extensions.facts.topology",
 }
 
 

@@ -1,7 +1,9 @@
 """The reference fake driver: Machines are directories, commands are host processes.
 
-It implements the whole Machine contract honestly except isolation: there is no namespace, so it advertises
-no mount types, no resource or storage limits and no egress policies, and refuses requests that need them.
+It implements the whole Machine contract honestly except isolation: there is no container, so it advertises
+no mount types, no resource or storage limits and no egress policies, and refuses requests that need them. The
+one exception is the network: a Machine given the ``vz.network`` label runs its processes in a network namespace
+joined to its Environment's route domain (``_network``; the Extensions fact ``topology``), as linux_native does.
 Fault modes (``FAULT_DESCRIPTIONS``) each break one rule on purpose so the conformance suite can prove that
 its checks fail when they should.
 """
@@ -61,6 +63,7 @@ from vz_core.errors import (
 )
 from vz_core.secrets import SecretKeeper
 
+from . import _network
 from ._exec import (
     MINIMAL_PATH,
     HostUser,
@@ -152,6 +155,7 @@ class FakeDriver(Driver):
             resource_limits=False,
             storage_limits=False,
             terminal=True,
+            facts={_network.FACT_KEY: _network.FACT},
         )
 
     async def preflight(self, *, disable_auto_start: bool = False) -> None:
@@ -203,7 +207,9 @@ class FakeDriver(Driver):
         key = self._store.key(request.workspace_id)
         if "recreate-before-validate" in self.faults and request.allow_recreate:
             async with self._store.locked(key):
-                self._forget(key, self._store.read(key))
+                old = self._store.read(key)
+                self._forget(key, old)
+                await self._release(key, old)
                 await self._store.discard(self._store.remove(key))
         record = self._validate_run(request, key)
         if "failing-run" in self.faults:
@@ -219,10 +225,18 @@ class FakeDriver(Driver):
             now = _now()
             record = replace(record, id=secrets.token_hex(32), created_at=now, started_at=now)
             self._forget(key, existing)
+            await self._release(key, existing)
             values = dict(request.environment)
             if values:
                 self._secrets.put(key, record.id, values)
             await self._store.discard(self._store.install(key, record))
+            try:
+                await self._attach(key, record)
+            except BaseException:
+                self._forget(key, record)
+                await self._release(key, record)
+                await self._store.discard(self._store.remove(key))
+                raise
             self._start_main_process(key, record, values)
 
     async def start(self, workspace_id: str) -> None:
@@ -240,6 +254,7 @@ class FakeDriver(Driver):
                     "(vz up --recreate)",
                     details={"workspace_id": workspace_id, "variables": names},
                 )
+            await self._attach(key, record, start=True)
             record.status = "running"
             record.started_at = _now()
             record.reported_status = ""
@@ -258,6 +273,7 @@ class FakeDriver(Driver):
                     )
                 return
             self._halt(key, record)
+            await self._release(key, record)
             record.status = "stopped"
             record.main_pid, record.main_started = 0, 0.0
             if "find-stale-status" in self.faults:
@@ -268,7 +284,9 @@ class FakeDriver(Driver):
         _require_id(workspace_id, "Delete")
         key = self._store.key(workspace_id)
         async with self._store.locked(key):
-            self._forget(key, self._store.read(key))
+            record = self._store.read(key)
+            self._forget(key, record)
+            await self._release(key, record)
             old = self._store.remove(key)
             if old is None and "delete-not-idempotent" in self.faults:
                 raise _not_found(workspace_id, "Delete")
@@ -425,6 +443,16 @@ class FakeDriver(Driver):
         if record is not None and record.id:
             self._secrets.drop(key, record.id)
 
+    async def _attach(self, key: str, record: MachineRecord, *, start: bool = False) -> None:
+        """A Machine with the ``vz.network`` label: its namespace, joined to its route domain (``_network``)."""
+        join = not (start and "network-not-reattached" in self.faults)
+        await _network.attach(key, record.labels, resolv="network-no-resolv" not in self.faults, join=join)
+
+    async def _release(self, key: str, record: MachineRecord | None) -> None:
+        """Undo ``_attach`` (a halted or removed Machine keeps no namespace and no domain end)."""
+        if record is not None:
+            await _network.release(key, record.labels)
+
     def _halt(self, key: str, record: MachineRecord | None) -> None:
         """Kill everything running in the Machine: its main process and the execs this instance started."""
         if record is not None:
@@ -490,6 +518,7 @@ class FakeDriver(Driver):
                 "remove the vz.egress label",
                 details={"field": "labels", "label": "vz.egress"},
             )
+        _network.validate(labels)
         user = resolve_user(request.user) if request.user else None
         _check_environment(request.environment, "environment")
         argv = _main_argv(request.entrypoint, request.args)
@@ -526,7 +555,9 @@ class FakeDriver(Driver):
             append_log(machine_dir, f"vz-fake: cannot start the main process: {exc.message}\n")
             return
         root = self._store.root_dir(key)
-        launch = Launch(argv=argv, cwd=str(root), env=_environment(user, root, values), user=user)
+        launch = Launch(
+            argv=argv, cwd=str(root), env=_environment(user, root, values), user=user, netns=_netns(key, record)
+        )
         main = start_main_process(launch, machine_dir, keep=LOG_LIMIT)
         if main is not None:
             record.main_pid, record.main_started = main.pid, main.create_time
@@ -549,7 +580,11 @@ class FakeDriver(Driver):
             argv = ("sh", "-c", " ".join(spec.argv))
         # Without the values (see ``_values``; the running Machine was started with them), the exec gets none.
         env = _environment(user, root, self._values(key, record) or {}, spec.environment)
-        return Launch(argv=argv, cwd=str(cwd), env=env, user=user)
+        return Launch(argv=argv, cwd=str(cwd), env=env, user=user, netns=_netns(key, record))
+
+
+def _netns(key: str, record: MachineRecord) -> str | None:
+    return _network.namespace_for(key) if _network.LABEL in record.labels else None
 
 
 def _spawn_failure(exc: OSError, launch: Launch) -> list[ExecEvent]:

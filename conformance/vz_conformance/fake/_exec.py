@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import functools
 import grp
 import os
@@ -90,9 +91,19 @@ class Launch:
     cwd: str
     env: Mapping[str, str]
     user: HostUser | None = None
+    netns: str | None = None
+    """The Machine's network namespace (``ip netns exec``), for a Machine attached to a route domain."""
 
     def __repr__(self) -> str:
-        return f"Launch(argv={self.argv!r}, cwd={self.cwd!r}, env=<{len(self.env)} variables>, user={self.user!r})"
+        return (
+            f"Launch(argv={self.argv!r}, cwd={self.cwd!r}, env=<{len(self.env)} variables>, user={self.user!r}, "
+            f"netns={self.netns!r})"
+        )
+
+
+def netns_prefix(netns: str | None) -> list[str]:
+    """What runs a command inside the Machine's network namespace (and its resolv.conf); nothing without one."""
+    return [] if netns is None else [shutil.which("ip") or "ip", "netns", "exec", netns]
 
 
 def spawn(launch: Launch, *, stdin: int, stdout: int, stderr: int) -> subprocess.Popen[bytes]:
@@ -113,6 +124,9 @@ def spawn(launch: Launch, *, stdin: int, stdout: int, stderr: int) -> subprocess
     if prefix is not None:
         argv = [*prefix, *argv]
         user = None
+    if launch.netns is not None and user is not None:
+        raise PermissionError(errno.EPERM, "running a command of a route-domain Machine as another user needs setpriv")
+    argv = [*netns_prefix(launch.netns), *argv]
     return subprocess.Popen(
         argv,
         stdin=stdin,

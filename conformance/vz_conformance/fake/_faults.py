@@ -59,6 +59,9 @@ FAULT_DESCRIPTIONS: Mapping[str, str] = MappingProxyType(
         "pty-leaves-session": (
             "a closed terminal session kills only the command; the rest of its session (SIGHUP ignored) keeps running"
         ),
+        # Route-domain attachment (label vz.network).
+        "network-no-resolv": "a Machine with the vz.network label gets no resolv.conf naming its DNS server",
+        "network-not-reattached": "Start of a Machine with the vz.network label does not join it to its route domain",
         # Logs.
         "logs-wrong-chunks": "Logs chunks are up to 65536 bytes",
         "logs-stopped-refused": "Logs on a stopped Machine fails with FAILED_PRECONDITION instead of answering",

@@ -26,7 +26,7 @@ from vz_core import (
 )
 from vz_core.errors import PermissionDeniedError
 
-from ._exec import Launch, setpriv_prefix
+from ._exec import Launch, netns_prefix, setpriv_prefix
 
 __all__ = ["run_terminal"]
 
@@ -66,6 +66,7 @@ async def run_terminal(
                 details={"uid": str(user.uid)},
             )
         argv = [*prefix, *argv]
+    argv = [*netns_prefix(launch.netns), *argv]
     if "pty-leaves-session" in faults:
         # Only the command is killed; its session ignores the hangup that closing the terminal sends.
         argv = ["sh", "-c", 'trap "" HUP; exec "$@"', "sh", *argv]

@@ -17,6 +17,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
+from fake_network_testlib import domain as network_domain
+from fake_network_testlib import labelled
+from fake_network_testlib import machine as network_machine
 from fake_testlib import (
     alive,
     feed,
@@ -589,6 +592,39 @@ async def _pty_leaves_session(tmp_path: Path) -> None:
             if survives:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(background, signal.SIGKILL)
+
+
+@check("network-no-resolv")
+async def _network_no_resolv(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("route domains need root")
+    async with network_domain() as plan:
+        expected = f"nameserver {network_machine(plan, 'app')['dns_server']}\nsearch vz.internal\n"
+        for driver, written in ((faulty(tmp_path, "network-no-resolv"), False), (clean(tmp_path), True)):
+            ws = unique_id()
+            await driver.run_image(labelled(ws, plan, "app"))
+            try:
+                resolv = (await run_exec(driver, ws, ["cat", "/etc/resolv.conf"])).stdout.decode()
+                assert (resolv == expected) is written
+            finally:
+                await driver.delete(ws)
+
+
+@check("network-not-reattached")
+async def _network_not_reattached(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("route domains need root")
+    async with network_domain() as plan:
+        for driver, attached in ((faulty(tmp_path, "network-not-reattached"), False), (clean(tmp_path), True)):
+            ws = unique_id()
+            await driver.run_image(labelled(ws, plan, "app"))
+            try:
+                assert b"eth0" in (await run_exec(driver, ws, ["ip", "-o", "link", "show"])).stdout
+                await driver.stop(ws)
+                await driver.start(ws)
+                assert (b"eth0" in (await run_exec(driver, ws, ["ip", "-o", "link", "show"])).stdout) is attached
+            finally:
+                await driver.delete(ws)
 
 
 def _sleeping(pid: int) -> bool:

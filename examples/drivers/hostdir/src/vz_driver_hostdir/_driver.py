@@ -75,6 +75,7 @@ def _refuse_unsupported(request: vz.RunImageRequest) -> None:
         (bool(request.userns or request.uid_map or request.gid_map), "hostdir maps no user ids"),
         (labels.get("vz.profile", "developer") != "developer", "hostdir offers the 'developer' profile only"),
         ("vz.egress" in labels, "hostdir Machines use the host's network: no egress policy can be enforced"),
+        ("vz.network" in labels, "hostdir Machines use the host's network: they cannot join a route domain"),
     ]
     for refused, why in refusals:
         if refused:
