@@ -35,8 +35,13 @@ def problems(data: object) -> dict[str, str]:
 @pytest.mark.parametrize("path", sorted(ROOT.glob("examples/*/vz.json")), ids=lambda p: p.parent.name)
 def test_every_example_is_valid(path: Path) -> None:
     definition = load_definition(path)
-    assert definition.version == 1
+    assert definition.version in (1, 2)
     assert definition.effective_default_machine() is not None
+
+
+def test_the_two_machines_example_declares_its_topology() -> None:
+    definition = load_definition(ROOT / "examples/two-machines/vz.json")
+    assert definition.version == 2
 
 
 def test_committed_schema_matches_the_model() -> None:
