@@ -37,6 +37,7 @@ from netns_kit import Listener, Namespaces, attempt, in_netns, listen, run
 
 from vz_core.env._definition import parse_definition
 from vz_core.env._topology import compile_topology
+from vz_core.errors import InvalidArgumentError, UnavailableError
 from vz_core.network import (
     NetworkHost,
     attach_machine,
@@ -312,3 +313,41 @@ async def test_host_egress_allowed_offline_allowlist_and_denials(
     for env_id in env_ids:
         assert uplink_name(env_id) not in links
         assert host_table(env_id) not in tables
+
+
+async def test_allocation_avoids_host_routes_and_leftovers_converge(
+    namespaces: Namespaces, env_ids: list[str], internet: str
+) -> None:
+    plan = compile_topology(parse_definition(BETA), env_ids[0]).to_json()
+    offline = compile_topology(parse_definition({**BETA, "machines": [{"name": "peer", **M}]}), env_ids[0]).to_json()
+    leftover = host_table(env_ids[1])
+    try:
+        await ensure_domain(plan)
+        await attach_machine(plan, "peer", namespaces.add("peer"))
+        with pytest.raises(InvalidArgumentError, match="VZ_NETWORK_UPLINK_POOL"):
+            await ensure_egress(plan, pool="10.254.0.0/31")
+        # 198.51.100.0/30 is the internet veth's (a host route): the next /30 of the pool is taken instead.
+        uplink = await ensure_egress(plan, pool="198.51.100.0/29")
+        assert uplink is not None and str(uplink.network) == "198.51.100.4/30"
+        # Every /30 of this pool overlaps a host route: refused naming what to change, the uplink untouched.
+        with pytest.raises(UnavailableError, match="VZ_NETWORK_UPLINK_POOL"):
+            await ensure_egress(plan, pool="198.51.100.0/30")
+        assert "198.51.100.5/30" in run("ip", "-o", "-4", "addr", "show", "dev", uplink_name(env_ids[0]))
+        # A host table whose Environment's domain is gone (a killed removal) is swept by the next convergence.
+        run("nft", "add", "table", "inet", leftover)
+        assert await ensure_egress(plan, pool="198.51.100.0/29") == uplink
+        assert leftover not in run("nft", "list", "tables")
+        # Every Machine offline: no uplink, no host table.
+        assert await ensure_egress(offline) is None
+        assert uplink_name(env_ids[0]) not in run("ip", "-o", "link")
+        assert host_table(env_ids[0]) not in run("nft", "list", "tables")
+        await ensure_egress(plan, pool="198.51.100.0/29")
+    finally:
+        await remove_domain(env_ids[0])
+        with contextlib.suppress(RuntimeError):
+            run("nft", "delete", "table", "inet", leftover)
+    # remove_domain removed the host half with the domain; a host table left alone goes on the next removal too.
+    assert host_table(env_ids[0]) not in run("nft", "list", "tables")
+    run("nft", "add", "table", "inet", host_table(env_ids[0]))
+    assert await remove_domain(env_ids[0]) is False
+    assert host_table(env_ids[0]) not in run("nft", "list", "tables")
