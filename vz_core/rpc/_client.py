@@ -40,6 +40,7 @@ import asyncio
 import contextlib
 import math
 import os
+import stat
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Literal
@@ -531,10 +532,12 @@ class RemoteDriver(Driver):
             raise InvalidArgumentError(problem)
         self._redactor.add(*spec.environment.values())
         if not self.local_exec:
+            _widen_pipes(stdio)
             return await copy_exec_local(self._wide_exec, spec, stdio)
         async with self._session() as s:
             path = await self._local_exec_socket(s)
             if not path:
+                _widen_pipes(stdio)
                 return await copy_exec_local(self._wide_exec, spec, stdio)
             try:
                 return await local_exec(
@@ -702,6 +705,24 @@ class RemoteDriver(Driver):
 
 
 _MADE_UP_DETAILS = "Internal error from Core"
+
+
+def _widen_pipes(stdio: tuple[int, int, int]) -> None:
+    """Before copying over wide frames: a pipe among stdin and stdout gets a buffer of ``MAX_WIDE_CHUNK`` bytes
+    (best effort, Linux; the kernel caps it at fs.pipe-max-size), so each read and write moves a wide chunk
+    rather than the 64 KiB a default pipe holds. Nothing else about the pipe changes."""
+    try:
+        import fcntl
+    except ImportError:  # not a POSIX host
+        return
+    setsize = getattr(fcntl, "F_SETPIPE_SZ", None)
+    getsize = getattr(fcntl, "F_GETPIPE_SZ", None)
+    if setsize is None or getsize is None:
+        return
+    for fd in stdio[:2]:
+        with contextlib.suppress(OSError):
+            if stat.S_ISFIFO(os.fstat(fd).st_mode) and fcntl.fcntl(fd, getsize) < MAX_WIDE_CHUNK:
+                fcntl.fcntl(fd, setsize, MAX_WIDE_CHUNK)
 
 
 def _made_up(err: grpc.RpcError) -> bool:

@@ -30,6 +30,7 @@ before anything runs, by the client and by the server.
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from typing import Any
 
 from vz_core._types import MAX_CHUNK, MAX_WINDOW
@@ -43,6 +44,7 @@ __all__ = [
     "SERVER_OPTIONS",
     "STOP_INPUT_KEY",
     "WIDE_CHUNK_KEY",
+    "exec_output_limit",
     "resize_problem",
     "start_problem",
     "stdin_problem",
@@ -52,8 +54,14 @@ __all__ = [
 
 STOP_INPUT_KEY = "vz-exec-stop-input"
 WIDE_CHUNK_KEY = "vz-exec-chunk"
-MAX_WIDE_CHUNK = 256 * 1024
+MAX_WIDE_CHUNK = 1024 * 1024
 """Bytes: the largest exec stdin/stdout/stderr frame a vz host and a vz plugin agree on (``WIDE_CHUNK_KEY``)."""
+
+exec_output_limit: ContextVar[int] = ContextVar("vz_exec_output_limit", default=MAX_CHUNK)
+"""The largest ``ExecOutput`` chunk the consumer of an exec started in this context takes (``Driver.exec``'s
+contract: ``MAX_CHUNK``). A vz plugin sets it, for its driver's ``exec`` only, to the frame size it agreed on
+with a vz host (``WIDE_CHUNK_KEY``); a driver may then yield output chunks of up to that size (the guest agent
+client asks its agent for frames that wide), never larger. Anything else sees ``MAX_CHUNK``."""
 
 MAX_MESSAGE = 4 * 1024 * 1024
 """Bytes: the largest gRPC message a vz host or a vz plugin accepts (and sends)."""

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import contextvars
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Generic, TypeVar
 
@@ -48,7 +49,7 @@ from vz_core._types import (
 )
 from vz_core.errors import DriverError, InvalidArgumentError
 from vz_core.rpc import _convert
-from vz_core.rpc._frames import STOP_INPUT_KEY, WIDE_CHUNK_KEY, resize_problem, stdin_problem
+from vz_core.rpc._frames import STOP_INPUT_KEY, WIDE_CHUNK_KEY, exec_output_limit, resize_problem, stdin_problem
 
 __all__ = ["DRAIN_TIMEOUT", "ClientInput", "ExecStream", "TerminalClientInput"]
 
@@ -385,7 +386,11 @@ class ExecStream:
             events = start(self.input)
         except Exception as exc:
             return await self.refuse(translate(exc))
-        forwarder = asyncio.get_running_loop().create_task(self._forward(events))
+        context = contextvars.copy_context()
+        if self._chunk > MAX_CHUNK:
+            # The host agreed on wide frames: the driver may yield output chunks that wide (exec_output_limit).
+            context.run(exec_output_limit.set, self._chunk)
+        forwarder = asyncio.get_running_loop().create_task(self._forward(events), context=context)
         try:
             await asyncio.wait((forwarder, self.input.violated), return_when=asyncio.FIRST_COMPLETED)
         except BaseException:

@@ -43,6 +43,7 @@ from vz_core.errors import (
     UnknownRuntimeError,
     UnsupportedError,
 )
+from vz_core.rpc import exec_output_limit
 from vz_drivers._agent import _protocol as p
 
 __all__ = ["AgentClient", "AgentInfo", "AgentStatus"]
@@ -51,7 +52,8 @@ _HELLO_RESEND: Final = 1.0  # seconds between HELLO retries on a single-stream t
 _KILL_CONFIRM: Final = 5.0  # how long a cancelled exec waits for the agent to confirm the kill
 _ERROR_BY_CODE: Final = {cls.category.name: cls for cls in CATEGORY_TABLE}
 _SUN_PATH_MAX: Final = 107
-_READ_SIZE: Final = 1 << 18
+_READ_SIZE: Final = 1 << 20
+_WHOLE_READ: Final = 1 << 16  # a frame at least this large still incomplete is read on its own (no re-joining)
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,8 @@ class AgentInfo:
     mode: str
     """"unix" (one session per socket connection) or "stream" (single byte stream)."""
     features: tuple[str, ...] = ()
+    max_data: int = p.MAX_DATA
+    """The largest data frame agreed in the handshake (HELLO ``max_data``; ``MAX_DATA`` with older agents)."""
     raw: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}), repr=False)
 
 
@@ -96,7 +100,17 @@ class AgentStatus:
 class _Stream:
     """Host-side state of one exec or logs stream."""
 
-    __slots__ = ("credit_event", "finished", "id", "pid", "queue", "stdin_credit", "terminal", "ungranted")
+    __slots__ = (
+        "credit_event",
+        "finished",
+        "grant_threshold",
+        "id",
+        "pid",
+        "queue",
+        "stdin_credit",
+        "terminal",
+        "ungranted",
+    )
 
     def __init__(self, stream_id: int) -> None:
         self.id = stream_id
@@ -107,6 +121,7 @@ class _Stream:
         self.ungranted = [0, 0, 0]
         self.finished = False
         self.pid = 0
+        self.grant_threshold = 0  # 0: the client's own
 
 
 def _error_from_payload(payload: bytes) -> DriverError:
@@ -171,6 +186,7 @@ class AgentClient:
         self._next_id = 0
         self._lost: str | None = None
         self._info: AgentInfo | None = None
+        self._max_data = p.MAX_DATA
         self._reader_task: asyncio.Task[None] | None = None
         self._closing = False
 
@@ -289,12 +305,20 @@ class AgentClient:
             await self.close()
 
     async def exec(
-        self, spec: ExecSpec, stdin: AsyncIterator[bytes], *, root_override: str | None = None
+        self,
+        spec: ExecSpec,
+        stdin: AsyncIterator[bytes],
+        *,
+        root_override: str | None = None,
+        chunk: int | None = None,
     ) -> AsyncGenerator[ExecEvent, None]:
         """Run ``spec.argv`` through the agent; ``vz_core.Driver.exec`` semantics exactly.
 
-        Yields ``ExecOutput`` chunks of 1..32768 bytes (stdout and stderr separate) and then exactly one
-        ``ExecExit``. ``stdin`` is consumed by a task of its own; the command may exit before it ends.
+        Yields ``ExecOutput`` chunks of 1..``chunk`` bytes (stdout and stderr separate) and then exactly one
+        ``ExecExit``. ``chunk`` defaults to ``vz_core.rpc.exec_output_limit`` (32768 unless the consumer of this
+        exec, a vz plugin talking to a vz host, takes wider chunks); above 32768 and with an agent that agreed on
+        wide frames, the agent sends output frames of up to that size and gets a larger stdin credit.
+        ``stdin`` is consumed by a task of its own; the command may exit before it ends.
         ``spec.workspace_id`` is not used here. ``root_override`` chroots this exec into another directory of
         the agent's filesystem ("/" = no chroot) instead of the agent's ``--root``.
 
@@ -316,8 +340,16 @@ class AgentClient:
         }
         if root_override is not None:
             request["root"] = root_override
+        wide = min(exec_output_limit.get() if chunk is None else chunk, self.info.max_data)
+        if wide > p.MAX_DATA:
+            request["max_data"] = wide
+            request["stdin_window"] = p.WIDE_STDIN_WINDOW
+            request["window"] = max(self._window, p.WIDE_OUTPUT_WINDOW)
         payload = json.dumps(request).encode()
         st = self._open_stream()
+        if wide > p.MAX_DATA:
+            st.stdin_credit = p.WIDE_STDIN_WINDOW
+            st.grant_threshold = max(self._grant_threshold, p.WIDE_OUTPUT_WINDOW // 4)
         try:
             self._write(p.frame(p.T_EXEC_START, st.id, payload))
         except BaseException:
@@ -535,7 +567,11 @@ class AgentClient:
 
     def _consumed(self, st: _Stream, channel: int, n: int) -> None:
         st.ungranted[channel] += n
-        if st.ungranted[channel] >= self._grant_threshold and not st.finished and self._lost is None:
+        if (
+            st.ungranted[channel] >= (st.grant_threshold or self._grant_threshold)
+            and not st.finished
+            and self._lost is None
+        ):
             self._writer.write(p.frame(p.T_WINDOW, st.id, p.encode_window(channel, st.ungranted[channel])))
             st.ungranted[channel] = 0
 
@@ -599,10 +635,14 @@ class AgentClient:
                 await st.credit_event.wait()
             if st.finished:
                 return False
-            n = min(len(view) - offset, p.MAX_DATA, st.stdin_credit)
+            n = min(len(view) - offset, self._max_data, st.stdin_credit)
             st.stdin_credit -= n
             header = p.HEADER.pack(p.MAGIC, p.T_STDIN, 0, st.id, n)
-            self._write(b"".join((header, view[offset : offset + n])))
+            if n > p.MAX_DATA:
+                self._write(header)  # a wide frame: two writes rather than a copy of the data
+                self._writer.write(view[offset : offset + n])
+            else:
+                self._write(b"".join((header, view[offset : offset + n])))
             offset += n
             await self._writer.drain()
         return not st.finished
@@ -629,7 +669,8 @@ class AgentClient:
 
     async def _handshake(self, limit: float | None) -> None:
         nonce = secrets.token_hex(8)
-        hello = p.frame(p.T_HELLO, 0, json.dumps({"versions": list(p.SUPPORTED_VERSIONS), "nonce": nonce}).encode())
+        offer = {"versions": list(p.SUPPORTED_VERSIONS), "nonce": nonce, "max_data": p.MAX_WIDE_DATA}
+        hello = p.frame(p.T_HELLO, 0, json.dumps(offer).encode())
         resend: asyncio.Task[None] | None = None
         try:
             self._writer.write(hello)
@@ -652,6 +693,12 @@ class AgentClient:
                 f"the guest agent speaks protocol version {version}, this host speaks {list(p.SUPPORTED_VERSIONS)};"
                 " rebuild or update the agent"
             )
+        try:
+            agreed = int(doc.get("max_data", p.MAX_DATA))
+        except (TypeError, ValueError):
+            agreed = p.MAX_DATA
+        # An agent that predates the field answers nothing: the protocol's 32 KiB frames.
+        max_data = agreed if p.MAX_DATA <= agreed <= p.MAX_WIDE_DATA else p.MAX_DATA
         self._info = AgentInfo(
             protocol_version=version,
             agent_version=str(doc.get("agent_version", "")),
@@ -666,8 +713,10 @@ class AgentClient:
             main_pid=int(doc.get("main_pid", 0)),
             mode=str(doc.get("mode", "")),
             features=tuple(str(f) for f in doc.get("features", ())),
+            max_data=max_data,
             raw=MappingProxyType(dict(doc)),
         )
+        self._max_data = max_data
 
     async def _resend_hello(self, hello: bytes) -> None:
         while True:
@@ -724,12 +773,22 @@ class AgentClient:
                     if magic != p.MAGIC or length > p.MAX_CONTROL:
                         raise _ProtocolError(f"bad frame header {bytes(view[offset : offset + size]).hex()}")
                     if end - offset - size < length:
+                        if length >= _WHOLE_READ:
+                            # A wide frame not complete yet: read exactly its rest, join once.
+                            head = bytes(view[offset + size : end])
+                            view.release()
+                            rest = await reader.readexactly(length - len(head))
+                            self._dispatch(type_, stream, b"".join((head, rest)))
+                            offset = end = 0
+                            buf = b""
                         break
                     start = offset + size
                     offset = start + length
                     self._dispatch(type_, stream, bytes(view[start:offset]) if length else b"")
                 view.release()
                 buf = buf[offset:] if offset < end else b""
+        except asyncio.IncompleteReadError:
+            reason = "the guest agent closed the connection in the middle of a frame"
         except (ConnectionError, OSError) as exc:
             reason = f"the guest agent connection failed: {exc}"
         except _ProtocolError as exc:

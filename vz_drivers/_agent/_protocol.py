@@ -28,6 +28,7 @@ __all__ = [
     "MAGIC",
     "MAX_CONTROL",
     "MAX_DATA",
+    "MAX_WIDE_DATA",
     "OUTPUT_WINDOW",
     "PROTOCOL_VERSION",
     "READY_PAYLOAD",
@@ -55,6 +56,8 @@ __all__ = [
     "T_STDIN_CLOSE",
     "T_STDOUT",
     "T_WINDOW",
+    "WIDE_OUTPUT_WINDOW",
+    "WIDE_STDIN_WINDOW",
     "decode_exit",
     "decode_resize",
     "decode_window",
@@ -73,6 +76,13 @@ SUPPORTED_VERSIONS: Final = (1,)
 
 MAX_DATA: Final = 32768
 """Largest payload of a STDIN/STDOUT/STDERR frame."""
+MAX_WIDE_DATA: Final = 1 << 20
+"""Largest data frame a host may agree on with an agent (HELLO ``max_data``; agents that predate it answer
+nothing and keep ``MAX_DATA``)."""
+WIDE_STDIN_WINDOW: Final = 4 << 20
+"""The stdin credit a host asks for (EXEC_START ``stdin_window``) on an exec with wide frames."""
+WIDE_OUTPUT_WINDOW: Final = 4 << 20
+"""The output credit a host asks for (EXEC_START ``window``) on an exec with wide output frames."""
 MAX_CONTROL: Final = 1 << 20
 """Largest payload of any other frame."""
 DEFAULT_WINDOW: Final = 256 * 1024

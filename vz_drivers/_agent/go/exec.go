@@ -25,6 +25,29 @@ type execRequest struct {
 	Tty     bool              `json:"tty"`
 	Pty     *ptyRequest       `json:"pty"`
 	Window  int64             `json:"window"`
+	// MaxData: the largest output frame of this exec (optional; at most the session's "max_data").
+	MaxData int64 `json:"max_data"`
+	// StdinWindow: the initial stdin credit of this exec (optional; default defaultWindow).
+	StdinWindow int64 `json:"stdin_window"`
+}
+
+// streamSizes: the output frame size and the stdin credit an exec asked for, within the session's limits.
+func (s *session) streamSizes(req *execRequest) (int, int64) {
+	out := maxData
+	if req.MaxData > int64(out) {
+		out = int(s.maxData)
+		if req.MaxData < int64(out) {
+			out = int(req.MaxData)
+		}
+	}
+	in := int64(defaultWindow)
+	if req.StdinWindow > in {
+		in = maxStdinWindow
+		if req.StdinWindow < in {
+			in = req.StdinWindow
+		}
+	}
+	return out, in
 }
 
 // setupError is a failure before the command ran: either an ERROR frame (code != "") or, like a
@@ -167,6 +190,9 @@ type execState struct {
 	exitCh <-chan syscall.WaitStatus
 	stdinW *os.File
 	outR   [3]*os.File
+	// outMax: the largest output frame (maxData unless agreed wider); inWindow: the stdin credit.
+	outMax   int
+	inWindow int64
 
 	mu       sync.Mutex
 	credCond *sync.Cond
@@ -207,9 +233,10 @@ func (s *session) startExec(id uint32, payload []byte) {
 	if req.Root != nil {
 		root = *req.Root
 	}
+	outMax, inWindow := s.streamSizes(&req)
 	p, serr := s.ag.prepareCommand(root, req.Argv, req.Env, req.User, req.Workdir)
 	if serr == nil {
-		if err := s.launch(id, p, window, req.Pty); err != nil {
+		if err := s.launch(id, p, window, req.Pty, outMax, inWindow); err != nil {
 			serr = err
 		}
 	}
@@ -223,7 +250,7 @@ func (s *session) startExec(id uint32, payload []byte) {
 	}
 }
 
-func (s *session) launch(id uint32, p *prepared, window int64, pty *ptyRequest) *setupError {
+func (s *session) launch(id uint32, p *prepared, window int64, pty *ptyRequest, outMax int, inWindow int64) *setupError {
 	if pty != nil {
 		return s.launchPty(id, p, window, pty)
 	}
@@ -240,6 +267,11 @@ func (s *session) launch(id uint32, p *prepared, window int64, pty *ptyRequest) 
 		}
 		pipes[2*i], pipes[2*i+1] = r, w
 	}
+	if outMax > maxData || inWindow > defaultWindow {
+		// Wide frames: pipes that hold a whole frame, so a frame is filled in one read and one write.
+		setPipeSize(pipes[1], outMax)
+		setPipeSize(pipes[3], outMax)
+	}
 	// Fd() puts the child's ends in blocking mode, which is what the command expects.
 	files := []uintptr{pipes[0].Fd(), pipes[3].Fd(), pipes[5].Fd()}
 	pid, exitCh, err := s.ag.spawn(p, files)
@@ -252,7 +284,7 @@ func (s *session) launch(id uint32, p *prepared, window int64, pty *ptyRequest) 
 		pipes[4].Close()
 		return spawnFailure(p, err)
 	}
-	e := &execState{s: s, id: id, pid: pid, exitCh: exitCh, stdinW: pipes[1]}
+	e := &execState{s: s, id: id, pid: pid, exitCh: exitCh, stdinW: pipes[1], outMax: outMax, inWindow: inWindow}
 	e.outR[chStdout], e.outR[chStderr] = pipes[2], pipes[4]
 	s.startState(e, window)
 	return nil
@@ -346,8 +378,12 @@ func (e *execState) waitCredit(ch byte) int {
 	if e.killed {
 		return 0
 	}
-	if e.credit[ch] > maxData {
-		return maxData
+	limit := e.outMax
+	if limit <= 0 {
+		limit = maxData
+	}
+	if e.credit[ch] > int64(limit) {
+		return limit
 	}
 	return int(e.credit[ch])
 }
@@ -367,7 +403,7 @@ func (e *execState) pump(ch byte, typ byte, wg *sync.WaitGroup) {
 		if n <= 0 {
 			return
 		}
-		bp := getBuf()
+		bp := getBufSize(n)
 		buf := (*bp)[:n]
 		var k int
 		var err error
@@ -375,6 +411,14 @@ func (e *execState) pump(ch byte, typ byte, wg *sync.WaitGroup) {
 			k, err = readNow(f, buf)
 		} else {
 			k, err = f.Read(buf)
+			// A wide frame: take what else the pipe already holds, without waiting for more.
+			for err == nil && k > 0 && k < n && n > maxData {
+				m, rerr := readNow(f, buf[k:])
+				if m <= 0 || rerr != nil {
+					break
+				}
+				k += m
+			}
 		}
 		if k > 0 {
 			e.mu.Lock()
@@ -441,7 +485,11 @@ func (e *execState) stdin(data []byte) {
 	if e.inClosed || e.inDead {
 		return
 	}
-	if e.inBytes+len(data) > defaultWindow {
+	window := e.inWindow
+	if window <= 0 {
+		window = defaultWindow
+	}
+	if int64(e.inBytes+len(data)) > window {
 		logf("stream %d: the host sent stdin beyond its credit; dropping %d bytes", e.id, len(data))
 		return
 	}

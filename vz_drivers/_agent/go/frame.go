@@ -15,6 +15,8 @@ const (
 	headerSize      = 12
 	protocolVersion = 1
 	maxData         = 32768
+	maxWideData     = 1 << 20 // largest data frame a host may agree on in HELLO ("max_data")
+	maxStdinWindow  = 16 << 20
 	maxControl      = 1 << 20
 	defaultWindow   = 256 * 1024
 	readyPayload    = "vz-agent"
@@ -68,12 +70,17 @@ type header struct {
 	length uint32
 }
 
-func parseHeader(b []byte) (header, error) {
+// parseHeader checks a header; dataLimit is the largest data frame the session agreed on.
+func parseHeader(b []byte, dataLimit uint32) (header, error) {
 	h := header{typ: b[2], flags: b[3], stream: binary.BigEndian.Uint32(b[4:8]), length: binary.BigEndian.Uint32(b[8:12])}
-	if b[0] != magic0 || b[1] != magic1 || h.flags != 0 || h.length > maxControl {
+	limit := uint32(maxControl)
+	if dataLimit > limit {
+		limit = dataLimit
+	}
+	if b[0] != magic0 || b[1] != magic1 || h.flags != 0 || h.length > limit {
 		return h, fmt.Errorf("%w: % x", errBadHeader, b[:headerSize])
 	}
-	if isData(h.typ) && h.length > maxData {
+	if isData(h.typ) && h.length > dataLimit {
 		return h, fmt.Errorf("%w: data frame of %d bytes", errBadHeader, h.length)
 	}
 	return h, nil
@@ -88,11 +95,11 @@ func putHeader(b []byte, typ byte, stream uint32, n int) {
 }
 
 // readFrame reads one frame; the payload is freshly allocated.
-func readFrame(r io.Reader, hbuf []byte) (header, []byte, error) {
+func readFrame(r io.Reader, hbuf []byte, dataLimit uint32) (header, []byte, error) {
 	if _, err := io.ReadFull(r, hbuf[:headerSize]); err != nil {
 		return header{}, nil, err
 	}
-	h, err := parseHeader(hbuf)
+	h, err := parseHeader(hbuf, dataLimit)
 	if err != nil {
 		return h, nil, err
 	}
@@ -111,8 +118,26 @@ func readFrame(r io.Reader, hbuf []byte) (header, []byte, error) {
 
 var bufPool = sync.Pool{New: func() any { b := make([]byte, maxData); return &b }}
 
-func getBuf() *[]byte  { return bufPool.Get().(*[]byte) }
-func putBuf(b *[]byte) { bufPool.Put(b) }
+var widePool = sync.Pool{New: func() any { b := make([]byte, maxWideData); return &b }}
+
+func getBuf() *[]byte { return bufPool.Get().(*[]byte) }
+
+// getBufSize returns a pooled buffer of at least n bytes (n <= maxWideData).
+func getBufSize(n int) *[]byte {
+	if n <= maxData {
+		return getBuf()
+	}
+	return widePool.Get().(*[]byte)
+}
+
+func putBuf(b *[]byte) {
+	if cap(*b) >= maxWideData {
+		*b = (*b)[:cap(*b)]
+		widePool.Put(b)
+		return
+	}
+	bufPool.Put(b)
+}
 
 func windowPayload(ch byte, inc uint32) []byte {
 	b := make([]byte, 5)

@@ -46,6 +46,9 @@ type session struct {
 	streams map[uint32]stream
 	hello   bool
 	nonce   string
+	// maxData is the largest data frame agreed in HELLO ("max_data"; maxData unless the host asked for more).
+	// Written by the reading goroutine only, before any stream of the session exists.
+	maxData uint32
 	fds     *fdReader // descriptors passed by the host (Unix socket connections only), nil elsewhere
 }
 
@@ -53,7 +56,7 @@ func newSession(ag *agent, r io.Reader, w io.Writer, closeConn func(), streamMod
 	s := &session{
 		ag: ag, w: w, closeConn: closeConn, streamMode: streamMode,
 		out: make(chan outFrame, 256), done: make(chan struct{}), writerDone: make(chan struct{}),
-		streams: map[uint32]stream{},
+		streams: map[uint32]stream{}, maxData: maxData,
 	}
 	if uc, ok := r.(*net.UnixConn); ok {
 		s.fds = newFdReader(uc)
@@ -151,7 +154,7 @@ func (s *session) run() {
 	}
 	hbuf := make([]byte, headerSize)
 	for {
-		h, payload, err := readFrame(s.r, hbuf)
+		h, payload, err := readFrame(s.r, hbuf, s.maxData)
 		if err != nil {
 			if errors.Is(err, errBadHeader) && s.streamMode {
 				logf("lost frame sync (%v); waiting for the host to start over", err)
@@ -186,7 +189,7 @@ func (s *session) resync(hbuf []byte) (header, []byte, error) {
 		return header{}, nil, err
 	}
 	for {
-		if h, err := parseHeader(hbuf); err == nil && h.typ == tHello && h.stream == 0 {
+		if h, err := parseHeader(hbuf, s.maxData); err == nil && h.typ == tHello && h.stream == 0 {
 			payload := make([]byte, h.length)
 			if _, err := io.ReadFull(s.r, payload); err != nil {
 				return h, nil, err
@@ -332,6 +335,8 @@ func (s *session) dispatch(h header, payload []byte) {
 type helloRequest struct {
 	Versions []int  `json:"versions"`
 	Nonce    string `json:"nonce"`
+	// MaxData: the largest data frame the host would like to use (optional; absent = maxData).
+	MaxData int64 `json:"max_data"`
 }
 
 func (s *session) handleHello(payload []byte) {
@@ -359,10 +364,19 @@ func (s *session) handleHello(payload []byte) {
 		// A host that starts over (a new nonce) abandons everything of the previous one.
 		s.resetStreams()
 	}
+	agreed := uint32(maxData)
+	if req.MaxData > maxData {
+		agreed = uint32(maxWideData)
+		if req.MaxData < maxWideData {
+			agreed = uint32(req.MaxData)
+		}
+	}
 	s.mu.Lock()
 	s.hello, s.nonce = true, req.Nonce
+	s.maxData = agreed
 	s.mu.Unlock()
 	reply := s.ag.facts()
+	reply["max_data"] = agreed
 	reply["version"] = protocolVersion
 	reply["nonce"] = req.Nonce
 	if s.streamMode {

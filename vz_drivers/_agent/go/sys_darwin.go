@@ -66,3 +66,6 @@ func isTerminalFd(fd int) bool {
 	var t syscall.Termios
 	return ioctl(uintptr(fd), syscall.TIOCGETA, unsafe.Pointer(&t)) == nil
 }
+
+// setPipeSize: macOS pipes grow on their own; nothing to ask for.
+func setPipeSize(f *os.File, n int) {}

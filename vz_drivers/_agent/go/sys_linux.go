@@ -160,3 +160,16 @@ func isTerminalFd(fd int) bool {
 	major := uint32((st.Rdev>>8)&0xfff) | uint32((st.Rdev>>32)&^0xfff)
 	return ttyMajor(major)
 }
+
+const fSetPipeSz = 1031 // F_SETPIPE_SZ
+
+// setPipeSize asks the kernel for a pipe buffer of n bytes (best effort: limited by fs.pipe-max-size).
+func setPipeSize(f *os.File, n int) {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return
+	}
+	rc.Control(func(fd uintptr) {
+		syscall.Syscall(syscall.SYS_FCNTL, fd, fSetPipeSz, uintptr(n))
+	})
+}
