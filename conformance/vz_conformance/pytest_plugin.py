@@ -8,6 +8,7 @@ Options (or the ini keys of the same name without dashes, e.g. ``vz_driver = myd
     --vz-driver-option KEY=VALUE     in-process factory option (repeatable)
     --vz-adapter MODULE:ATTR         your Adapter (or implement the ``pytest_vz_adapter`` hook)
     --vz-provider-mode MODE          in-process | external (default: from the source)
+    --vz-through-daemon              external: the vz daemon's own plugin of --vz-driver (Drivers.Connect)
 
 The catalogue becomes one test per case through ``test_vz_conformance``: collect it by running
 ``pytest --pyargs vz_conformance.pytest_suite --vz-driver NAME`` or by importing it into a test module of
@@ -77,6 +78,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         choices=("in-process", "external"),
         help="default: in-process for --vz-driver, external for --vz-plugin",
     )
+    group.addoption(
+        "--vz-through-daemon",
+        action="store_true",
+        default=False,
+        help="external: test the vz daemon's own plugin of --vz-driver (its warm session, through Drivers.Connect)",
+    )
     for name in _OPTIONS:
         parser.addini(name, f"default for --{name.replace('_', '-')}", default=None)
 
@@ -145,19 +152,28 @@ def vz_provider(
     pytestconfig: pytest.Config, vz_adapter: Adapter, tmp_path_factory: pytest.TempPathFactory
 ) -> DriverProvider:
     """Where the driver under test comes from (a private state directory for the whole session)."""
-    from vz_conformance._providers import ExternalProvider, InProcessProvider, sha256_of
+    from vz_conformance._providers import DaemonProvider, ExternalProvider, InProcessProvider, sha256_of
 
     mode = _mode(pytestconfig)
     state = tmp_path_factory.mktemp("vz-state")
+    options: dict[str, Any] = dict(vz_adapter.driver_options(state))
+    for pair in pytestconfig.getoption("vz_driver_option"):
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise pytest.UsageError(f"--vz-driver-option {pair!r} must look like KEY=VALUE")
+        options[key] = value
     if mode == "in-process":
-        options: dict[str, Any] = dict(vz_adapter.driver_options(state))
-        for pair in pytestconfig.getoption("vz_driver_option"):
-            key, sep, value = pair.partition("=")
-            if not sep:
-                raise pytest.UsageError(f"--vz-driver-option {pair!r} must look like KEY=VALUE")
-            options[key] = value
         return InProcessProvider(str(_opt(pytestconfig, "vz_driver")), options=options)
     plugin = _opt(pytestconfig, "vz_plugin")
+    if pytestconfig.getoption("vz_through_daemon"):
+        if plugin or not _opt(pytestconfig, "vz_driver"):
+            raise pytest.UsageError("--vz-through-daemon tests a registered driver (--vz-driver NAME), not --vz-plugin")
+        from vz_core.drivers import pin_builtin
+
+        pinned = pin_builtin(str(_opt(pytestconfig, "vz_driver"))).pinned
+        assert pinned is not None
+        name = str(_opt(pytestconfig, "vz_driver"))
+        return DaemonProvider(name, pinned.script, pinned.sha256, options=options, args=pinned.args)
     digest = _opt(pytestconfig, "vz_sha256")
     args = [*vz_adapter.plugin_args(state), *pytestconfig.getoption("vz_plugin_arg")]
     if plugin:
