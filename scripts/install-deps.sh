@@ -61,4 +61,25 @@ fi
 # Bytecode for the editable sources, as pip writes it for a regular install: the CLI starts faster (Python reads
 # existing .pyc files even where PYTHONDONTWRITEBYTECODE stops it from writing them).
 "$VENV/bin/python" -m compileall -q -j 0 vz_core vz_drivers plugins/vz_plugins conformance/vz_conformance >/dev/null || true
+# Go programs every test run needs, built once here (setup, not tests) and found by digest afterwards: the guest
+# agent for this machine and for macOS guests (darwin/arm64) into Go's build cache (scripts/test.sh exports the
+# same GOCACHE, so a test's fresh output directory only links), and the Go interop peers (tests/go/build.sh,
+# shared by tests/interop and the benchmarks). A failure here is only a warning: the tests then build (or fail
+# naming what is missing) themselves.
+if command -v go >/dev/null 2>&1; then
+  GOCACHE="${GOCACHE:-$(go env GOCACHE)}" "$VENV/bin/python" - <<'PY' || echo "warning: prebuilding the Go programs failed" >&2
+import os
+
+from vz_drivers.agent import ensure_agent_binary
+
+os.environ.pop("VZ_AGENT_BINARY", None)
+ensure_agent_binary()
+ensure_agent_binary("arm64", goos="darwin")
+from benchmarks._common import go_peer_bin
+
+notes: list[str] = []
+if go_peer_bin(notes) is None:
+    print("warning: " + "; ".join(notes))
+PY
+fi
 echo "vz installed in $VENV (activate with: . $VENV/bin/activate)"
