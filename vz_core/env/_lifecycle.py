@@ -65,7 +65,9 @@ async def _remove_route_domain(ctx: Context, env: EnvironmentRecord) -> None:
     another. `vz stop` keeps it (the next `vz up` re-attaches the Machines). Realized by the process running the
     command (the daemon) until the daemon owns route domains (docs/network.md)."""
     from vz_core.network import domain_exists, domain_for, remove_domain
+    from vz_core.network.label import remove_slices
 
+    remove_slices(env.env_id)  # the Machines' recorded slices (vz up re-attaching changed Machines) go with it
     if not domain_exists(env.env_id):
         return
     fields = {"environment": env.name, "environment_id": env.env_id, "route_domain": domain_for(env.env_id)}

@@ -348,7 +348,11 @@ def network_label(plan: Mapping[str, Any], machine: str) -> str | None:
 
 
 async def _ensure_route_domain(
-    ctx: Context, pool: DriverPool, definition: ProjectDefinition, env: EnvironmentRecord
+    ctx: Context,
+    pool: DriverPool,
+    definition: ProjectDefinition,
+    env: EnvironmentRecord,
+    recorded: list[MachineRecord] | None = None,
 ) -> dict[str, Any] | None:
     """Compile a version 2 Environment's plan and realize its route domain before any Machine is created or
     started (idempotent); the plan's JSON, or None when no Machine's driver attaches to route domains.
@@ -370,7 +374,42 @@ async def _ensure_route_domain(
     fields = {"environment": env.name, "environment_id": env.env_id, "route_domain": plan["route_domain"]}
     with ctx.progress.step("network", f"preparing route domain {plan['route_domain']}", **fields):
         await ensure_domain(plan)
+        # The label is fixed at creation: each recorded Machine's current slice is what its driver attaches
+        # with at its next start (vz_core.network.label.current_slice).
+        import asyncio
+
+        from vz_core.network.label import write_slices
+
+        names = {m.name for m in definition.machines}
+        await asyncio.to_thread(
+            write_slices,
+            env.env_id,
+            {r.machine_id: network_label(plan, r.name) for r in recorded or [] if r.name in names},
+        )
     return plan
+
+
+async def _reattach_if_changed(
+    ctx: Context, driver: Any, record: MachineRecord, topology: Mapping[str, Any], env: EnvironmentRecord
+) -> None:
+    """A running Machine whose attachments changed since its last start is restarted (its data kept) so that
+    its driver attaches it with its current slice: the domain ends are replaced, nothing else changes."""
+    import asyncio
+
+    from vz_core.network.label import LABEL, needs_reattach
+
+    desired = network_label(topology, record.name)
+    found = await driver.find(record.workspace_id)
+    if found is None or found.state.status != "running":
+        return
+    created_with = found.config.labels.get(LABEL)
+    if not await asyncio.to_thread(needs_reattach, env.env_id, record.machine_id, desired, created_with):
+        return
+    fields = {"environment": env.name, "environment_id": env.env_id, "machine": record.name}
+    label = f"re-attaching machine {record.name} to its changed networks (restart)"
+    with ctx.progress.step("reattach", label, machine_id=record.machine_id, **fields):
+        await driver.stop(record.workspace_id)
+        await driver.start(record.workspace_id)
 
 
 # --- up -----------------------------------------------------------------------------------------------------
@@ -615,7 +654,7 @@ async def _reconcile(
         else:
             store.set_operation_plan(db, op_id, plan.to_json())
     try:
-        topology = await _ensure_route_domain(ctx, pool, definition, env)
+        topology = await _ensure_route_domain(ctx, pool, definition, env, recorded)
         for step in plan.steps:
             await _apply_step(ctx, store, pool, prepared, env, op_id, step, recorded, topology)
         with store.transaction() as db:
@@ -678,6 +717,10 @@ async def _apply_step(
     machine = definition.machine(step.machine)
     if step.action == "keep":
         assert record is not None
+        if topology is not None:
+            driver, facts = await pool.get(machine.driver, machine.driver_options)
+            if _attaches(facts):
+                await _reattach_if_changed(ctx, driver, record, topology, env)
         if record.state != "running":
             with store.transaction() as db:
                 store.set_machine_state(db, env.env_id, record.machine_id, "running")

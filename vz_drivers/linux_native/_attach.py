@@ -22,7 +22,10 @@ with the label has no link but its attachments (no route to the host, no host-wi
 
 The label is read and checked whole (``network_slice``: ``vz_core.network.label.parse_machine_slice``, shared by
 the drivers) when RunImage is validated, before anything is created: a damaged label is refused naming what is
-wrong.
+wrong. At every start the Machine is attached with its **current** slice (``vz_core.network.label.current_slice``:
+the one ``vz up`` recorded when the Machine's attachments changed after its creation, else the label's), which is
+noted for ``vz up`` (``note_attached``); a Machine whose current slice has no attachment gets the isolated
+``deny`` networking (loopback only), never the version 1 ``allow``.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from vz_core.network import attach_machine, detach_machine
-from vz_core.network.label import FACT_KEY, LABEL, MachineSlice, parse_machine_slice
+from vz_core.network.label import FACT_KEY, LABEL, MachineSlice, current_slice, note_attached, parse_machine_slice
 from vz_drivers.linux_native._network import NetworkConfig, setup_network
 
 __all__ = [
@@ -64,21 +67,27 @@ async def connect_machine(cfg: NetworkConfig, *, pid: int, key: str, egress: str
     With a ``vz.network`` label: its attachments to the route domain (which must exist; the Environment layer
     creates it before RunImage and before every start). Without: the driver's own ``allow``/``deny`` networking.
     """
-    found = network_slice(labels)
+    found = current_slice(labels)
     if found is None:
-        await setup_network(cfg, pid=pid, key=key, egress=egress)
-        return
-    await attach_machine(found.plan, found.machine, f"/proc/{pid}/ns/net")
+        # No attachment now: version 1 networking, or (a version 2 Machine whose networks were all removed) the
+        # isolated "deny" one: a version 2 Machine's driver-level egress is always "deny".
+        await setup_network(cfg, pid=pid, key=key, egress="deny" if LABEL in labels else egress)
+    else:
+        await attach_machine(found.plan, found.machine, f"/proc/{pid}/ns/net")
+    note_attached(labels, found)
 
 
 async def disconnect_machine(labels: Mapping[str, str]) -> None:
-    """Remove a released Machine's domain ends (idempotent; nothing for a Machine without the label)."""
-    found = network_slice(labels)
-    if found is not None:
-        await detach_machine(found.plan, found.machine)
+    """Remove a released Machine's domain ends, the current slice's and the label's (idempotent; nothing for a
+    Machine without either)."""
+    done: list[dict[str, object]] = []
+    for found in (current_slice(labels), network_slice(labels)):
+        if found is not None and found.plan not in done:
+            done.append(found.plan)
+            await detach_machine(found.plan, found.machine)
 
 
 def resolv_conf_for(labels: Mapping[str, str], default: str) -> str:
-    """The Machine's /etc/resolv.conf: the plan's DNS server and search domain, else ``default``."""
-    found = network_slice(labels)
+    """The Machine's /etc/resolv.conf: the current slice's DNS server and search domain, else ``default``."""
+    found = current_slice(labels)
     return default if found is None else found.resolv_conf()

@@ -12,6 +12,11 @@ Inside the guest, the init (``vz_network`` of ``vz_drivers.qemu._initramfs``) re
 GATEWAY,SUBNET`` words from the kernel command line, gives the interface with that MAC its name and address
 (/32, link route to the gateway, the subnet via the gateway, the default route via the first gateway) and, from
 ``vz.dns=``/``vz.search=``, writes the Machine's ``/etc/resolv.conf``. Every value there was checked here.
+
+At every start the Machine is attached with its **current** slice (``vz_core.network.label.current_slice``: the
+one ``vz up`` recorded when the Machine's attachments changed after its creation, else the label's): new taps
+and new kernel arguments, so a changed attachment is taken at the next boot; ``open_taps`` notes it for ``vz up``
+(``note_attached``).
 """
 
 from __future__ import annotations
@@ -25,12 +30,12 @@ import os
 import struct
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from vz_core.errors import FailedPreconditionError, RuntimeFailureError, UnavailableError
 from vz_core.network import NETNS_DIR, AttachmentSpec, NetworkTools
-from vz_core.network.label import LABEL, parse_machine_slice
+from vz_core.network.label import LABEL, MachineSlice, current_slice, note_attached
 
 __all__ = [
     "NETWORK_LABEL",
@@ -66,6 +71,8 @@ class GuestNetwork:
     attachments: tuple[AttachmentSpec, ...]
     dns_server: str
     search: tuple[str, ...]
+    labels: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
+    source: MachineSlice | None = field(default=None, compare=False, repr=False)
 
     def mac(self, attachment: AttachmentSpec) -> str:
         """A stable, locally administered MAC per attachment: 02 + the 10 hex digits of its domain end's name."""
@@ -82,11 +89,13 @@ class GuestNetwork:
 
 
 def parse_network_label(labels: Mapping[str, str]) -> GuestNetwork | None:
-    """The Machine's route-domain attachment from its ``vz.network`` label; None without the label (version 1).
+    """The Machine's route-domain attachment: its current slice (``vz_core.network.label.current_slice``: the
+    one ``vz up`` recorded, else the ``vz.network`` label's); None without either (version 1) or when it is
+    attached to no network now (QEMU user networking under the Machine's ``deny``).
 
     Read with ``vz_core.network.label.parse_machine_slice``, the same checks (and messages) as linux_native's:
     InvalidArgumentError naming what is wrong, before anything is touched."""
-    found = parse_machine_slice(labels)
+    found = current_slice(labels)
     if found is None:
         return None
     return GuestNetwork(
@@ -96,6 +105,8 @@ def parse_network_label(labels: Mapping[str, str]) -> GuestNetwork | None:
         attachments=found.attachments,
         dns_server=found.dns_server,
         search=found.search,
+        labels=dict(labels),
+        source=found,
     )
 
 
@@ -190,6 +201,8 @@ async def open_taps(network: GuestNetwork, *, tools: NetworkTools | None = None)
         for fd in fds:
             os.close(fd)
         raise
+    if network.source is not None:
+        note_attached(network.labels, network.source)
     return fds
 
 

@@ -1,0 +1,148 @@
+"""A Machine whose attachments change in vz.json is re-attached at the next `vz up` (docs/network.md).
+
+Through the real `vz` (CLI, daemon, linux_native plugin): two Machines on one network; vz.json then gives that
+network a declared subnet (new addresses, same interfaces) and adds a second network (a new interface). The
+next `vz up` restarts the running Machines it must re-attach (their data kept), after which each has exactly
+the addresses of the new plan, the declared path connects at the new address and resolv.conf names the new DNS
+server; another `vz up` changes nothing (no restart: a process started before it still runs). A stopped Machine
+whose attachment changed takes the new one at its start. `vz delete` leaves no recorded slice behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from vz_core.daemon import stop_daemon
+from vz_core.env import compile_topology
+from vz_core.env._definition import parse_definition
+from vz_core.network import domain_exists, domain_for, remove_domain
+from vz_core.network.label import SLICES_DIR
+
+pytestmark = [pytest.mark.root, pytest.mark.slow]
+
+M = {"profile": "developer", "driver": "linux_native", "image": "vz:default", "workspace": {"projection": "none"}}
+BEFORE: dict[str, Any] = {
+    "version": 2,
+    "project_id": "topology-reattach",
+    "machines": [
+        {"name": "app", **M},
+        {"name": "db", **M, "services": [{"name": "pg", "port": 5432}]},
+    ],
+    "networks": [{"name": "front", "machines": ["app", "db"]}],
+    "paths": [{"from": "app", "to": "db", "service": "pg"}],
+    "default_machine": "app",
+}
+AFTER = copy.deepcopy(BEFORE)
+AFTER["networks"] = [
+    {"name": "front", "machines": ["app", "db"], "subnet": "10.77.3.0/24"},
+    {"name": "back", "machines": ["app", "db"], "subnet": "10.77.4.0/24"},
+]
+LATER = copy.deepcopy(AFTER)
+LATER["networks"] = [AFTER["networks"][0]]  # "back" removed again
+
+LISTEN = (
+    "printf '#!/bin/sh\\necho ok\\n' > /tmp/ok.sh; chmod +x /tmp/ok.sh; "
+    "setsid nc -ll -p 5432 -e /tmp/ok.sh </dev/null >/dev/null 2>&1 &"
+    " for i in $(seq 50); do netstat -ltn | grep -q ':5432 ' && exit 0; sleep 0.1; done; exit 1"
+)
+PROBE = "nc -w 2 {0} 5432 </dev/null 2>/dev/null | grep -q '^ok$' && echo yes || echo no"
+ADDRESSES = "ip -4 -o addr show | awk '$2 != \"lo\" {print $2, $4}' | sort"
+
+
+class _Vz:
+    def __init__(self, home: Path, cwd: Path) -> None:
+        beside = Path(sys.executable).parent / "vz"
+        self.exe = str(beside) if beside.exists() else "vz"
+        self.home = home
+        self.cwd = cwd
+        self.environ = {k: v for k, v in os.environ.items() if not k.startswith("VZ_")}
+        self.environ["VZ_HOME"] = str(home)
+
+    def run(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [self.exe, *args], cwd=self.cwd, env=self.environ, capture_output=True, text=True, timeout=300
+        )
+
+    def ok(self, *args: str) -> str:
+        proc = self.run(*args)
+        assert proc.returncode == 0, f"vz {' '.join(args)} -> {proc.returncode}: {proc.stderr}"
+        return proc.stdout + proc.stderr
+
+    def sh(self, machine: str, script: str) -> str:
+        proc = self.run("exec", "--machine", machine, "--", "sh", "-c", script)
+        assert proc.returncode == 0, f"{machine}: {script} -> {proc.returncode}: {proc.stderr}"
+        return proc.stdout.strip()
+
+
+def _expected(data: dict[str, Any], env_id: str) -> dict[str, Any]:
+    plan = compile_topology(parse_definition(data), env_id)
+    return {
+        m.name: {
+            "addresses": "\n".join(sorted(f"{a.machine_ifname} {a.address}/32" for a in m.attachments)),
+            "first": m.attachments[0].address,
+            "resolv": f"nameserver {m.dns_server}\nsearch vz.internal",
+        }
+        for m in plan.machines
+    }
+
+
+def test_a_changed_attachment_is_taken_at_the_next_vz_up_and_only_then(tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    project.mkdir()
+    definition = project / "vz.json"
+    definition.write_text(json.dumps(BEFORE))
+    vz = _Vz(tmp_path / "home", project)
+    env_id = ""
+    try:
+        vz.ok("up")
+        status = json.loads(vz.run("status", "--json").stdout)
+        env_id = status["environments"][0]["id"] if "environments" in status else status["environment"]["id"]
+        before = _expected(BEFORE, env_id)
+        for name in ("app", "db"):
+            assert vz.sh(name, ADDRESSES) == before[name]["addresses"]
+
+        definition.write_text(json.dumps(AFTER))
+        after = _expected(AFTER, env_id)
+        assert after["db"]["first"] != before["db"]["first"]
+        out = vz.ok("up")
+        assert "re-attaching machine app" in out and "re-attaching machine db" in out, out
+        for name in ("app", "db"):
+            assert vz.sh(name, ADDRESSES) == after[name]["addresses"], name  # eth0 renumbered, eth1 added
+            assert vz.sh(name, "cat /etc/resolv.conf") == after[name]["resolv"]
+        vz.sh("db", LISTEN)
+        assert vz.sh("app", PROBE.format(after["db"]["first"])) == "yes"  # the declared path, new address
+        assert vz.sh("app", PROBE.format(before["db"]["first"])) == "no"  # the old address leads nowhere
+
+        # Converged: another `vz up` restarts nothing (db's listener, started before it, still answers).
+        out = vz.ok("up")
+        assert "re-attaching" not in out, out
+        assert vz.sh("app", PROBE.format(after["db"]["first"])) == "yes"
+
+        # A stopped Machine takes its changed attachment when it starts.
+        definition.write_text(json.dumps(LATER))
+        later = _expected(LATER, env_id)
+        vz.ok("stop")
+        out = vz.ok("up")
+        assert "re-attaching" not in out, out  # started, not restarted: its start attaches the current slice
+        for name in ("app", "db"):
+            assert vz.sh(name, ADDRESSES) == later[name]["addresses"], name  # eth1 gone
+        recorded = SLICES_DIR / domain_for(env_id)
+        assert recorded.is_dir()
+
+        vz.ok("delete")
+        assert not domain_exists(env_id)
+        assert not recorded.exists(), "vz delete removes the recorded slices with the route domain"
+    finally:
+        vz.run("delete")
+        if env_id:
+            asyncio.run(remove_domain(env_id))
+        stop_daemon(vz.home, environ=vz.environ)
