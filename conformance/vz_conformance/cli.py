@@ -174,15 +174,26 @@ def _plugin_side(args: argparse.Namespace, adapter: Adapter, state: Path) -> Ext
 
 
 def _daemon_side(args: argparse.Namespace, adapter: Adapter, state: Path) -> DaemonProvider:
-    """The daemon's own session of --driver: its options are the in-process ones (the daemon passes them to
-    the plugin), so both sides of a parity run build the driver the same way."""
+    """The daemon's own session of --driver: a built-in (its options are the in-process ones, which the daemon
+    passes to the plugin, so both sides of a parity run build the driver the same way) or an external driver
+    added with `vz driver add` (external runs only; it takes no options)."""
     if args.plugin or not args.driver:
         raise UsageError(
-            "--through-daemon runs a registered driver (--driver NAME) as the vz daemon's plugin; "
-            "a plugin binary (--plugin) is launched by the suite itself"
+            "--through-daemon runs a driver the daemon knows (--driver NAME: built in, or added with "
+            "`vz driver add`) as the vz daemon's plugin; a plugin binary (--plugin) is launched by the suite itself"
         )
-    from vz_core.drivers import pin_builtin
+    from vz_core.drivers import pin_builtin, resolve
 
+    resolved = resolve(args.driver)
+    if resolved.external is not None:
+        record = resolved.external
+        return DaemonProvider(
+            args.driver,
+            record.manifest.binary_path(record.driver_dir),
+            record.manifest.entry_for().sha256,
+            args=record.manifest.args,
+            handshake_timeout=args.handshake_timeout,
+        )
     pinned = pin_builtin(args.driver).pinned
     assert pinned is not None
     options: dict[str, Any] = {**adapter.driver_options(state), **_options(args.driver_option)}

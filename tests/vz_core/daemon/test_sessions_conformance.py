@@ -227,3 +227,43 @@ def test_the_pytest_plugin_runs_the_cases_against_the_daemons_plugin(home: Path,
     # Each case connected again (Drivers.Connect); all of them reached the one plugin the daemon launched.
     assert row["launches"] == 1 and row["crashes"] == 0
     assert str(row["options"]["state_dir"]).startswith(str(tmp_path / "pytest"))
+
+
+HOSTDIR = Path(__file__).resolve().parents[3] / "examples" / "drivers" / "hostdir"
+
+
+@pytest.mark.slow
+def test_an_external_driver_added_to_the_daemon_passes_through_its_session(home: Path, tmp_path: Path) -> None:
+    """An external driver (`vz driver add`, the hostdir example): the daemon launches it from its manifest
+    (checksum-verified), and the suite's exec, malformed and crash cases pass against that plugin."""
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "xdg"), "PYTHONPATH": str(HOSTDIR / "src")}
+    subprocess.run(
+        [sys.executable, str(HOSTDIR / "make_manifest.py"), "--out", str(tmp_path / "driver")],
+        capture_output=True,
+        check=True,
+        timeout=60,
+    )
+    added = subprocess.run(
+        ["vz", "driver", "add", str(tmp_path / "driver" / "manifest.json")], env=env, capture_output=True, text=True
+    )
+    assert added.returncode == 0, added.stderr
+    labels = ["--label", "exec", "--label", "malformed", "--label", "crash"]
+    report = tmp_path / "hostdir.json"
+    command = ["vz-conformance", "run", "--driver", "hostdir", "--provider-mode", "external", "--through-daemon"]
+    command += ["--adapter", "vz_driver_hostdir.adapter:ADAPTER", *labels, "--report", str(report)]
+    run_ = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert run_.returncode == 0, run_.stderr[-6000:]
+    count = subprocess.run(
+        ["vz-conformance", "list", "--count", *labels], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    verify = ["vz-conformance", "verify-report", str(report), "--provider-mode", "external", *labels]
+    gate = subprocess.run([*verify, "--expect-count", count], capture_output=True, text=True, timeout=60, check=False)
+    assert gate.returncode == 0, gate.stdout
+    doc = status()
+    (row,) = [r for r in doc["plugins"] if r["name"] == "hostdir"]
+    recorded = json.loads(report.read_text())["runs"][0]["driver"]
+    binary = str(tmp_path / "driver" / "vz-driver-hostdir")
+    assert row["origin"] == "external" and recorded["plugin_path"] == row["script"] == binary
+    assert recorded["sha256"] == row["sha256"]
+    assert row["crashes"] == 1 and row["launches"] == 2, row  # crash.mid_exec killed the daemon's plugin
+    assert doc["pid"] in ancestors(row["pid"])
