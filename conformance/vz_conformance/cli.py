@@ -211,6 +211,8 @@ def _providers(args: argparse.Namespace, adapter: Adapter, root: Path) -> list[D
     if bool(args.driver) == bool(args.plugin) and not (args.driver and args.plugin and args.provider_mode == "parity"):
         raise UsageError("give --driver NAME or --plugin PATH --sha256 HEX (both only for a parity run)")
     mode = args.provider_mode or ("in-process" if args.driver else "external")
+    if args.through_daemon and mode == "in-process":
+        raise UsageError("--through-daemon is for the external side: add --provider-mode external or parity")
     providers: list[DriverProvider] = []
     if mode in ("in-process", "parity"):
         if not args.driver:
