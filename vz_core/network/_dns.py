@@ -64,6 +64,8 @@ TYPE_A, TYPE_SRV, TYPE_ANY = 1, 33, 255
 CLASS_IN = 1
 NOERROR, FORMERR, SERVFAIL, NXDOMAIN, NOTIMP, REFUSED = 0, 1, 2, 3, 4, 5
 CLONE_NEWNET = 0x40000000
+MAX_IN_FLIGHT = 128
+"""Forwarded UDP queries in flight per responder; beyond it a query is answered SERVFAIL at once."""
 
 
 @dataclass(frozen=True)
@@ -376,6 +378,10 @@ class _Udp(asyncio.DatagramProtocol):
     def datagram_received(self, data: bytes, addr: tuple[str | Any, int]) -> None:
         source = str(addr[0])
         if forwardable(self.server.view, source, data):
+            if len(self.server._tasks) >= MAX_IN_FLIGHT:  # a flood gets SERVFAIL, not unbounded upstream queries
+                if self.transport is not None:
+                    self.transport.sendto(_servfail(data), addr)
+                return
             self.server._spawn(self._forward(source, data, addr))
             return
         response = answer(self.server.view, source, data)
