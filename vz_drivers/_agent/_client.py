@@ -53,6 +53,7 @@ _KILL_CONFIRM: Final = 5.0  # how long a cancelled exec waits for the agent to c
 _ERROR_BY_CODE: Final = {cls.category.name: cls for cls in CATEGORY_TABLE}
 _SUN_PATH_MAX: Final = 107
 _READ_SIZE: Final = 1 << 20
+_WIDE_SOCKET_BUFFER: Final = 2 << 20
 _WHOLE_READ: Final = 1 << 16  # a frame at least this large still incomplete is read on its own (no re-joining)
 
 
@@ -241,6 +242,11 @@ class AgentClient:
         except BaseException:
             _close_streams(reader, writer)
             raise
+        if client.info.max_data > p.MAX_DATA:
+            sock = writer.get_extra_info("socket")
+            if sock is not None and sock.family == socket.AF_UNIX:
+                with contextlib.suppress(OSError):  # best effort: a few wide frames in flight per send
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _WIDE_SOCKET_BUFFER)
         client._reader_task = asyncio.get_running_loop().create_task(client._read_loop(), name="vz-agent-reader")
         return client
 

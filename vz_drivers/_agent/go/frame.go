@@ -12,14 +12,15 @@ import (
 // Wire format: see docs/agent-protocol.md. Every frame is a 12-byte header
 // (magic "VZ", type, flags, stream id, payload length; big endian) and a payload.
 const (
-	headerSize      = 12
-	protocolVersion = 1
-	maxData         = 32768
-	maxWideData     = 1 << 20 // largest data frame a host may agree on in HELLO ("max_data")
-	maxStdinWindow  = 16 << 20
-	maxControl      = 1 << 20
-	defaultWindow   = 256 * 1024
-	readyPayload    = "vz-agent"
+	headerSize       = 12
+	protocolVersion  = 1
+	maxData          = 32768
+	maxWideData      = 1 << 20 // largest data frame a host may agree on in HELLO ("max_data")
+	maxStdinWindow   = 16 << 20
+	wideSocketBuffer = 2 << 20 // socket send buffer asked for once wide frames are agreed
+	maxControl       = 1 << 20
+	defaultWindow    = 256 * 1024
+	readyPayload     = "vz-agent"
 )
 
 const (

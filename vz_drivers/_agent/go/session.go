@@ -375,6 +375,11 @@ func (s *session) handleHello(payload []byte) {
 	s.hello, s.nonce = true, req.Nonce
 	s.maxData = agreed
 	s.mu.Unlock()
+	if agreed > maxData {
+		if uc, ok := s.w.(*net.UnixConn); ok {
+			uc.SetWriteBuffer(wideSocketBuffer) // best effort: a few wide frames in flight per send
+		}
+	}
 	reply := s.ag.facts()
 	reply["max_data"] = agreed
 	reply["version"] = protocolVersion
