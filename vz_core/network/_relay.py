@@ -28,7 +28,7 @@ from typing import Any
 from vz_core.errors import UnavailableError
 from vz_core.network._dns import in_namespace
 from vz_core.network._spec import DomainSpec, PlanError
-from vz_core.network._udp import IDLE, UdpExport, UdpImport
+from vz_core.network._udp import IDLE, NamespaceThread, UdpExport, UdpImport
 
 __all__ = ["ExportListener", "ImportRelay"]
 
@@ -87,6 +87,11 @@ class _Relay:
         self._servers.clear()
 
 
+def _close_made(made: asyncio.Future[socket.socket]) -> None:
+    if not made.cancelled() and made.exception() is None:
+        made.result().close()
+
+
 def _find(plan: Mapping[str, Any], key: str, index_of: Any) -> Mapping[str, Any]:
     items = plan.get(key)
     if not isinstance(items, list):
@@ -124,6 +129,7 @@ class ExportListener(_Relay):
         self.candidates = [p for p in ports if isinstance(p, int) and 1 <= p <= 65535]
         self.domain_path = f"/run/netns/{spec.name}"
         self.port: int | None = None
+        self._thread = NamespaceThread(self.domain_path)  # makes the in-domain socket of each connection
 
     async def start(self) -> int:
         """Listen on the first free candidate port; returns it (UnavailableError when every one is taken)."""
@@ -161,13 +167,19 @@ class ExportListener(_Relay):
         if self._udp is not None:
             await self._udp.close()
         await super().close()
+        self._thread.close()
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
         self._track(task)
         up: tuple[Any, Any] | None = None
-        sock = await asyncio.to_thread(in_namespace, self.domain_path, socket.socket)
+        made = asyncio.ensure_future(self._thread.run(socket.socket))
+        try:
+            sock = await asyncio.shield(made)
+        except asyncio.CancelledError:  # closing: the socket being made is closed when it arrives
+            made.add_done_callback(_close_made)
+            raise
         sock.setblocking(False)
         try:
             await asyncio.wait_for(asyncio.get_running_loop().sock_connect(sock, (self.target, self.target_port)), 10)

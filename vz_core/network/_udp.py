@@ -22,20 +22,23 @@ without bound).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
+import ctypes
 import errno
 import functools
 import ipaddress
+import os
 import socket
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, TypeVar
 
 from vz_core.errors import UnavailableError
 from vz_core.network._dns import in_namespace
 
-__all__ = ["IDLE", "MAX_PEERS", "MAX_QUEUED", "UdpExport", "UdpImport"]
+__all__ = ["IDLE", "MAX_PEERS", "MAX_QUEUED", "NamespaceThread", "UdpExport", "UdpImport"]
 
 IDLE = 60.0
 """Seconds without a datagram (either direction) after which a peer's session and its socket are closed."""
@@ -44,9 +47,49 @@ MAX_PEERS = 256
 MAX_QUEUED = 64
 """Datagrams of a new peer kept while its session's socket is being made; later ones are dropped."""
 
+T = TypeVar("T")
+_CLONE_NEWNET = 0x40000000
+_libc = ctypes.CDLL(None, use_errno=True)
+
 Address = Any  # (host, port) or (host, port, flow, scope): what the socket layer hands back
 Key = tuple[int, Address]
 """A session: (index of the listening socket it arrived on, the peer's address)."""
+
+
+def _join(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        if _libc.setns(fd, _CLONE_NEWNET) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"setns {path}: {os.strerror(err)}")
+    finally:
+        os.close(fd)
+
+
+class NamespaceThread:
+    """One thread joined to the network namespace at ``path`` for as long as its owner lives: sockets of that
+    namespace are made there without starting a thread per socket (a relay's per-connection cost). The thread
+    keeps the namespace alive until ``close``; the owner closes it with its listeners."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+    async def run(self, fn: Callable[[], T]) -> T:
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="vz-netns", initializer=_join, initargs=(self.path,)
+            )
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
+        except concurrent.futures.BrokenExecutor:  # joining failed (the domain is gone): say why, as in_namespace
+            self.close()
+            return await asyncio.to_thread(in_namespace, self.path, fn)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
 
 
 class _Listening(asyncio.DatagramProtocol):
@@ -156,7 +199,7 @@ class _UdpRelay:
 
     async def _open(self, session: _Session) -> None:
         try:
-            sock = await asyncio.to_thread(self._upstream)
+            sock = await self._make_upstream()
         except OSError:
             self._drop(session.key)
             return
@@ -176,6 +219,9 @@ class _UdpRelay:
         for data in session.queued:
             transport.sendto(data)
         session.queued.clear()
+
+    async def _make_upstream(self) -> socket.socket:
+        return await asyncio.to_thread(self._upstream)
 
     def _to_peer(self, key: Key, data: bytes) -> None:
         index, addr = key
@@ -232,22 +278,28 @@ class UdpExport(_UdpRelay):
     ) -> None:
         super().__init__(self._domain_socket, idle=idle, max_peers=max_peers)
         self.domain_path = domain_path
+        self._thread = NamespaceThread(domain_path)
         self.target = target
         self.candidates = list(candidates)
         self.port: int | None = None
 
     def _domain_socket(self) -> socket.socket:
-        def make() -> socket.socket:
-            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-            try:
-                sock.connect(self.target)  # the domain's own address toward the Machine is the source
-                sock.setblocking(False)
-            except BaseException:
-                sock.close()
-                raise
-            return sock
+        """A socket of the route domain (run on a thread joined to it), connected to the target."""
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            sock.connect(self.target)  # the domain's own address toward the Machine is the source
+            sock.setblocking(False)
+        except BaseException:
+            sock.close()
+            raise
+        return sock
 
-        return in_namespace(self.domain_path, make)
+    async def _make_upstream(self) -> socket.socket:
+        return await self._thread.run(self._domain_socket)
+
+    async def close(self) -> None:
+        await super().close()
+        self._thread.close()
 
     async def start(self) -> int:
         """Listen on the first free candidate port of 127.0.0.1; returns it (UnavailableError if all are taken)."""
