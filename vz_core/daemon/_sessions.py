@@ -353,12 +353,12 @@ class PluginSession:
         """The live plugin connection (launching the plugin when none runs), for a proxied call
         (``DriverProxy``); call it inside ``using()``. The plugin is kept from idling out while proxied calls
         run and counts as used when they end (``RemoteDriver``'s idle timer sees only its own calls: the
-        session touches it with an Info now and then)."""
+        session asks it for the negotiated Info now and then, which moves the timer and sends nothing)."""
         from vz_core.errors import UnavailableError
 
         conn = self.remote.connection
         if conn is None:
-            await self.remote.info()
+            await self.remote.info(supports_recreate_on_run=True)  # launches, handshakes and negotiates
             conn = self.remote.connection
             if conn is None:
                 raise UnavailableError(f"driver {self.name!r}: its plugin stopped right after it was launched")
@@ -374,7 +374,7 @@ class PluginSession:
             if self.remote.connection is None:
                 return
             with contextlib.suppress(Exception):
-                await self.remote.info()
+                await self.remote.info(supports_recreate_on_run=True)  # the negotiated Info: no RPC
             if not self.in_flight:
                 return
 
