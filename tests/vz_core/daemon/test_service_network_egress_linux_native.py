@@ -5,8 +5,9 @@ The test creates a namespace standing in for the internet, joined to the host by
 daemon forwards to (``VZ_NETWORK_DNS_UPSTREAMS``). A version 2 Environment of three linux_native Machines:
 ``app`` (allowed), ``lst`` (an allowlist of one domain name) and ``off`` (offline, the default). Checked: app
 reaches the public destination, off nothing, lst a listed name's address only once it resolved that name (and
-no longer after the entry expired), never another name; no Machine reaches a host listener on 0.0.0.0 at any
-host address; `vz delete` leaves no uplink end, host table or route domain.
+no longer after the entry expired), never another name; a restarted daemon forwards again; a host table lost
+(a killed `vz up`) comes back with the next `vz up`; no Machine reaches a host listener on 0.0.0.0 at any host
+address; `vz delete` leaves no uplink end, host table or route domain.
 """
 
 from __future__ import annotations
@@ -272,6 +273,16 @@ def test_egress_through_the_daemon(tmp_path: Path, internet: _Internet) -> None:
         time.sleep(TTL + 1.5)
         assert vz.sh("lst", _nc(BY_NAME)) == "refused"
         assert internet.hits[BY_NAME] == 2
+
+        # A restarted daemon forwards again (restored at its start); a `vz up` killed before the host table was
+        # written is converged by the next one.
+        stop_daemon(vz.home, environ=vz.environ)
+        assert vz.sh("lst", _nc("api.example.com")) == "inet"
+        assert internet.hits[BY_NAME] == 3
+        run("nft", "delete", "table", "inet", host_table(env_id))
+        vz.ok("up")
+        assert "masquerade" in run("nft", "list", "table", "inet", host_table(env_id))
+        assert vz.sh("app", _nc(PUBLIC)) == "inet"
 
         # Never the host: a listener on 0.0.0.0 at every host address, nor the uplink's host end.
         for address in _host_addresses():
