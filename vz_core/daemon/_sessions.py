@@ -935,7 +935,12 @@ class _Relay:
         import grpc
 
         with self.session.using():
-            conn = await self.session.connection()
+            try:
+                self.session.recheck()  # a driver file changed under the warm plugin: refused, as for vz commands
+                conn = await self.session.connection()
+            except VzError as exc:
+                await self._refuse(context, exc)
+                return
             upstream = conn.channel.stream_stream(self.method, None, None)  # no (de)serializers: bytes both ways
             remaining = context.time_remaining()
             timeout = remaining if remaining is not None and remaining < _FOREVER else None
@@ -981,6 +986,26 @@ class _Relay:
             raise
         except Exception:  # the plugin ended the call: its status is what the client gets
             return
+
+    async def _refuse(self, context: Any, exc: VzError) -> None:
+        """The plugin could not be reached (a launch that failed, a changed file): the error a ``RemoteDriver``
+        caller would get, redacted, as the call's status (a driver error keeps its category, anything else is
+        UNAVAILABLE)."""
+        from vz_core.errors import UnavailableError
+        from vz_core.rpc import error_to_status
+
+        redact = self.session.pool.redactor.redact
+        if isinstance(exc, DriverError):
+            err: DriverError = type(exc)(
+                redact(exc.message) or exc.message,
+                runtime_message=redact(exc.runtime_message),
+                details={k: redact(v) for k, v in exc.details.items()},
+                retryable=exc.retryable,
+            )
+        else:
+            err = UnavailableError(redact(str(exc)) or type(exc).__name__, details={"rpc": self.rpc})
+        grpc_status = error_to_status(err)
+        await context.abort(grpc_status.code, grpc_status.details, grpc_status.trailing_metadata)
 
     async def _died(self, context: Any, conn: PluginConnection, status: object) -> None:
         from vz_core.errors import UnavailableError

@@ -29,6 +29,7 @@ from vz_conformance._remote import DaemonDriver, channel_of, pid_of
 
 from vz_core import ExecExit, ExecOutput, ExecSpec, RunImageRequest
 from vz_core.daemon import DaemonError, connect, stop_daemon
+from vz_core.errors import UnavailableError
 
 FAKE_SCRIPT = Path(sys.executable).parent / "vz-driver-fake"
 
@@ -267,3 +268,33 @@ def test_an_external_driver_added_to_the_daemon_passes_through_its_session(home:
     assert recorded["sha256"] == row["sha256"]
     assert row["crashes"] == 1 and row["launches"] == 2, row  # crash.mid_exec killed the daemon's plugin
     assert doc["pid"] in ancestors(row["pid"])
+
+
+@pytest.fixture
+def hostdir_binary(home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The hostdir example built into a driver directory and added with `vz driver add` (its binary)."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+    out = tmp_path / "driver"
+    built = subprocess.run(
+        [sys.executable, str(HOSTDIR / "make_manifest.py"), "--out", str(out)], capture_output=True, timeout=60
+    )
+    assert built.returncode == 0, built.stderr
+    added = subprocess.run(["vz", "driver", "add", str(out / "manifest.json")], capture_output=True, text=True)
+    assert added.returncode == 0, added.stderr
+    return out / "vz-driver-hostdir"
+
+
+async def test_a_driver_file_changed_under_an_open_session_is_refused_at_the_next_call(hostdir_binary: Path) -> None:
+    binary = hostdir_binary
+    driver = await DaemonProvider("hostdir", binary, sha256_of(binary)).connect()
+    try:
+        assert await driver.find("nothing-here") is None
+        with binary.open("ab") as handle:
+            handle.write(b"\n# changed after vz driver add\n")
+        with pytest.raises(UnavailableError, match="SHA-256") as refused:
+            await driver.find("nothing-here")
+        assert str(binary) in str(refused.value)
+        (row,) = [r for r in status()["plugins"] if r["name"] == "hostdir"]
+        assert row["launches"] == 1, row  # refused before anything ran again
+    finally:
+        await driver.close()
