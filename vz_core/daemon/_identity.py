@@ -30,6 +30,10 @@ DAEMON_ENV = (
     "VZ_AGENT_BINARY",
     "VZ_BUSYBOX",
     "VZ_DOCKER_DAEMON_CONFIG",
+    "VZ_NETWORK_UPLINK_POOL",
+    "VZ_NETWORK_DNS_UPSTREAMS",
+    "VZ_NETWORK_DNS_MIN_TTL",
+    "VZ_NETWORK_DNS_MAX_TTL",
 )
 """Variables read by the daemon process itself or by the drivers it launches (which inherit its environment).
 

@@ -37,7 +37,8 @@ def _build_probe(out: Path, cache: Path) -> None:
     shutil.copyfile(PROBE / "main.go", package / "main.go")
     env = {k: v for k, v in os.environ.items() if not k.startswith("GO") and k != "CGO_ENABLED"}
     env.update(GOOS="linux", GOARCH="amd64", CGO_ENABLED="0", GO111MODULE="off", GOFLAGS="")
-    env.update(GOPATH=str(cache / "gopath"), GOCACHE=str(cache / "gocache"))
+    gocache = os.environ.get("GOCACHE", "")  # scripts/test.sh shares Go's build cache between the run's builds
+    env.update(GOPATH=str(cache / "gopath"), GOCACHE=gocache if os.path.isabs(gocache) else str(cache / "gocache"))
     done = subprocess.run(
         ["go", "build", "-o", str(out), "."], cwd=package, env=env, capture_output=True, text=True, check=False
     )
