@@ -80,6 +80,7 @@ from vz_conformance._checks.mounts import check_unsupported_type as check_mounts
 from vz_conformance._checks.mounts import check_volume_persists as check_mounts_volume_persists
 from vz_conformance._checks.network import check_after_restart as check_network_after_restart
 from vz_conformance._checks.network import check_allowlist_cidr as check_network_allowlist_cidr
+from vz_conformance._checks.network import check_allowlist_domain as check_network_allowlist_domain
 from vz_conformance._checks.network import check_cross_environment as check_network_cross_environment
 from vz_conformance._checks.network import check_dns as check_network_dns
 from vz_conformance._checks.network import check_export as check_network_export
@@ -180,6 +181,7 @@ __all__ = [
     "check_mounts_volume_persists",
     "check_network_after_restart",
     "check_network_allowlist_cidr",
+    "check_network_allowlist_domain",
     "check_network_cross_environment",
     "check_network_dns",
     "check_network_export",

@@ -54,6 +54,7 @@ NEEDS_AN_EXIT = frozenset(
         "network.import",
         "network.offline",
         "network.allowlist_cidr",
+        "network.allowlist_domain",
         "network.cross_environment",
         "network.after_restart",
         "recreate.invalid_keeps_running",
@@ -125,6 +126,7 @@ BROKEN_BY_SHELL_REPARSING = frozenset(
         "network.import",
         "network.offline",
         "network.allowlist_cidr",
+        "network.allowlist_domain",
         "network.cross_environment",
         "network.after_restart",
         "recreate.invalid_keeps_running",
@@ -159,6 +161,7 @@ PRINTS_BEFORE_ITS_END = frozenset(
         "lifecycle.odd_ids",
         "network.after_restart",  # a refused connection's diagnostic (nc on stderr)
         "network.allowlist_cidr",
+        "network.allowlist_domain",
         "network.dns",  # nslookup's answer
         "network.import",
         "network.offline",
@@ -246,7 +249,7 @@ TABLE = (
     Row("pty-exit-zero", "in-process", frozenset({"pty.exit_code"})),
     Row("pty-drops-output", "in-process", frozenset({"pty.bulk_output"})),
     Row("pty-leaves-session", "in-process", frozenset({"pty.cancel"})),
-    Row("network-no-resolv", "in-process", frozenset({"network.dns"})),
+    Row("network-no-resolv", "in-process", frozenset({"network.dns", "network.allowlist_domain"})),
     Row("network-not-reattached", "in-process", frozenset({"network.after_restart"})),
     Row("logs-wrong-chunks", "in-process", frozenset({"logs.chunk_sizes"})),
     Row("logs-stopped-refused", "in-process", frozenset({"logs.kept_after_stop"})),

@@ -51,7 +51,7 @@ def _run(tmp_path: Path, factory: type[FakeDriver]) -> dict[str, tuple[str, str]
 
 def test_without_the_fact_the_cases_are_not_applicable_only_after_a_verified_refusal(tmp_path: Path) -> None:
     refused = _run(tmp_path / "a", NoTopology)
-    assert len(refused) == 8
+    assert len(refused) == 9
     assert {outcome for outcome, _ in refused.values()} == {"not-applicable"}
     ignored = _run(tmp_path / "b", IgnoresLabel)
     assert {outcome for outcome, _ in ignored.values()} == {"failed"}

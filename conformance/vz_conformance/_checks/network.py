@@ -26,8 +26,13 @@ from vz_conformance._checks.network_rig import (
     DB_ADMIN_PORT,
     DB_PORT,
     EXPORT_PORT,
+    LISTED_NAME,
+    NAME_TTL,
+    NAMED_HOST,
     OTHER_PORT,
     UNLISTED_HOST,
+    UNLISTED_NAME,
+    UNLISTED_NAMED_HOST,
     UPSTREAM_PORT,
     Rig,
 )
@@ -39,6 +44,7 @@ __all__ = [
     "CASES",
     "check_after_restart",
     "check_allowlist_cidr",
+    "check_allowlist_domain",
     "check_cross_environment",
     "check_dns",
     "check_export",
@@ -308,6 +314,44 @@ async def check_allowlist_cidr(ctx: CheckContext) -> Outcome:
     return await _guarded(ctx, body)
 
 
+async def check_allowlist_domain(ctx: CheckContext) -> Outcome:
+    """An allowlisted domain name admits its address only once the Machine resolved it through its Environment's
+    DNS, and only until the answer's TTL ran out; a name the allowlist does not list is refused without asking
+    the upstream, and its address stays unreachable."""
+
+    async def body(rig: Rig) -> None:
+        app = rig.machines["app"]
+        await _refused(ctx, rig, "app", NAMED_HOST, UPSTREAM_PORT, "upstream", f"{LISTED_NAME} not resolved yet")
+        asked = len(rig.dns_upstream.asked)
+        other = await ctx.run(app, lookup_argv(UNLISTED_NAME))
+        ensure(
+            not other.require_exit().success and UNLISTED_NAMED_HOST.encode() not in other.stdout,
+            "Exec",
+            f"app gets no answer for {UNLISTED_NAME} (not in its allowlist)",
+            f"exit {other.require_exit().exit_code}, stdout {other.stdout!r}",
+        )
+        ensure(
+            UNLISTED_NAME not in rig.dns_upstream.asked[asked:],
+            "DNS upstream",
+            f"{UNLISTED_NAME} never forwarded",
+            rig.dns_upstream.asked[asked:],
+        )
+        await _refused(ctx, rig, "app", UNLISTED_NAMED_HOST, UPSTREAM_PORT, "upstream", "a name not allowlisted")
+        resolved_at = time.monotonic()
+        found = await ctx.run(app, lookup_argv(LISTED_NAME))
+        ensure(
+            found.require_exit().success and NAMED_HOST.encode() in found.stdout,
+            "Exec",
+            f"app resolves {LISTED_NAME} to {NAMED_HOST} (forwarded upstream)",
+            f"exit {found.require_exit().exit_code}, stdout {found.stdout!r}, stderr {found.stderr[-300:]!r}",
+        )
+        await _reaches(ctx, rig, "app", NAMED_HOST, UPSTREAM_PORT, "upstream", f"resolved {LISTED_NAME}")
+        await asyncio.sleep(max(0.0, resolved_at + NAME_TTL + 2 - time.monotonic()))
+        await _refused(ctx, rig, "app", NAMED_HOST, UPSTREAM_PORT, "upstream", f"{LISTED_NAME}'s entry expired")
+
+    return await _guarded(ctx, body)
+
+
 async def check_cross_environment(ctx: CheckContext) -> Outcome:
     """Another Environment with the same addresses is never reached: the address is always the Machine's own
     Environment's."""
@@ -354,6 +398,11 @@ CASES = (
     _case("import", "Import reaches the host's loopback port from the declaring Machine only", check_import),
     _case("offline", "Offline Machine reaches nothing through the uplink, nothing arrives", check_offline),
     _case("allowlist_cidr", "Allowlist by CIDR reaches inside the CIDR only", check_allowlist_cidr),
+    _case(
+        "allowlist_domain",
+        "Allowlisted name's address reachable only after resolving it, until its TTL; other names refused",
+        check_allowlist_domain,
+    ),
     _case("cross_environment", "Same addresses in another Environment are never reached", check_cross_environment),
     _case("after_restart", "After Stop/Start the Machine is attached again, rules unchanged", check_after_restart),
 )

@@ -63,6 +63,14 @@ UPSTREAM_PORT = 8443
 ALLOWED_CIDR = "203.0.113.0/24"
 ALLOWED_HOST = "203.0.113.10"
 UNLISTED_HOST = "198.51.100.10"
+LISTED_NAME = "listed.vz-conformance.test"
+"""The domain name ``app``'s allowlist names; the suite's DNS upstream answers it with ``NAMED_HOST``."""
+NAMED_HOST = "198.51.100.20"
+UNLISTED_NAME = "unlisted.vz-conformance.test"
+"""A name the upstream would answer (``UNLISTED_NAMED_HOST``) but no allowlist names."""
+UNLISTED_NAMED_HOST = "198.51.100.30"
+NAME_TTL = 4
+"""The TTL the upstream gives and the clamp of the resolver's entries: an admitted address expires after it."""
 _ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"
 _KEY = "network.rig"
 
@@ -79,7 +87,7 @@ def suite_definition(import_port: int) -> dict[str, Any]:
                 "driver": "under-test",
                 "image": "vz:default",
                 "services": [{"name": "http", "port": EXPORT_PORT}],
-                "egress": {"allow": [ALLOWED_CIDR]},
+                "egress": {"allow": [ALLOWED_CIDR, LISTED_NAME]},
             },
             {"name": "off", "profile": "developer", "driver": "under-test", "image": "vz:default"},
             {
@@ -131,6 +139,50 @@ while True:
         c.close()
         print("received", here, data.hex() or "-", flush=True)
 """
+
+
+class Upstream(asyncio.DatagramProtocol):
+    """The suite's DNS upstream on 127.0.0.1 (UDP): A records for ``LISTED_NAME`` and ``UNLISTED_NAME`` with TTL
+    ``NAME_TTL``, no data for anything else; ``asked`` records every name it was asked."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+        self.transport: asyncio.DatagramTransport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # a datagram endpoint's transport
+
+    def datagram_received(self, data: bytes, addr: tuple[str | Any, int]) -> None:
+        if len(data) < 12 or data[2] & 0x80 or self.transport is None:
+            return
+        labels, offset = [], 12
+        while offset < len(data) and data[offset]:
+            size = data[offset]
+            labels.append(data[offset + 1 : offset + 1 + size].decode(errors="replace").lower())
+            offset += 1 + size
+        question_end = offset + 5
+        if question_end > len(data):
+            return
+        name = ".".join(labels)
+        qtype = int.from_bytes(data[offset + 1 : offset + 3], "big")
+        self.asked.append(name)
+        address = {LISTED_NAME: NAMED_HOST, UNLISTED_NAME: UNLISTED_NAMED_HOST}.get(name)
+        answers = b""
+        if address is not None and qtype == 1:
+            rdata = socket.inet_aton(address)
+            answers = b"\xc0\x0c" + (1).to_bytes(2, "big") + (1).to_bytes(2, "big") + NAME_TTL.to_bytes(4, "big")
+            answers += len(rdata).to_bytes(2, "big") + rdata
+        flags = (0x8180 | (data[2] & 0x01) << 8).to_bytes(2, "big")
+        header = data[:2] + flags + data[4:6] + (1 if answers else 0).to_bytes(2, "big") + b"\0\0\0\0"
+        self.transport.sendto(header + data[12:question_end] + answers, addr)
+
+
+async def start_upstream() -> tuple[Upstream, int]:
+    loop = asyncio.get_running_loop()
+    transport, protocol = await loop.create_datagram_endpoint(Upstream, local_addr=("127.0.0.1", 0))
+    port: int = transport.get_extra_info("sockname")[1]
+    return protocol, port
+
 
 _CONNECT = r"""
 import socket, sys
@@ -262,6 +314,7 @@ class Rig:
     export_port: int
     host: Any
     """The ``vz_core.network.NetworkHost`` running A's DNS responder, export listener and import relay."""
+    dns_upstream: Upstream
 
     def entry(self, machine: str) -> dict[str, Any]:
         return next(m for m in self.plan["machines"] if m["name"] == machine)
@@ -352,7 +405,7 @@ async def _build(ctx: CheckContext) -> Rig:
             _ip("netns", "add", name)
             undo.append(functools.partial(_ip, "netns", "del", name))
             _ip("-n", name, "link", "set", "lo", "up")
-        for host in (ALLOWED_HOST, UNLISTED_HOST):
+        for host in (ALLOWED_HOST, UNLISTED_HOST, NAMED_HOST, UNLISTED_NAMED_HOST):
             _ip("-n", upstream, "addr", "add", f"{host}/32", "dev", "lo")
 
         await ensure_domain(plan, uplink=Uplink.of(f"/run/netns/{upstream}", _free_uplink()))
@@ -371,25 +424,35 @@ async def _build(ctx: CheckContext) -> Rig:
             ("db", namespaces["db"], (f"{db}:{DB_PORT}", f"{db}:{DB_ADMIN_PORT}")),
             ("other", namespaces["other"], (f"{other}:{OTHER_PORT}",)),
             ("db_b", namespaces["db_b"], (f"{db_b}:{DB_PORT}", f"{db_b}:{DB_ADMIN_PORT}")),
-            ("upstream", upstream, (f"{ALLOWED_HOST}:{UPSTREAM_PORT}", f"{UNLISTED_HOST}:{UPSTREAM_PORT}")),
+            (
+                "upstream",
+                upstream,
+                tuple(
+                    f"{host}:{UPSTREAM_PORT}" for host in (ALLOWED_HOST, UNLISTED_HOST, NAMED_HOST, UNLISTED_NAMED_HOST)
+                ),
+            ),
             ("host", None, (f"127.0.0.1:{import_port}",)),
         ):
             listeners[key] = await listen(namespace, *where)
             undo.append(listeners[key].close)
 
-        machines: dict[str, str] = {}
-        requests: dict[str, RunImageRequest] = {}
-        for name in ("app", "off"):
-            workspace_id = f"vzc-{ctx.token}-network-{name}"
-            req = label_request(ctx, plan, name, workspace_id)
-            await expect_ok(
-                "RunImage", functools.partial(ctx.driver.run_image, req), note=f"Machine {name!r} (vz.network)"
-            )
+        dns_upstream, dns_port = await start_upstream()
+        undo.append(lambda: dns_upstream.transport.close() if dns_upstream.transport else None)
+        machines = {name: f"vzc-{ctx.token}-network-{name}" for name in ("app", "off")}
+        requests = {name: label_request(ctx, plan, name, ws) for name, ws in machines.items()}
+        for workspace_id in machines.values():
             undo.append(functools.partial(_delete, ctx, workspace_id))
-            machines[name] = workspace_id
-            requests[name] = req
+        # Both at once: a VM driver boots them in parallel (the first case's time limit holds the whole build).
+        await asyncio.gather(
+            *(
+                expect_ok(
+                    "RunImage", functools.partial(ctx.driver.run_image, req), note=f"Machine {name!r} (vz.network)"
+                )
+                for name, req in requests.items()
+            )
+        )
 
-        network_host = NetworkHost()
+        network_host = NetworkHost(upstreams=[("127.0.0.1", dns_port)], min_ttl=NAME_TTL, max_ttl=NAME_TTL)
         undo.append(network_host.close)
         from vz_core.network import ExportListener
 
@@ -408,6 +471,7 @@ async def _build(ctx: CheckContext) -> Rig:
             import_port=import_port,
             export_port=export_port,
             host=network_host,
+            dns_upstream=dns_upstream,
         )
         await built.ensure_parts()
     except BaseException:
