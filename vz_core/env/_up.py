@@ -368,12 +368,13 @@ async def _ensure_route_domain(
     if not attaching:
         return None
     from vz_core.env._topology import compile_topology
-    from vz_core.network import ensure_domain
+    from vz_core.network import ensure_domain, ensure_egress
 
     plan = compile_topology(definition, env.env_id).to_json()
     fields = {"environment": env.name, "environment_id": env.env_id, "route_domain": plan["route_domain"]}
     with ctx.progress.step("network", f"preparing route domain {plan['route_domain']}", **fields):
         await ensure_domain(plan)
+        await ensure_egress(plan)  # before the Machines start: their first start has their egress (idempotent)
         # The label is fixed at creation: each recorded Machine's current slice is what its driver attaches
         # with at its next start (vz_core.network.label.current_slice).
         import asyncio
