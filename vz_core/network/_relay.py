@@ -74,6 +74,21 @@ class _Relay:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        raise NotImplementedError
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """One accepted connection (the server's handler task, tracked so that ``close`` ends it)."""
+        task = asyncio.current_task()
+        assert task is not None
+        self._track(task)
+        try:
+            await self._serve(reader, writer)
+        except asyncio.CancelledError:
+            # The listener is closing: the connection ends with it. Returning (not raising) keeps asyncio's
+            # stream server from logging the cancelled handler as an error.
+            writer.close()
+
     async def close(self) -> None:
         for server in self._servers:
             server.close()
@@ -169,10 +184,7 @@ class ExportListener(_Relay):
         await super().close()
         self._thread.close()
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._track(task)
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         up: tuple[Any, Any] | None = None
         made = asyncio.ensure_future(self._thread.run(socket.socket))
         try:
@@ -280,10 +292,7 @@ class ImportRelay(_Relay):
             await self._udp.close()
         await super().close()
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._track(task)
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
         up: tuple[Any, Any] | None = None
         if peer and peer[0] in self.allowed:  # the nft input rule already says so; the relay checks again
