@@ -99,6 +99,11 @@ def _catalogue_ids() -> set[str]:
     return {c.id for c in _catalogue.CATALOGUE}
 
 
+def _outcome_text(outcome: tuple[str, str | None, str | None]) -> str:
+    kind, capability, refusal = outcome
+    return kind if capability is None and refusal is None else f"{kind} ({capability}: {refusal})"
+
+
 def _is_declared(name: str, declared: tuple[object, object, object]) -> bool:
     info, ext, on_run = declared
     try:
@@ -182,6 +187,14 @@ def verify(
             )
         if inproc.info != external.info:
             p.append(f"parity: driver Info differs between in-process ({inproc.info}) and external ({external.info})")
+        outcomes_ext = {c.id: (c.outcome, c.capability, c.refusal) for c in external.cases if c.id in shared}
+        for case in inproc.cases:
+            theirs = outcomes_ext.get(case.id)
+            ours = (case.outcome, case.capability, case.refusal)
+            if theirs is not None and theirs != ours:
+                p.append(
+                    f"parity: case {case.id} is {_outcome_text(ours)} in-process but {_outcome_text(theirs)} externally"
+                )
         result.summary.append(
             f"parity: {len(ids_in)} shared cases identical in both modes, "
             f"{len(external.cases) - len(ids_ext)} external-only"

@@ -53,6 +53,20 @@ def test_two_single_mode_reports_verify_as_parity() -> None:
     assert verify(reports, mode="parity", expect_count=FULL_EXTERNAL).passed
 
 
+def test_parity_needs_the_same_outcome_capability_and_refusal_for_every_shared_case() -> None:
+    first, second = passing_report("in-process"), passing_report("external")
+    gated = next(c for c in first.runs[0].cases if c.outcome == "not-applicable")
+    twin = next(c for c in second.runs[0].cases if c.id == gated.id)
+    assert verify([first, second], mode="parity", expect_count=FULL_EXTERNAL).passed
+    changed = twin.model_copy(update={"refusal": "another refusal"})
+    second.runs[0].cases[second.runs[0].cases.index(twin)] = changed
+    problems = verify([first, second], mode="parity", expect_count=FULL_EXTERNAL).problems
+    assert [p for p in problems if p.startswith("parity:")] == [
+        f"parity: case {gated.id} is not-applicable ({gated.capability}: {gated.refusal}) in-process but "
+        f"not-applicable ({gated.capability}: another refusal) externally"
+    ]
+
+
 def test_a_label_run_passes_against_exactly_that_label() -> None:
     report = passing_report("external", ["exec", "cancel"])
     count = expected_count("external", ["exec", "cancel"])
