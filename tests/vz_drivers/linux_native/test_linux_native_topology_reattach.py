@@ -120,6 +120,10 @@ def test_a_changed_attachment_is_taken_at_the_next_vz_up_and_only_then(tmp_path:
             assert vz.sh(name, "cat /etc/resolv.conf") == after[name]["resolv"]
         vz.sh("db", LISTEN)
         assert vz.sh("app", PROBE.format(after["db"]["first"])) == "yes"  # the declared path, new address
+        # The Environment's DNS (the daemon's, on the new gateway) answers with the new address.
+        resolved = vz.sh("app", "nslookup db 2>&1 | awk '/^Address/ {a=$NF} END {print a}'")
+        assert resolved == after["db"]["first"], resolved
+        assert vz.sh("app", "nc -w 2 db 5432 </dev/null | grep -q '^ok$' && echo yes || echo no") == "yes"
         assert vz.sh("app", PROBE.format(before["db"]["first"])) == "no"  # the old address leads nowhere
 
         # Converged: another `vz up` restarts nothing (db's listener, started before it, still answers).
