@@ -835,7 +835,8 @@ class SessionPool:
 DRIVER_CONNECT = "Drivers.Connect"
 """The local-wire method that opens a driver session for a client (``serve_driver_connect``)."""
 _PROXIED = ("/devsy.runtime.v1.RuntimeDriver/", "/vz.machine.v1.MachineExtensions/")
-_HOP_BY_HOP = ("user-agent", "content-type", "te", "grpc-", ":")
+_HOP_BY_HOP = frozenset({"user-agent", "content-type", "te"})
+_GRPC_OWN = ("grpc-", ":")
 _DETAILS = "grpc-status-details-bin"  # the RuntimeError details: the plugin's, passed on
 _TRANSPORT = ("UNAVAILABLE", "INTERNAL", "CANCELLED", "UNKNOWN")
 _FOREVER = 10**7  # seconds: time_remaining() of a call without a deadline is about this or larger
@@ -846,7 +847,7 @@ def _forwarded(metadata: Any) -> list[tuple[str, str | bytes]]:
     gRPC's own."""
     out: list[tuple[str, str | bytes]] = []
     for key, value in metadata or ():
-        if key.startswith(_HOP_BY_HOP) and key != _DETAILS:
+        if key in _HOP_BY_HOP or (key.startswith(_GRPC_OWN) and key != _DETAILS):
             continue
         out.append((key, value))
     return out
@@ -858,10 +859,11 @@ class DriverProxy:
 
     Nothing is decoded: requests, responses, response headers (``vz-exec-stop-input``, ``vz-exec-chunk``) and
     the status with its RuntimeError details are the plugin's own, so a client sees exactly what the plugin
-    sent (the conformance suite judges it through here). Only one thing is the proxy's: a call whose plugin
-    died during it ends UNAVAILABLE with the plugin's redacted stderr tail (what ``RemoteDriver`` says for its
-    own calls). The plugin's controller (``plugin.GRPCController/Shutdown``) is not reachable: its methods are
-    UNIMPLEMENTED here.
+    sent (the conformance suite judges it through here). What is the proxy's own: a call whose plugin died
+    during it ends UNAVAILABLE with the plugin's redacted stderr tail (what ``RemoteDriver`` says for its own
+    calls), and a call that cannot reach the plugin (a launch that failed, a verified file that changed since
+    the launch) ends with that error, redacted. The plugin's controller (``plugin.GRPCController/Shutdown``)
+    is not reachable: its methods are UNIMPLEMENTED here.
 
     One proxy per ``Drivers.Connect`` call, closed when the call ends. Its socket (mode 0600) is in a fresh
     0700 directory with a random name: only this user can reach it, and only while the call is open.
@@ -966,9 +968,11 @@ class _Relay:
                 pump.cancel()
                 with contextlib.suppress(BaseException):
                     await pump
-            if code == grpc.StatusCode.OK:
-                return
             trailers = tuple(_forwarded(await call.trailing_metadata()))
+            if code == grpc.StatusCode.OK:
+                if trailers:
+                    context.set_trailing_metadata(trailers)
+                return
             details = await call.details() or ""
             has_details = any(key == _DETAILS for key, _ in trailers)
             if code.name in _TRANSPORT and not has_details:
