@@ -298,3 +298,26 @@ async def test_a_driver_file_changed_under_an_open_session_is_refused_at_the_nex
         assert row["launches"] == 1, row  # refused before anything ran again
     finally:
         await driver.close()
+
+
+def test_the_proxy_passes_application_metadata_and_status_details_but_not_grpcs_own() -> None:
+    from vz_core.daemon._sessions import _forwarded
+
+    metadata = [
+        ("te", "trailers"),
+        ("test-key", "kept"),
+        ("user-agent", "grpc-python"),
+        ("content-type", "application/grpc"),
+        ("grpc-timeout", "1S"),
+        ("grpc-status-details-bin", b"\x08\x03"),
+        (":authority", "localhost"),
+        ("vz-exec-chunk", "262144"),
+        ("vz-exec-stop-input", "1"),
+    ]
+    assert _forwarded(metadata) == [
+        ("test-key", "kept"),
+        ("grpc-status-details-bin", b"\x08\x03"),
+        ("vz-exec-chunk", "262144"),
+        ("vz-exec-stop-input", "1"),
+    ]
+    assert _forwarded(None) == []
