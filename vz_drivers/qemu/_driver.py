@@ -302,7 +302,7 @@ class QemuBackend(Backend[QemuRecord, QemuPaths]):
             stop_timeout=self.stop_timeout,
             sessions=int(record.extra.get("sessions", 1)),
             network=True,
-            resolv_conf=record.egress == "allow",
+            resolv_conf=record.egress == "allow" and parse_network_label(record.labels) is None,
         )
         cfg = self._config_dir(record, paths)
         # config.sh holds the environment values (secrets): on a memory filesystem, removed once the agent serves.

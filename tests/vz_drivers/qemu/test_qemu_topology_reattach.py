@@ -3,7 +3,9 @@
 One real VM (TCG here) is created with the ``vz.network`` label of a one-network plan. The plan then changes as
 `vz up` would record it (the network gets a declared subnet, a second network is added): the recorded slice
 (``vz_core.network.label.write_slices``) says the running Machine needs re-attaching; after a stop and a start
-its taps are the new plan's, the guest has exactly the new addresses, and nothing needs re-attaching any more.
+its taps are the new plan's, the guest has exactly the new addresses and the new plan's DNS server in its
+resolv.conf (not QEMU user networking's, even with the driver-level egress "allow"), and nothing needs
+re-attaching any more.
 Nothing is left on the host afterwards (QEMU, taps, namespaces, recorded slices).
 """
 
@@ -89,7 +91,7 @@ def test_a_running_qemu_machine_is_re_attached_by_its_next_start(
     leftovers = ours(inventory(), tag, {domain})
     state = tmp_path / "state"
     labels = (
-        "vz.egress=deny",
+        "vz.egress=allow",  # the route domain decides, not QEMU user networking (nor its resolv.conf)
         f"dev.vz.environment={env}",
         f"dev.vz.machine={machine_id}",
         f"{NETWORK_LABEL}={old}",
@@ -119,6 +121,7 @@ def test_a_running_qemu_machine_is_re_attached_by_its_next_start(
             await driver.stop(wsid)
             await driver.start(wsid)
             seen["after"] = await _guest(driver, wsid, "ip -4 -o addr; ip route")
+            seen["resolv"] = await _guest(driver, wsid, "cat /etc/resolv.conf")
             seen["links"] = _links(domain)
             seen["converged"] = not needs_reattach(env, machine_id, new, old)
             await driver.delete(wsid)
@@ -141,5 +144,7 @@ def test_a_running_qemu_machine_is_re_attached_by_its_next_start(
     assert f"inet {old_app[0]['address']}/32" not in seen["after"]
     assert f"default via {new_app[0]['gateway']} dev eth0" in seen["after"], seen["after"]
     assert seen["converged"] is True
+    dns = next(m for m in after["machines"] if m["name"] == "app")["dns_server"]
+    assert seen["resolv"] == f"nameserver {dns}\nsearch vz.internal\n", seen["resolv"]
     assert not (SLICES_DIR / domain).exists()
     assert ours(inventory(), tag, {domain}) == leftovers
