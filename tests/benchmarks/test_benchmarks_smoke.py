@@ -2,11 +2,13 @@
 
 Smoke mode takes few samples: it proves the code paths (launching plugins, the Go peer, Environments through
 the CLI, linux_native Machines), not the figures. The run's scratch space is a private temporary directory,
-checked afterwards for leftover processes and mounts.
+checked afterwards for leftover processes and mounts. A benchmark with its own smoke test (OWN_SMOKE) is left out
+of this run, so no benchmark runs twice; every registered benchmark is in one of the two.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import shutil
@@ -20,7 +22,9 @@ import psutil
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-IDS = {f"B{i}" for i in range(1, 11)}
+# B11 (network) has its own smoke test with its checks (test_b11_smoke.py: ``--smoke --only B11``).
+OWN_SMOKE = {"B11": "test_b11_smoke.py"}
+IDS = {f"B{i}" for i in range(1, 12)} - set(OWN_SMOKE)
 
 
 @pytest.fixture
@@ -47,12 +51,21 @@ def _leftovers(scratch: Path) -> list[str]:
     return found
 
 
+def test_every_registered_benchmark_has_a_smoke_run() -> None:
+    from benchmarks.__main__ import MODULES
+
+    registered = {importlib.import_module(name).ID for name in MODULES}
+    assert registered == IDS | set(OWN_SMOKE)
+    for test_file in OWN_SMOKE.values():
+        assert (Path(__file__).parent / test_file).is_file(), test_file
+
+
 @pytest.mark.slow
 def test_smoke_run_writes_every_benchmark(scratch: Path) -> None:
     out = scratch / "out"
     env = {**os.environ, "TMPDIR": str(scratch)}
     result = subprocess.run(
-        [sys.executable, "-m", "benchmarks", "--smoke", "--out", str(out)],
+        [sys.executable, "-m", "benchmarks", "--smoke", "--only", ",".join(sorted(IDS)), "--out", str(out)],
         cwd=ROOT,
         env=env,
         capture_output=True,
