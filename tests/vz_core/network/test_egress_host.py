@@ -79,17 +79,36 @@ TTL = 2
 
 
 class Upstream:
-    """A DNS server on 127.0.0.1 answering NAMES with A records (TTL 2) and counting the queries per name."""
+    """A DNS server on 127.0.0.1 (UDP and TCP, one port) answering NAMES with A records (TTL 2); counts the
+    queries per name and the TCP ones."""
 
     def __init__(self) -> None:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.sock.bind(("127.0.0.1", 0))
         self.sock.settimeout(0.2)
         self.port = int(self.sock.getsockname()[1])
+        self.tcp = socket.socket()
+        self.tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.tcp.bind(("127.0.0.1", self.port))
+        self.tcp.listen(8)
+        self.tcp.settimeout(0.2)
         self.asked: dict[str, int] = {}
+        self.over_tcp = 0
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
+        self._threads = [threading.Thread(target=f, daemon=True) for f in (self._serve, self._serve_tcp)]
+        for thread in self._threads:
+            thread.start()
+
+    def _reply(self, data: bytes) -> bytes:
+        name, end = _qname(data)
+        self.asked[name] = self.asked.get(name, 0) + 1
+        address = NAMES.get(name)
+        flags = 0x8180 if address else 0x8183
+        answers = b""
+        if address is not None:
+            answers = b"\xc0\x0c" + struct.pack("!HHIH", 1, 1, TTL, 4) + ipaddress.IPv4Address(address).packed
+        head = data[:2] + struct.pack("!HHHHH", flags, 1, 1 if address else 0, 0, 0)
+        return head + data[12:end] + answers
 
     def _serve(self) -> None:
         while not self._stop.is_set():
@@ -97,20 +116,31 @@ class Upstream:
                 data, addr = self.sock.recvfrom(2048)
             except (TimeoutError, OSError):
                 continue
-            name, end = _qname(data)
-            self.asked[name] = self.asked.get(name, 0) + 1
-            address = NAMES.get(name)
-            flags = 0x8180 if address else 0x8183
-            answers = b""
-            if address is not None:
-                answers = b"\xc0\x0c" + struct.pack("!HHIH", 1, 1, TTL, 4) + ipaddress.IPv4Address(address).packed
-            head = data[:2] + struct.pack("!HHHHH", flags, 1, 1 if address else 0, 0, 0)
-            self.sock.sendto(head + data[12:end] + answers, addr)
+            self.sock.sendto(self._reply(data), addr)
+
+    def _serve_tcp(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.tcp.accept()
+            except (TimeoutError, OSError):
+                continue
+            with conn:
+                conn.settimeout(5)
+                try:
+                    (length,) = struct.unpack("!H", conn.recv(2, socket.MSG_WAITALL))
+                    data = conn.recv(length, socket.MSG_WAITALL)
+                except (OSError, struct.error):
+                    continue
+                self.over_tcp += 1
+                reply = self._reply(data)
+                conn.sendall(struct.pack("!H", len(reply)) + reply)
 
     def close(self) -> None:
         self._stop.set()
-        self._thread.join()
+        for thread in self._threads:
+            thread.join()
         self.sock.close()
+        self.tcp.close()
 
 
 def _qname(message: bytes) -> tuple[str, int]:
@@ -127,13 +157,20 @@ def _query(name: str) -> bytes:
     return struct.pack("!HHHHHH", 0x4242, 0x0100, 1, 0, 0, 0) + question
 
 
-def resolve(netns: str, server: str, name: str) -> tuple[int, list[str]]:
-    """(rcode, A addresses) of a query for ``name`` sent from the namespace to ``server``:53 over UDP."""
-    sock = in_netns(netns, lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM))
+def resolve(netns: str, server: str, name: str, *, tcp: bool = False) -> tuple[int, list[str]]:
+    """(rcode, A addresses) of a query for ``name`` sent from the namespace to ``server``:53 (UDP or TCP)."""
+    kind = socket.SOCK_STREAM if tcp else socket.SOCK_DGRAM
+    sock = in_netns(netns, lambda: socket.socket(socket.AF_INET, kind))
     sock.settimeout(5)
     try:
-        sock.sendto(_query(name), (server, 53))
-        data = sock.recv(2048)
+        if tcp:
+            sock.connect((server, 53))
+            sock.sendall(struct.pack("!H", len(_query(name))) + _query(name))
+            (length,) = struct.unpack("!H", sock.recv(2, socket.MSG_WAITALL))
+            data = sock.recv(length, socket.MSG_WAITALL)
+        else:
+            sock.sendto(_query(name), (server, 53))
+            data = sock.recv(2048)
     finally:
         sock.close()
     rcode = data[3] & 0x0F
@@ -267,6 +304,13 @@ async def test_host_egress_allowed_offline_allowlist_and_denials(
         # DNS beyond the Environment: forwarded for allowed and for allowlisted names only.
         assert await asyncio.to_thread(resolve, netns["app"], alpha_dns, "public.example.org") == (0, [PUBLIC])
         assert await asyncio.to_thread(resolve, netns["off"], alpha_dns, "public.example.org") == (5, [])
+        # Over TCP too (forwarded over TCP: the upstream counts it).
+        assert await asyncio.to_thread(resolve, netns["app"], alpha_dns, "public.example.org", tcp=True) == (
+            0,
+            [PUBLIC],
+        )
+        assert upstream.over_tcp == 1
+        assert await asyncio.to_thread(resolve, netns["off"], alpha_dns, "public.example.org", tcp=True) == (5, [])
         asked = dict(upstream.asked)
         assert await asyncio.to_thread(resolve, netns["lst"], alpha_dns, "other.example.com") == (5, [])
         assert await asyncio.to_thread(resolve, netns["lst"], alpha_dns, "example.com") == (
