@@ -882,6 +882,14 @@ def network_problems(definition: ProjectDefinition) -> list[tuple[str, str]]:
 
     for i, m in enumerate(definition.machines):
         where = f"$.machines[{i}]"
+        if m.name == "host":
+            out.append(
+                (
+                    f"{where}.name",
+                    "'host' is reserved in version 2: host.vz.internal is the Environment's relay of the host's "
+                    "imports; give the Machine another name",
+                )
+            )
         if m.egress_declared in ("allow", "deny"):
             new = "allowed" if m.egress_declared == "allow" else "offline"
             out.append(

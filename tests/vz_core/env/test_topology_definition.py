@@ -441,6 +441,13 @@ def _long_name(i: int) -> str:
             "$.machines[0]",
             "more than the 8192 its driver accepts; shorten its egress allowlist",
         ),
+        (  # host.vz.internal names the import relay: a Machine of that name would be ambiguous in DNS
+            v2(
+                machine("host"), machine("app"), imports=[{"machine": "app", "host_port": 11434}], default_machine="app"
+            ),
+            "$.machines[0].name",
+            "'host' is reserved in version 2",
+        ),
     ],
     ids=[
         "implicit-vs-declared-export",
@@ -451,6 +458,7 @@ def _long_name(i: int) -> str:
         "automatic-subnet-full",
         "no-automatic-subnet-left",
         "label-too-long",
+        "machine-named-host",
     ],
 )
 def test_declarations_that_would_fail_when_machines_start_fail_before(
