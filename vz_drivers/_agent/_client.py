@@ -20,7 +20,7 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType, TracebackType
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from vz_core import (
     ExecEvent,
@@ -346,16 +346,21 @@ class AgentClient:
         }
         if root_override is not None:
             request["root"] = root_override
-        wide = min(exec_output_limit.get() if chunk is None else chunk, self.info.max_data)
-        if wide > p.MAX_DATA:
-            request["max_data"] = wide
+        # Events of at most ``limit`` bytes; the agent's frames as wide as agreed (cut here when wider: one frame
+        # and one wakeup per MiB rather than 32, whatever the consumer takes).
+        limit = max(p.MAX_DATA, min(exec_output_limit.get() if chunk is None else chunk, self.info.max_data))
+        wide = self.info.max_data > p.MAX_DATA
+        if wide:
+            request["max_data"] = self.info.max_data
             request["stdin_window"] = p.WIDE_STDIN_WINDOW
-            request["window"] = max(self._window, p.WIDE_OUTPUT_WINDOW)
+            if limit > p.MAX_DATA:  # a consumer of wide chunks: a larger output credit too
+                request["window"] = max(self._window, p.WIDE_OUTPUT_WINDOW)
         payload = json.dumps(request).encode()
         st = self._open_stream()
-        if wide > p.MAX_DATA:
+        if wide:
             st.stdin_credit = p.WIDE_STDIN_WINDOW
-            st.grant_threshold = max(self._grant_threshold, p.WIDE_OUTPUT_WINDOW // 4)
+            if limit > p.MAX_DATA:
+                st.grant_threshold = max(self._grant_threshold, p.WIDE_OUTPUT_WINDOW // 4)
         try:
             self._write(p.frame(p.T_EXEC_START, st.id, payload))
         except BaseException:
@@ -369,8 +374,16 @@ class AgentClient:
                 if kind == "out":
                     channel: int = item[1]
                     data: bytes = item[2]
-                    self._consumed(st, channel, len(data))
-                    yield ExecOutput("stdout" if channel == p.CH_STDOUT else "stderr", data)
+                    name: Literal["stdout", "stderr"] = "stdout" if channel == p.CH_STDOUT else "stderr"
+                    if len(data) <= limit:
+                        self._consumed(st, channel, len(data))
+                        yield ExecOutput(name, data)
+                        continue
+                    view = memoryview(data)
+                    for start in range(0, len(view), limit):
+                        piece = bytes(view[start : start + limit])
+                        self._consumed(st, channel, len(piece))  # credit as the consumer takes each piece
+                        yield ExecOutput(name, piece)
                 elif kind == "exit":
                     await self._stop_task(pump)
                     self._streams.pop(st.id, None)

@@ -135,6 +135,25 @@ async def test_client_agrees_and_keeps_32_kib_events_unless_asked(client: AgentC
         exec_output_limit.reset(token)
 
 
+async def test_a_32_kib_consumer_still_gets_wide_agent_frames_cut_into_events(client: AgentClient) -> None:
+    frames: list[int] = []
+    dispatch = client._dispatch
+
+    def counting(type_: int, stream: int, payload: bytes) -> None:
+        if type_ == p.T_STDOUT:
+            frames.append(len(payload))
+        dispatch(type_, stream, payload)
+
+    client._dispatch = counting  # type: ignore[method-assign]
+    data = os.urandom(4 * _MIB)
+    events = [
+        e async for e in client.exec(spec("cat"), chunks(*[data[i : i + _MIB] for i in range(0, len(data), _MIB)]))
+    ]
+    sizes = [len(e.data) for e in events if isinstance(e, ExecOutput)]
+    assert events[-1] == ExecExit(0) and b"".join(e.data for e in events if isinstance(e, ExecOutput)) == data
+    assert max(sizes) == p.MAX_DATA and max(frames) > p.MAX_DATA and len(frames) < len(sizes) // 4
+
+
 async def test_client_with_an_agent_that_predates_wide_frames(tmp_path: Path) -> None:
     """An agent whose HELLO reply has no ``max_data``: 32 KiB stdin frames, no wide fields in EXEC_START."""
     seen: dict[str, Any] = {"stdin": []}
