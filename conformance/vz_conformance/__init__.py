@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from vz_conformance._context import CheckContext
     from vz_conformance._gate import GateResult, expected_count, verify
     from vz_conformance._outcome import NotApplicable, Outcome, Passed
-    from vz_conformance._providers import DriverProvider, ExternalProvider, InProcessProvider
+    from vz_conformance._providers import DaemonProvider, DriverProvider, ExternalProvider, InProcessProvider
     from vz_conformance._report import CaseEntry, Report, load_report, schema
     from vz_conformance._runner import run_cases, run_suite
 
@@ -44,6 +44,7 @@ _WHERE = {
     "NotApplicable": "_outcome",
     "Outcome": "_outcome",
     "Passed": "_outcome",
+    "DaemonProvider": "_providers",
     "DriverProvider": "_providers",
     "ExternalProvider": "_providers",
     "InProcessProvider": "_providers",
@@ -63,6 +64,7 @@ __all__ = [
     "CaseEntry",
     "CheckContext",
     "CheckFn",
+    "DaemonProvider",
     "DriverProvider",
     "ExternalProvider",
     "GateResult",
