@@ -85,12 +85,20 @@ def pool_network(value: str | None = None) -> ipaddress.IPv4Network:
     return net
 
 
-def host_egress_ruleset(environment_id: str, uplink: Uplink, connected: list[ipaddress.IPv4Network]) -> str:
-    """The host table ``inet vz_<id12>`` for the Environment's uplink (pure)."""
+def host_egress_ruleset(
+    environment_id: str,
+    uplink: Uplink,
+    connected: list[ipaddress.IPv4Network],
+    pool: ipaddress.IPv4Network | None = None,
+) -> str:
+    """The host table ``inet vz_<id12>`` for the Environment's uplink (pure); ``pool`` (every uplink's range)
+    joins the destinations never forwarded to."""
     table = host_table(environment_id)
     dev = uplink_name(environment_id)
     never = sorted(
-        ipaddress.collapse_addresses([*(ipaddress.IPv4Network(n) for n in NEVER), uplink.network]),
+        ipaddress.collapse_addresses(
+            [*(ipaddress.IPv4Network(n) for n in NEVER), uplink.network, *([pool] if pool is not None else [])]
+        ),
         key=lambda n: (int(n.network_address), n.prefixlen),
     )
     nets = sorted(ipaddress.collapse_addresses(connected), key=lambda n: (int(n.network_address), n.prefixlen))
@@ -301,7 +309,7 @@ async def ensure_egress(
     )
     table = host_table(env_id)
     script = f"table inet {table}\ndelete table inet {table}\n" + host_egress_ruleset(
-        env_id, uplink, await _host_networks(tools, network)
+        env_id, uplink, await _host_networks(tools, network), network
     )
     await _run([tools.nft, "-f", "-"], script.encode(), what=f"nft table {table}")
     await _sweep(tools)

@@ -40,9 +40,11 @@ from vz_core.env._topology import compile_topology
 from vz_core.errors import InvalidArgumentError, UnavailableError
 from vz_core.network import (
     NetworkHost,
+    Uplink,
     attach_machine,
     ensure_domain,
     ensure_egress,
+    host_egress_ruleset,
     host_table,
     remove_domain,
     uplink_name,
@@ -395,3 +397,27 @@ async def test_allocation_avoids_host_routes_and_leftovers_converge(
     run("nft", "add", "table", "inet", host_table(env_ids[0]))
     assert await remove_domain(env_ids[0]) is False
     assert host_table(env_ids[0]) not in run("nft", "list", "tables")
+
+
+def test_host_table_text() -> None:
+    uplink = Uplink.of("/proc/1/ns/net", "10.254.7.0/30")
+    env_id = "env_0123456789ab"
+    text = host_egress_ruleset(
+        env_id,
+        uplink,
+        [ipaddress.IPv4Network("192.0.2.0/24"), ipaddress.IPv4Network("192.0.2.0/25")],
+        ipaddress.IPv4Network("10.254.0.0/16"),
+    )
+    assert text.startswith(f"table inet {host_table(env_id)} {{")
+    never = re.search(r"set never \{.*?elements = \{ (.*?) \}", text, re.S)
+    assert never is not None and "10.254.0.0/16" in never.group(1) and "169.254.0.0/16" in never.group(1)
+    assert "elements = { 192.0.2.0/24 }" in text  # collapsed: an interval set refuses overlapping elements
+    dev = uplink_name(env_id)
+    for rule in (
+        f'iifname "{dev}" drop',
+        f'iifname "{dev}" ip saddr != 10.254.7.2 drop',
+        f'iifname "{dev}" oifname "vzu*" drop',
+        f'oifname "{dev}" ct state established,related accept',
+        'ip saddr 10.254.7.2 oifname != "vzu*" masquerade',
+    ):
+        assert rule in text, rule
