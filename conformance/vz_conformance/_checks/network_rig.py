@@ -343,6 +343,11 @@ async def rig(ctx: CheckContext) -> Rig:
         fail("network rig", "the suite's Environment built", found)
     try:
         built = await _build(ctx)
+    except asyncio.CancelledError:
+        # The case ran out of time while the rig was built: later cases fail at once rather than build a second
+        # rig next to the first one's teardown.
+        ctx.session.share(_KEY, "not built within the time limit of the first network case", _nothing)
+        raise
     except AssertionError as exc:
         ctx.session.share(_KEY, str(exc), _nothing)
         raise
