@@ -10,13 +10,14 @@ from pathlib import Path
 
 def go_build(package: Path, out: Path, cache: Path) -> subprocess.CompletedProcess[str]:
     go = shutil.which("go") or "go"
+    shared = os.environ.get("GOCACHE", "")  # scripts/test.sh shares Go's build cache between the run's builds
     env = {k: v for k, v in os.environ.items() if not k.startswith("GO") and k != "CGO_ENABLED"}
     env.update(
         GOOS="darwin",
         GOARCH="arm64",
         CGO_ENABLED="0",
         GO111MODULE="off",
-        GOCACHE=str(cache),
+        GOCACHE=shared if os.path.isabs(shared) else str(cache),
         GOPATH=str(cache / "gopath"),
         GOFLAGS="",
     )
