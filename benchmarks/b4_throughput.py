@@ -121,6 +121,20 @@ def _figure(rounds: list[dict[str, Any]], total: int) -> dict[str, Any]:
     return out
 
 
+def _cpu(pids: dict[str, int]) -> dict[str, float]:
+    """User + system CPU seconds of each process so far (0 for one that is gone)."""
+    import psutil
+
+    out: dict[str, float] = {}
+    for name, pid in pids.items():
+        try:
+            times = psutil.Process(pid).cpu_times()
+            out[name] = float(times.user + times.system)
+        except psutil.Error:
+            out[name] = 0.0
+    return out
+
+
 def _rss(pid: int) -> int:
     import psutil
 
@@ -331,13 +345,29 @@ async def run(ctx: Any) -> dict[str, Any]:
             for name, peer in peers.items():
                 if peer is not None:
                     cases[f"peer_{name}_exec_i"] = cli_case(peer.exec_argv("cat", interactive=True))
+            frame_pids = {
+                "host": os.getpid(),
+                "plugin": frames.connection.pid if frames.connection is not None else 0,
+                "agent": _agent_pid(workdir / "frames-state"),
+            }
+            cpu: dict[str, dict[str, float]] = {}
             for _ in range(rounds):
                 for name, case in cases.items():
+                    before = _cpu(frame_pids) if name.startswith("grpc_frames") else {}
                     result = await case()
+                    if before:
+                        after = _cpu(frame_pids)
+                        spent = cpu.setdefault(name, dict.fromkeys(frame_pids, 0.0))
+                        for key in frame_pids:
+                            spent[key] += after[key] - before[key]
                     _check(sink, result["bytes"], total, expected, name)
                     samples.setdefault(name, []).append(result)
             for name, values in samples.items():
                 out[name] = _figure(values, total)
+                if name in cpu:
+                    # CPU per MiB moved, per process on the path: what the loaded machine's wall time hides.
+                    moved = total * len(values) / _MIB
+                    out[name]["cpu_ms_per_mib"] = {k: round(v * 1000 / moved, 2) for k, v in cpu[name].items()}
             for name, peer in peers.items():
                 out.setdefault(f"peer_{name}_exec_i", None)
                 if peer is not None:
