@@ -1154,6 +1154,35 @@ def network_problems(definition: ProjectDefinition) -> list[tuple[str, str]]:
 _PLACEHOLDER_ID = "env_000000000000"
 
 
+def unreachable_problems(definition: ProjectDefinition, attaching: set[str]) -> list[tuple[str, str]]:
+    """Network declarations no driver could honour: a path, export or import naming a Machine whose driver does
+    not join Machines to route domains (``attaching`` holds the names of the Machines whose driver advertises
+    the Extensions fact ``topology``). Such a Machine runs isolated (its driver's ``deny``), so the declaration
+    would silently never connect; ``vz up`` refuses it before anything is created."""
+    if definition.version != 2:
+        return []
+    drivers = {m.name: m.driver for m in definition.machines}
+
+    def why(name: str) -> str:
+        return (
+            f"{name!r} runs on driver {drivers[name]!r}, which does not join Machines to the Environment's route "
+            "domain (no Extensions fact 'topology'): nothing could ever connect it; use a driver that does "
+            "(linux_native, qemu) or remove the declaration"
+        )
+
+    out: list[tuple[str, str]] = []
+    for i, path in enumerate(definition.paths):
+        for key, name in (("from", path.source), ("to", path.to)):
+            if name in drivers and name not in attaching:
+                out.append((f"$.paths[{i}].{key}", why(name)))
+    targets = [("exports", i, e.machine) for i, e in enumerate(definition.exports)]
+    targets += [("imports", i, e.machine) for i, e in enumerate(definition.imports)]
+    for key, i, name in targets:
+        if name in drivers and name not in attaching:
+            out.append((f"$.{key}[{i}].machine", why(name)))
+    return out
+
+
 def _label_problems(definition: ProjectDefinition) -> list[tuple[str, str]]:
     """Each Machine's share of the topology must fit its ``vz.network`` label. The label's length does not depend
     on the Environment (ids have one length; addresses and interface names come from the definition alone), so

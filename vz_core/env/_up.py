@@ -37,7 +37,7 @@ from vz_core.env._context import (
 )
 from vz_core.env._discover import DefinitionHeader, find_definition
 from vz_core.env._drivers import DriverFacts, DriverPool
-from vz_core.env._errors import ConflictError, PlanError
+from vz_core.env._errors import ConflictError, DefinitionError, PlanError
 from vz_core.env._ids import new_env_id, new_machine_id, workspace_id
 from vz_core.env._locks import FileLock, env_lock_path, project_lock_path
 from vz_core.env._plan import Observed, Plan, RecordedMachine, Step, compute_plan
@@ -472,6 +472,7 @@ async def _prepare(ctx: Context, pool: DriverPool) -> _Prepared:
                 raise UserError(f"{where}.image: {exc}") from None
             _check_local_image(machine.image, f"{where}.image")
         _check_host_resources(machine, where)
+    attaching: set[str] = set()
     for index, machine in enumerate(definition.machines):
         where = f"$.machines[{index}]"
         try:
@@ -487,6 +488,16 @@ async def _prepare(ctx: Context, pool: DriverPool) -> _Prepared:
         # for TargetArchitecture before the Machine's workspace exists; the answer is checked after creation.
         native[machine.name] = host_arch
         _check_machine(machine, facts, host_arch, path.parent, where, ctx.progress, definition.version)
+        if _attaches(facts):
+            attaching.add(machine.name)
+    # A path, export or import of a Machine whose driver cannot join it to the route domain would never connect.
+    from vz_core.env._definition import unreachable_problems
+
+    problems = unreachable_problems(definition, attaching)
+    if problems:
+        lines = "\n".join(f"  {where}: {message}" for where, message in problems)
+        count = f"{len(problems)} problem{'s' if len(problems) != 1 else ''}"
+        raise DefinitionError(f"{path} declares network paths no driver can realize ({count}):\n{lines}", problems)
     return _Prepared(definition, path, environments, native, redactor)
 
 

@@ -489,3 +489,23 @@ def test_the_limits_themselves_are_accepted() -> None:
     plan = compile_topology(parse_definition(full), "env_0123456789ab").to_json()
     assert len({m["attachments"][0]["address"] for m in plan["machines"]}) == 253
     parse_definition(shop(imports=[{"machine": "app", "host_port": 3001}]))  # next to the export's 3000: fine
+
+
+def test_declarations_of_machines_whose_driver_cannot_join_the_route_domain_are_named() -> None:
+    """`vz up` refuses (before anything is created) a path, export or import of a Machine whose driver does not
+    advertise the Extensions fact topology: it would run isolated and the declaration would never connect."""
+    from vz_core.env._definition import unreachable_problems
+
+    definition = parse_definition(shop())
+    assert unreachable_problems(definition, {"app", "db"}) == []
+    found = dict(unreachable_problems(definition, {"app"}))
+    assert set(found) == {"$.paths[0].to"}, found
+    assert "'db' runs on driver 'fake', which does not join Machines" in found["$.paths[0].to"]
+    assert set(dict(unreachable_problems(definition, set()))) == {
+        "$.paths[0].from",
+        "$.paths[0].to",
+        "$.exports[0].machine",
+        "$.imports[0].machine",
+    }
+    version1 = parse_definition({"version": 1, "project_id": "shop", "machines": [machine()]})
+    assert unreachable_problems(version1, set()) == []
