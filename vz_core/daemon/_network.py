@@ -60,6 +60,9 @@ class DaemonNetwork:
     def __init__(self, store_path: Path | None = None, host: Any = None) -> None:
         self._store_path = store_path
         self._host = host
+        # Checked now: a bad VZ_NETWORK_DNS_* value stops the daemon at its start, naming the variable, rather
+        # than a `vz up` after its Machines were created.
+        self._dns_options = dns_options(os.environ)
 
     @property
     def host(self) -> Any:
@@ -68,7 +71,7 @@ class DaemonNetwork:
         if self._host is None:
             from vz_core.network import NetworkHost
 
-            self._host = NetworkHost(**dns_options(os.environ))
+            self._host = NetworkHost(**self._dns_options)
         return self._host
 
     async def _egress(self, plan: Mapping[str, Any]) -> BaseException | None:

@@ -46,3 +46,14 @@ def test_uplink_pool(monkeypatch: pytest.MonkeyPatch) -> None:
     for bad in ("8.8.8.0/24", "10.0.0.0/31", "127.0.0.0/24", "169.254.0.0/16", "nonsense"):
         with pytest.raises(InvalidArgumentError, match="VZ_NETWORK_UPLINK_POOL"):
             pool_network(bad)
+
+
+def test_a_bad_value_stops_the_daemons_network_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    from vz_core.daemon._network import DaemonNetwork
+
+    monkeypatch.setenv("VZ_NETWORK_DNS_UPSTREAMS", "resolver.example")
+    with pytest.raises(InvalidArgumentError, match="VZ_NETWORK_DNS_UPSTREAMS"):
+        DaemonNetwork()
+    monkeypatch.setenv("VZ_NETWORK_DNS_UPSTREAMS", "127.0.0.1:5353")
+    host = DaemonNetwork().host  # the NetworkHost it makes forwards there (nothing is started)
+    assert host._dns_options["upstreams"] == [("127.0.0.1", 5353)]
