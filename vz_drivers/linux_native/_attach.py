@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from vz_core.errors import InvalidArgumentError
 from vz_core.network import attach_machine, detach_machine
 from vz_core.network.label import FACT_KEY, LABEL, MachineSlice, current_slice, note_attached, parse_machine_slice
 from vz_drivers.linux_native._network import NetworkConfig, setup_network
@@ -80,8 +81,12 @@ async def connect_machine(cfg: NetworkConfig, *, pid: int, key: str, egress: str
 async def disconnect_machine(labels: Mapping[str, str]) -> None:
     """Remove a released Machine's domain ends, the current slice's and the label's (idempotent; nothing for a
     Machine without either)."""
+    try:
+        current = current_slice(labels)
+    except InvalidArgumentError:  # a damaged recorded slice never keeps a Machine from stopping: the label's
+        current = None
     done: list[dict[str, object]] = []
-    for found in (current_slice(labels), network_slice(labels)):
+    for found in (current, network_slice(labels)):
         if found is not None and found.plan not in done:
             done.append(found.plan)
             await detach_machine(found.plan, found.machine)
