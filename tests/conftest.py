@@ -163,3 +163,23 @@ def _no_leaks(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
         problems.append(f"environment variables changed: {changed}")
     if problems:
         pytest.fail(f"{request.node.nodeid} leaked: " + " | ".join(problems), pytrace=False)
+
+
+_IP_FORWARD = Path("/proc/sys/net/ipv4/ip_forward")
+
+
+@pytest.fixture
+def host_ipv4_forwarding() -> Iterator[None]:
+    """``net.ipv4.ip_forward`` on for the test, the host's earlier value back afterwards.
+
+    A version 2 Environment's egress needs the host to forward IPv4 and vz refuses to turn it on by itself, so a
+    test of egress sets it as the host's administrator would (a fresh host has it off).
+    """
+    before = _IP_FORWARD.read_text().strip()
+    if before != "1":
+        _IP_FORWARD.write_text("1")
+    try:
+        yield
+    finally:
+        if _IP_FORWARD.read_text().strip() != before:
+            _IP_FORWARD.write_text(before)

@@ -198,7 +198,7 @@ def _nc(target: str, port: int = 80) -> str:
 
 
 @pytest.fixture
-def internet() -> Iterator[_Internet]:
+def internet(host_ipv4_forwarding: None) -> Iterator[_Internet]:
     inet = _Internet(os.urandom(2).hex())
     try:
         yield inet

@@ -30,6 +30,7 @@ import struct
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -37,7 +38,7 @@ from netns_kit import Listener, Namespaces, attempt, in_netns, listen, run
 
 from vz_core.env._definition import parse_definition
 from vz_core.env._topology import compile_topology
-from vz_core.errors import InvalidArgumentError, UnavailableError
+from vz_core.errors import FailedPreconditionError, InvalidArgumentError, UnavailableError
 from vz_core.network import (
     NetworkHost,
     Uplink,
@@ -199,7 +200,7 @@ def _host_addresses() -> list[str]:
 
 
 @pytest.fixture
-def internet(namespaces: Namespaces) -> Iterator[str]:
+def internet(namespaces: Namespaces, host_ipv4_forwarding: None) -> Iterator[str]:
     """The "internet" namespace, its veth to the host and the host's route to 203.0.113.0/24 (all removed)."""
     inet = namespaces.add("inet")
     name = inet.rsplit("/", 1)[1]
@@ -216,6 +217,13 @@ def internet(namespaces: Namespaces) -> Iterator[str]:
     finally:
         with contextlib.suppress(RuntimeError):
             run("ip", "link", "del", host_end)  # the route goes with it
+
+
+def _ip_forward(value: str | None = None) -> str:
+    path = Path("/proc/sys/net/ipv4/ip_forward")
+    if value is not None:
+        path.write_text(value)
+    return path.read_text().strip()
 
 
 def _rules(table: str) -> str:
@@ -370,6 +378,16 @@ async def test_allocation_avoids_host_routes_and_leftovers_converge(
     try:
         await ensure_domain(plan)
         await attach_machine(plan, "peer", namespaces.add("peer"))
+        # A host that does not forward IPv4 is refused naming the sysctl; vz changes neither it nor anything else.
+        _ip_forward("0")
+        try:
+            with pytest.raises(FailedPreconditionError, match=r"net\.ipv4\.ip_forward"):
+                await ensure_egress(plan)
+            assert _ip_forward() == "0"
+        finally:
+            _ip_forward("1")
+        assert uplink_name(env_ids[0]) not in run("ip", "-o", "link")
+        assert host_table(env_ids[0]) not in run("nft", "list", "tables")
         with pytest.raises(InvalidArgumentError, match="VZ_NETWORK_UPLINK_POOL"):
             await ensure_egress(plan, pool="10.254.0.0/31")
         # 198.51.100.0/30 is the internet veth's (a host route): the next /30 of the pool is taken instead.
