@@ -112,9 +112,14 @@ def plugin_driver(tmp_path: Path, name: str, state_dir: Path, image_dir: Path, a
     return RemoteDriver(PluginLauncher(lambda: LaunchSpec(name, argv), name=name))
 
 
-def parity_run(tmp_path: Path, driver: str, *extra: str, timeout: float) -> dict[str, Any]:
+def parity_run(
+    tmp_path: Path, driver: str, *extra: str, timeout: float, through_daemon: bool = False
+) -> dict[str, Any]:
     """``vz-conformance run --provider-mode parity`` for ``driver`` exactly as CI runs it, gated by
-    ``verify-report``; returns the report."""
+    ``verify-report``; returns the report.
+
+    ``through_daemon``: the external side is the vz daemon's own plugin of ``driver`` (``--through-daemon``), the
+    daemon of a private VZ_HOME under ``tmp_path`` (plugins never idle out during the run), stopped afterwards."""
     from vz_conformance._gate import expected_count
 
     report = tmp_path / f"{driver}-parity.json"
@@ -126,10 +131,21 @@ def parity_run(tmp_path: Path, driver: str, *extra: str, timeout: float) -> dict
         *extra,
         "--provider-mode",
         "parity",
+        *(["--through-daemon"] if through_daemon else []),
         "--report",
         str(report),
     ]
-    run_ = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
+    env = dict(os.environ)
+    home = tmp_path / "home"
+    if through_daemon:
+        env.update(VZ_HOME=str(home), VZ_DAEMON_PLUGIN_IDLE="0")
+    try:
+        run_ = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False, env=env)
+    finally:
+        if through_daemon:
+            from vz_core.daemon import stop_daemon
+
+            stop_daemon(home, env)
     assert run_.returncode == 0, run_.stdout[-4000:] + run_.stderr[-6000:]
     count = expected_count("parity")
     gate = subprocess.run(

@@ -1,4 +1,5 @@
-"""linux_native passes the whole conformance catalogue in-process and as its plugin (parity).
+"""linux_native passes the whole conformance catalogue in-process and as its plugin (parity), the plugin being the
+vz daemon's own (``--through-daemon``: the daemon's SessionPool launches and verifies it).
 
 The driver's acceptance command, run exactly as CI runs it for every built-in driver.
 """
@@ -14,6 +15,8 @@ from machine_testlib import not_passed, parity_run
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_parity_run_of_the_whole_catalogue_passes_the_gate(tmp_path: Path) -> None:
-    report = parity_run(tmp_path, "linux_native", timeout=1700)
+    # A private VZ_HOME and its own Machine subnet: nothing shared with the host's other linux_native states.
+    subnet = ("--driver-option", "subnet=10.234.0.0/16")
+    report = parity_run(tmp_path, "linux_native", *subnet, timeout=1700, through_daemon=True)
     # linux_native declares storage limits absent (no quota here): that case alone may be a verified refusal.
     assert not_passed(report) in ([], ["storage.size"]), not_passed(report)
