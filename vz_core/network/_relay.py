@@ -145,6 +145,7 @@ class ExportListener(_Relay):
         self.domain_path = f"/run/netns/{spec.name}"
         self.port: int | None = None
         self._thread = NamespaceThread(self.domain_path)  # makes the in-domain socket of each connection
+        self._spare: asyncio.Future[socket.socket] | None = None  # the next connection's, made ahead
 
     async def start(self) -> int:
         """Listen on the first free candidate port; returns it (UnavailableError when every one is taken)."""
@@ -182,11 +183,23 @@ class ExportListener(_Relay):
         if self._udp is not None:
             await self._udp.close()
         await super().close()
+        if self._spare is not None:
+            self._spare.add_done_callback(_close_made)
+            self._spare = None
         self._thread.close()
+
+    def _next_socket(self) -> asyncio.Future[socket.socket]:
+        """The in-domain socket for a new connection: the one made ahead when it is ready (a connection then
+        waits for no thread), and another made ahead for the next one."""
+        made = self._spare
+        if made is None or (made.done() and (made.cancelled() or made.exception() is not None)):
+            made = asyncio.ensure_future(self._thread.run(socket.socket))
+        self._spare = asyncio.ensure_future(self._thread.run(socket.socket))
+        return made
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         up: tuple[Any, Any] | None = None
-        made = asyncio.ensure_future(self._thread.run(socket.socket))
+        made = self._next_socket()
         try:
             sock = await asyncio.shield(made)
         except asyncio.CancelledError:  # closing: the socket being made is closed when it arrives
