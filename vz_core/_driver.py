@@ -235,7 +235,7 @@ def is_terminal(fd: int, st: os.stat_result | None = None) -> bool:
     return os.isatty(fd) or (os.uname().sysname == "Linux" and os.major(st.st_rdev) in _TTY_MAJORS)
 
 
-_READ_SIZE = 256 * 1024
+_READ_SIZE = 1024 * 1024  # a wide exec frame; fewer, larger reads cost the copying path less CPU per MiB
 _SIGPIPE_EXIT = ExecExit(128 + 13, "SIGPIPE")
 
 
