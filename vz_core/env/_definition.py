@@ -418,7 +418,7 @@ def _network_key(text: str) -> tuple[int, int, int]:
 
 
 def check_egress_destination(text: str) -> str:
-    """One allowlist entry, normalized: an IPv4/IPv6 address or CIDR (``10.0.0.0/8``) or a domain name
+    """One allowlist entry, normalized: an IPv4 address or CIDR (``10.0.0.0/8``) or a domain name
     (``example.com``, ``*.example.com`` for every name below it). Raises ValueError saying what is wrong."""
     if len(text) > 253 or _CONTROL_RE.search(text):
         raise ValueError(f"{text[:40]!r}: an allowlist entry is an address, a CIDR or a domain name")
@@ -432,6 +432,13 @@ def check_egress_destination(text: str) -> str:
             except ValueError:
                 raise ValueError(f"{text!r} is not an IP address, a CIDR (e.g. 10.0.0.0/8) or a domain name") from None
             raise ValueError(f"{text!r} has host bits set; the network is {loose}") from None
+        if net.version == 6:
+            # Route domains carry IPv4 only (IPv6 is off inside them): an IPv6 entry would be accepted and do
+            # nothing, which is worse than saying so.
+            raise ValueError(
+                f"{text!r} is an IPv6 destination; Environments reach IPv4 destinations only (IPv6 is off in route "
+                "domains): list its IPv4 CIDR or its domain name instead"
+            )
         for never, what in _EGRESS_NEVER:
             if net.version == never.version and net.overlaps(never):
                 hint = (
