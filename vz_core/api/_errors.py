@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from vz_core.daemon import ErrorObject, error_fields
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -10,7 +12,7 @@ if TYPE_CHECKING:
 __all__ = ["ApiError"]
 
 
-class ApiError(Exception):
+class ApiError(ErrorObject, Exception):
     """A call failed. The fields are the daemon's error object (the same over the local wire and gRPC):
 
     * ``code``: the error category (``NOT_FOUND``, ``INVALID_ARGUMENT``, ``FAILED_PRECONDITION``,
@@ -20,6 +22,8 @@ class ApiError(Exception):
       ``conflict``/4, ``backend_failure``/1, ``interrupted``/130, ``unavailable``/69 when no daemon runs);
     * ``details``: the driver's ``devsy.runtime.v1.RuntimeError`` as JSON (``code``, ``message``,
       ``runtime_message``, ``retryable``, ``details``) when a driver said it, else None.
+
+    ``to_wire`` gives that error object back.
     """
 
     def __init__(
@@ -40,25 +44,7 @@ class ApiError(Exception):
     @classmethod
     def from_wire(cls, error: Mapping[str, Any]) -> ApiError:
         """The error of a daemon's error object ``{"code", "message", "kind", "exit_code", "details"}``."""
-        exit_code = error.get("exit_code")
-        details = error.get("details")
-        return cls(
-            str(error.get("code") or "UNKNOWN"),
-            str(error.get("message") or "the vz daemon reported an error without a message"),
-            str(error.get("kind") or "backend_failure"),
-            exit_code if isinstance(exit_code, int) and not isinstance(exit_code, bool) else 1,
-            details if isinstance(details, dict) else None,
-        )
-
-    def to_wire(self) -> dict[str, Any]:
-        """The daemon's error object of this error."""
-        return {
-            "code": self.code,
-            "message": self.message,
-            "kind": self.kind,
-            "exit_code": self.exit_code,
-            "details": self.details,
-        }
+        return cls(**error_fields(error))
 
     def __repr__(self) -> str:
         return f"ApiError({self.code}, {self.message!r}, kind={self.kind!r}, exit_code={self.exit_code})"

@@ -32,8 +32,10 @@ if TYPE_CHECKING:
         AsyncChannel,
         Channel,
         DaemonError,
+        ErrorObject,
         Message,
         WireError,
+        error_fields,
     )
 
 __all__ = [
@@ -53,6 +55,7 @@ __all__ = [
     "Daemon",
     "DaemonError",
     "DaemonPaths",
+    "ErrorObject",
     "Handler",
     "Http2Hook",
     "Message",
@@ -62,6 +65,7 @@ __all__ = [
     "connect",
     "daemon_paths",
     "encode_error",
+    "error_fields",
     "fingerprint",
     "live_daemon",
     "read_pid_file",
@@ -100,8 +104,10 @@ _WHERE = {
     "AsyncChannel": "_wire",
     "Channel": "_wire",
     "DaemonError": "_wire",
+    "ErrorObject": "_wire",
     "Message": "_wire",
     "WireError": "_wire",
+    "error_fields": "_wire",
 }
 
 

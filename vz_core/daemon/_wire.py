@@ -28,7 +28,7 @@ import struct
 TYPE_CHECKING = False  # `typing` itself costs milliseconds on the CLI's hot path
 if TYPE_CHECKING:
     import asyncio
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Callable, Mapping, Sequence
     from typing import Any, TypeAlias
 
     Message: TypeAlias = dict[str, Any] | tuple[int, bytes]
@@ -49,6 +49,7 @@ __all__ = [
     "AsyncChannel",
     "Channel",
     "DaemonError",
+    "ErrorObject",
     "Message",
     "WireError",
     "close_fds",
@@ -56,6 +57,7 @@ __all__ = [
     "encode",
     "encode_binary",
     "encode_json",
+    "error_fields",
 ]
 
 MAX_MESSAGE = 16 * 1024 * 1024
@@ -74,7 +76,44 @@ _ANCILLARY = socket.CMSG_SPACE(MAX_FDS * array.array("i").itemsize)
 _PEEK_SIZE = 4
 
 
-class DaemonError(Exception):
+def error_fields(error: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields of a daemon's error object ``E`` (``{"error": E}``), missing or malformed ones given safe defaults.
+
+    The keys are ``code``, ``message``, ``kind``, ``exit_code`` and ``details``: the keyword arguments of
+    ``DaemonError`` and ``vz_core.api.ApiError``.
+    """
+    exit_code = error.get("exit_code")
+    details = error.get("details")
+    return {
+        "code": str(error.get("code") or "UNKNOWN"),
+        "message": str(error.get("message") or "the vz daemon reported an error without a message"),
+        "kind": str(error.get("kind") or "backend_failure"),
+        "exit_code": exit_code if isinstance(exit_code, int) and not isinstance(exit_code, bool) else 1,
+        "details": details if isinstance(details, dict) else None,
+    }
+
+
+class ErrorObject:
+    """The five fields of the wire's error object ``E`` on an error class, and ``to_wire`` of them."""
+
+    code: str
+    message: str
+    kind: str
+    exit_code: int
+    details: dict[str, Any] | None
+
+    def to_wire(self) -> dict[str, Any]:
+        """The wire's error object E of this error."""
+        return {
+            "code": self.code,
+            "message": self.message,
+            "kind": self.kind,
+            "exit_code": self.exit_code,
+            "details": self.details,
+        }
+
+
+class DaemonError(ErrorObject, Exception):
     """Talking to the vz daemon failed; carries the wire's error object fields.
 
     ``code`` is a Runtime Protocol error code name (``UNAVAILABLE``, ``FAILED_PRECONDITION``, ...),
@@ -100,26 +139,8 @@ class DaemonError(Exception):
 
     @classmethod
     def from_wire(cls, error: Mapping[str, Any]) -> DaemonError:
-        """The error a daemon sent as ``{"error": E}`` (missing fields get safe defaults)."""
-        exit_code = error.get("exit_code")
-        details = error.get("details")
-        return cls(
-            str(error.get("message") or "the vz daemon reported an error without a message"),
-            code=str(error.get("code") or "UNKNOWN"),
-            kind=str(error.get("kind") or "backend_failure"),
-            exit_code=exit_code if isinstance(exit_code, int) and not isinstance(exit_code, bool) else 1,
-            details=details if isinstance(details, dict) else None,
-        )
-
-    def to_wire(self) -> dict[str, Any]:
-        """The wire's error object E of this error."""
-        return {
-            "code": self.code,
-            "message": self.message,
-            "kind": self.kind,
-            "exit_code": self.exit_code,
-            "details": self.details,
-        }
+        """The error a daemon sent as ``{"error": E}`` (missing fields get safe defaults: ``error_fields``)."""
+        return cls(**error_fields(error))
 
 
 class WireError(DaemonError):
@@ -306,7 +327,8 @@ class AsyncChannel:
         """The socket's descriptor."""
         return self.sock.fileno()
 
-    async def _readable(self) -> None:
+    async def _ready(self, add: Callable[..., None], remove: Callable[[int], object]) -> None:
+        """Wait until the loop's ``add`` (``add_reader``/``add_writer``) fires for the socket."""
         fut: asyncio.Future[None] = self._loop.create_future()
         fd = self.sock.fileno()
 
@@ -314,25 +336,17 @@ class AsyncChannel:
             if not fut.done():
                 fut.set_result(None)
 
-        self._loop.add_reader(fd, ready)
+        add(fd, ready)
         try:
             await fut
         finally:
-            self._loop.remove_reader(fd)
+            remove(fd)
+
+    async def _readable(self) -> None:
+        await self._ready(self._loop.add_reader, self._loop.remove_reader)
 
     async def _writable(self) -> None:
-        fut: asyncio.Future[None] = self._loop.create_future()
-        fd = self.sock.fileno()
-
-        def ready() -> None:
-            if not fut.done():
-                fut.set_result(None)
-
-        self._loop.add_writer(fd, ready)
-        try:
-            await fut
-        finally:
-            self._loop.remove_writer(fd)
+        await self._ready(self._loop.add_writer, self._loop.remove_writer)
 
     async def peek(self, n: int = _PEEK_SIZE) -> bytes:
         """The first ``n`` bytes without consuming them (fewer only at EOF); bound it with ``asyncio.timeout``."""
