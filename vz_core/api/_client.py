@@ -319,6 +319,12 @@ class Client:
             ctx["definition_file"] = os.path.abspath(os.fspath(definition_file))
         return ctx
 
+    def _request(
+        self, context: Mapping[str, Any] | None, definition_file: str | os.PathLike[str] | None, **fields: Any
+    ) -> dict[str, Any]:
+        """A call's request: its ``context`` (``_context``) and ``fields``."""
+        return {"context": self._context(context, definition_file), **fields}
+
     def _call(self, method: str, request: Mapping[str, Any]) -> dict[str, Any]:
         from vz_core.api._transport import drain
 
@@ -340,12 +346,7 @@ class Client:
         definition_file: str | os.PathLike[str] | None = None,
     ) -> Operation[UpResult]:
         """Create or reconcile the selected Environment (`vz up`)."""
-        request = {
-            "context": self._context(context, definition_file),
-            "environment": environment,
-            "recreate": recreate,
-            "dry_run": dry_run,
-        }
+        request = self._request(context, definition_file, environment=environment, recreate=recreate, dry_run=dry_run)
         return Operation(self.transport.start("Environments.Up", request), _typed.UpResult)
 
     def stop(
@@ -356,7 +357,7 @@ class Client:
         definition_file: str | os.PathLike[str] | None = None,
     ) -> Operation[StopResult]:
         """Stop every Machine of the selected Environment (`vz stop`)."""
-        request = {"context": self._context(context, definition_file), "environment": environment}
+        request = self._request(context, definition_file, environment=environment)
         return Operation(self.transport.start("Environments.Stop", request), _typed.StopResult)
 
     def delete(
@@ -368,11 +369,7 @@ class Client:
         definition_file: str | os.PathLike[str] | None = None,
     ) -> Operation[DeleteResult]:
         """Delete the selected Environment and what it owns (`vz delete`)."""
-        request = {
-            "context": self._context(context, definition_file),
-            "environment": environment,
-            "keep_volumes": keep_volumes,
-        }
+        request = self._request(context, definition_file, environment=environment, keep_volumes=keep_volumes)
         return Operation(self.transport.start("Environments.Delete", request), _typed.DeleteResult)
 
     def status(
@@ -385,7 +382,7 @@ class Client:
         definition_file: str | os.PathLike[str] | None = None,
     ) -> StatusReport:
         """The `vz status --json` document: the selected Environment (Get), or all of them (List)."""
-        request: dict[str, Any] = {"context": self._context(context, definition_file)}
+        request = self._request(context, definition_file)
         if machine is not None:
             request["machine"] = machine
         if all:
@@ -413,7 +410,7 @@ class Client:
         definition_file: str | os.PathLike[str] | None = None,
     ) -> list[Environment]:
         """The project's Environments (with ``all``: of every project when no vz.json is found)."""
-        request = {"context": self._context(context, definition_file), "all": all}
+        request = self._request(context, definition_file, all=all)
         return _typed.StatusReport(self._call("Environments.List", request)).environments
 
     def watch(self, from_revision: int | None = 0) -> EventStream:
@@ -431,11 +428,7 @@ class Client:
         definition_file: str | os.PathLike[str] | None = None,
     ) -> Machine:
         """One Machine's status row (Machines.Get; None = the default Machine)."""
-        request = {
-            "context": self._context(context, definition_file),
-            "environment": environment,
-            "machine": machine,
-        }
+        request = self._request(context, definition_file, environment=environment, machine=machine)
         return _typed.Machine(self._call("Machines.Get", request))
 
     def machines(
@@ -446,7 +439,7 @@ class Client:
         definition_file: str | os.PathLike[str] | None = None,
     ) -> list[Machine]:
         """The Machines of the selected Environment (Machines.List)."""
-        request = {"context": self._context(context, definition_file), "environment": environment}
+        request = self._request(context, definition_file, environment=environment)
         return [_typed.Machine(m) for m in self._call("Machines.List", request).get("machines") or ()]
 
     def watch_machines(self, from_revision: int | None = 0, *, environment_id: str | None = None) -> EventStream:
@@ -489,19 +482,20 @@ class Client:
                     f"descriptor {fd} is a terminal: a terminal never enters a Machine; leave it None and copy the "
                     "bytes (tty=True for an interactive session)"
                 )
-        request = {
-            "context": self._context(context, definition_file),
-            "environment": environment,
-            "machine": machine,
-            "argv": list(argv),
-            "workdir": workdir,
-            "env": dict(env or {}),
-            "tty": tty,
-            "rows": rows or None,
-            "cols": cols or None,
-            "term": term,
-            "stdio": [fd is not None for fd in stdio],
-        }
+        request = self._request(
+            context,
+            definition_file,
+            environment=environment,
+            machine=machine,
+            argv=list(argv),
+            workdir=workdir,
+            env=dict(env or {}),
+            tty=tty,
+            rows=rows or None,
+            cols=cols or None,
+            term=term,
+            stdio=[fd is not None for fd in stdio],
+        )
         return ExecCall(self.transport.start("Machines.Exec", request, fds))
 
     def exec(
@@ -589,13 +583,9 @@ class Client:
         definition_file: str | os.PathLike[str] | None = None,
     ) -> Iterator[bytes]:
         """A Machine's logs as chunks of bytes (with ``follow``, until the iterator is closed)."""
-        request = {
-            "context": self._context(context, definition_file),
-            "environment": environment,
-            "machine": machine,
-            "follow": follow,
-            "tail": tail,
-        }
+        request = self._request(
+            context, definition_file, environment=environment, machine=machine, follow=follow, tail=tail
+        )
         stream = self.transport.start("Machines.Logs", request)
         try:
             while True:
@@ -611,12 +601,12 @@ class Client:
 
     def volumes(self, *, context: Mapping[str, Any] | None = None) -> list[Volume]:
         """Every kept volume of every project (`vz volume list`)."""
-        result = self._call("Volumes.List", {"context": self._context(context, None)})
+        result = self._call("Volumes.List", self._request(context, None))
         return [_typed.Volume(v) for v in result.get("volumes") or ()]
 
     def remove_volume(self, name: str, *, context: Mapping[str, Any] | None = None) -> list[Volume]:
         """Remove one kept volume (`vz volume rm NAME`); the removed volume's row (state "removed")."""
-        result = self._call("Volumes.Remove", {"context": self._context(context, None), "name": name})
+        result = self._call("Volumes.Remove", self._request(context, None, name=name))
         return [_typed.Volume(v) for v in result.get("volumes") or ()]
 
     # --- System ---------------------------------------------------------------------------------------------

@@ -118,8 +118,8 @@ class EnvironmentRef(dict[str, "Any"]):
         return value
 
 
-class UpResult(dict[str, "Any"]):
-    """The result of Environments.Up (`vz up --json`'s result)."""
+class _OperationResult(dict[str, "Any"]):
+    """What the results of Environments.Up, Stop and Delete have in common."""
 
     __slots__ = ()
 
@@ -131,8 +131,20 @@ class UpResult(dict[str, "Any"]):
 
     @property
     def environment(self) -> EnvironmentRef:
-        """The Environment after the operation."""
+        """The Environment after the operation (state deleted after Delete)."""
         return EnvironmentRef(self["environment"])
+
+    @property
+    def machines(self) -> list[dict[str, Any]]:
+        """Id, name, state of each Machine (after Up also workspace_id, driver, default)."""
+        value: list[dict[str, Any]] = self["machines"]
+        return value
+
+
+class UpResult(_OperationResult):
+    """The result of Environments.Up (`vz up --json`'s result)."""
+
+    __slots__ = ()
 
     @property
     def dry_run(self) -> bool:
@@ -152,69 +164,29 @@ class UpResult(dict[str, "Any"]):
         value: list[str] = self["plan_lines"]
         return value
 
+
+class _RecordedResult(_OperationResult):
+    """The results of Environments.Stop and Delete: an operation's outcome with its record."""
+
+    __slots__ = ()
+
     @property
-    def machines(self) -> list[dict[str, Any]]:
-        """Id, name, workspace_id, driver, state, default of each Machine."""
-        value: list[dict[str, Any]] = self["machines"]
+    def operation_id(self) -> str:
+        """The operation record (after Delete: removed with the history)."""
+        value: str = self["operation_id"]
         return value
 
 
-class StopResult(dict[str, "Any"]):
+class StopResult(_RecordedResult):
     """The result of Environments.Stop."""
 
     __slots__ = ()
 
-    @property
-    def project_id(self) -> str:
-        """The project."""
-        value: str = self["project_id"]
-        return value
 
-    @property
-    def environment(self) -> EnvironmentRef:
-        """The Environment."""
-        return EnvironmentRef(self["environment"])
-
-    @property
-    def machines(self) -> list[dict[str, Any]]:
-        """Id, name, state of each Machine."""
-        value: list[dict[str, Any]] = self["machines"]
-        return value
-
-    @property
-    def operation_id(self) -> str:
-        """The operation record."""
-        value: str = self["operation_id"]
-        return value
-
-
-class DeleteResult(dict[str, "Any"]):
+class DeleteResult(_RecordedResult):
     """The result of Environments.Delete: what was removed and what was kept."""
 
     __slots__ = ()
-
-    @property
-    def project_id(self) -> str:
-        """The project."""
-        value: str = self["project_id"]
-        return value
-
-    @property
-    def environment(self) -> EnvironmentRef:
-        """The Environment (state deleted)."""
-        return EnvironmentRef(self["environment"])
-
-    @property
-    def machines(self) -> list[dict[str, Any]]:
-        """Id, name, state of each Machine."""
-        value: list[dict[str, Any]] = self["machines"]
-        return value
-
-    @property
-    def operation_id(self) -> str:
-        """The operation record (removed with the history)."""
-        value: str = self["operation_id"]
-        return value
 
     @property
     def volumes(self) -> list[dict[str, Any]]:
