@@ -8,25 +8,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-import threading
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 from netns_kit import Namespaces, in_netns
+from relay_testlib import HostService, build, close_all, fetch_from, free_port
 
-from vz_core.env._definition import parse_definition
-from vz_core.env._topology import TopologyPlan, compile_topology
 from vz_core.errors import UnavailableError
-from vz_core.network import ExportListener, ImportRelay, PlanError, attach_machine, ensure_domain, remove_domain
+from vz_core.network import ExportListener, ImportRelay, PlanError
 
 pytestmark = [pytest.mark.root]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _definition(export_port: int, host_port: int) -> dict[str, Any]:
@@ -72,51 +63,14 @@ async def _serve_in(netns: str, address: str, port: int, reply: bytes) -> tuple[
     return await asyncio.start_server(handle, sock=sock), count
 
 
-def _fetch_from(netns: str | None, address: str, port: int) -> bytes | None:
-    sock = in_netns(netns, socket.socket) if netns else socket.socket()
-    sock.settimeout(3)
-    try:
-        sock.connect((address, port))
-        data = b""
-        while part := sock.recv(4096):
-            data += part
-        return data
-    except OSError:
-        return None
-    finally:
-        sock.close()
-
-
-async def _build(
-    spaces: Namespaces, env_id: str, data: dict[str, Any], label: str
-) -> tuple[TopologyPlan, dict[str, str]]:
-    plan = compile_topology(parse_definition(data), env_id)
-    await ensure_domain(plan.to_json())
-    netns = {}
-    for m in plan.machines:
-        netns[m.name] = spaces.add(f"{label}-{m.name}")
-        await attach_machine(plan.to_json(), m.name, netns[m.name])
-    return plan, netns
-
-
-async def _closing(*items: Any, done: Callable[[], Awaitable[None]]) -> None:
-    for item in reversed(items):  # relays first: their connections to a host service end before it closes
-        if isinstance(item, asyncio.Server):
-            item.close()
-            await item.wait_closed()
-        else:
-            await item.close()
-    await done()
-
-
 async def test_two_environments_export_the_same_port_on_loopback_only(
     namespaces: Namespaces, env_ids: list[str]
 ) -> None:
-    preferred = _free_port()
-    data = _definition(preferred, _free_port())
+    preferred = free_port()
+    data = _definition(preferred, free_port())
     opened: list[Any] = []
     try:
-        envs = [await _build(namespaces, env_id, data, label) for env_id, label in zip(env_ids, "ab", strict=True)]
+        envs = [await build(namespaces, env_id, data, label) for env_id, label in zip(env_ids, "ab", strict=True)]
         listeners = []
         for i, (plan, netns) in enumerate(envs):
             app = plan.machine("app").attachments[0]
@@ -133,7 +87,7 @@ async def test_two_environments_export_the_same_port_on_loopback_only(
         for i, export in enumerate(listeners):
             assert [s.getsockname()[0] for s in export._servers[0].sockets] == ["127.0.0.1"]
             assert export.port is not None
-            got = await asyncio.to_thread(_fetch_from, None, "127.0.0.1", export.port)
+            got = await asyncio.to_thread(fetch_from, None, "127.0.0.1", export.port)
             assert got == f"env{i} {gateway}".encode()  # the Machine sees its gateway as the peer
         # Stable: closed and reopened, the first Environment gets its port again (it is free).
         await first.close()
@@ -157,70 +111,33 @@ async def test_two_environments_export_the_same_port_on_loopback_only(
             for sock in blockers:
                 sock.close()
     finally:
-        await _closing(*opened, done=lambda: _remove(env_ids))
-
-
-async def _remove(env_ids: list[str]) -> None:
-    for env_id in env_ids:
-        await remove_domain(env_id)
-
-
-class _HostService:
-    """A host loopback service answering ``from the host`` and counting connections, in a thread with plain
-    sockets: every connection it accepted is closed by it before ``close()`` returns, whatever the test's
-    event loop does."""
-
-    def __init__(self, port: int) -> None:
-        self.hits = [0]
-        self.sock = socket.socket()
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", port))
-        self.sock.listen(16)
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.hits[0] += 1
-            with conn, contextlib.suppress(OSError):
-                conn.sendall(b"from the host")
-
-    async def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self.sock.shutdown(socket.SHUT_RDWR)
-        self.sock.close()
-        await asyncio.to_thread(self.thread.join, 5)
+        await close_all(opened, env_ids)
 
 
 async def test_an_import_reaches_the_host_port_only_from_the_declaring_machine(
     namespaces: Namespaces, env_ids: list[str]
 ) -> None:
-    host_port = _free_port()
-    data = _definition(_free_port(), host_port)
-    host = _HostService(host_port)
-    hits = host.hits
+    host_port = free_port()
+    data = _definition(free_port(), host_port)
+    host = HostService(host_port, b"from the host")
     opened: list[Any] = [host]
     try:
-        shop, shop_ns = await _build(namespaces, env_ids[0], data, "a")
+        shop, shop_ns = await build(namespaces, env_ids[0], data, "a")
         other = dict(data, imports=[])
-        blog, blog_ns = await _build(namespaces, env_ids[1], other, "b")
+        blog, blog_ns = await build(namespaces, env_ids[1], other, "b")
         relay = ImportRelay(shop.to_json(), 0)
         opened.append(relay)
         await relay.start()
         gateway = shop.imports[0].relay_addresses[0]
         assert gateway == blog.machine("app").attachments[0].gateway  # the other Environment: same address
-        got = await asyncio.to_thread(_fetch_from, shop_ns["app"], gateway, 7000)
-        assert (got, hits[0]) == (b"from the host", 1)
+        got = await asyncio.to_thread(fetch_from, shop_ns["app"], gateway, 7000)
+        assert (got, host.hits) == (b"from the host", 1)
         for netns in (shop_ns["db"], blog_ns["app"], blog_ns["db"]):
-            assert await asyncio.to_thread(_fetch_from, netns, gateway, 7000) is None
+            assert await asyncio.to_thread(fetch_from, netns, gateway, 7000) is None
         # Only the declared Machine-side port: the host port itself is not reachable through the gateway.
-        assert await asyncio.to_thread(_fetch_from, shop_ns["app"], gateway, host_port) is None
-        assert hits[0] == 1
+        assert await asyncio.to_thread(fetch_from, shop_ns["app"], gateway, host_port) is None
+        assert host.hits == 1
         with pytest.raises(PlanError, match="no such import"):
             ImportRelay(blog.to_json(), 0)
     finally:
-        await _closing(*opened, done=lambda: _remove(env_ids))
+        await close_all(opened, env_ids)

@@ -13,20 +13,15 @@ from typing import Any, cast
 
 import pytest
 from netns_kit import Namespaces, in_netns
+from relay_testlib import HostService, build, close_all, fetch_from, free_port
 
 from vz_core.env._definition import parse_definition
-from vz_core.env._topology import TopologyPlan, compile_topology
+from vz_core.env._topology import compile_topology
 from vz_core.errors import UnavailableError
-from vz_core.network import ExportListener, ImportRelay, attach_machine, ensure_domain, remove_domain
+from vz_core.network import ExportListener, ImportRelay
 from vz_core.network._udp import UdpExport, UdpImport
 
 pytestmark = [pytest.mark.root]
-
-
-def _free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _definition(export_port: int, host_port: int) -> dict[str, Any]:
@@ -99,29 +94,6 @@ async def _ask_from(netns: str | None, address: str, port: int, data: bytes) -> 
     return await asyncio.to_thread(go)
 
 
-async def _build(
-    spaces: Namespaces, env_id: str, data: dict[str, Any], label: str
-) -> tuple[TopologyPlan, dict[str, str]]:
-    plan = compile_topology(parse_definition(data), env_id)
-    await ensure_domain(plan.to_json())
-    netns = {}
-    for m in plan.machines:
-        netns[m.name] = spaces.add(f"{label}-{m.name}")
-        await attach_machine(plan.to_json(), m.name, netns[m.name])
-    return plan, netns
-
-
-async def _close_all(opened: list[Any], env_ids: list[str]) -> None:
-    for item in reversed(opened):
-        if isinstance(item, asyncio.BaseTransport):
-            item.close()
-        else:
-            await item.close()
-    await asyncio.sleep(0)
-    for env_id in env_ids:
-        await remove_domain(env_id)
-
-
 async def _until(predicate: Any, seconds: float = 5.0) -> bool:
     deadline = asyncio.get_running_loop().time() + seconds
     while not predicate():
@@ -134,11 +106,11 @@ async def _until(predicate: Any, seconds: float = 5.0) -> bool:
 async def test_a_udp_export_relays_each_host_peer_on_its_own_socket_and_expires_idle_ones(
     namespaces: Namespaces, env_ids: list[str]
 ) -> None:
-    preferred = _free_udp_port()
-    data = _definition(preferred, _free_udp_port())
+    preferred = free_port(socket.SOCK_DGRAM)
+    data = _definition(preferred, free_port(socket.SOCK_DGRAM))
     opened: list[Any] = []
     try:
-        plan, netns = await _build(namespaces, env_ids[0], data, "a")
+        plan, netns = await build(namespaces, env_ids[0], data, "a")
         app = plan.machine("app").attachments[0]
         transport, machine = await _echo_in(netns["app"], app.address, 8125, b"app")
         opened.append(transport)
@@ -191,14 +163,14 @@ async def test_a_udp_export_relays_each_host_peer_on_its_own_socket_and_expires_
                 sock.close()
             await second_export.close()
     finally:
-        await _close_all(opened, env_ids)
+        await close_all(opened, env_ids)
 
 
 async def test_a_udp_export_keeps_at_most_max_peers_sessions(namespaces: Namespaces, env_ids: list[str]) -> None:
-    port = _free_udp_port()
+    port = free_port(socket.SOCK_DGRAM)
     opened: list[Any] = []
     try:
-        plan, netns = await _build(namespaces, env_ids[0], _definition(port, _free_udp_port()), "a")
+        plan, netns = await build(namespaces, env_ids[0], _definition(port, free_port(socket.SOCK_DGRAM)), "a")
         app = plan.machine("app").attachments[0]
         transport, machine = await _echo_in(netns["app"], app.address, 8125, b"app")
         opened.append(transport)
@@ -219,7 +191,7 @@ async def test_a_udp_export_keeps_at_most_max_peers_sessions(namespaces: Namespa
         assert relay.peers == 2  # the least recently used session was closed to admit the third peer
         assert len({addr[1] for _, addr in machine.seen}) == 3
     finally:
-        await _close_all(opened, env_ids)
+        await close_all(opened, env_ids)
 
 
 class _HostEcho:
@@ -244,14 +216,14 @@ class _HostEcho:
 async def test_a_udp_import_reaches_the_host_port_only_from_the_declaring_machine(
     namespaces: Namespaces, env_ids: list[str]
 ) -> None:
-    host_port = _free_udp_port()
-    data = _definition(_free_udp_port(), host_port)
+    host_port = free_port(socket.SOCK_DGRAM)
+    data = _definition(free_port(socket.SOCK_DGRAM), host_port)
     opened: list[Any] = []
     try:
         host = await _HostEcho(host_port).start()
         opened.append(host)
-        shop, shop_ns = await _build(namespaces, env_ids[0], data, "a")
-        blog, blog_ns = await _build(namespaces, env_ids[1], dict(data, imports=[]), "b")
+        shop, shop_ns = await build(namespaces, env_ids[0], data, "a")
+        blog, blog_ns = await build(namespaces, env_ids[1], dict(data, imports=[]), "b")
         relay = ImportRelay(shop.to_json(), 0, idle=0.4)
         opened.append(relay)
         assert relay.protocol == "udp"
@@ -270,18 +242,18 @@ async def test_a_udp_import_reaches_the_host_port_only_from_the_declaring_machin
         assert relay.udp is not None
         assert await _until(lambda: relay.udp is not None and relay.udp.peers == 0)  # idle session expired
     finally:
-        await _close_all(opened, env_ids)
+        await close_all(opened, env_ids)
 
 
 async def test_a_udp_import_relay_checks_the_source_itself(namespaces: Namespaces, env_ids: list[str]) -> None:
     """The nft ``local`` set admits the importing Machine; the relay checks the source again: a relay told to
     accept another address relays nothing from this Machine (and counts what it dropped)."""
-    host_port = _free_udp_port()
+    host_port = free_port(socket.SOCK_DGRAM)
     opened: list[Any] = []
     try:
         host = await _HostEcho(host_port).start()
         opened.append(host)
-        plan, netns = await _build(namespaces, env_ids[0], _definition(_free_udp_port(), host_port), "a")
+        plan, netns = await build(namespaces, env_ids[0], _definition(free_port(socket.SOCK_DGRAM), host_port), "a")
         app = plan.machine("app").attachments[0]
         db = plan.machine("db").attachments[0]
         relay = UdpImport(
@@ -294,14 +266,14 @@ async def test_a_udp_import_relay_checks_the_source_itself(namespaces: Namespace
         with pytest.raises(ValueError, match="loopback"):
             UdpImport("/run/netns/x", [app.gateway], 7000, set(), ("192.0.2.1", 53))
     finally:
-        await _close_all(opened, env_ids)
+        await close_all(opened, env_ids)
 
 
 async def test_closing_a_udp_relay_leaves_no_socket(namespaces: Namespaces, env_ids: list[str]) -> None:
-    port = _free_udp_port()
+    port = free_port(socket.SOCK_DGRAM)
     opened: list[Any] = []
     try:
-        plan, netns = await _build(namespaces, env_ids[0], _definition(port, _free_udp_port()), "a")
+        plan, netns = await build(namespaces, env_ids[0], _definition(port, free_port(socket.SOCK_DGRAM)), "a")
         app = plan.machine("app").attachments[0]
         transport, _ = await _echo_in(netns["app"], app.address, 8125, b"app")
         opened.append(transport)
@@ -317,53 +289,7 @@ async def test_closing_a_udp_relay_leaves_no_socket(namespaces: Namespaces, env_
         with contextlib.suppress(Exception):
             await export.close()  # idempotent
     finally:
-        await _close_all(opened, env_ids)
-
-
-class _HostTcp:
-    """A host loopback TCP service answering ``tcp host`` and counting connections (plain-socket thread)."""
-
-    def __init__(self, port: int) -> None:
-        import threading
-
-        self.hits = 0
-        self.sock = socket.socket()
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", port))
-        self.sock.listen(16)
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.hits += 1
-            with conn, contextlib.suppress(OSError):
-                conn.sendall(b"tcp host")
-
-    async def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self.sock.shutdown(socket.SHUT_RDWR)
-        self.sock.close()
-        await asyncio.to_thread(self.thread.join, 5)
-
-
-def _fetch(netns: str, address: str, port: int) -> bytes | None:
-    sock = in_netns(netns, socket.socket)
-    sock.settimeout(2)
-    try:
-        sock.connect((address, port))
-        data = b""
-        while part := sock.recv(4096):
-            data += part
-        return data
-    except OSError:
-        return None
-    finally:
-        sock.close()
+        await close_all(opened, env_ids)
 
 
 async def test_two_machines_of_one_network_import_the_same_host_port(
@@ -372,7 +298,7 @@ async def test_two_machines_of_one_network_import_the_same_host_port(
     """Machines sharing a gateway may import the same host port at the same port (tcp and udp): each one's relay
     starts (they share the gateway's port) and each Machine reaches the host; a Machine without the import
     does not."""
-    tcp_port, udp_port = _free_port(), _free_udp_port()
+    tcp_port, udp_port = free_port(), free_port(socket.SOCK_DGRAM)
     m = {"profile": "developer", "driver": "fake", "image": "vz:default"}
     data = {
         "version": 2,
@@ -387,28 +313,22 @@ async def test_two_machines_of_one_network_import_the_same_host_port(
     }
     opened: list[Any] = []
     try:
-        tcp = _HostTcp(tcp_port)
+        tcp = HostService(tcp_port, b"tcp host")
         opened.append(tcp)
         udp = await _HostEcho(udp_port).start()
         opened.append(udp)
-        plan, netns = await _build(namespaces, env_ids[0], data, "a")
+        plan, netns = await build(namespaces, env_ids[0], data, "a")
         for index in range(4):
             relay = ImportRelay(plan.to_json(), index)
             opened.append(relay)
             await relay.start()
         gateway = plan.imports[0].relay_addresses[0]
         for name in ("app", "worker"):
-            assert await asyncio.to_thread(_fetch, netns[name], gateway, 7000) == b"tcp host"
+            assert await asyncio.to_thread(fetch_from, netns[name], gateway, 7000, 2) == b"tcp host"
             got = await _ask_from(netns[name], gateway, 7001, name.encode())
             assert got is not None and got.startswith(b"host " + name.encode())
-        assert await asyncio.to_thread(_fetch, netns["db"], gateway, 7000) is None
+        assert await asyncio.to_thread(fetch_from, netns["db"], gateway, 7000, 2) is None
         assert await _ask_from(netns["db"], gateway, 7001, b"db") is None
         assert (tcp.hits, udp.hits) == (2, 2)
     finally:
-        await _close_all(opened, env_ids)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+        await close_all(opened, env_ids)
