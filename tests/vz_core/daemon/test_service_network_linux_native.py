@@ -10,8 +10,8 @@ Host-side traffic stays on loopback (and the host's own addresses); everything e
 
 from __future__ import annotations
 
+import contextlib
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -21,8 +21,11 @@ from typing import Any
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "vz_drivers"))
+from topology_testlib import ProjectVz, vz_project
+
 from vz_core.daemon import stop_daemon
-from vz_core.network import domain_exists, remove_domain
+from vz_core.network import domain_exists
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -51,31 +54,6 @@ def _definition(export_port: int, host_port: int) -> dict[str, Any]:
         "imports": [{"machine": "app", "host_port": host_port, "port": 7000}],
         "default_machine": "app",
     }
-
-
-class _Vz:
-    def __init__(self, home: Path, cwd: Path) -> None:
-        beside = Path(sys.executable).parent / "vz"
-        self.exe = str(beside) if beside.exists() else "vz"
-        self.home = home
-        self.cwd = cwd
-        self.environ = {k: v for k, v in os.environ.items() if not k.startswith("VZ_")}
-        self.environ["VZ_HOME"] = str(home)
-
-    def run(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [self.exe, *args], cwd=self.cwd, env=self.environ, capture_output=True, text=True, timeout=300
-        )
-
-    def ok(self, *args: str) -> str:
-        proc = self.run(*args)
-        assert proc.returncode == 0, f"vz {' '.join(args)} -> {proc.returncode}: {proc.stderr}"
-        return proc.stdout
-
-    def status(self) -> dict[str, Any]:
-        report = json.loads(self.ok("status", "--json"))
-        (env,) = report["environments"]
-        return dict(env)
 
 
 def _fetch(address: str, port: int) -> bytes | None:
@@ -148,21 +126,18 @@ WAIT = "for i in $(seq 50); do netstat -ltn | grep -q ':8080 ' && exit 0; sleep 
 IMPORT = "nc -w 3 host.vz.internal 7000 </dev/null 2>&1 || echo refused"
 
 
-def _serve_app(vz: _Vz) -> None:
+def _serve_app(vz: ProjectVz) -> None:
     vz.ok("exec", "--machine", "app", "--", "sh", "-c", SERVE)
     vz.ok("exec", "--machine", "app", "--", "sh", "-c", WAIT)
 
 
 def test_exports_and_imports_through_the_daemon(tmp_path: Path) -> None:
     preferred, host_port = _free_port(), _free_port()
-    project = tmp_path / "project"
-    project.mkdir()
-    (project / "vz.json").write_text(json.dumps(_definition(preferred, host_port)))
-    vz = _Vz(tmp_path / "home", project)
     outside = _HostService(host_port)
-    env_id = ""
-    try:
-        vz.ok("up")
+    with contextlib.ExitStack() as stack:
+        stack.callback(outside.close)
+        vz = stack.enter_context(vz_project(tmp_path, _definition(preferred, host_port)))
+        vz.up()
         env = vz.status()
         env_id = env["id"]
         assert domain_exists(env_id)
@@ -204,11 +179,3 @@ def test_exports_and_imports_through_the_daemon(tmp_path: Path) -> None:
         vz.ok("delete")
         assert not domain_exists(env_id)
         assert _fetch("127.0.0.1", preferred) is None
-    finally:
-        outside.close()
-        vz.run("delete")
-        if env_id and domain_exists(env_id):
-            import asyncio
-
-            asyncio.run(remove_domain(env_id))
-        stop_daemon(vz.home, environ=vz.environ)

@@ -15,19 +15,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import secrets
 import socket
 import subprocess
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from machine_testlib import request, run, sh
+from topology_testlib import vz_project
 
-from vz_core.daemon import stop_daemon
 from vz_core.env import compile_topology
 from vz_core.env._definition import parse_definition
 from vz_core.env._up import network_label
@@ -354,38 +352,12 @@ UP_DEFINITION = {
 }
 
 
-class _Vz:
-    def __init__(self, home: Path, cwd: Path) -> None:
-        beside = Path(sys.executable).parent / "vz"
-        self.exe = str(beside) if beside.exists() else "vz"
-        self.home = home
-        self.cwd = cwd
-        self.environ = {k: v for k, v in os.environ.items() if not k.startswith("VZ_")}
-        self.environ["VZ_HOME"] = str(home)
-
-    def run(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [self.exe, *args], cwd=self.cwd, env=self.environ, capture_output=True, text=True, timeout=300
-        )
-
-    def ok(self, *args: str) -> str:
-        proc = self.run(*args)
-        assert proc.returncode == 0, f"vz {' '.join(args)} -> {proc.returncode}: {proc.stderr}"
-        return proc.stdout
-
-
 @pytest.mark.slow
 def test_vz_up_attaches_stop_keeps_and_delete_removes_the_route_domain(tmp_path: Path) -> None:
     """Through the real `vz` (CLI, daemon, plugin): the Environment layer realizes the domain and labels."""
-    project = tmp_path / "project"
-    project.mkdir()
-    (project / "vz.json").write_text(json.dumps(UP_DEFINITION))
-    vz = _Vz(tmp_path / "home", project)
-    env_id = ""
-    try:
-        vz.ok("up")
-        status = json.loads(vz.ok("status", "--json"))
-        env_id = status["environments"][0]["id"] if "environments" in status else status["environment"]["id"]
+    with vz_project(tmp_path, UP_DEFINITION) as vz:
+        vz.up()
+        env_id = vz.env_id
         plan = compile_topology(parse_definition(UP_DEFINITION), env_id).to_json()
         address = {m["name"]: m["attachments"][0]["address"] for m in plan["machines"]}
         assert domain_exists(env_id)
@@ -397,8 +369,8 @@ def test_vz_up_attaches_stop_keeps_and_delete_removes_the_route_domain(tmp_path:
         )
         wait = "for i in $(seq 50); do netstat -ltn | grep -q ':{port} ' && exit 0; sleep 0.1; done; exit 1"
         for machine, port in (("db", 5432), ("db", 5433), ("app", 8080)):
-            vz.ok("exec", "--machine", machine, "--", "sh", "-c", listen.format(port=port))
-            vz.ok("exec", "--machine", machine, "--", "sh", "-c", wait.format(port=port))
+            vz.sh(machine, listen.format(port=port))
+            vz.sh(machine, wait.format(port=port))
         probe = "nc -w 2 {0} {1} </dev/null 2>/dev/null | grep -q '^ok$' && echo yes || echo no"
         cells = {
             ("app", address["db"], 5432): "yes",  # the declared path
@@ -406,18 +378,18 @@ def test_vz_up_attaches_stop_keeps_and_delete_removes_the_route_domain(tmp_path:
             ("db", address["app"], 8080): "no",  # the reverse direction
         }
         for (source, target, port), want in cells.items():
-            got = vz.ok("exec", "--machine", source, "--", "sh", "-c", probe.format(target, port)).strip()
+            got = vz.sh(source, probe.format(target, port))
             assert got == want, (source, target, port)
-        counted = vz.ok("exec", "--machine", "db", "--", "sh", "-c", "cat /tmp/conn 2>/dev/null | wc -l").strip()
+        counted = vz.sh("db", "cat /tmp/conn 2>/dev/null | wc -l")
         assert counted == "1", "only the declared connection reached db"
-        vz.ok("exec", "--machine", "app", "--", "sh", "-c", "cat /tmp/conn 2>/dev/null | wc -l")
+        vz.sh("app", "cat /tmp/conn 2>/dev/null | wc -l")
 
         vz.ok("stop")
         assert domain_exists(env_id), "vz stop keeps the route domain"
         vz.ok("up")  # starts the Machines again: attached again
-        vz.ok("exec", "--machine", "db", "--", "sh", "-c", listen.format(port=5432))
-        vz.ok("exec", "--machine", "db", "--", "sh", "-c", wait.format(port=5432))
-        got = vz.ok("exec", "--machine", "app", "--", "sh", "-c", probe.format(address["db"], 5432)).strip()
+        vz.sh("db", listen.format(port=5432))
+        vz.sh("db", wait.format(port=5432))
+        got = vz.sh("app", probe.format(address["db"], 5432))
         assert got == "yes"
 
         vz.ok("delete")
@@ -425,8 +397,3 @@ def test_vz_up_attaches_stop_keeps_and_delete_removes_the_route_domain(tmp_path:
         _netns, links, tables = _host_state()
         ends = {a["domain_ifname"] for m in plan["machines"] for a in m["attachments"]}
         assert not ends & links and env_id[4:] not in tables
-    finally:
-        vz.run("delete")
-        if env_id:
-            asyncio.run(remove_domain(env_id))
-        stop_daemon(vz.home, environ=vz.environ)

@@ -10,21 +10,17 @@ whose attachment changed takes the new one at its start. `vz delete` leaves no r
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from topology_testlib import vz_project
 
-from vz_core.daemon import stop_daemon
 from vz_core.env import compile_topology
 from vz_core.env._definition import parse_definition
-from vz_core.network import domain_exists, domain_for, remove_domain
+from vz_core.network import domain_exists, domain_for
 from vz_core.network.label import SLICES_DIR
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
@@ -58,31 +54,6 @@ PROBE = "nc -w 2 {0} 5432 </dev/null 2>/dev/null | grep -q '^ok$' && echo yes ||
 ADDRESSES = "ip -4 -o addr show | awk '$2 != \"lo\" {print $2, $4}' | sort"
 
 
-class _Vz:
-    def __init__(self, home: Path, cwd: Path) -> None:
-        beside = Path(sys.executable).parent / "vz"
-        self.exe = str(beside) if beside.exists() else "vz"
-        self.home = home
-        self.cwd = cwd
-        self.environ = {k: v for k, v in os.environ.items() if not k.startswith("VZ_")}
-        self.environ["VZ_HOME"] = str(home)
-
-    def run(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [self.exe, *args], cwd=self.cwd, env=self.environ, capture_output=True, text=True, timeout=300
-        )
-
-    def ok(self, *args: str) -> str:
-        proc = self.run(*args)
-        assert proc.returncode == 0, f"vz {' '.join(args)} -> {proc.returncode}: {proc.stderr}"
-        return proc.stdout + proc.stderr
-
-    def sh(self, machine: str, script: str) -> str:
-        proc = self.run("exec", "--machine", machine, "--", "sh", "-c", script)
-        assert proc.returncode == 0, f"{machine}: {script} -> {proc.returncode}: {proc.stderr}"
-        return proc.stdout.strip()
-
-
 def _expected(data: dict[str, Any], env_id: str) -> dict[str, Any]:
     plan = compile_topology(parse_definition(data), env_id)
     return {
@@ -96,16 +67,10 @@ def _expected(data: dict[str, Any], env_id: str) -> dict[str, Any]:
 
 
 def test_a_changed_attachment_is_taken_at_the_next_vz_up_and_only_then(tmp_path: Path) -> None:
-    project = tmp_path / "project"
-    project.mkdir()
-    definition = project / "vz.json"
-    definition.write_text(json.dumps(BEFORE))
-    vz = _Vz(tmp_path / "home", project)
-    env_id = ""
-    try:
-        vz.ok("up")
-        status = json.loads(vz.run("status", "--json").stdout)
-        env_id = status["environments"][0]["id"] if "environments" in status else status["environment"]["id"]
+    with vz_project(tmp_path, BEFORE) as vz:
+        definition = vz.cwd / "vz.json"
+        vz.up()
+        env_id = vz.env_id
         before = _expected(BEFORE, env_id)
         for name in ("app", "db"):
             assert vz.sh(name, ADDRESSES) == before[name]["addresses"]
@@ -113,7 +78,7 @@ def test_a_changed_attachment_is_taken_at_the_next_vz_up_and_only_then(tmp_path:
         definition.write_text(json.dumps(AFTER))
         after = _expected(AFTER, env_id)
         assert after["db"]["first"] != before["db"]["first"]
-        out = vz.ok("up")
+        out = vz.ok("up", stderr=True)
         assert "re-attaching machine app" in out and "re-attaching machine db" in out, out
         for name in ("app", "db"):
             assert vz.sh(name, ADDRESSES) == after[name]["addresses"], name  # eth0 renumbered, eth1 added
@@ -127,7 +92,7 @@ def test_a_changed_attachment_is_taken_at_the_next_vz_up_and_only_then(tmp_path:
         assert vz.sh("app", PROBE.format(before["db"]["first"])) == "no"  # the old address leads nowhere
 
         # Converged: another `vz up` restarts nothing (db's listener, started before it, still answers).
-        out = vz.ok("up")
+        out = vz.ok("up", stderr=True)
         assert "re-attaching" not in out, out
         assert vz.sh("app", PROBE.format(after["db"]["first"])) == "yes"
 
@@ -135,7 +100,7 @@ def test_a_changed_attachment_is_taken_at_the_next_vz_up_and_only_then(tmp_path:
         definition.write_text(json.dumps(LATER))
         later = _expected(LATER, env_id)
         vz.ok("stop")
-        out = vz.ok("up")
+        out = vz.ok("up", stderr=True)
         assert "re-attaching" not in out, out  # started, not restarted: its start attaches the current slice
         for name in ("app", "db"):
             assert vz.sh(name, ADDRESSES) == later[name]["addresses"], name  # eth1 gone
@@ -145,8 +110,3 @@ def test_a_changed_attachment_is_taken_at_the_next_vz_up_and_only_then(tmp_path:
         vz.ok("delete")
         assert not domain_exists(env_id)
         assert not recorded.exists(), "vz delete removes the recorded slices with the route domain"
-    finally:
-        vz.run("delete")
-        if env_id:
-            asyncio.run(remove_domain(env_id))
-        stop_daemon(vz.home, environ=vz.environ)
