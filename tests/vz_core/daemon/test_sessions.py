@@ -15,15 +15,15 @@ import os
 import signal
 import sys
 import textwrap
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
+from sessions_testlib import gone, nothing, run, until
 
-from vz_core import ExecExit, ExecOutput, ExecSpec, RunImageRequest
+from vz_core import ExecExit, ExecSpec, RunImageRequest
 from vz_core.daemon._sessions import (
     DEFAULT_PLUGIN_IDLE,
     ENV_PLUGIN_IDLE,
@@ -67,37 +67,6 @@ def scripts(tmp_path: Path) -> Path:
     copy.write_bytes(FAKE_SCRIPT.read_bytes())
     copy.chmod(0o755)
     return path
-
-
-async def nothing() -> AsyncIterator[bytes]:
-    return
-    yield b""
-
-
-async def run(driver: Any, workspace_id: str, *argv: str) -> tuple[bytes, ExecExit]:
-    out = bytearray()
-    exits: list[ExecExit] = []
-    async for event in driver.exec(ExecSpec(workspace_id, tuple(argv)), nothing()):
-        if isinstance(event, ExecOutput):
-            out += event.data
-        else:
-            exits.append(event)
-    assert len(exits) == 1
-    return bytes(out), exits[0]
-
-
-def gone(pid: int) -> bool:
-    try:
-        return bool(psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
-    except psutil.NoSuchProcess:
-        return True
-
-
-async def until(check: Any, seconds: float = 10.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not check():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.05)
 
 
 def plugin_pid(driver: Any) -> int:

@@ -14,15 +14,13 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
-import psutil
 import pytest
+from sessions_testlib import gone, run, until
 
-from vz_core import ExecExit, ExecOutput, ExecSpec, RunImageRequest
+from vz_core import RunImageRequest
 from vz_core.daemon._sessions import SessionPool, SharedDriver
 from vz_core.drivers import HostConfig
 from vz_core.env import acquire_driver
@@ -69,37 +67,6 @@ async def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, agent_binary: st
         await cleanup_state(str(state), image_dir=str(images), agent_binary=agent_binary, subnet=SUBNET)
 
 
-async def nothing() -> AsyncIterator[bytes]:
-    return
-    yield b""
-
-
-async def run(driver: Any, workspace_id: str, *argv: str) -> tuple[bytes, int]:
-    out = bytearray()
-    exits: list[ExecExit] = []
-    async for event in driver.exec(ExecSpec(workspace_id, tuple(argv)), nothing()):
-        if isinstance(event, ExecOutput):
-            out += event.data
-        else:
-            exits.append(event)
-    assert len(exits) == 1
-    return bytes(out), exits[0].exit_code
-
-
-def gone(pid: int) -> bool:
-    try:
-        return bool(psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
-    except psutil.NoSuchProcess:
-        return True
-
-
-async def until(check: Any, seconds: float = 15.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not check():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.05)
-
-
 def containers(home: Path) -> dict[str, tuple[int, str]]:
     """What runc itself says runs under the driver's private root: container id -> (init pid, status)."""
     root = home.parent / "state" / "runc"
@@ -126,7 +93,7 @@ async def test_a_machine_survives_a_plugin_crash(home: Path) -> None:
             pid = session.pid
             assert pid is not None
             os.kill(pid, signal.SIGKILL)
-            await until(lambda: session.stats.crashes == 1)
+            await until(lambda: session.stats.crashes == 1, 15.0)
             assert containers(home) == running  # the same container, the same init process
             # The container does not belong to the plugin: the relaunched plugin finds it as it was.
             assert await driver.find("ln-crash") == before
@@ -177,7 +144,7 @@ async def test_a_machine_survives_a_sigkilled_daemon_and_the_next_daemon_finds_i
         assert [status for _, status in running.values()] == ["running"]
         daemon.kill()
         await daemon.wait()
-        await until(lambda: gone(seen["plugin"]) and gone(seen["supervisor"]))
+        await until(lambda: gone(seen["plugin"]) and gone(seen["supervisor"]), 15.0)
         assert containers(home) == running
         async with SessionPool(plugin_idle=0):
             driver = acquire_driver("linux_native", {})
