@@ -11,13 +11,15 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import psutil
 import pytest
 from vz_conformance.fake import FakeDriver
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "vz_drivers"))
+from exec_local_testlib import cat_through_pipes
 
 from vz_core import ExecExit, ExecOutput, ExecSpec, RunImageRequest
 from vz_core.drivers import launcher_for
@@ -27,8 +29,6 @@ from vz_core.rpc import MAX_WIDE_CHUNK, LocalExecServer, RemoteDriver, connect_i
 
 _DATA = os.urandom(1 << 20) * 8  # 8 MiB
 
-ExecLocal = Callable[[str, ExecSpec, tuple[int, int, int]], Awaitable[ExecExit]]
-
 
 @contextlib.contextmanager
 def _null() -> Iterator[int]:
@@ -37,40 +37,6 @@ def _null() -> Iterator[int]:
         yield fd
     finally:
         os.close(fd)
-
-
-async def cat_through_pipes(
-    exec_local: ExecLocal, machine: str, data: bytes, *argv: str
-) -> tuple[ExecExit, bytes, bytes]:
-    """Feed ``data`` to ``argv`` (default ``cat``) through pipes; its exit, stdout and stderr."""
-    in_r, in_w = os.pipe()
-    out_r, out_w = os.pipe()
-    err_r, err_w = os.pipe()
-    got: dict[str, bytes] = {}
-
-    def feed() -> None:
-        with os.fdopen(in_w, "wb") as f, contextlib.suppress(BrokenPipeError):
-            f.write(data)
-
-    def drain(fd: int, key: str) -> None:
-        with os.fdopen(fd, "rb") as f:
-            got[key] = f.read()
-
-    threads = [
-        threading.Thread(target=feed),
-        threading.Thread(target=drain, args=(out_r, "out")),
-        threading.Thread(target=drain, args=(err_r, "err")),
-    ]
-    for t in threads:
-        t.start()
-    try:
-        exit_ = await exec_local(machine, ExecSpec("replaced", argv or ("cat",)), (in_r, out_w, err_w))
-    finally:
-        for fd in (in_r, out_w, err_w):
-            os.close(fd)
-    for t in threads:
-        await asyncio.to_thread(t.join)
-    return exit_, got["out"], got["err"]
 
 
 def _fake_plugin(state: Path, **kwargs: object) -> RemoteDriver:

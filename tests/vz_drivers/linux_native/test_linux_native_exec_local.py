@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import os
-import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
+from exec_local_testlib import cat_through_pipes, opened
 from machine_testlib import request, run
 
 from vz_core import Driver, ExecExit, ExecSpec
@@ -21,19 +19,6 @@ from vz_drivers.linux_native import LinuxNativeDriver
 pytestmark = pytest.mark.root
 
 
-@contextlib.contextmanager
-def _opened(*targets: tuple[str | Path, int]) -> Iterator[list[int]]:
-    """Descriptors of ``targets`` (path, os.open flags), closed afterwards."""
-    fds: list[int] = []
-    try:
-        for path, flags in targets:
-            fds.append(os.open(path, flags | os.O_CLOEXEC, 0o600))
-        yield fds
-    finally:
-        for fd in fds:
-            os.close(fd)
-
-
 _DATA = os.urandom(1 << 20) * 16  # 16 MiB
 
 
@@ -41,48 +26,15 @@ def _spec(*argv: str) -> ExecSpec:
     return ExecSpec(workspace_id="ignored: machine_id wins", argv=argv)
 
 
-async def _cat_through_pipes(
-    exec_local: object, machine: str, data: bytes, *argv: str
-) -> tuple[ExecExit, bytes, bytes]:
-    in_r, in_w = os.pipe()
-    out_r, out_w = os.pipe()
-    err_r, err_w = os.pipe()
-    got: dict[str, bytes] = {}
-
-    def feed() -> None:
-        with os.fdopen(in_w, "wb") as f:
-            f.write(data)
-
-    def drain(fd: int, key: str) -> None:
-        with os.fdopen(fd, "rb") as f:
-            got[key] = f.read()
-
-    threads = [
-        threading.Thread(target=feed),
-        threading.Thread(target=drain, args=(out_r, "out")),
-        threading.Thread(target=drain, args=(err_r, "err")),
-    ]
-    for t in threads:
-        t.start()
-    try:
-        exit_ = await exec_local(machine, _spec(*(argv or ("cat",))), (in_r, out_w, err_w))  # type: ignore[operator]
-    finally:
-        for fd in (in_r, out_w, err_w):
-            os.close(fd)
-    for t in threads:
-        await asyncio.to_thread(t.join)
-    return exit_, got["out"], got["err"]
-
-
 async def test_cat_of_a_pipe_and_a_file_moves_every_byte(driver: LinuxNativeDriver, tmp_path: Path) -> None:
     await driver.run_image(request("fds"))
-    exit_, out, err = await _cat_through_pipes(driver.exec_local, "fds", _DATA)
+    exit_, out, err = await cat_through_pipes(driver.exec_local, "fds", _DATA)
     assert exit_.success and err == b""
     assert hashlib.sha256(out).digest() == hashlib.sha256(_DATA).digest()
 
     source, target = tmp_path / "in", tmp_path / "out"
     source.write_bytes(_DATA)
-    with _opened((source, os.O_RDONLY), (target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), (os.devnull, os.O_RDWR)) as (
+    with opened((source, os.O_RDONLY), (target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), (os.devnull, os.O_RDWR)) as (
         src,
         dst,
         null,
@@ -96,7 +48,7 @@ async def test_the_command_writes_to_the_host_pipe_itself(driver: LinuxNativeDri
     await driver.run_image(request("same"))
     out_r, out_w = os.pipe()
     inode = os.fstat(out_w).st_ino
-    with _opened((os.devnull, os.O_RDWR)) as (null,):
+    with opened((os.devnull, os.O_RDWR)) as (null,):
         try:
             exit_ = await driver.exec_local("same", _spec("readlink", "/proc/self/fd/1"), (null, out_w, null))
         finally:
@@ -110,7 +62,7 @@ async def test_the_command_writes_to_the_host_pipe_itself(driver: LinuxNativeDri
 async def test_exit_codes_signals_and_errors(driver: LinuxNativeDriver, tmp_path: Path) -> None:
     await driver.run_image(request("codes"))
     err = tmp_path / "err"
-    with _opened((os.devnull, os.O_RDWR), (err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)) as (null, e):
+    with opened((os.devnull, os.O_RDWR), (err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)) as (null, e):
         fd = null
         assert await driver.exec_local("codes", _spec("sh", "-c", "exit 7"), (fd, fd, fd)) == ExecExit(7, "")
         assert await driver.exec_local("codes", _spec("sh", "-c", "kill -KILL $$"), (fd, fd, fd)) == ExecExit(
@@ -130,7 +82,7 @@ async def test_exit_codes_signals_and_errors(driver: LinuxNativeDriver, tmp_path
 async def test_cancel_kills_the_command_and_the_machine_keeps_running(driver: LinuxNativeDriver) -> None:
     await driver.run_image(request("cancel"))
     out_r, out_w = os.pipe()
-    with _opened((os.devnull, os.O_RDWR)) as (null,):
+    with opened((os.devnull, os.O_RDWR)) as (null,):
         task = asyncio.create_task(
             driver.exec_local("cancel", _spec("sh", "-c", "echo $$; exec sleep 300"), (null, out_w, null))
         )
@@ -163,7 +115,7 @@ async def test_a_terminal_is_refused(driver: LinuxNativeDriver) -> None:
     await driver.run_image(request("tty"))
     master, slave = os.openpty()
     try:
-        with _opened((os.devnull, os.O_RDWR)) as (null,):
+        with opened((os.devnull, os.O_RDWR)) as (null,):
             for stdio in ((slave, null, null), (null, null, slave)):
                 with pytest.raises(InvalidArgumentError, match="terminal"):
                     await driver.exec_local("tty", _spec("sh", "-c", "echo injected >&2"), stdio)
@@ -177,9 +129,9 @@ async def test_a_terminal_is_refused(driver: LinuxNativeDriver) -> None:
 async def test_the_copying_default_on_a_real_machine(driver: LinuxNativeDriver) -> None:
     """What VM backends run (one copy between descriptors and agent frames), here on a linux_native Machine."""
     await driver.run_image(request("copy"))
-    exit_, out, err = await _cat_through_pipes(lambda *a: Driver.exec_local(driver, *a), "copy", _DATA)
+    exit_, out, err = await cat_through_pipes(lambda *a: Driver.exec_local(driver, *a), "copy", _DATA)
     assert exit_.success and err == b"" and out == _DATA
-    exit_, out, err = await _cat_through_pipes(
+    exit_, out, err = await cat_through_pipes(
         lambda *a: Driver.exec_local(driver, *a), "copy", b"", "sh", "-c", "echo out; echo err >&2; exit 3"
     )
     assert (exit_, out, err) == (ExecExit(3, ""), b"out\n", b"err\n")
