@@ -7,6 +7,7 @@ Input is a topology plan in its JSON form (``vz_core.env`` compiles it from vz.j
 * ``ensure_egress(plan)`` / ``remove_host_egress(environment_id)``: the host half of egress (the uplink's /30
   from the host pool, forwarding on its host end, the host table ``inet vz_<id12>`` masquerading it and
   dropping anything toward the host, its connected networks, link-local and the other uplinks);
+  ``HostNetworkWatcher`` / ``refresh_host_networks()``: those tables follow the host's networks as they change;
 * ``attach_machine(plan, machine, netns)`` / ``detach_machine(plan, machine)``: a Machine's namespace joined to
   (or removed from) the domain through routed veth pairs;
 * ``remove_domain(environment_id)``: everything of that Environment, nothing of another;
@@ -43,10 +44,15 @@ from vz_core.network._domain import (
 from vz_core.network._egress import (
     DEFAULT_POOL,
     POOL_ENV,
+    HostNetworks,
+    HostNetworkWatcher,
     ensure_egress,
     host_egress_ruleset,
+    host_networks_script,
     host_table,
     needs_uplink,
+    read_host_networks,
+    refresh_host_networks,
     remove_host_egress,
 )
 from vz_core.network._host import Endpoint, NetworkHost
@@ -67,6 +73,8 @@ __all__ = [
     "Endpoint",
     "ExportListener",
     "ForwardSpec",
+    "HostNetworkWatcher",
+    "HostNetworks",
     "ImportRelay",
     "InputSpec",
     "NetworkHost",
@@ -83,11 +91,14 @@ __all__ = [
     "ensure_egress",
     "forwardable",
     "host_egress_ruleset",
+    "host_networks_script",
     "host_resolvers",
     "host_table",
     "list_domains",
     "name_matches",
     "needs_uplink",
+    "read_host_networks",
+    "refresh_host_networks",
     "remove_domain",
     "remove_host_egress",
     "uplink_name",

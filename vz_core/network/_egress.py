@@ -12,9 +12,22 @@ On the host side, the table ``inet vz_<id12>`` (one per Environment, named from 
 * ``input``: everything arriving from ``vzu<id12>`` is dropped: egress never reaches the host itself, whichever
   of its addresses (loopback, LAN, the uplink's own) and whatever listens on 0.0.0.0;
 * ``forward``: from ``vzu<id12>``, anything not IPv4 from the domain's uplink address, anything toward another
-  uplink (``vzu*``), the host's directly connected networks (read when the table is written), link-local,
-  loopback, multicast, reserved and the whole pool is dropped; nothing new is forwarded into the uplink;
+  uplink (``vzu*``), link-local, loopback, multicast, reserved and the whole pool is dropped, and so is anything
+  toward the host's directly connected networks; nothing new is forwarded into the uplink;
 * ``postrouting``: the domain's address is masqueraded behind the host's address on the way out.
+
+Directly connected destinations are denied by the kernel's routing decision itself, not only by a list: a
+packet is forwarded only when the route the host chose for it goes through a gateway (``rt ip nexthop`` is one
+of the host's gateways, set ``gateways``) and its destination is not a gateway itself. A route without a gateway
+(a directly connected network, one the host joined a moment ago included) has the destination as its next hop,
+which is then either not in ``gateways`` or, being a gateway, refused by the second rule: so a stale
+``gateways`` set can only refuse too much (a new gateway's routes until it is listed), never let a connected
+destination through. Devices whose default route has no gateway (``default dev ppp0``, a WireGuard tunnel) are
+the exception (set ``direct_out``: the next hop is the destination there); for them, and as a second layer
+everywhere, the set ``connected`` lists the host's directly connected networks and addresses. The three sets are
+read when the table is written and rewritten in one nft transaction, within a fraction of a second of each
+change of the host's addresses, routes or links, by ``HostNetworkWatcher`` (a NETLINK_ROUTE socket in the
+serving process's event loop; ``NetworkHost`` runs one) through ``refresh_host_networks``.
 
 The domain's own table already admits only what each Machine's egress allows (``_rules``); this table holds
 even if a domain's rules were wrong. Forwarding is enabled on ``vzu<id12>`` only (IPv6 off there); a host with
@@ -26,16 +39,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import hashlib
 import ipaddress
 import json
+import logging
 import os
 import re
+import socket
 import weakref
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from vz_core.errors import FailedPreconditionError, InvalidArgumentError, RuntimeFailureError, UnavailableError
+from vz_core.network._dns import in_namespace
 from vz_core.network._domain import NetworkTools, Uplink, _require_root, _run, ensure_domain, uplink_name
 from vz_core.network._rules import NEVER
 from vz_core.network._spec import DomainSpec, domain_for
@@ -43,16 +61,24 @@ from vz_core.network._spec import DomainSpec, domain_for
 __all__ = [
     "DEFAULT_POOL",
     "POOL_ENV",
+    "HostNetworkWatcher",
+    "HostNetworks",
     "ensure_egress",
     "host_egress_ruleset",
+    "host_networks_script",
     "host_table",
     "needs_uplink",
+    "read_host_networks",
+    "refresh_host_networks",
     "remove_host_egress",
 ]
+
+log = logging.getLogger("vz.network")
 
 DEFAULT_POOL = "10.254.0.0/16"
 POOL_ENV = "VZ_NETWORK_UPLINK_POOL"
 _TABLE_RE = re.compile(r"vz_[0-9a-z]{12}")
+_IFNAME_RE = re.compile(r"[A-Za-z0-9_.+@-]{1,15}")  # device names that may appear in a table's text
 _locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = weakref.WeakKeyDictionary()
 
 
@@ -85,14 +111,55 @@ def pool_network(value: str | None = None) -> ipaddress.IPv4Network:
     return net
 
 
+@dataclass(frozen=True)
+class HostNetworks:
+    """What the host table needs to know of the host's routing (read by ``read_host_networks``).
+
+    ``connected``: the host's directly connected networks and its addresses' networks (collapsed; uplinks aside);
+    ``gateways``: the gateway address of every route that has one; ``direct_out``: devices whose default route
+    has no gateway (point-to-point links, tunnels)."""
+
+    connected: tuple[ipaddress.IPv4Network, ...] = ()
+    gateways: tuple[ipaddress.IPv4Address, ...] = ()
+    direct_out: tuple[str, ...] = ()
+
+    @classmethod
+    def of(
+        cls,
+        connected: Iterable[ipaddress.IPv4Network] = (),
+        gateways: Iterable[ipaddress.IPv4Address] = (),
+        direct_out: Iterable[str] = (),
+    ) -> HostNetworks:
+        """Normalized: networks collapsed (an interval set refuses overlapping elements) and sorted, gateways
+        and device names deduplicated and sorted, device names that could not be written in nft text dropped."""
+        nets = sorted(ipaddress.collapse_addresses(connected), key=lambda n: (int(n.network_address), n.prefixlen))
+        return cls(
+            tuple(nets),
+            tuple(sorted(set(gateways), key=int)),
+            tuple(sorted({d for d in direct_out if _IFNAME_RE.fullmatch(d)})),
+        )
+
+    def elements(self) -> dict[str, str]:
+        """Each set's elements in nft syntax (empty text for an empty set)."""
+        return {
+            "connected": ", ".join(str(n) for n in self.connected),
+            "gateways": ", ".join(str(g) for g in self.gateways),
+            "direct_out": ", ".join(f'"{d}"' for d in self.direct_out),
+        }
+
+
+_SET_TYPES = {"connected": "ipv4_addr\n    flags interval", "gateways": "ipv4_addr", "direct_out": "ifname"}
+
+
 def host_egress_ruleset(
     environment_id: str,
     uplink: Uplink,
-    connected: list[ipaddress.IPv4Network],
+    connected: list[ipaddress.IPv4Network] | HostNetworks,
     pool: ipaddress.IPv4Network | None = None,
 ) -> str:
     """The host table ``inet vz_<id12>`` for the Environment's uplink (pure); ``pool`` (every uplink's range)
-    joins the destinations never forwarded to."""
+    joins the destinations never forwarded to. ``connected``: the host's networks (``HostNetworks``; a bare list
+    of connected networks means a host with no gateway: nothing but the uplink's replies is forwarded)."""
     table = host_table(environment_id)
     dev = uplink_name(environment_id)
     never = sorted(
@@ -101,23 +168,22 @@ def host_egress_ruleset(
         ),
         key=lambda n: (int(n.network_address), n.prefixlen),
     )
-    nets = sorted(ipaddress.collapse_addresses(connected), key=lambda n: (int(n.network_address), n.prefixlen))
-
-    def elements(items: list[ipaddress.IPv4Network]) -> str:
-        return f"    elements = {{ {', '.join(str(n) for n in items)} }}\n" if items else ""
+    facts = connected if isinstance(connected, HostNetworks) else HostNetworks.of(connected)
+    sets = "".join(
+        f"  set {name} {{\n    type {_SET_TYPES[name]}\n"
+        + (f"    elements = {{ {items} }}\n" if items else "")
+        + "  }\n"
+        for name, items in facts.elements().items()
+    )
 
     return (
         f"table inet {table} {{\n"
         "  set never {\n"
         "    type ipv4_addr\n"
         "    flags interval\n"
-        f"{elements(never)}"
+        f"    elements = {{ {', '.join(str(n) for n in never)} }}\n"
         "  }\n"
-        "  set connected {\n"
-        "    type ipv4_addr\n"
-        "    flags interval\n"
-        f"{elements(nets)}"
-        "  }\n"
+        f"{sets}"
         "  chain input {\n"
         "    type filter hook input priority filter - 5; policy accept;\n"
         f'    iifname "{dev}" drop\n'
@@ -128,6 +194,9 @@ def host_egress_ruleset(
         f'    iifname "{dev}" ip saddr != {uplink.domain_address} drop\n'
         f'    iifname "{dev}" oifname "vzu*" drop\n'
         f'    iifname "{dev}" ip daddr @never drop\n'
+        # Directly connected destinations, decided by the route the kernel chose (exact, whatever the lists say):
+        f'    iifname "{dev}" ip daddr @gateways drop\n'
+        f'    iifname "{dev}" oifname != @direct_out rt ip nexthop != @gateways drop\n'
         f'    iifname "{dev}" ip daddr @connected drop\n'
         f'    oifname "{dev}" ct state established,related accept\n'
         f'    oifname "{dev}" drop\n'
@@ -145,14 +214,38 @@ async def _json(tools: NetworkTools, *argv: str) -> list[dict[str, Any]]:
     return [d for d in data if isinstance(d, dict)]
 
 
-async def _host_networks(tools: NetworkTools, pool: ipaddress.IPv4Network) -> list[ipaddress.IPv4Network]:
-    """The host's directly connected networks and its addresses (uplinks aside: those are the pool)."""
+def _gateways_of(route: Mapping[str, Any]) -> list[ipaddress.IPv4Address]:
+    """The IPv4 gateways of a route (its own, or each of a multipath route's next hops)."""
+    hops = [route, *(h for h in route.get("nexthops", []) if isinstance(h, dict))]
+    out = []
+    for hop in hops:
+        with contextlib.suppress(ValueError):
+            if "gateway" in hop:
+                out.append(ipaddress.IPv4Address(str(hop["gateway"])))
+    return out
+
+
+async def read_host_networks(
+    pool: ipaddress.IPv4Network | None = None, *, tools: NetworkTools | None = None
+) -> HostNetworks:
+    """The host's routing as the host table needs it (``HostNetworks``), from the routes of every table and the
+    addresses of every device; the uplinks (``vzu*``) and the pool are left out (``never`` has them)."""
+    tools = tools or NetworkTools.find()
+    pool = pool if pool is not None else pool_network()
     nets: list[ipaddress.IPv4Network] = []
+    gateways: list[ipaddress.IPv4Address] = []
+    direct_out: list[str] = []
     for route in await _json(tools, "route", "show", "table", "all"):
         dst, dev = route.get("dst"), str(route.get("dev", ""))
-        if dst in (None, "default") or "gateway" in route or route.get("type") not in (None, "unicast"):
+        if dev.startswith("vzu") or route.get("type") not in (None, "unicast"):
             continue
-        if dev.startswith("vzu"):
+        found = _gateways_of(route)
+        gateways.extend(found)
+        if found or route.get("nexthops"):
+            continue
+        if dst in (None, "default", "0.0.0.0/0"):
+            if dst is not None and dev and dev != "lo":
+                direct_out.append(dev)
             continue
         try:
             net = ipaddress.IPv4Network(str(dst), strict=False)
@@ -171,7 +264,7 @@ async def _host_networks(tools: NetworkTools, pool: ipaddress.IPv4Network) -> li
                     continue
                 if not net.is_loopback:
                     nets.append(net)
-    return nets
+    return HostNetworks.of(nets, gateways, direct_out)
 
 
 def _resolvers() -> list[ipaddress.IPv4Network]:
@@ -308,9 +401,168 @@ async def ensure_egress(
         what=f"forwarding on {dev}",
     )
     table = host_table(env_id)
-    script = f"table inet {table}\ndelete table inet {table}\n" + host_egress_ruleset(
-        env_id, uplink, await _host_networks(tools, network), network
-    )
-    await _run([tools.nft, "-f", "-"], script.encode(), what=f"nft table {table}")
+    async with _lock():  # not between a watcher's read of the host's networks and its write of the sets
+        script = f"table inet {table}\ndelete table inet {table}\n" + host_egress_ruleset(
+            env_id, uplink, await read_host_networks(network, tools=tools), network
+        )
+        await _run([tools.nft, "-f", "-"], script.encode(), what=f"nft table {table}")
     await _sweep(tools)
     return uplink
+
+
+def host_networks_script(tables: Iterable[str], facts: HostNetworks, *, only: str | None = None) -> str:
+    """One nft transaction replacing the ``connected``, ``gateways`` and ``direct_out`` sets (or set ``only``) of
+    each host table (pure): a packet sees either the old sets or the new ones, never a flushed set."""
+    lines = []
+    for table in tables:
+        for name, items in facts.elements().items():
+            if only is not None and name != only:
+                continue
+            lines.append(f"flush set inet {table} {name}")
+            if items:
+                lines.append(f"add element inet {table} {name} {{ {items} }}")
+    return "".join(line + "\n" for line in lines)
+
+
+async def _has_connected_set(tools: NetworkTools, table: str) -> bool:
+    try:
+        await _run([tools.nft, "list", "set", "inet", table, "connected"], what=f"the set connected of {table}")
+    except RuntimeFailureError:
+        return False
+    return True
+
+
+async def refresh_host_networks(*, tools: NetworkTools | None = None) -> list[str]:
+    """Rewrite the host's networks in every Environment's host table (``inet vz_<id12>``) from the host's
+    routing now; the tables written. One transaction for all; should it fail (a table removed meanwhile), each
+    table on its own, those still there."""
+    _require_root()
+    tools = tools or NetworkTools.find()
+    async with _lock():
+        tables = await _host_tables(tools)
+        if not tables:
+            return []
+        facts = await read_host_networks(tools=tools)
+        try:
+            await _run([tools.nft, "-f", "-"], host_networks_script(tables, facts).encode(), what="host networks")
+            return tables
+        except RuntimeFailureError:
+            pass
+        done, failed = [], []
+        error = RuntimeFailureError("no attempt")
+        for table in await _host_tables(tools):
+            # A table of an earlier vz has the ``connected`` set only: that one is still kept current.
+            for script in (
+                host_networks_script([table], facts),
+                host_networks_script([table], facts, only="connected"),
+            ):
+                try:
+                    await _run([tools.nft, "-f", "-"], script.encode(), what=f"the host networks of {table}")
+                except RuntimeFailureError as exc:
+                    error = exc
+                    continue
+                done.append(table)
+                break
+            else:
+                if table in await _host_tables(tools) and await _has_connected_set(tools, table):
+                    failed.append(f"{table}: {error.message}")
+                # else: removed meanwhile, or a table with no such set (not written by vz): nothing to keep
+        if failed:
+            raise RuntimeFailureError("the host networks of the nft tables " + "; ".join(failed))
+        return done
+
+
+# rtnetlink multicast groups (linux/rtnetlink.h): links, IPv4 addresses, IPv4 routes.
+_RTMGRP_LINK, _RTMGRP_IPV4_IFADDR, _RTMGRP_IPV4_ROUTE = 0x1, 0x10, 0x40
+
+
+def _netlink_socket() -> socket.socket:
+    sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, socket.NETLINK_ROUTE)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+        sock.bind((0, _RTMGRP_LINK | _RTMGRP_IPV4_IFADDR | _RTMGRP_IPV4_ROUTE))
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+class HostNetworkWatcher:
+    """Keeps every host table's view of the host's networks current (``refresh_host_networks``).
+
+    A NETLINK_ROUTE socket subscribed to the host's link, IPv4 address and IPv4 route changes, read in the event
+    loop (no child process); each burst of changes is followed, ``settle`` seconds after its first message, by
+    one refresh of every host table (changes arriving during a refresh cause another). A refresh that fails is
+    logged and tried again a second later. ``start()`` refreshes once (what changed before it subscribed);
+    ``close()`` closes the socket and the task. The socket is made in the namespace of the process's main
+    thread (the host's, for the daemon)."""
+
+    def __init__(self, *, tools: NetworkTools | None = None, settle: float = 0.1) -> None:
+        self._tools = tools
+        self._settle = settle
+        self._sock: socket.socket | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._changed = asyncio.Event()
+        self.refreshes = 0
+        """How many refreshes completed (for diagnostics)."""
+
+    @property
+    def running(self) -> bool:
+        return self._sock is not None
+
+    async def start(self) -> None:
+        if self._sock is not None:
+            return
+        _require_root()
+        self._tools = self._tools or NetworkTools.find()
+        sock = await asyncio.to_thread(in_namespace, f"/proc/{os.getpid()}/ns/net", _netlink_socket)
+        loop = asyncio.get_running_loop()
+        self._sock = sock
+        loop.add_reader(sock.fileno(), self._readable)
+        self._changed.set()
+        self._task = asyncio.create_task(self._run(), name="vz-host-networks")
+
+    def _readable(self) -> None:
+        sock = self._sock
+        if sock is None:
+            return
+        while True:
+            try:
+                if not sock.recv(65536):
+                    break
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError as exc:
+                if exc.errno != errno.ENOBUFS:  # messages lost: a refresh reads everything anyway
+                    log.warning("host network changes: %s", exc)
+                    break
+            self._changed.set()
+
+    async def _run(self) -> None:
+        while True:
+            await self._changed.wait()
+            await asyncio.sleep(self._settle)
+            self._changed.clear()
+            try:
+                await refresh_host_networks(tools=self._tools)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("the host's networks were not refreshed in the egress tables: %s", exc)
+                await asyncio.sleep(1.0)
+                self._changed.set()
+                continue
+            self.refreshes += 1
+
+    async def close(self) -> None:
+        sock, task = self._sock, self._task
+        self._sock, self._task = None, None
+        if sock is not None:
+            with contextlib.suppress(Exception):
+                asyncio.get_running_loop().remove_reader(sock.fileno())
+            sock.close()
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task

@@ -18,6 +18,11 @@ restarted, removed ones closed. ``stop`` closes every part and keeps what the En
 ports, for the next ``ensure``); ``remove`` also forgets it. Nothing here is persisted: the daemon records the
 plan and the chosen ports (``vz_core.daemon._network``) and hands them back after a restart.
 
+It also follows the host's networks for every Environment's egress: from its first ``ensure`` (as root) until
+``close``, a ``HostNetworkWatcher`` rewrites the host tables' ``connected``/``gateways``/``direct_out`` sets within
+a fraction of a second of each change of the host's addresses, routes or links (a NETLINK_ROUTE socket in the
+event loop: no child process).
+
 The route domain itself (``ensure_domain``/``attach_machine``/``remove_domain``) is not created or removed here.
 """
 
@@ -28,6 +33,7 @@ import contextlib
 import dataclasses
 import errno
 import json
+import os
 import socket
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -36,6 +42,7 @@ from typing import Any
 from vz_core.errors import DriverError, FailedPreconditionError, RuntimeFailureError
 from vz_core.network._dns import DnsServer, in_namespace
 from vz_core.network._domain import domain_exists
+from vz_core.network._egress import HostNetworkWatcher
 from vz_core.network._relay import ExportListener, ImportRelay
 from vz_core.network._spec import DomainSpec, PlanError
 
@@ -108,12 +115,29 @@ class NetworkHost:
     ``endpoints(id)``; ``chosen_ports(id)``; ``await close()`` (every Environment, at shutdown)."""
 
     def __init__(
-        self, *, upstreams: Sequence[tuple[str, int]] | None = None, min_ttl: int = 30, max_ttl: int = 3600
+        self,
+        *,
+        upstreams: Sequence[tuple[str, int]] | None = None,
+        min_ttl: int = 30,
+        max_ttl: int = 3600,
+        follow_host_networks: bool = True,
     ) -> None:
         """``upstreams``: the resolvers DNS queries beyond the Environment go to (default: /etc/resolv.conf's,
-        read at each query); ``min_ttl``/``max_ttl``: the clamp of an allowlist entry's lifetime (seconds)."""
+        read at each query); ``min_ttl``/``max_ttl``: the clamp of an allowlist entry's lifetime (seconds);
+        ``follow_host_networks``: run the ``HostNetworkWatcher`` (as root) from the first ``ensure`` on."""
         self._envs: dict[str, _Environment] = {}
         self._dns_options: dict[str, Any] = {"upstreams": upstreams, "min_ttl": min_ttl, "max_ttl": max_ttl}
+        self._follow = follow_host_networks
+        self.watcher: HostNetworkWatcher | None = None
+        """The watcher of the host's networks while it runs (None before the first ``ensure`` and after
+        ``close``)."""
+
+    async def _watch(self) -> None:
+        if not self._follow or self.watcher is not None or os.geteuid() != 0:
+            return
+        watcher = HostNetworkWatcher()
+        await watcher.start()  # raises (the tools missing, no netlink) before anything else of ensure is done
+        self.watcher = watcher
 
     def environments(self) -> list[str]:
         """Ids of the Environments with at least one part running."""
@@ -153,6 +177,7 @@ class NetworkHost:
             raise FailedPreconditionError(
                 f"the route domain {spec.name} of {env_id} does not exist; `vz up` creates it before the Machines"
             )
+        await self._watch()
         env = self._envs.setdefault(env_id, _Environment(env_id))
         async with env.lock:
             for key, port in (ports or {}).items():
@@ -305,7 +330,11 @@ class NetworkHost:
         return was
 
     async def close(self) -> None:
-        """Close the parts of every Environment (the daemon's shutdown; its records keep the ports)."""
+        """Close the parts of every Environment (the daemon's shutdown; its records keep the ports) and the
+        watcher of the host's networks."""
+        watcher, self.watcher = self.watcher, None
+        if watcher is not None:
+            await watcher.close()
         for env_id in list(self._envs):
             await self.stop(env_id)
 

@@ -29,7 +29,7 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -227,8 +227,28 @@ def _ip_forward(value: str | None = None) -> str:
 
 
 def _rules(table: str) -> str:
-    """The host table without its ``connected`` set (other work on the host may add networks meanwhile)."""
-    return re.sub(r"set connected \{.*?\}", "", run("nft", "list", "table", "inet", table), flags=re.S)
+    """The host table without the host's networks (other work on the host may add networks meanwhile)."""
+    text = run("nft", "list", "table", "inet", table)
+    return re.sub(r"set (connected|gateways|direct_out) \{.*?\n\t\}", "", text, flags=re.S)
+
+
+def _listed(table: str, name: str, address: str) -> bool:
+    """Whether the host table's set ``name`` holds ``address`` (for ``connected``: a network covering it)."""
+    try:
+        run("nft", "get", "element", "inet", table, name, f"{{ {address} }}")
+    except RuntimeError:
+        return False
+    return True
+
+
+async def _within(seconds: float, condition: Callable[[], bool]) -> float:
+    """Seconds until ``condition()`` held (polled), or a bit more than ``seconds`` when it never did."""
+    start = time.monotonic()
+    while not condition():
+        if time.monotonic() - start > seconds:
+            break
+        await asyncio.sleep(0.02)
+    return time.monotonic() - start
 
 
 def _reach(netns: str, address: str, port: int = 80) -> bool:
@@ -415,6 +435,117 @@ async def test_allocation_avoids_host_routes_and_leftovers_converge(
     run("nft", "add", "table", "inet", host_table(env_ids[0]))
     assert await remove_domain(env_ids[0]) is False
     assert host_table(env_ids[0]) not in run("nft", "list", "tables")
+
+
+LAN_NETS = ("198.51.100.8/30", "198.51.100.12/30")  # networks the host joins during the test
+
+
+def _join(namespaces: Namespaces, index: int) -> tuple[str, str, str, str]:
+    """A namespace joined to the host by a new veth: the host gets 198.51.100.(8+4i)+1/30 (a directly connected
+    network), the namespace .2 of it and 198.51.100.(200+i)/32 behind it, routed by the host through it (a
+    gateway). (namespace, host end, connected address, routed address)."""
+    base = ipaddress.IPv4Network(LAN_NETS[index])
+    host_addr, peer = str(base.network_address + 1), str(base.network_address + 2)
+    routed = f"198.51.100.{200 + index}"
+    lan = namespaces.add(f"lan{index}")
+    host_end = f"vzt{namespaces.tag}n{index}"
+    run("ip", "link", "add", host_end, "type", "veth", "peer", "name", "eth0", "netns", lan.rsplit("/", 1)[1])
+    batch = f"link set eth0 up\naddr add {peer}/30 dev eth0\nroute add default via {host_addr}\n"
+    run("ip", "-n", lan.rsplit("/", 1)[1], "-batch", "-", stdin=batch + f"addr add {routed}/32 dev lo\n")
+    run("ip", "addr", "add", f"{host_addr}/30", "dev", host_end)
+    run("ip", "link", "set", host_end, "up")
+    run("ip", "route", "add", f"{routed}/32", "via", peer, "dev", host_end)
+    return lan, host_end, peer, routed
+
+
+def _netlink_sockets() -> set[str]:
+    """Inodes of this process's NETLINK_ROUTE sockets subscribed to multicast groups (the watcher's kind)."""
+    mine = set()
+    for fd in Path("/proc/self/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = Path(fd).readlink().as_posix()
+            if target.startswith("socket:["):
+                mine.add(target[8:-1])
+    subscribed = set()
+    for line in Path("/proc/net/netlink").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[1] == "0" and int(fields[3], 16) != 0 and fields[-1] in mine:
+            subscribed.add(fields[-1])
+    return subscribed
+
+
+def _children() -> list[str]:
+    return [c for t in Path("/proc/self/task").iterdir() for c in (t / "children").read_text().split()]
+
+
+async def test_host_networks_followed_live(namespaces: Namespaces, env_ids: list[str], internet: str) -> None:
+    """A network the host joins after the host table was written is never reached by an allowed Machine: the
+    kernel's route decides it at once (no gateway on the route), and the watcher lists it within a second;
+    what the host routes through a gateway there is reachable once the watcher listed that gateway."""
+    plan = compile_topology(parse_definition(BETA), env_ids[0]).to_json()
+    table = host_table(env_ids[0])
+    host = NetworkHost(upstreams=[("127.0.0.1", 9)])
+    listeners: list[Listener] = []
+    before = _netlink_sockets()
+    host_ends = [f"vzt{namespaces.tag}n{i}" for i in range(len(LAN_NETS))]
+    try:
+        await ensure_domain(plan)
+        peer = namespaces.add("peer")
+        await attach_machine(plan, "peer", peer)
+        assert await ensure_egress(plan) is not None  # the table is written now; no watcher runs yet
+        public = listen(internet, "inet", PUBLIC, 80, "tcp")
+        listeners.append(public)
+        assert _reach(peer, PUBLIC) and public.drain() == 1  # egress works through the host's routes
+
+        # Joined with no watcher running: the lists do not have the new network or its gateway...
+        lan, _, connected, routed = _join(namespaces, 0)
+        near, far = listen(lan, "lan0", connected, 80, "tcp"), listen(lan, "lan0", routed, 80, "tcp")
+        listeners += [near, far]
+        assert not _listed(table, "connected", connected) and not _listed(table, "gateways", connected)
+        # ...yet the connected address is refused (the route has no gateway) and so is what is routed through
+        # the unknown gateway (refusing too much, never too little, until the lists are current).
+        assert not _reach(peer, connected) and near.drain() == 0
+        assert not _reach(peer, routed) and far.drain() == 0
+
+        # The watcher (started by the first ensure) lists both; then the routed address is reachable.
+        await host.ensure(plan)
+        assert host.watcher is not None and len(_netlink_sockets() - before) == 1
+        await _within(1.5, lambda: _listed(table, "gateways", connected))
+        assert _listed(table, "connected", connected) and _listed(table, "gateways", connected)
+        assert _reach(peer, routed) and far.drain() == 1
+        assert not _reach(peer, connected) and near.drain() == 0
+
+        # Live: a network joined while the watcher runs is listed within a second, and unlisted when it goes.
+        lan, host_end, connected, routed = _join(namespaces, 1)
+        took = await _within(3, lambda: _listed(table, "connected", connected))
+        assert _listed(table, "connected", connected), "the new network was not listed"
+        assert took < 1.0, f"listed {took:.2f} s after the host joined it"
+        assert await _within(1.0, lambda: _listed(table, "gateways", connected)) < 1.0
+        near, far = listen(lan, "lan1", connected, 80, "tcp"), listen(lan, "lan1", routed, 80, "tcp")
+        listeners += [near, far]
+        assert not _reach(peer, connected) and near.drain() == 0
+        assert _reach(peer, routed) and far.drain() == 1
+        # The domain's own table made to accept everything: the host table still refuses the new network.
+        domain = f"/run/netns/{plan['route_domain']}"
+        run("nsenter", f"--net={domain}", "--", "nft", "insert", "rule", "inet", "vz", "forward", "accept")
+        assert not _reach(peer, connected) and near.drain() == 0
+        run("ip", "link", "del", host_end)
+        took = await _within(3, lambda: not _listed(table, "connected", connected))
+        assert not _listed(table, "connected", connected) and not _listed(table, "gateways", connected)
+        assert took < 1.0, f"unlisted {took:.2f} s after the host left it"
+        assert host.watcher.refreshes >= 2
+    finally:
+        await host.close()
+        for listener in listeners:
+            listener.sock.close()
+        await remove_domain(env_ids[0])
+        links = run("ip", "-o", "link")
+        for end in host_ends:
+            if f" {end}@" in links or f" {end}:" in links:
+                run("ip", "link", "del", end)  # its routes go with it
+    # The watcher is gone with the NetworkHost: its socket closed, no process of it left.
+    assert host.watcher is None and _netlink_sockets() == before
+    assert _children() == []
 
 
 def test_host_table_text() -> None:
