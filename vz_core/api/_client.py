@@ -15,7 +15,7 @@ from vz_core.api._errors import ApiError
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Mapping, Sequence
-    from typing import Any, Generic, TypeVar
+    from typing import Any, Generic, Self, TypeVar
 
     from vz_core.api._transport import CallStream, Transport
     from vz_core.api._types import (
@@ -53,6 +53,19 @@ else:  # no `typing` at run time: it costs milliseconds on the CLI's path
     _R = None
 
 __all__ = ["Client", "EventStream", "ExecCall", "ExecResult", "Operation", "default_context"]
+
+
+class _Handle:
+    """A context manager that hangs up (``close()``) when its ``with`` block is left."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def default_context(
@@ -94,7 +107,7 @@ class ExecResult(dict[str, "Any"]):
         return value
 
 
-class Operation(Generic[_R]):
+class Operation(_Handle, Generic[_R]):
     """A long operation (Up, Stop, Delete) in flight: iterate its ``Progress``, then ``result()``.
 
     Iterating is optional: ``result()`` reads what is left (``progress`` keeps every message seen).
@@ -148,14 +161,8 @@ class Operation(Generic[_R]):
         self._finished = True
         self._stream.close()
 
-    def __enter__(self) -> Operation[_R]:
-        return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-class EventStream:
+class EventStream(_Handle):
     """Events of a watch, in revision order; ``close()`` (or leaving ``with``) ends the watch.
 
     ``last_revision`` is the revision of the last event received: watch again from it after a reconnect and
@@ -193,14 +200,8 @@ class EventStream:
         self._finished = True
         self._stream.close()
 
-    def __enter__(self) -> EventStream:
-        return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-class ExecCall:
+class ExecCall(_Handle):
     """A running command (``Client.open_exec``): a poll-friendly handle over one call.
 
     ``receive()`` reads exactly one message: ``("output", stream, bytes)`` (1 stdout, 2 stderr, 3 terminal)
@@ -251,12 +252,6 @@ class ExecCall:
         """Hang up."""
         self._stream.close()
 
-    def __enter__(self) -> ExecCall:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
 
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
@@ -264,7 +259,7 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
-class Client:
+class Client(_Handle):
     """The vz daemon's API (see the module docstring and docs/api.md).
 
     ``home``: the state directory (default ``VZ_HOME``); ``socket``: the daemon's socket (default
@@ -299,12 +294,6 @@ class Client:
     def close(self) -> None:
         """Release the transport (a gRPC channel); the client can no longer be used."""
         self.transport.close()
-
-    def __enter__(self) -> Client:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     # --- plumbing -------------------------------------------------------------------------------------------
 
