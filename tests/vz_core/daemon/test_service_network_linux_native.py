@@ -15,25 +15,20 @@ import json
 import socket
 import subprocess
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "vz_drivers"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "network"))
+from relay_testlib import HostService, free_port
 from topology_testlib import ProjectVz, vz_project
 
 from vz_core.daemon import stop_daemon
 from vz_core.network import domain_exists
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _definition(export_port: int, host_port: int) -> dict[str, Any]:
@@ -90,34 +85,6 @@ def _host_addresses() -> list[str]:
     return out
 
 
-class _HostService:
-    """A loopback listener on the host answering ``from the host`` and counting connections."""
-
-    def __init__(self, port: int) -> None:
-        self.sock = socket.socket()
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", port))
-        self.sock.listen(16)
-        self.hits = 0
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.hits += 1
-            with conn:
-                conn.sendall(b"from the host\n")
-
-    def close(self) -> None:
-        self.sock.shutdown(socket.SHUT_RDWR)
-        self.sock.close()
-        self.thread.join(5)
-
-
 SERVE = (
     "printf '#!/bin/sh\\necho from-app\\n' > /tmp/reply.sh; chmod +x /tmp/reply.sh; "
     "setsid nc -ll -p 8080 -e /tmp/reply.sh </dev/null >/dev/null 2>&1 &"
@@ -132,10 +99,10 @@ def _serve_app(vz: ProjectVz) -> None:
 
 
 def test_exports_and_imports_through_the_daemon(tmp_path: Path) -> None:
-    preferred, host_port = _free_port(), _free_port()
-    outside = _HostService(host_port)
+    preferred, host_port = free_port(), free_port()
+    outside = HostService(host_port, b"from the host\n")
     with contextlib.ExitStack() as stack:
-        stack.callback(outside.close)
+        stack.callback(outside.stop)
         vz = stack.enter_context(vz_project(tmp_path, _definition(preferred, host_port)))
         vz.up()
         env = vz.status()
