@@ -22,7 +22,7 @@ from pathlib import Path
 
 from vz_core.errors import FailedPreconditionError, RuntimeFailureError
 from vz_core.network import attach_machine, detach_machine, domain_exists
-from vz_core.network.label import FACT_KEY, LABEL, MachineSlice, parse_machine_slice
+from vz_core.network.label import FACT_KEY, LABEL, MachineSlice, current_slice, note_attached, parse_machine_slice
 
 __all__ = ["FACT", "FACT_KEY", "LABEL", "attach", "namespace_for", "release", "validate"]
 
@@ -72,32 +72,36 @@ async def _ip(*args: str) -> None:
 async def attach(key: str, labels: Mapping[str, str], *, resolv: bool = True, join: bool = True) -> str | None:
     """Create the Machine's namespace and join it to its route domain; its name (None: no label).
 
-    ``resolv``/``join`` False leave out the resolv.conf / the attachment (fault modes only)."""
-    found = validate(labels)
-    if found is None:
+    The attachment is the Machine's current slice (``current_slice``: the one ``vz up`` recorded when its
+    attachments changed after creation, else its label's), noted once made (``note_attached``), as linux_native
+    and qemu do. ``resolv``/``join`` False leave out the resolv.conf / the attachment (fault modes only)."""
+    if validate(labels) is None:
         return None
+    found = current_slice(labels)
     name = namespace_for(key)
     if not (NETNS_DIR / name).exists():
         await _ip("netns", "add", name)
     etc = ETC_NETNS / name
     etc.mkdir(parents=True, exist_ok=True)
     resolv_conf = etc / "resolv.conf"
-    if resolv:
+    if resolv and found is not None:
         resolv_conf.write_text(found.resolv_conf())
     else:
         resolv_conf.unlink(missing_ok=True)
-    if join:
+    if join and found is not None:
         await attach_machine(found.plan, found.machine, str(NETNS_DIR / name))
+    if join:
+        note_attached(labels, found)
     return name
 
 
 async def release(key: str, labels: Mapping[str, str]) -> None:
     """Remove the Machine's domain ends, its namespace and its resolv.conf (idempotent)."""
-    found = parse_machine_slice(labels)
-    if found is None:
+    if parse_machine_slice(labels) is None:
         return
+    found = current_slice(labels)
     name = namespace_for(key)
-    if domain_exists(str(found.plan["environment_id"])):
+    if found is not None and domain_exists(str(found.plan["environment_id"])):
         await detach_machine(found.plan, found.machine)
     if (NETNS_DIR / name).exists():
         await _ip("netns", "del", name)

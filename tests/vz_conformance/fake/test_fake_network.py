@@ -90,3 +90,41 @@ async def test_bad_labels_and_a_missing_domain_are_refused_before_anything_exist
     assert namespace_for(driver._store.key(ws)) not in namespaces()
     facts = (await driver.extensions()).facts
     assert "topology" in facts
+
+
+async def test_a_start_attaches_the_slice_vz_up_recorded_and_notes_it(tmp_path: Path) -> None:
+    from fake_network_testlib import definition, environment_id
+
+    from vz_core.env import compile_topology, parse_definition
+    from vz_core.network import ensure_domain, remove_domain
+    from vz_core.network.label import machine_slice, needs_reattach, remove_slices, write_slices
+
+    driver = FakeDriver(tmp_path / "state")
+    env, machine_id, ws = environment_id(), "mch_0123456789ab", unique_id("app")
+    created = plan_of(env)
+    moved_definition = {
+        **definition(),
+        "networks": [{"name": "n", "machines": ["app", "db"], "subnet": "10.89.7.0/24"}],
+    }
+    moved = compile_topology(parse_definition(moved_definition), env).to_json()
+    identity = ("dev.vz.environment=" + env, "dev.vz.machine=" + machine_id)
+    await ensure_domain(created)
+    try:
+        req = labelled(ws, created, "app")
+        await driver.run_image(replace(req, labels=(*req.labels, *identity)))
+        old = machine(created, "app")["attachments"][0]["address"]
+        assert old in (await run_exec(driver, ws, ["ip", "-4", "addr", "show", "eth0"])).stdout.decode()
+        await ensure_domain(moved)
+        new_slice = machine_slice(moved, "app")
+        write_slices(env, {machine_id: new_slice})
+        assert needs_reattach(env, machine_id, new_slice, machine_slice(created, "app"))
+        await driver.stop(ws)
+        await driver.start(ws)
+        new = machine(moved, "app")["attachments"][0]["address"]
+        shown = (await run_exec(driver, ws, ["ip", "-4", "addr", "show", "eth0"])).stdout.decode()
+        assert new in shown and old not in shown
+        assert not needs_reattach(env, machine_id, new_slice, machine_slice(created, "app"))
+    finally:
+        await driver.delete(ws)
+        await remove_domain(env)
+        remove_slices(env)
