@@ -186,9 +186,12 @@ def encode(message: Message) -> bytes:
     return encode_binary(stream, data)
 
 
-def _check_length(n: int) -> None:
+def _length(header: bytes) -> int:
+    """The ``N`` of a complete header; ``WireError`` when it is out of range."""
+    (n,) = _LENGTH.unpack_from(header)
     if n < 1 or n > MAX_MESSAGE:
         raise WireError(f"a message declared length {n}; the local wire allows 1 to {MAX_MESSAGE} bytes")
+    return int(n)
 
 
 def decode(kind: int, payload: bytes) -> Message:
@@ -233,6 +236,22 @@ def _rights(fds: Sequence[int]) -> list[tuple[int, int, bytes]]:
     if not fds:
         return []
     return [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())]
+
+
+def _header_part(
+    header: bytes, fds: list[int], data: bytes, ancdata: list[tuple[int, int, bytes]], flags: int
+) -> bytes | None:
+    """``header`` with the bytes of one ``recvmsg`` added (its descriptors added to ``fds``); None when the peer
+    closed between messages; ``WireError`` for too many descriptors or a close inside the header."""
+    if ancdata:
+        fds.extend(_fds_from(ancdata, flags))
+        if len(fds) > MAX_FDS:
+            raise WireError(f"a message carried more than {MAX_FDS} file descriptors")
+    if not data:
+        if not header:
+            return None
+        raise WireError("the connection closed in the middle of a message header")
+    return header + data
 
 
 _RECV_FLAGS = getattr(socket, "MSG_CMSG_CLOEXEC", 0)
@@ -285,18 +304,12 @@ class Channel:
         try:
             while len(header) < _HEADER:
                 data, ancdata, flags, _ = self.sock.recvmsg(_HEADER - len(header), _ANCILLARY, _RECV_FLAGS)
-                if ancdata:
-                    fds.extend(_fds_from(ancdata, flags))
-                    if len(fds) > MAX_FDS:
-                        raise WireError(f"a message carried more than {MAX_FDS} file descriptors")
-                if not data:
-                    if not header:
-                        close_fds(fds)
-                        return None
-                    raise WireError("the connection closed in the middle of a message header")
-                header += data
-            (n,) = _LENGTH.unpack_from(header)
-            _check_length(n)
+                part = _header_part(header, fds, data, ancdata, flags)
+                if part is None:
+                    close_fds(fds)
+                    return None
+                header = part
+            n = _length(header)
             payload = self._exact(n - 1) if n > 1 else b""
             return decode(header[4], payload), fds
         except BaseException:
@@ -386,18 +399,12 @@ class AsyncChannel:
                 except BlockingIOError:
                     await self._readable()
                     continue
-                if ancdata:
-                    fds.extend(_fds_from(ancdata, flags))
-                    if len(fds) > MAX_FDS:
-                        raise WireError(f"a message carried more than {MAX_FDS} file descriptors")
-                if not data:
-                    if not header:
-                        close_fds(fds)
-                        return None
-                    raise WireError("the connection closed in the middle of a message header")
-                header += data
-            (n,) = _LENGTH.unpack_from(header)
-            _check_length(n)
+                part = _header_part(header, fds, data, ancdata, flags)
+                if part is None:
+                    close_fds(fds)
+                    return None
+                header = part
+            n = _length(header)
             payload = await self._exact(n - 1) if n > 1 else b""
             return decode(header[4], payload), fds
         except BaseException:
