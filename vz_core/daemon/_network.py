@@ -11,7 +11,10 @@ the daemon process) with what must outlive the process, in the state store table
 
 It also converges the host half of each Environment's egress (``vz_core.network.ensure_egress``: the uplink's
 /30 from the host pool, forwarding on its host end, the host table ``inet vz_<id12>``) whenever it serves the
-plan, and removes it with the Environment. DNS beyond the Environment goes to the host's resolvers
+plan, and removes it with the Environment; its ``NetworkHost`` keeps every host table's view of the host's
+networks current while the daemon runs (``HostNetworkWatcher``: a new interface, address, route or VPN is
+listed within a fraction of a second; directly connected destinations are refused by the route's next hop even
+before). DNS beyond the Environment goes to the host's resolvers
 (``VZ_NETWORK_DNS_UPSTREAMS``: comma-separated ``address[:port]`` instead of /etc/resolv.conf's; an allowlist
 entry lives for its answer's TTL clamped to ``VZ_NETWORK_DNS_MIN_TTL``..``VZ_NETWORK_DNS_MAX_TTL``, default
 30..3600 seconds).

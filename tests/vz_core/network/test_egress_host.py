@@ -40,12 +40,14 @@ from vz_core.env._definition import parse_definition
 from vz_core.env._topology import compile_topology
 from vz_core.errors import FailedPreconditionError, InvalidArgumentError, UnavailableError
 from vz_core.network import (
+    HostNetworks,
     NetworkHost,
     Uplink,
     attach_machine,
     ensure_domain,
     ensure_egress,
     host_egress_ruleset,
+    host_networks_script,
     host_table,
     remove_domain,
     uplink_name,
@@ -570,3 +572,43 @@ def test_host_table_text() -> None:
         'ip saddr 10.254.7.2 oifname != "vzu*" masquerade',
     ):
         assert rule in text, rule
+    # A bare list of networks: a host with no gateway, so the next-hop rule lets nothing out.
+    assert re.search(r"set gateways \{\n    type ipv4_addr\n  \}", text)
+    for rule in (
+        f'iifname "{dev}" ip daddr @gateways drop',
+        f'iifname "{dev}" oifname != @direct_out rt ip nexthop != @gateways drop',
+        f'iifname "{dev}" ip daddr @connected drop',
+    ):
+        assert rule in text, rule
+
+
+def test_host_networks_text() -> None:
+    facts = HostNetworks.of(
+        [ipaddress.IPv4Network("192.0.2.0/25"), ipaddress.IPv4Network("192.0.2.128/25")],
+        [ipaddress.IPv4Address("192.0.2.1"), ipaddress.IPv4Address("192.0.2.1"), ipaddress.IPv4Address("10.0.0.1")],
+        ["ppp0", 'wg"0', "a" * 16, "ppp0"],
+    )
+    # Collapsed, deduplicated, sorted; a device name that could not be written in nft text is left out.
+    assert facts == HostNetworks(
+        (ipaddress.IPv4Network("192.0.2.0/24"),),
+        (ipaddress.IPv4Address("10.0.0.1"), ipaddress.IPv4Address("192.0.2.1")),
+        ("ppp0",),
+    )
+    text = host_egress_ruleset("env_0123456789ab", Uplink.of("/proc/1/ns/net", "10.254.7.0/30"), facts)
+    assert "elements = { 10.0.0.1, 192.0.2.1 }" in text and 'elements = { "ppp0" }' in text
+    assert host_networks_script(["vz_a", "vz_b"], facts).splitlines() == [
+        *(
+            line
+            for t in ("vz_a", "vz_b")
+            for line in (
+                f"flush set inet {t} connected",
+                f"add element inet {t} connected {{ 192.0.2.0/24 }}",
+                f"flush set inet {t} gateways",
+                f"add element inet {t} gateways {{ 10.0.0.1, 192.0.2.1 }}",
+                f"flush set inet {t} direct_out",
+                f'add element inet {t} direct_out {{ "ppp0" }}',
+            )
+        )
+    ]
+    # An empty set is flushed and nothing added; `only` limits the script to one set (a table of an earlier vz).
+    assert host_networks_script(["vz_a"], HostNetworks(), only="connected") == "flush set inet vz_a connected\n"
