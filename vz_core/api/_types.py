@@ -9,7 +9,16 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any
+    from typing import Any, Generic, TypeVar
+
+    _T = TypeVar("_T")
+else:  # no `typing` at run time: it costs milliseconds on the CLI's path
+
+    class Generic:
+        def __class_getitem__(cls, item: object) -> type:
+            return cls
+
+    _T = None
 
 __all__ = [
     "Capability",
@@ -28,70 +37,46 @@ __all__ = [
 ]
 
 
+class _Key(Generic[_T]):
+    """A typed read-only attribute of a wire dict: its value at the attribute's name (``optional``: None when the
+    key is absent; else a missing key raises ``KeyError``)."""
+
+    def __init__(self, doc: str, *, optional: bool = False) -> None:
+        self.__doc__ = doc
+        self.optional = optional
+        self.key = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.key = name
+
+    def __get__(self, obj: dict[str, Any] | None, owner: type | None = None) -> _T:
+        if obj is None:
+            return self  # type: ignore[return-value]  # on the class: the attribute itself (help(), inspect)
+        found: Any = obj.get(self.key) if self.optional else obj[self.key]
+        value: _T = found
+        return value
+
+    def __set__(self, obj: object, value: object) -> None:
+        raise AttributeError(f"{self.key} is read-only (the wire's value: set the key instead)")
+
+
 class Progress(dict[str, "Any"]):
     """One progress message of a long operation (Up, Stop, Delete): today's `--json` line without "command"."""
 
     __slots__ = ()
 
-    @property
-    def event(self) -> str:
-        """ "step", "note" or "plan"."""
-        value: str = self["event"]
-        return value
-
-    @property
-    def message(self) -> str:
-        """The human line (masked)."""
-        value: str = self["message"]
-        return value
-
-    @property
-    def action(self) -> str | None:
-        """Steps: preflight, create, boot, start, recreate, remove, stop, delete, delete-volume."""
-        value: str | None = self.get("action")
-        return value
-
-    @property
-    def status(self) -> str | None:
-        """Steps: "started", "succeeded" or "failed"."""
-        value: str | None = self.get("status")
-        return value
-
-    @property
-    def kind(self) -> str | None:
-        """Notes: environment-created, waiting, ...."""
-        value: str | None = self.get("kind")
-        return value
-
-    @property
-    def seconds(self) -> float | None:
-        """Finished steps: how long they took."""
-        value: float | None = self.get("seconds")
-        return value
-
-    @property
-    def environment(self) -> str | None:
-        """The Environment's name."""
-        value: str | None = self.get("environment")
-        return value
-
-    @property
-    def environment_id(self) -> str | None:
-        """The Environment's id."""
-        value: str | None = self.get("environment_id")
-        return value
-
-    @property
-    def machine(self) -> str | None:
-        """The Machine's name."""
-        value: str | None = self.get("machine")
-        return value
-
-    @property
-    def machine_id(self) -> str | None:
-        """The Machine's id."""
-        value: str | None = self.get("machine_id")
-        return value
+    event: _Key[str] = _Key('"step", "note" or "plan".')
+    message: _Key[str] = _Key("The human line (masked).")
+    action: _Key[str | None] = _Key(
+        "Steps: preflight, create, boot, start, recreate, remove, stop, delete, delete-volume.", optional=True
+    )
+    status: _Key[str | None] = _Key('Steps: "started", "succeeded" or "failed".', optional=True)
+    kind: _Key[str | None] = _Key("Notes: environment-created, waiting, ....", optional=True)
+    seconds: _Key[float | None] = _Key("Finished steps: how long they took.", optional=True)
+    environment: _Key[str | None] = _Key("The Environment's name.", optional=True)
+    environment_id: _Key[str | None] = _Key("The Environment's id.", optional=True)
+    machine: _Key[str | None] = _Key("The Machine's name.", optional=True)
+    machine_id: _Key[str | None] = _Key("The Machine's id.", optional=True)
 
 
 class EnvironmentRef(dict[str, "Any"]):
@@ -99,23 +84,9 @@ class EnvironmentRef(dict[str, "Any"]):
 
     __slots__ = ()
 
-    @property
-    def id(self) -> str | None:
-        """The env_... id."""
-        value: str | None = self.get("id")
-        return value
-
-    @property
-    def name(self) -> str | None:
-        """The name."""
-        value: str | None = self.get("name")
-        return value
-
-    @property
-    def state(self) -> str:
-        """The recorded state."""
-        value: str = self["state"]
-        return value
+    id: _Key[str | None] = _Key("The env_... id.", optional=True)
+    name: _Key[str | None] = _Key("The name.", optional=True)
+    state: _Key[str] = _Key("The recorded state.")
 
 
 class _OperationResult(dict[str, "Any"]):
@@ -123,22 +94,16 @@ class _OperationResult(dict[str, "Any"]):
 
     __slots__ = ()
 
-    @property
-    def project_id(self) -> str:
-        """The project."""
-        value: str = self["project_id"]
-        return value
+    project_id: _Key[str] = _Key("The project.")
 
     @property
     def environment(self) -> EnvironmentRef:
         """The Environment after the operation (state deleted after Delete)."""
         return EnvironmentRef(self["environment"])
 
-    @property
-    def machines(self) -> list[dict[str, Any]]:
-        """Id, name, state of each Machine (after Up also workspace_id, driver, default)."""
-        value: list[dict[str, Any]] = self["machines"]
-        return value
+    machines: _Key[list[dict[str, Any]]] = _Key(
+        "Id, name, state of each Machine (after Up also workspace_id, driver, default)."
+    )
 
 
 class UpResult(_OperationResult):
@@ -146,23 +111,9 @@ class UpResult(_OperationResult):
 
     __slots__ = ()
 
-    @property
-    def dry_run(self) -> bool:
-        """Nothing was changed."""
-        value: bool = self["dry_run"]
-        return value
-
-    @property
-    def plan(self) -> dict[str, Any]:
-        """The plan (steps, default_machine, blocked)."""
-        value: dict[str, Any] = self["plan"]
-        return value
-
-    @property
-    def plan_lines(self) -> list[str]:
-        """The plan as human lines."""
-        value: list[str] = self["plan_lines"]
-        return value
+    dry_run: _Key[bool] = _Key("Nothing was changed.")
+    plan: _Key[dict[str, Any]] = _Key("The plan (steps, default_machine, blocked).")
+    plan_lines: _Key[list[str]] = _Key("The plan as human lines.")
 
 
 class _RecordedResult(_OperationResult):
@@ -170,11 +121,7 @@ class _RecordedResult(_OperationResult):
 
     __slots__ = ()
 
-    @property
-    def operation_id(self) -> str:
-        """The operation record (after Delete: removed with the history)."""
-        value: str = self["operation_id"]
-        return value
+    operation_id: _Key[str] = _Key("The operation record (after Delete: removed with the history).")
 
 
 class StopResult(_RecordedResult):
@@ -188,23 +135,9 @@ class DeleteResult(_RecordedResult):
 
     __slots__ = ()
 
-    @property
-    def volumes(self) -> list[dict[str, Any]]:
-        """Each named volume: name, volume, machine_id, driver, state, reason."""
-        value: list[dict[str, Any]] = self["volumes"]
-        return value
-
-    @property
-    def bindings(self) -> list[str]:
-        """The worktree bindings removed."""
-        value: list[str] = self["bindings"]
-        return value
-
-    @property
-    def operations_removed(self) -> int:
-        """Operation records removed."""
-        value: int = self["operations_removed"]
-        return value
+    volumes: _Key[list[dict[str, Any]]] = _Key("Each named volume: name, volume, machine_id, driver, state, reason.")
+    bindings: _Key[list[str]] = _Key("The worktree bindings removed.")
+    operations_removed: _Key[int] = _Key("Operation records removed.")
 
 
 class Machine(dict[str, "Any"]):
@@ -212,95 +145,21 @@ class Machine(dict[str, "Any"]):
 
     __slots__ = ()
 
-    @property
-    def id(self) -> str:
-        """The mch_... id."""
-        value: str = self["id"]
-        return value
-
-    @property
-    def name(self) -> str:
-        """The name."""
-        value: str = self["name"]
-        return value
-
-    @property
-    def workspace_id(self) -> str:
-        """The id its driver knows it by."""
-        value: str = self["workspace_id"]
-        return value
-
-    @property
-    def default(self) -> bool:
-        """It is the Environment's default Machine."""
-        value: bool = self["default"]
-        return value
-
-    @property
-    def target(self) -> dict[str, Any]:
-        """Os and arch."""
-        value: dict[str, Any] = self["target"]
-        return value
-
-    @property
-    def profile(self) -> str | None:
-        """The recorded profile."""
-        value: str | None = self.get("profile")
-        return value
-
-    @property
-    def image(self) -> str | None:
-        """The recorded image."""
-        value: str | None = self.get("image")
-        return value
-
-    @property
-    def workspace(self) -> dict[str, Any] | None:
-        """The recorded workspace settings."""
-        value: dict[str, Any] | None = self.get("workspace")
-        return value
-
-    @property
-    def driver(self) -> dict[str, Any]:
-        """The negotiated driver, or name/error/matrix."""
-        value: dict[str, Any] = self["driver"]
-        return value
-
-    @property
-    def state(self) -> str:
-        """What the driver reports now: running, stopped, missing, unknown."""
-        value: str = self["state"]
-        return value
-
-    @property
-    def recorded_state(self) -> str:
-        """What vz recorded."""
-        value: str = self["recorded_state"]
-        return value
-
-    @property
-    def find(self) -> dict[str, Any] | None:
-        """The driver's Find answer."""
-        value: dict[str, Any] | None = self.get("find")
-        return value
-
-    @property
-    def error(self) -> str | None:
-        """Why the driver could not be asked."""
-        value: str | None = self.get("error")
-        return value
-
-    @property
-    def drift(self) -> dict[str, Any]:
-        """Vz.json compared with the record."""
-        value: dict[str, Any] = self["drift"]
-        return value
-
-    @property
-    def health(self) -> dict[str, Any] | None:
-        """Source, state, checked_at, error."""
-        value: dict[str, Any] | None = self.get("health")
-        return value
+    id: _Key[str] = _Key("The mch_... id.")
+    name: _Key[str] = _Key("The name.")
+    workspace_id: _Key[str] = _Key("The id its driver knows it by.")
+    default: _Key[bool] = _Key("It is the Environment's default Machine.")
+    target: _Key[dict[str, Any]] = _Key("Os and arch.")
+    profile: _Key[str | None] = _Key("The recorded profile.", optional=True)
+    image: _Key[str | None] = _Key("The recorded image.", optional=True)
+    workspace: _Key[dict[str, Any] | None] = _Key("The recorded workspace settings.", optional=True)
+    driver: _Key[dict[str, Any]] = _Key("The negotiated driver, or name/error/matrix.")
+    state: _Key[str] = _Key("What the driver reports now: running, stopped, missing, unknown.")
+    recorded_state: _Key[str] = _Key("What vz recorded.")
+    find: _Key[dict[str, Any] | None] = _Key("The driver's Find answer.", optional=True)
+    error: _Key[str | None] = _Key("Why the driver could not be asked.", optional=True)
+    drift: _Key[dict[str, Any]] = _Key("Vz.json compared with the record.")
+    health: _Key[dict[str, Any] | None] = _Key("Source, state, checked_at, error.", optional=True)
 
 
 class Volume(dict[str, "Any"]):
@@ -308,53 +167,14 @@ class Volume(dict[str, "Any"]):
 
     __slots__ = ()
 
-    @property
-    def name(self) -> str:
-        """The driver's volume name."""
-        value: str = self["name"]
-        return value
-
-    @property
-    def volume(self) -> str:
-        """Its name in vz.json."""
-        value: str = self["volume"]
-        return value
-
-    @property
-    def project_id(self) -> str:
-        """The project."""
-        value: str = self["project_id"]
-        return value
-
-    @property
-    def environment_id(self) -> str:
-        """The Environment it belonged to."""
-        value: str = self["environment_id"]
-        return value
-
-    @property
-    def machine_id(self) -> str:
-        """The Machine it belonged to."""
-        value: str = self["machine_id"]
-        return value
-
-    @property
-    def driver(self) -> str:
-        """Its driver."""
-        value: str = self["driver"]
-        return value
-
-    @property
-    def state(self) -> str:
-        """Kept or removed."""
-        value: str = self["state"]
-        return value
-
-    @property
-    def created_at(self) -> str:
-        """RFC 3339 creation time."""
-        value: str = self["created_at"]
-        return value
+    name: _Key[str] = _Key("The driver's volume name.")
+    volume: _Key[str] = _Key("Its name in vz.json.")
+    project_id: _Key[str] = _Key("The project.")
+    environment_id: _Key[str] = _Key("The Environment it belonged to.")
+    machine_id: _Key[str] = _Key("The Machine it belonged to.")
+    driver: _Key[str] = _Key("Its driver.")
+    state: _Key[str] = _Key("Kept or removed.")
+    created_at: _Key[str] = _Key("RFC 3339 creation time.")
 
 
 class Event(dict[str, "Any"]):
@@ -362,41 +182,12 @@ class Event(dict[str, "Any"]):
 
     __slots__ = ()
 
-    @property
-    def revision(self) -> int:
-        """Increasing, never reused, kept across daemon restarts."""
-        value: int = self["revision"]
-        return value
-
-    @property
-    def time(self) -> str:
-        """RFC 3339 time."""
-        value: str = self["time"]
-        return value
-
-    @property
-    def kind(self) -> str:
-        """environment.updated, machine.state, operation.started, operation.finished, ..."""
-        value: str = self["kind"]
-        return value
-
-    @property
-    def environment_id(self) -> str | None:
-        """The Environment it is about."""
-        value: str | None = self.get("environment_id")
-        return value
-
-    @property
-    def machine_id(self) -> str | None:
-        """The Machine it is about."""
-        value: str | None = self.get("machine_id")
-        return value
-
-    @property
-    def data(self) -> dict[str, Any]:
-        """Free-form data of the kind."""
-        value: dict[str, Any] = self["data"]
-        return value
+    revision: _Key[int] = _Key("Increasing, never reused, kept across daemon restarts.")
+    time: _Key[str] = _Key("RFC 3339 time.")
+    kind: _Key[str] = _Key("environment.updated, machine.state, operation.started, operation.finished, ...")
+    environment_id: _Key[str | None] = _Key("The Environment it is about.", optional=True)
+    machine_id: _Key[str | None] = _Key("The Machine it is about.", optional=True)
+    data: _Key[dict[str, Any]] = _Key("Free-form data of the kind.")
 
 
 class DaemonStatus(dict[str, "Any"]):
@@ -404,65 +195,16 @@ class DaemonStatus(dict[str, "Any"]):
 
     __slots__ = ()
 
-    @property
-    def pid(self) -> int:
-        """Its process id."""
-        value: int = self["pid"]
-        return value
-
-    @property
-    def version(self) -> str:
-        """The vz version it runs."""
-        value: str = self["version"]
-        return value
-
-    @property
-    def fingerprint(self) -> str:
-        """What clients compare at connect."""
-        value: str = self["fingerprint"]
-        return value
-
-    @property
-    def started(self) -> str:
-        """RFC 3339 start time."""
-        value: str = self["started"]
-        return value
-
-    @property
-    def uptime_seconds(self) -> float:
-        """Seconds since it started."""
-        value: float = self["uptime_seconds"]
-        return value
-
-    @property
-    def busy(self) -> bool:
-        """A Machine operation is in flight."""
-        value: bool = self["busy"]
-        return value
-
-    @property
-    def plugins(self) -> list[dict[str, Any]]:
-        """Its driver plugin sessions."""
-        value: list[dict[str, Any]] = self["plugins"]
-        return value
-
-    @property
-    def operations(self) -> list[dict[str, Any]]:
-        """The operations in flight."""
-        value: list[dict[str, Any]] = self["operations"]
-        return value
-
-    @property
-    def socket(self) -> str | None:
-        """The socket it listens on."""
-        value: str | None = self.get("socket")
-        return value
-
-    @property
-    def home(self) -> str | None:
-        """The state directory it serves."""
-        value: str | None = self.get("home")
-        return value
+    pid: _Key[int] = _Key("Its process id.")
+    version: _Key[str] = _Key("The vz version it runs.")
+    fingerprint: _Key[str] = _Key("What clients compare at connect.")
+    started: _Key[str] = _Key("RFC 3339 start time.")
+    uptime_seconds: _Key[float] = _Key("Seconds since it started.")
+    busy: _Key[bool] = _Key("A Machine operation is in flight.")
+    plugins: _Key[list[dict[str, Any]]] = _Key("Its driver plugin sessions.")
+    operations: _Key[list[dict[str, Any]]] = _Key("The operations in flight.")
+    socket: _Key[str | None] = _Key("The socket it listens on.", optional=True)
+    home: _Key[str | None] = _Key("The state directory it serves.", optional=True)
 
 
 class Capability(dict[str, "Any"]):
@@ -470,23 +212,9 @@ class Capability(dict[str, "Any"]):
 
     __slots__ = ()
 
-    @property
-    def name(self) -> str:
-        """The driver's name."""
-        value: str = self["name"]
-        return value
-
-    @property
-    def facts(self) -> dict[str, Any] | None:
-        """Info, capabilities, extensions, accelerator."""
-        value: dict[str, Any] | None = self.get("facts")
-        return value
-
-    @property
-    def error(self) -> dict[str, Any] | None:
-        """Code and message when it failed."""
-        value: dict[str, Any] | None = self.get("error")
-        return value
+    name: _Key[str] = _Key("The driver's name.")
+    facts: _Key[dict[str, Any] | None] = _Key("Info, capabilities, extensions, accelerator.", optional=True)
+    error: _Key[dict[str, Any] | None] = _Key("Code and message when it failed.", optional=True)
 
 
 class Environment(dict[str, "Any"]):
@@ -494,70 +222,24 @@ class Environment(dict[str, "Any"]):
 
     __slots__ = ()
 
-    @property
-    def id(self) -> str:
-        """The env_... id."""
-        value: str = self["id"]
-        return value
-
-    @property
-    def name(self) -> str:
-        """The name."""
-        value: str = self["name"]
-        return value
-
-    @property
-    def project_id(self) -> str:
-        """The project."""
-        value: str = self["project_id"]
-        return value
-
-    @property
-    def state(self) -> str:
-        """What vz recorded: creating, running, stopped, deleting, failed."""
-        value: str = self["state"]
-        return value
-
-    @property
-    def worktree(self) -> str:
-        """The worktree it was created from."""
-        value: str = self["worktree"]
-        return value
-
-    @property
-    def bound_worktrees(self) -> list[str]:
-        """Every worktree bound to it."""
-        value: list[str] = self["bound_worktrees"]
-        return value
-
-    @property
-    def default_machine(self) -> str | None:
-        """The recorded default Machine."""
-        value: str | None = self.get("default_machine")
-        return value
+    id: _Key[str] = _Key("The env_... id.")
+    name: _Key[str] = _Key("The name.")
+    project_id: _Key[str] = _Key("The project.")
+    state: _Key[str] = _Key("What vz recorded: creating, running, stopped, deleting, failed.")
+    worktree: _Key[str] = _Key("The worktree it was created from.")
+    bound_worktrees: _Key[list[str]] = _Key("Every worktree bound to it.")
+    default_machine: _Key[str | None] = _Key("The recorded default Machine.", optional=True)
 
     @property
     def machines(self) -> list[Machine]:
         """Its Machines."""
         return [Machine(m) for m in self.get("machines") or ()]
 
-    @property
-    def last_operation(self) -> dict[str, Any] | None:
-        """The last operation record."""
-        value: dict[str, Any] | None = self.get("last_operation")
-        return value
-
-    @property
-    def drift(self) -> dict[str, Any]:
-        """vz.json compared with what the last up applied."""
-        value: dict[str, Any] = self["drift"]
-        return value
-
-    @property
-    def health(self) -> dict[str, Any] | None:
-        """Source, state (running, stopped, degraded, unknown, empty) and checked_at."""
-        value: dict[str, Any] | None = self.get("health")
-        return value
+    last_operation: _Key[dict[str, Any] | None] = _Key("The last operation record.", optional=True)
+    drift: _Key[dict[str, Any]] = _Key("vz.json compared with what the last up applied.")
+    health: _Key[dict[str, Any] | None] = _Key(
+        "Source, state (running, stopped, degraded, unknown, empty) and checked_at.", optional=True
+    )
 
 
 class StatusReport(dict[str, "Any"]):
@@ -565,17 +247,10 @@ class StatusReport(dict[str, "Any"]):
 
     __slots__ = ()
 
-    @property
-    def schema(self) -> str:
-        """The document's schema, "vz.status/1"."""
-        value: str = self["schema"]
-        return value
-
-    @property
-    def project(self) -> dict[str, Any] | None:
-        """The project found from the context (id, definition, definition_error), or None."""
-        value: dict[str, Any] | None = self.get("project")
-        return value
+    schema: _Key[str] = _Key('The document\'s schema, "vz.status/1".')
+    project: _Key[dict[str, Any] | None] = _Key(
+        "The project found from the context (id, definition, definition_error), or None.", optional=True
+    )
 
     @property
     def environments(self) -> list[Environment]:
