@@ -7,7 +7,9 @@ daemon forwards to (``VZ_NETWORK_DNS_UPSTREAMS``). A version 2 Environment of th
 reaches the public destination, off nothing, lst a listed name's address only once it resolved that name (and
 no longer after the entry expired), never another name; a restarted daemon forwards again; a host table lost
 (a killed `vz up`) comes back with the next `vz up`; no Machine reaches a host listener on 0.0.0.0 at any host
-address; `vz delete` leaves no uplink end, host table or route domain.
+address; a network the host joins while the Environment runs is listed in its host table by the daemon within
+a second, its directly connected address never reached (what the host routes through it is); `vz delete`
+leaves no uplink end, host table or route domain.
 """
 
 from __future__ import annotations
@@ -165,6 +167,38 @@ class _Internet:
             run("ip", "netns", "del", self.name)
 
 
+class _Lan(_Internet):
+    """A network the host joins while the Environment runs: 198.51.100.8/30 directly connected (the namespace's
+    end, .10, listening) and 198.51.100.200 behind it, routed by the host through .10 (a gateway)."""
+
+    CONNECTED, ROUTED = "198.51.100.10", "198.51.100.200"
+
+    def __init__(self, tag: str) -> None:
+        self.name = f"vzt{tag}-lan"
+        self.host_end = f"vzt{tag}l"
+        self.hits = {}
+        self._socks = []
+        run("ip", "netns", "add", self.name)
+        run("ip", "link", "add", self.host_end, "type", "veth", "peer", "name", "eth0", "netns", self.name)
+        batch = "link set lo up\nlink set eth0 up\naddr add 198.51.100.10/30 dev eth0\n"
+        batch += f"route add default via 198.51.100.9\naddr add {self.ROUTED}/32 dev lo\n"
+        run("ip", "-n", self.name, "-batch", "-", stdin=batch)
+        for address in (self.CONNECTED, self.ROUTED):
+            self._listen(address)
+        # The host joins it now: its address, the link up, a route through the namespace.
+        run("ip", "addr", "add", "198.51.100.9/30", "dev", self.host_end)
+        run("ip", "link", "set", self.host_end, "up")
+        run("ip", "route", "add", f"{self.ROUTED}/32", "via", self.CONNECTED, "dev", self.host_end)
+
+
+def _listed(table: str, name: str, address: str) -> bool:
+    try:
+        run("nft", "get", "element", "inet", table, name, f"{{ {address} }}")
+    except RuntimeError:
+        return False
+    return True
+
+
 class _Vz:
     def __init__(self, home: Path, cwd: Path, extra: dict[str, str]) -> None:
         beside = Path(sys.executable).parent / "vz"
@@ -248,6 +282,7 @@ def test_egress_through_the_daemon(tmp_path: Path, internet: _Internet) -> None:
     }
     vz = _Vz(tmp_path / "home", project, extra)
     env_id = ""
+    lan: _Lan | None = None
     try:
         vz.ok("up")
         env_id = vz.status()["id"]
@@ -260,6 +295,21 @@ def test_egress_through_the_daemon(tmp_path: Path, internet: _Internet) -> None:
         assert vz.sh("off", _nc(PUBLIC)) == "refused"
         assert "refused" in vz.sh("off", "nslookup public.example.org 2>&1 || echo refused")
         assert internet.hits[PUBLIC] == 2
+
+        # A network the host joins now: the daemon lists it in the host table within a second; the Machine never
+        # reaches its directly connected address, and reaches what the host routes through it.
+        table = host_table(env_id)
+        lan = _Lan(os.urandom(2).hex())
+        joined = time.monotonic()
+        while not _listed(table, "connected", lan.CONNECTED) and time.monotonic() < joined + 3:
+            time.sleep(0.02)
+        took = time.monotonic() - joined
+        assert _listed(table, "connected", lan.CONNECTED) and took < 1.0, f"listed after {took:.2f} s"
+        assert vz.sh("app", _nc(lan.CONNECTED)) == "refused"
+        assert vz.sh("app", _nc(lan.ROUTED)) == "inet"
+        assert lan.hits == {lan.CONNECTED: 0, lan.ROUTED: 1}
+        lan.close()
+        lan = None
 
         # The allowlist: the name's address only after the name was resolved, until it expires; no other name.
         assert vz.sh("lst", _nc(BY_NAME)) == "refused"
@@ -296,6 +346,8 @@ def test_egress_through_the_daemon(tmp_path: Path, internet: _Internet) -> None:
         assert uplink_name(env_id) not in run("ip", "-o", "link")
         assert host_table(env_id) not in run("nft", "list", "tables")
     finally:
+        if lan is not None:
+            lan.close()
         wildcard.close()
         upstream.close()
         vz.run("delete")
