@@ -26,6 +26,26 @@ def free_port(kind: socket.SocketKind = socket.SOCK_STREAM) -> int:
         return int(sock.getsockname()[1])
 
 
+def definition(
+    project_id: str, service: dict[str, Any], export_port: int, host_port: int, **import_fields: Any
+) -> dict[str, Any]:
+    """A version 2 vz.json of two fake Machines: ``app`` offers ``service``, exported to the host (preferring
+    ``export_port``), and imports host port ``host_port`` at its port 7000 (``import_fields``: e.g. ``protocol``);
+    ``db`` offers pg, reached from ``app`` on a declared path."""
+    m = {"profile": "developer", "driver": "fake", "image": "vz:default"}
+    return {
+        "version": 2,
+        "project_id": project_id,
+        "machines": [
+            {"name": "app", **m, "services": [service]},
+            {"name": "db", **m, "services": [{"name": "pg", "port": 5432}]},
+        ],
+        "paths": [{"from": "app", "to": "db", "service": "pg"}],
+        "exports": [{"machine": "app", "service": service["name"], "host_port": export_port}],
+        "imports": [{"machine": "app", "host_port": host_port, "port": 7000, **import_fields}],
+    }
+
+
 async def build(
     spaces: Namespaces, env_id: str, data: dict[str, Any], label: str
 ) -> tuple[TopologyPlan, dict[str, str]]:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from netns_kit import Namespaces, in_netns
-from relay_testlib import HostService, build, close_all, fetch_from, free_port
+from relay_testlib import HostService, build, close_all, definition, fetch_from, free_port
 
 from vz_core.errors import UnavailableError
 from vz_core.network import ExportListener, ImportRelay, PlanError
@@ -21,18 +21,7 @@ pytestmark = [pytest.mark.root]
 
 
 def _definition(export_port: int, host_port: int) -> dict[str, Any]:
-    m = {"profile": "developer", "driver": "fake", "image": "vz:default"}
-    return {
-        "version": 2,
-        "project_id": "shop",
-        "machines": [
-            {"name": "app", **m, "services": [{"name": "http", "port": 8080}]},
-            {"name": "db", **m, "services": [{"name": "pg", "port": 5432}]},
-        ],
-        "paths": [{"from": "app", "to": "db", "service": "pg"}],
-        "exports": [{"machine": "app", "service": "http", "host_port": export_port}],
-        "imports": [{"machine": "app", "host_port": host_port, "port": 7000}],
-    }
+    return definition("shop", {"name": "http", "port": 8080}, export_port, host_port)
 
 
 async def _serve_in(netns: str, address: str, port: int, reply: bytes) -> tuple[asyncio.Server, list[int]]:

@@ -13,7 +13,7 @@ from typing import Any, cast
 
 import pytest
 from netns_kit import Namespaces, in_netns
-from relay_testlib import HostService, build, close_all, fetch_from, free_port
+from relay_testlib import HostService, build, close_all, definition, fetch_from, free_port
 
 from vz_core.env._definition import parse_definition
 from vz_core.env._topology import compile_topology
@@ -25,18 +25,8 @@ pytestmark = [pytest.mark.root]
 
 
 def _definition(export_port: int, host_port: int) -> dict[str, Any]:
-    m = {"profile": "developer", "driver": "fake", "image": "vz:default"}
-    return {
-        "version": 2,
-        "project_id": "metrics",
-        "machines": [
-            {"name": "app", **m, "services": [{"name": "stats", "port": 8125, "protocol": "udp"}]},
-            {"name": "db", **m, "services": [{"name": "pg", "port": 5432}]},
-        ],
-        "paths": [{"from": "app", "to": "db", "service": "pg"}],
-        "exports": [{"machine": "app", "service": "stats", "host_port": export_port}],
-        "imports": [{"machine": "app", "host_port": host_port, "port": 7000, "protocol": "udp"}],
-    }
+    service = {"name": "stats", "port": 8125, "protocol": "udp"}
+    return definition("metrics", service, export_port, host_port, protocol="udp")
 
 
 class _Echo(asyncio.DatagramProtocol):
