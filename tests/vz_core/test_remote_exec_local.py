@@ -53,6 +53,29 @@ async def fake_plugin(tmp_path: Path) -> AsyncIterator[RemoteDriver]:
         await driver.close()
 
 
+@contextlib.asynccontextmanager
+async def _writing_into_a_pipe(driver: RemoteDriver, *, keep_reader: bool = False) -> AsyncIterator[tuple[int, int]]:
+    """A command in Machine ``m`` whose stdout is a host pipe, running once it wrote ``go`` into it: yields
+    (the pipe's read end, its inode). On exit the command is cancelled, then the write end closed and the read
+    end too (with ``keep_reader``: the caller closes it)."""
+    out_r, out_w = os.pipe()
+    inode = os.fstat(out_w).st_ino
+    with _null() as null:
+        task = asyncio.create_task(
+            driver.exec_local("m", ExecSpec("m", ("sh", "-c", "echo go; exec sleep 30")), (null, out_w, null))
+        )
+        try:
+            assert await asyncio.to_thread(os.read, out_r, 10) == b"go\n"
+            yield out_r, inode
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            os.close(out_w)
+            if not keep_reader:
+                os.close(out_r)
+
+
 def _holds_pipe(pid: int, inode: int) -> bool:
     for name in os.listdir(f"/proc/{pid}/fd"):
         with contextlib.suppress(OSError):
@@ -75,26 +98,14 @@ async def test_cat_through_the_plugin_moves_every_byte_and_reports_exits(fake_pl
 
 async def test_the_descriptors_reach_the_plugin_process(fake_plugin: RemoteDriver) -> None:
     """The local exec socket is used: while the command runs the plugin process holds the host's pipe."""
-    out_r, out_w = os.pipe()
-    inode = os.fstat(out_w).st_ino
-    with _null() as null:
-        task = asyncio.create_task(
-            fake_plugin.exec_local("m", ExecSpec("m", ("sh", "-c", "echo go; exec sleep 30")), (null, out_w, null))
-        )
-        try:
-            assert await asyncio.to_thread(os.read, out_r, 10) == b"go\n"
-            assert fake_plugin.connection is not None
-            plugin = fake_plugin.connection.pid
-            assert _holds_pipe(plugin, inode)
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-            os.close(out_w)
-        # Once the exec is over the plugin keeps no copy: the reader sees the end of the pipe.
-        assert await asyncio.wait_for(asyncio.to_thread(os.read, out_r, 10), 10) == b""
-        os.close(out_r)
-        assert not _holds_pipe(plugin, inode)
+    async with _writing_into_a_pipe(fake_plugin, keep_reader=True) as (out_r, inode):
+        assert fake_plugin.connection is not None
+        plugin = fake_plugin.connection.pid
+        assert _holds_pipe(plugin, inode)
+    # Once the exec is over the plugin keeps no copy: the reader sees the end of the pipe.
+    assert await asyncio.wait_for(asyncio.to_thread(os.read, out_r, 10), 10) == b""
+    os.close(out_r)
+    assert not _holds_pipe(plugin, inode)
 
 
 async def test_files_as_stdin_and_stdout(fake_plugin: RemoteDriver, tmp_path: Path) -> None:
@@ -174,22 +185,9 @@ async def test_exec_frames_when_local_exec_is_off_either_side(tmp_path: Path, mo
             await driver.run_image(RunImageRequest("m", "img"))
             exit_, out, _ = await cat_through_pipes(driver.exec_local, "m", _DATA)
             assert exit_.success and out == _DATA
-            out_r, out_w = os.pipe()
-            inode = os.fstat(out_w).st_ino
-            with _null() as null:
-                task = asyncio.create_task(
-                    driver.exec_local("m", ExecSpec("m", ("sh", "-c", "echo go; exec sleep 30")), (null, out_w, null))
-                )
-                try:
-                    assert await asyncio.to_thread(os.read, out_r, 10) == b"go\n"
-                    assert driver.connection is not None
-                    assert not _holds_pipe(driver.connection.pid, inode)  # the bytes came as frames
-                finally:
-                    task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await task
-                    os.close(out_w)
-                    os.close(out_r)
+            async with _writing_into_a_pipe(driver) as (_, inode):
+                assert driver.connection is not None
+                assert not _holds_pipe(driver.connection.pid, inode)  # the bytes came as frames
         finally:
             await driver.close()
 
