@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import socket
 import threading
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from netns_kit import Namespaces, in_netns
@@ -44,6 +45,26 @@ def definition(
         "exports": [{"machine": "app", "service": service["name"], "host_port": export_port}],
         "imports": [{"machine": "app", "host_port": host_port, "port": 7000, **import_fields}],
     }
+
+
+@contextlib.contextmanager
+def taking(ports: Iterable[int], kind: socket.SocketKind = socket.SOCK_STREAM) -> Iterator[None]:
+    """Every one of ``ports`` on 127.0.0.1 that is free bound by this test (for ``kind``) while the block runs
+    (a port something else holds already is left to it)."""
+    blockers = []
+    try:
+        for port in ports:
+            sock = socket.socket(socket.AF_INET, kind)
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                sock.close()
+                continue
+            blockers.append(sock)
+        yield
+    finally:
+        for sock in blockers:
+            sock.close()
 
 
 async def build(

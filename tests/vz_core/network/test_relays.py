@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from netns_kit import Namespaces, in_netns
-from relay_testlib import HostService, build, close_all, definition, fetch_from, free_port
+from relay_testlib import HostService, build, close_all, definition, fetch_from, free_port, taking
 
 from vz_core.errors import UnavailableError
 from vz_core.network import ExportListener, ImportRelay, PlanError
@@ -84,21 +84,9 @@ async def test_two_environments_export_the_same_port_on_loopback_only(
         opened.append(again)
         assert await again.start() == preferred
         # Every candidate taken: a clear refusal, not a wildcard or random port.
-        blockers = []
-        try:
-            for port in envs[1][0].exports[0].host_ports:
-                sock = socket.socket()
-                try:
-                    sock.bind(("127.0.0.1", port))
-                except OSError:
-                    sock.close()
-                    continue
-                blockers.append(sock)
-            with pytest.raises(UnavailableError, match="every host port of this export is taken"):
-                await ExportListener(envs[1][0].to_json(), "app", "http").start()
-        finally:
-            for sock in blockers:
-                sock.close()
+        taken = pytest.raises(UnavailableError, match="every host port of this export is taken")
+        with taking(envs[1][0].exports[0].host_ports), taken:
+            await ExportListener(envs[1][0].to_json(), "app", "http").start()
     finally:
         await close_all(opened, env_ids)
 

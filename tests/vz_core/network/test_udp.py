@@ -13,7 +13,7 @@ from typing import Any, cast
 
 import pytest
 from netns_kit import Namespaces, in_netns
-from relay_testlib import HostService, build, close_all, definition, fetch_from, free_port
+from relay_testlib import HostService, build, close_all, definition, fetch_from, free_port, taking
 
 from vz_core.env._definition import parse_definition
 from vz_core.env._topology import compile_topology
@@ -136,21 +136,11 @@ async def test_a_udp_export_relays_each_host_peer_on_its_own_socket_and_expires_
         other = compile_topology(parse_definition(data), env_ids[1]).to_json()
         second_export = ExportListener(other, "app", "stats")
         assert second_export.candidates[0] == preferred
-        blockers = []
         try:
-            for port in second_export.candidates[1:]:
-                sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-                try:
-                    sock.bind(("127.0.0.1", port))
-                except OSError:
-                    sock.close()
-                    continue
-                blockers.append(sock)
-            with pytest.raises(UnavailableError, match="every host port of this export is taken"):
+            taken = pytest.raises(UnavailableError, match="every host port of this export is taken")
+            with taking(second_export.candidates[1:], socket.SOCK_DGRAM), taken:
                 await second_export.start()
         finally:
-            for sock in blockers:
-                sock.close()
             await second_export.close()
     finally:
         await close_all(opened, env_ids)
