@@ -22,7 +22,7 @@ def go_build(package: Path, out: Path, cache: Path) -> subprocess.CompletedProce
         GOFLAGS="",
     )
     return subprocess.run(
-        [go, "build", "-o", str(out), "."],
+        [go, "build", "-trimpath", "-ldflags=-s -w", "-o", str(out), "."],  # the agent build's flags: its cache entries
         cwd=package,
         env=env,
         capture_output=True,
