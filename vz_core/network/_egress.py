@@ -495,14 +495,16 @@ class HostNetworkWatcher:
     loop (no child process); each burst of changes is followed, ``settle`` seconds after its first message, by
     one refresh of every host table (changes arriving during a refresh cause another). A refresh that fails is
     logged and tried again a second later. ``start()`` refreshes once (what changed before it subscribed);
-    ``close()`` closes the socket and the task. The socket is made in the namespace of the process's main
-    thread (the host's, for the daemon)."""
+    ``close()`` closes the socket and the task, after a refresh in progress finished (each refresh runs ``ip``
+    and ``nft`` a few times; no process of the watcher outlives it). The socket is made in the namespace of the
+    process's main thread (the host's, for the daemon)."""
 
     def __init__(self, *, tools: NetworkTools | None = None, settle: float = 0.1) -> None:
         self._tools = tools
         self._settle = settle
         self._sock: socket.socket | None = None
         self._task: asyncio.Task[None] | None = None
+        self._refresh: asyncio.Task[list[str]] | None = None
         self._changed = asyncio.Event()
         self.refreshes = 0
         """How many refreshes completed (for diagnostics)."""
@@ -534,8 +536,9 @@ class HostNetworkWatcher:
             except (BlockingIOError, InterruptedError):
                 break
             except OSError as exc:
-                if exc.errno != errno.ENOBUFS:  # messages lost: a refresh reads everything anyway
+                if exc.errno != errno.ENOBUFS:  # ENOBUFS: messages lost, and a refresh reads everything anyway
                     log.warning("host network changes: %s", exc)
+                    self._changed.set()
                     break
             self._changed.set()
 
@@ -544,8 +547,10 @@ class HostNetworkWatcher:
             await self._changed.wait()
             await asyncio.sleep(self._settle)
             self._changed.clear()
+            # Shielded: a close() meanwhile lets the refresh finish (its ip/nft children reaped), then returns.
+            self._refresh = asyncio.ensure_future(refresh_host_networks(tools=self._tools))
             try:
-                await refresh_host_networks(tools=self._tools)
+                await asyncio.shield(self._refresh)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -566,3 +571,7 @@ class HostNetworkWatcher:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        refresh, self._refresh = self._refresh, None
+        if refresh is not None:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await refresh

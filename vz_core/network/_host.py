@@ -21,7 +21,7 @@ plan and the chosen ports (``vz_core.daemon._network``) and hands them back afte
 It also follows the host's networks for every Environment's egress: from its first ``ensure`` (as root) until
 ``close``, a ``HostNetworkWatcher`` rewrites the host tables' ``connected``/``gateways``/``direct_out`` sets within
 a fraction of a second of each change of the host's addresses, routes or links (a NETLINK_ROUTE socket in the
-event loop: no child process).
+event loop, no long-lived child process; ``close`` waits for a refresh in progress).
 
 The route domain itself (``ensure_domain``/``attach_machine``/``remove_domain``) is not created or removed here.
 """
