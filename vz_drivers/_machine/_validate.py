@@ -59,6 +59,9 @@ class Rules:
     """Regular expression alternatives of the accepted tmpfs options."""
     target_os: str = "linux"
     """The OS of the Machines (``linux``, ``darwin``): the request's platform must name it."""
+    route_domains: bool = False
+    """Whether a Machine can join an Environment's route domain (label ``vz.network``; the Extensions fact
+    ``topology``). A backend that cannot refuses the label before anything is created."""
 
 
 @dataclass(frozen=True)
@@ -226,6 +229,13 @@ def validate_common(request: RunImageRequest, rules: Rules) -> CommonRequest:
                 details={"field": "labels"},
             )
         raise _bad(f"label vz.profile={profile!r} is unknown; use one of {', '.join(rules.profiles)}", "labels")
+    if "vz.network" in labels and not rules.route_domains:
+        raise UnsupportedError(
+            f"label vz.network (joining an Environment's route domain) is not supported by {rules.display}: its "
+            "Machines cannot take part in a version 2 topology; give this Machine no paths, exports or imports, or "
+            "run it with linux_native or qemu",
+            details={"field": "labels", "label": "vz.network"},
+        )
     egress = labels.get("vz.egress", "allow")
     if egress not in EGRESS:
         raise _bad(f"label vz.egress={egress!r} is unknown; use one of {', '.join(EGRESS)}", "labels")

@@ -24,6 +24,7 @@ def rules_for(facts: HostFacts) -> Rules:
         cpus=len(facts.cpus),
         memory_bytes=facts.memory_bytes,
         min_memory_bytes=MIN_MEMORY_BYTES,
+        route_domains=True,
         min_memory_why="32 MiB",
         profiles=("developer", "hardened"),
         platform_hint=" on this host (use the qemu driver for other targets)",

@@ -48,6 +48,7 @@ def rules_for(limits: HostLimits) -> Rules:
         cpus=limits.cpus,
         memory_bytes=limits.memory_bytes,
         min_memory_bytes=MIN_MEMORY_BYTES,
+        route_domains=True,
         min_memory_why="192 MiB a virtual machine needs",
         profiles=("developer",),
         platform_hint=" (qemu-system-x86_64)",

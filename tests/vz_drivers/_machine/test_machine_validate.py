@@ -90,3 +90,21 @@ def test_volume_names_end_without_a_newline() -> None:
     req = RunImageRequest(workspace_id="w", image="i", mounts=(Mount(MountType.VOLUME, "data\n", "/data"),))
     with pytest.raises(InvalidArgumentError, match="volume name"):
         validate_common(req, RULES)
+
+
+def test_the_route_domain_label_is_refused_unless_the_backend_joins_route_domains() -> None:
+    from dataclasses import replace
+
+    from vz_drivers.linux_native._host import host_facts
+    from vz_drivers.linux_native._validate import rules_for as linux_native_rules
+    from vz_drivers.qemu._validate import HostLimits
+    from vz_drivers.qemu._validate import rules_for as qemu_rules
+
+    request = RunImageRequest(workspace_id="w", image="vz:default", labels=('vz.network={"v":1}',))
+    with pytest.raises(UnsupportedError, match=r"label vz\.network .*not supported by test driver") as info:
+        validate_common(request, RULES)
+    assert info.value.details == {"field": "labels", "label": "vz.network"}
+    # A backend that joins route domains leaves the label to its own parser (vz_core.network.label).
+    assert validate_common(request, replace(RULES, route_domains=True)).labels["vz.network"] == '{"v":1}'
+    assert linux_native_rules(host_facts()).route_domains
+    assert qemu_rules(HostLimits(cpus=2, memory_bytes=1 << 30)).route_domains

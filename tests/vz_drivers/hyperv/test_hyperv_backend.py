@@ -230,6 +230,11 @@ async def test_plan_refuses_before_touching_anything(
     )
     with pytest.raises(InvalidArgumentError, match="2 MiB steps"):
         await backend.plan(odd, machine_key("w"))
+    # A Hyper-V Machine cannot join an Environment's route domain (no Extensions fact topology).
+    joined = RunImageRequest(workspace_id="w", image="vz:default", labels=('vz.network={"v":1}',))
+    with pytest.raises(UnsupportedError, match=r"vz\.network .* not supported") as info:
+        await backend.plan(joined, machine_key("w"))
+    assert info.value.details == {"field": "labels", "label": "vz.network"}
     windows = RunImageRequest(workspace_id="w", image="vz:default", platform="windows/amd64")
     with pytest.raises(UnsupportedError, match=r"runs linux/amd64 Machines \(Hyper-V Generation 2\)"):
         await backend.plan(windows, machine_key("w"))  # Windows Machines are PLANNED
