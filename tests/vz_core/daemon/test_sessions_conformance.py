@@ -16,18 +16,19 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import grpc
 import psutil
 import pytest
+from sessions_testlib import run
 from vz_conformance._gate import expected_count
 from vz_conformance._providers import DaemonProvider, sha256_of
 from vz_conformance._remote import DaemonDriver, channel_of, pid_of
 
-from vz_core import ExecExit, ExecOutput, ExecSpec, RunImageRequest
+from vz_core import RunImageRequest
 from vz_core.daemon import DaemonError, connect, stop_daemon
 from vz_core.errors import UnavailableError
 
@@ -70,23 +71,6 @@ def ancestors(pid: int) -> list[int]:
 
 def provider(state: Path) -> DaemonProvider:
     return DaemonProvider("fake", FAKE_SCRIPT, sha256_of(FAKE_SCRIPT), options={"state_dir": state})
-
-
-async def nothing() -> AsyncIterator[bytes]:
-    return
-    yield b""
-
-
-async def run(driver: Any, workspace_id: str, *argv: str) -> tuple[bytes, int]:
-    out = bytearray()
-    exits: list[ExecExit] = []
-    async for event in driver.exec(ExecSpec(workspace_id, tuple(argv)), nothing()):
-        if isinstance(event, ExecOutput):
-            out += event.data
-        else:
-            exits.append(event)
-    assert len(exits) == 1
-    return bytes(out), exits[0].exit_code
 
 
 async def test_drivers_connect_gives_the_daemons_own_warm_plugin(home: Path, tmp_path: Path) -> None:

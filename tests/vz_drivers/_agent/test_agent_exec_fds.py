@@ -4,35 +4,20 @@ from __future__ import annotations
 
 import array
 import asyncio
-import contextlib
 import hashlib
 import json
 import os
 import socket
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from agent_helpers import AgentProcess, alive, descendants, eventually, run, spec
+from exec_local_testlib import opened
 
 from vz_core.errors import InvalidArgumentError
 from vz_drivers._agent import AgentClient
 from vz_drivers._agent import _protocol as p
-
-
-@contextlib.contextmanager
-def _opened(*targets: tuple[str | Path, int]) -> Iterator[list[int]]:
-    """Descriptors of ``targets`` (path, os.open flags), closed afterwards."""
-    fds: list[int] = []
-    try:
-        for path, flags in targets:
-            fds.append(os.open(path, flags | os.O_CLOEXEC, 0o600))
-        yield fds
-    finally:
-        for fd in fds:
-            os.close(fd)
-
 
 _PAYLOAD = os.urandom(1 << 20) * 8  # 8 MiB
 
@@ -75,7 +60,7 @@ async def test_files_as_stdin_and_stdout(client: AgentClient, tmp_path: Path) ->
     source = tmp_path / "in"
     source.write_bytes(_PAYLOAD)
     target = tmp_path / "out"
-    with _opened((source, os.O_RDONLY), (target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), (os.devnull, os.O_RDWR)) as (
+    with opened((source, os.O_RDONLY), (target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), (os.devnull, os.O_RDWR)) as (
         src,
         dst,
         null,
@@ -87,7 +72,7 @@ async def test_files_as_stdin_and_stdout(client: AgentClient, tmp_path: Path) ->
 
 async def test_stdout_and_stderr_are_the_given_descriptors(client: AgentClient, tmp_path: Path) -> None:
     out, err = tmp_path / "out", tmp_path / "err"
-    with _opened(
+    with opened(
         (os.devnull, os.O_RDWR),
         (out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
         (err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
@@ -105,7 +90,7 @@ async def test_stdout_and_stderr_are_the_given_descriptors(client: AgentClient, 
 
 
 async def test_signal_exit_is_reported(client: AgentClient) -> None:
-    with _opened((os.devnull, os.O_RDWR)) as (null,):
+    with opened((os.devnull, os.O_RDWR)) as (null,):
         fd = null
         exit_ = await client.exec_fds(spec("sh", "-c", "kill -TERM $$"), (fd, fd, fd))
     assert (exit_.exit_code, exit_.signal) == (143, "SIGTERM")
@@ -115,14 +100,14 @@ async def test_missing_executable_is_127_with_the_message_on_the_given_stderr(
     client: AgentClient, tmp_path: Path
 ) -> None:
     err = tmp_path / "err"
-    with _opened((os.devnull, os.O_RDWR), (err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)) as (null, e):
+    with opened((os.devnull, os.O_RDWR), (err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)) as (null, e):
         exit_ = await client.exec_fds(spec("no-such-command-here"), (null, null, e))
     assert exit_.exit_code == 127
     assert "executable file not found" in err.read_text()
 
 
 async def test_unknown_user_is_invalid_argument(client: AgentClient) -> None:
-    with _opened((os.devnull, os.O_RDWR)) as (null,):
+    with opened((os.devnull, os.O_RDWR)) as (null,):
         fd = null
         with pytest.raises(InvalidArgumentError):
             await client.exec_fds(spec("true", user="no-such-user-here"), (fd, fd, fd))
@@ -141,7 +126,7 @@ _TREE = "echo ready; sh -c 'sleep 300 & sleep 300' & wait"
 
 async def test_cancel_kills_the_whole_tree(agent: AgentProcess, client: AgentClient) -> None:
     out_r, out_w = os.pipe()
-    with _opened((os.devnull, os.O_RDWR)) as (null,):
+    with opened((os.devnull, os.O_RDWR)) as (null,):
         task = asyncio.create_task(client.exec_fds(spec("sh", "-c", _TREE), (null, out_w, null)))
         try:
             tree = await _tree(agent, out_r)
@@ -158,7 +143,7 @@ async def test_cancel_kills_the_whole_tree(agent: AgentProcess, client: AgentCli
 async def test_closing_the_connection_kills_the_command(agent: AgentProcess) -> None:
     client = await agent.client()
     out_r, out_w = os.pipe()
-    with _opened((os.devnull, os.O_RDWR)) as (null,):
+    with opened((os.devnull, os.O_RDWR)) as (null,):
         task = asyncio.create_task(client.exec_fds(spec("sh", "-c", _TREE), (null, out_w, null)))
         try:
             tree = await _tree(agent, out_r)
@@ -174,7 +159,7 @@ async def test_closing_the_connection_kills_the_command(agent: AgentProcess) -> 
 async def test_a_terminal_is_refused_by_the_client(client: AgentClient) -> None:
     master, slave = os.openpty()
     try:
-        with _opened((os.devnull, os.O_RDWR)) as (null,), pytest.raises(InvalidArgumentError, match="terminal"):
+        with opened((os.devnull, os.O_RDWR)) as (null,), pytest.raises(InvalidArgumentError, match="terminal"):
             await client.exec_fds(spec("true"), (null, slave, null))
     finally:
         os.close(master)
@@ -205,7 +190,7 @@ def _raw_exec_fds(path: Path, fds: list[int], request: dict[str, object]) -> tup
 async def test_a_terminal_is_refused_by_the_agent(agent: AgentProcess) -> None:
     master, slave = os.openpty()
     try:
-        with _opened((os.devnull, os.O_RDWR)) as (null,):
+        with opened((os.devnull, os.O_RDWR)) as (null,):
             fds = [null, null, slave]
             type_, payload = await asyncio.to_thread(
                 _raw_exec_fds, agent.socket, fds, {"argv": ["sh", "-c", "echo injected >&2"], "fds": 3}
@@ -225,7 +210,7 @@ async def test_a_terminal_is_refused_by_the_agent(agent: AgentProcess) -> None:
 
 
 async def test_missing_descriptors_are_refused(agent: AgentProcess) -> None:
-    with _opened((os.devnull, os.O_RDWR)) as (null,):
+    with opened((os.devnull, os.O_RDWR)) as (null,):
         type_, payload = await asyncio.to_thread(_raw_exec_fds, agent.socket, [null], {"argv": ["true"], "fds": 3})
     assert type_ == p.T_ERROR
     assert json.loads(payload)["code"] == "INVALID_ARGUMENT"
@@ -235,7 +220,7 @@ async def test_many_in_a_row_leak_no_descriptor_in_the_agent(agent: AgentProcess
     def count() -> int:
         return len(os.listdir(f"/proc/{agent.pid}/fd"))
 
-    with _opened((os.devnull, os.O_RDWR)) as (null,):
+    with opened((os.devnull, os.O_RDWR)) as (null,):
         fd = null
         assert (await client.exec_fds(spec("true"), (fd, fd, fd))).success
         before = count()
