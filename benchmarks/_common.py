@@ -70,7 +70,11 @@ def go_spec(binary: Path, *, plaintext: bool = False) -> LaunchSpec:
 
 
 def _go_digest() -> str:
+    """The peer's sources, and the toolchain that builds them (a Go or protoc upgrade builds it again)."""
     digest = hashlib.sha256()
+    for tool in (["go", "version"], ["protoc", "--version"]):
+        found = subprocess.run(tool, capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL)
+        digest.update(f"{tool[0]}={found.stdout.strip()}\0".encode())
     for rel in _GO_SOURCES:
         base = ROOT / rel
         files = [base] if base.is_file() else sorted(p for p in base.rglob("*") if p.is_file())

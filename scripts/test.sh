@@ -18,14 +18,26 @@ bash scripts/leak-check.sh snapshot "$leaks_before"
 echo "== ruff check"; ruff check . || status=1
 echo "== ruff format --check"; ruff format --check . || status=1
 echo "== mypy --strict (vz_core, drivers, plugin SDK, conformance, benchmarks, example driver, API examples)"; mypy vz_core vz_drivers plugins/vz_plugins conformance/vz_conformance benchmarks examples/drivers/hostdir/src/vz_driver_hostdir examples/drivers/hostdir/make_manifest.py examples/api || status=1
-echo "== pytest"
-python -m pytest "$@"
+# Most tests wait (on guests, plugins, subprocesses) rather than compute, so the suite runs on several worker
+# processes (pytest-xdist, one module per worker at a time: module fixtures such as a booted guest stay shared),
+# in collection order (tests/conftest.py puts the longest modules first; xdist would otherwise start the modules
+# with the most tests first).
+# VZ_TEST_WORKERS=0 runs everything in this process. Tests marked host_exclusive change or compare host-wide
+# state (IPv4 forwarding, the host's nft tables) and run afterwards, alone.
+WORKERS="${VZ_TEST_WORKERS:-3}"
+echo "== pytest ($WORKERS workers; host_exclusive tests afterwards, alone)"
+python -m pytest --durations=25 -n "$WORKERS" --dist loadscope --no-loadscope-reorder -m "not host_exclusive" "$@"
 rc=$?
-if [ "$rc" -eq 5 ]; then
+echo "== pytest (host_exclusive)"
+python -m pytest --durations=5 -m host_exclusive "$@"
+rc_exclusive=$?
+if [ "$rc" -eq 5 ] && [ "$rc_exclusive" -eq 5 ]; then
   echo "pytest collected no tests: that is a failure" >&2
-  rc=1
+  status=1
 fi
-[ "$rc" -eq 0 ] || status=1
+for code in "$rc" "$rc_exclusive"; do
+  if [ "$code" -ne 0 ] && [ "$code" -ne 5 ]; then status=1; fi
+done
 echo "== leftovers"
 bash scripts/leak-check.sh "$leaks_before" || status=1
 rm -f "$leaks_before"

@@ -4,9 +4,11 @@ running when the session ends fails the run)."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -166,6 +168,8 @@ def _no_leaks(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
 
 
 _IP_FORWARD = Path("/proc/sys/net/ipv4/ip_forward")
+# Held for the whole test by every test that changes the host's routing (the workers of one run are processes).
+_HOST_ROUTING_LOCK = Path(tempfile.gettempdir()) / "vz-tests-host-routing.lock"
 
 
 @pytest.fixture
@@ -173,13 +177,58 @@ def host_ipv4_forwarding() -> Iterator[None]:
     """``net.ipv4.ip_forward`` on for the test, the host's earlier value back afterwards.
 
     A version 2 Environment's egress needs the host to forward IPv4 and vz refuses to turn it on by itself, so a
-    test of egress sets it as the host's administrator would (a fresh host has it off).
+    test of egress sets it as the host's administrator would (a fresh host has it off). The sysctl, and the
+    test networks and routes such tests add to the host, are the host's: one such test runs at a time, whichever
+    worker of the suite runs it (an exclusive lock held from before the change until after the restore).
     """
-    before = _IP_FORWARD.read_text().strip()
-    if before != "1":
-        _IP_FORWARD.write_text("1")
-    try:
-        yield
-    finally:
-        if _IP_FORWARD.read_text().strip() != before:
-            _IP_FORWARD.write_text(before)
+    with open(_HOST_ROUTING_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        before = _IP_FORWARD.read_text().strip()
+        if before != "1":
+            _IP_FORWARD.write_text("1")
+        try:
+            yield
+        finally:
+            if _IP_FORWARD.read_text().strip() != before:
+                _IP_FORWARD.write_text(before)
+
+
+# Longest first: the suite runs on several workers (scripts/test.sh, pytest-xdist by module), and a long module
+# started last would run on alone after every other worker is done. Each entry is a test file, in the order to
+# start them; the rest keep their order after them.
+_LONGEST_FIRST = (
+    "tests/vz_drivers/qemu/test_qemu_conformance.py",
+    "tests/vz_conformance/test_suite_fault_table.py",
+    "tests/vz_drivers/linux_native/test_linux_native_conformance.py",
+)
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects: the marker added here counts
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if "host_ipv4_forwarding" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.host_exclusive)
+    rank = {path: i for i, path in enumerate(_LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.partition("::")[0], len(rank)))  # stable: the rest as found
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A test that failed on a vz error shows the error's backend diagnostics (``runtime_message``: the console or
+    runtime log tail a driver attached) beside the traceback, which shows only the message."""
+    report = yield
+    excinfo = call.excinfo
+    if excinfo is not None and report.failed:  # type: ignore[attr-defined]
+        from vz_core.errors import DriverError
+
+        seen: set[int] = set()
+        error: BaseException | None = excinfo.value
+        while error is not None and id(error) not in seen:  # the error itself, or one it was raised from
+            seen.add(id(error))
+            if isinstance(error, DriverError) and error.runtime_message.strip():
+                report.sections.append(  # type: ignore[attr-defined]
+                    (f"vz runtime message ({type(error).__name__})", error.runtime_message[-6000:])
+                )
+                break
+            error = error.__cause__ or error.__context__
+    return report

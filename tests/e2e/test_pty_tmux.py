@@ -101,6 +101,18 @@ class Tmux:
     def screen(self) -> str:
         return self.tmux("capture-pane", "-p", "-t", "t", "-S", "-200")
 
+    def settle(self, within: float = 20.0) -> None:
+        """Wait until the host shell shows a bare prompt on its last line, so that the next line is not typed
+        ahead (echoed before the prompt, with the command's output then after the prompt on one line)."""
+        deadline = time.monotonic() + within
+        while True:
+            lines = [line.rstrip() for line in self.screen().splitlines() if line.strip()]
+            if lines and lines[-1] == HOST_PROMPT.rstrip():
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError("the host shell never came back to its prompt; it shows:\n" + "\n".join(lines))
+            time.sleep(0.05)
+
     def wait_for(self, pattern: str, within: float = 20.0) -> re.Match[str]:
         deadline = time.monotonic() + within
         while True:
@@ -180,6 +192,7 @@ def pane(project: tuple[Path, dict[str, str]]) -> Iterator[Tmux]:
 def test_interactive_shell_in_a_real_terminal(pane: Tmux, project: tuple[Path, dict[str, str]]) -> None:
     work, _ = project
     pane.send_line("stty -a > before.txt")
+    pane.settle()
     pane.send_line(f"{shlex.quote(_vz())} exec -it -- sh; echo vz-exit=$?")
     # The Machine's shell: a prompt, and a real terminal of the pane's size.
     pane.wait_for(r"^(\S+ )?[$#]\s*$")
@@ -223,6 +236,7 @@ def test_interactive_shell_in_a_real_terminal(pane: Tmux, project: tuple[Path, d
 def test_a_killed_vz_restores_the_terminal(pane: Tmux) -> None:
     """SIGTERM and SIGHUP to vz while the terminal is raw: vz exits 128+N and the settings are restored."""
     pane.send_line("stty -a > before.txt")
+    pane.settle()
     pane.send_line(f"{shlex.quote(_vz())} exec -it -- sh -c 'echo pid-inside; sleep 100'; echo vz-exit=$?")
     pane.wait_for(r"^pid-inside")
     vz_pids = _vz_processes("pid-inside")
@@ -231,6 +245,7 @@ def test_a_killed_vz_restores_the_terminal(pane: Tmux) -> None:
     pane.wait_for(r"^vz-exit=143$")
     pane.send_line("stty -a > after-term.txt; cmp before.txt after-term.txt && echo settings-same-term")
     pane.wait_for(r"^settings-same-term$")
+    pane.settle()
     pane.send_line(f"{shlex.quote(_vz())} exec -it -- sh -c 'echo pid-again; sleep 100'; echo vz-exit=$?")
     pane.wait_for(r"^pid-again")
     vz_pids = _vz_processes("pid-again")
@@ -251,6 +266,7 @@ def test_a_command_killed_from_outside_ends_the_session_and_restores_the_termina
     fake runs it; a linux_native or qemu Machine's processes are not the host's to find that way.
     """
     pane.send_line("stty -a > before.txt")
+    pane.settle()
     pane.send_line(f"{shlex.quote(_vz())} exec -it -- sh -c 'echo kill-victim; sleep 100'; echo vz-exit=$?")
     pane.wait_for(r"^kill-victim")
     if request.node.callspec.params["project"] != "fake":

@@ -22,9 +22,7 @@ import re
 import secrets
 import shutil
 import socket
-import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -33,6 +31,11 @@ import pytest
 
 from vz_core.daemon import stop_daemon
 from vz_core.network import domain_exists, remove_domain
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "vz_drivers"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "vz_core" / "network"))
+from relay_testlib import HostService
+from topology_testlib import ProjectVz
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -46,68 +49,10 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-class _Vz:
-    def __init__(self, home: Path, cwd: Path) -> None:
-        beside = Path(sys.executable).parent / "vz"
-        self.exe = str(beside) if beside.exists() else "vz"
-        self.home = home
-        self.cwd = cwd
-        self.environ = {k: v for k, v in os.environ.items() if not k.startswith("VZ_")}
-        self.environ["VZ_HOME"] = str(home)
-
-    def run(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [self.exe, *args], cwd=self.cwd, env=self.environ, capture_output=True, text=True, timeout=300
-        )
-
-    def ok(self, *args: str) -> str:
-        proc = self.run(*args)
-        assert proc.returncode == 0, f"vz {' '.join(args)} -> {proc.returncode}: {proc.stdout}{proc.stderr}"
-        return proc.stdout
-
-    def sh(self, machine: str, script: str) -> str:
-        """``script`` in ``machine``: its stdout and stderr together (what a user sees)."""
-        proc = self.run("exec", "--machine", machine, "--", "sh", "-c", script)
-        return proc.stdout + proc.stderr
-
-    def status(self) -> dict[str, Any]:
-        report = json.loads(self.ok("status", "--json"))
-        (env,) = report["environments"]
-        return dict(env)
-
-
-class _HostService:
-    """An HTTP answer on a host loopback port, counting the connections it accepted."""
-
-    def __init__(self, port: int, body: str) -> None:
-        self.sock = socket.socket()
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", port))
-        self.sock.listen(16)
-        self.body = body.encode()
-        self.hits = 0
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.hits += 1
-            with conn:
-                conn.settimeout(5)
-                try:
-                    conn.recv(4096)
-                    conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\n" + self.body + b"\n")
-                except OSError:
-                    pass
-
-    def close(self) -> None:
-        self.sock.shutdown(socket.SHUT_RDWR)
-        self.sock.close()
-        self.thread.join(5)
+def _sh(vz: ProjectVz, machine: str, script: str) -> str:
+    """``script`` in ``machine``: its stdout and stderr together (what a user sees), whatever its exit."""
+    proc = vz.run("exec", "--machine", machine, "--", "sh", "-c", script)
+    return proc.stdout + proc.stderr
 
 
 def _http_get(port: int, path: str, address: str = "127.0.0.1") -> str | None:
@@ -153,10 +98,11 @@ def test_the_two_machines_example_talks_by_name_exports_and_imports(tmp_path: Pa
     import_port = _free_port()
     project = tmp_path / "two-machines"
     _copy_example(project, import_port)
-    vz = _Vz(tmp_path / "home", project)
+    vz = ProjectVz(tmp_path / "home", project)
     greeting = f"hello-{secrets.token_hex(6)}"
     from_host = f"host-{secrets.token_hex(6)}"
-    outside = _HostService(import_port, from_host)
+    reply = f"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\n{from_host}\n".encode()
+    outside = HostService(import_port, reply, read_request=True)
     env_id = ""
     try:
         vz.ok("up")
@@ -173,9 +119,9 @@ def test_the_two_machines_example_talks_by_name_exports_and_imports(tmp_path: Pa
 
         # app → db by name, over the declared path: store, then read back.
         put = f"echo {greeting} | timeout 5 wget -q -O - --post-file=/dev/stdin 'http://db:5984/cgi-bin/kv?greeting'"
-        stored = _until(lambda: "stored greeting" in vz.sh("app", put))
-        assert stored, vz.sh("app", put)
-        assert vz.sh("app", WGET.format(url="'http://db:5984/cgi-bin/kv?greeting'")) == f"{greeting}\nrc=0\n"
+        stored = _until(lambda: "stored greeting" in _sh(vz, "app", put))
+        assert stored, _sh(vz, "app", put)
+        assert _sh(vz, "app", WGET.format(url="'http://db:5984/cgi-bin/kv?greeting'")) == f"{greeting}\nrc=0\n"
 
         # The host → the export → app's page → db by name.
         page = _until(lambda: _http_get(port, "/cgi-bin/hello"))
@@ -183,37 +129,37 @@ def test_the_two_machines_example_talks_by_name_exports_and_imports(tmp_path: Pa
         assert _http_get(port, "/cgi-bin/hello", address="127.0.0.2") is None  # 127.0.0.1 only
 
         # The import: app reaches the host's loopback service by name; db does not.
-        assert vz.sh("app", WGET.format(url="http://host.vz.internal:11434/")) == f"{from_host}\nrc=0\n"
+        assert _sh(vz, "app", WGET.format(url="http://host.vz.internal:11434/")) == f"{from_host}\nrc=0\n"
         assert outside.hits == 1
-        db_import = vz.sh("db", WGET.format(url="http://host.vz.internal:11434/"))
+        db_import = _sh(vz, "db", WGET.format(url="http://host.vz.internal:11434/"))
         assert "bad address" in db_import and from_host not in db_import
-        gateway = vz.sh("db", "awk '/nameserver/ {print $2}' /etc/resolv.conf").strip()
+        gateway = _sh(vz, "db", "awk '/nameserver/ {print $2}' /etc/resolv.conf").strip()
         assert re.fullmatch(r"\d+\.\d+\.\d+\.\d+", gateway), gateway
-        db_gateway = vz.sh("db", f"nc -w 3 {gateway} 11434 </dev/null 2>&1; echo rc=$?")
+        db_gateway = _sh(vz, "db", f"nc -w 3 {gateway} 11434 </dev/null 2>&1; echo rc=$?")
         assert from_host not in db_gateway and db_gateway.endswith("rc=1\n"), db_gateway
         assert outside.hits == 1
 
         # What is not declared is refused.
-        app_address = vz.sh("app", "ip -4 -o addr show eth0 | awk '{print $4}' | cut -d/ -f1").strip()
+        app_address = _sh(vz, "app", "ip -4 -o addr show eth0 | awk '{print $4}' | cut -d/ -f1").strip()
         assert re.fullmatch(r"\d+\.\d+\.\d+\.\d+", app_address), app_address
-        assert "bad address" in vz.sh("db", WGET.format(url="http://app:8080/cgi-bin/hello"))  # no name
-        index = vz.sh("app", WGET.format(url=f"http://{app_address}:8080/"))
+        assert "bad address" in _sh(vz, "db", WGET.format(url="http://app:8080/cgi-bin/hello"))  # no name
+        index = _sh(vz, "app", WGET.format(url=f"http://{app_address}:8080/"))
         assert "served by the Machine <code>app</code>" in index and index.endswith("rc=0\n")  # it listens...
-        db_to_app = vz.sh("db", f"nc -w 3 {app_address} 8080 </dev/null 2>&1; echo rc=$?")
+        db_to_app = _sh(vz, "db", f"nc -w 3 {app_address} 8080 </dev/null 2>&1; echo rc=$?")
         assert "refused" in db_to_app and db_to_app.endswith("rc=1\n"), db_to_app  # ...but not for db
         vz.ok("exec", "--machine", "db", "--", "httpd", "-p", "5985", "-h", "/workspace/db")
         other = WGET.format(url="'http://{host}:5985/cgi-bin/kv?greeting'")
-        assert vz.sh("db", other.format(host="127.0.0.1")) == f"{greeting}\nrc=0\n"  # db serves 5985 too...
-        app_5985 = vz.sh("app", other.format(host="db"))
+        assert _sh(vz, "db", other.format(host="127.0.0.1")) == f"{greeting}\nrc=0\n"  # db serves 5985 too...
+        app_5985 = _sh(vz, "app", other.format(host="db"))
         assert greeting not in app_5985 and not app_5985.endswith("rc=0\n"), app_5985  # ...no path to it
-        offline = vz.sh("app", WGET.format(url="http://example.com/"))
+        offline = _sh(vz, "app", WGET.format(url="http://example.com/"))
         assert "bad address" in offline, offline
 
         vz.ok("delete")
         assert not domain_exists(env_id)
         assert _http_get(port, "/cgi-bin/hello") is None
     finally:
-        outside.close()
+        outside.stop()
         vz.run("delete")
         if env_id and domain_exists(env_id):
             import asyncio

@@ -65,6 +65,7 @@ def test_an_unmet_host_requirement_fails_every_case(tmp_path: Path, monkeypatch:
     assert all("unmet requirement: the network cases need root (test)" in text for _, text in result.values())
 
 
+@pytest.mark.host_exclusive  # compares every vzc-/vzf- namespace on the host (other runs of the suite make them)
 @pytest.mark.skipif(os.geteuid() != 0, reason="route domains need root")
 def test_the_fake_passes_and_the_run_leaves_nothing(tmp_path: Path) -> None:
     def ours() -> set[str]:

@@ -21,7 +21,6 @@ import json
 import os
 import socket
 import struct
-import subprocess
 import sys
 import threading
 import time
@@ -31,6 +30,11 @@ from typing import Any
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "vz_drivers"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "network"))
+from netns_kit import listed, run
+from topology_testlib import ProjectVz
+
 from vz_core.daemon import stop_daemon
 from vz_core.network import domain_exists, host_table, remove_domain, uplink_name
 
@@ -39,13 +43,6 @@ pytestmark = [pytest.mark.root, pytest.mark.slow]
 PUBLIC, BY_NAME, OTHER = "203.0.113.10", "203.0.113.60", "203.0.113.70"
 NAMES = {"api.example.com": BY_NAME, "other.example.com": OTHER, "public.example.org": PUBLIC}
 TTL = 2
-
-
-def run(*argv: str, stdin: str = "") -> str:
-    done = subprocess.run(list(argv), input=stdin, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv)} failed: {done.stderr.strip()}")
-    return done.stdout
 
 
 class _Upstream:
@@ -191,42 +188,6 @@ class _Lan(_Internet):
         run("ip", "route", "add", f"{self.ROUTED}/32", "via", self.CONNECTED, "dev", self.host_end)
 
 
-def _listed(table: str, name: str, address: str) -> bool:
-    try:
-        run("nft", "get", "element", "inet", table, name, f"{{ {address} }}")
-    except RuntimeError:
-        return False
-    return True
-
-
-class _Vz:
-    def __init__(self, home: Path, cwd: Path, extra: dict[str, str]) -> None:
-        beside = Path(sys.executable).parent / "vz"
-        self.exe = str(beside) if beside.exists() else "vz"
-        self.home = home
-        self.cwd = cwd
-        self.environ = {k: v for k, v in os.environ.items() if not k.startswith("VZ_")}
-        self.environ.update(VZ_HOME=str(home), **extra)
-
-    def run(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [self.exe, *args], cwd=self.cwd, env=self.environ, capture_output=True, text=True, timeout=300
-        )
-
-    def ok(self, *args: str) -> str:
-        proc = self.run(*args)
-        assert proc.returncode == 0, f"vz {' '.join(args)} -> {proc.returncode}: {proc.stderr}"
-        return proc.stdout
-
-    def status(self) -> dict[str, Any]:
-        report = json.loads(self.ok("status", "--json"))
-        (env,) = report["environments"]
-        return dict(env)
-
-    def sh(self, machine: str, script: str) -> str:
-        return self.ok("exec", "--machine", machine, "--", "sh", "-c", script).strip()
-
-
 def _nc(target: str, port: int = 80) -> str:
     return f"nc -w 2 {target} {port} </dev/null 2>/dev/null || echo refused"
 
@@ -280,7 +241,8 @@ def test_egress_through_the_daemon(tmp_path: Path, internet: _Internet) -> None:
         "VZ_NETWORK_DNS_MIN_TTL": "1",
         "VZ_NETWORK_DNS_MAX_TTL": str(TTL),
     }
-    vz = _Vz(tmp_path / "home", project, extra)
+    vz = ProjectVz(tmp_path / "home", project)
+    vz.environ.update(extra)
     env_id = ""
     lan: _Lan | None = None
     try:
@@ -301,10 +263,10 @@ def test_egress_through_the_daemon(tmp_path: Path, internet: _Internet) -> None:
         table = host_table(env_id)
         lan = _Lan(os.urandom(2).hex())
         joined = time.monotonic()
-        while not _listed(table, "connected", lan.CONNECTED) and time.monotonic() < joined + 3:
+        while not listed(table, "connected", lan.CONNECTED) and time.monotonic() < joined + 3:
             time.sleep(0.02)
         took = time.monotonic() - joined
-        assert _listed(table, "connected", lan.CONNECTED) and took < 1.0, f"listed after {took:.2f} s"
+        assert listed(table, "connected", lan.CONNECTED) and took < 1.0, f"listed after {took:.2f} s"
         assert vz.sh("app", _nc(lan.CONNECTED)) == "refused"
         assert vz.sh("app", _nc(lan.ROUTED)) == "inet"
         assert lan.hits == {lan.CONNECTED: 0, lan.ROUTED: 1}

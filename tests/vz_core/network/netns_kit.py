@@ -31,6 +31,16 @@ def run(*argv: str, stdin: str = "") -> str:
     return done.stdout
 
 
+def listed(table: str, name: str, address: str) -> bool:
+    """Whether the nft set ``name`` of table ``inet table`` holds ``address`` (an interval set: a network
+    covering it)."""
+    try:
+        run("nft", "get", "element", "inet", table, name, f"{{ {address} }}")
+    except RuntimeError:
+        return False
+    return True
+
+
 def in_netns(path: str, fn: Callable[[], T]) -> T:
     """Run ``fn`` on a fresh thread that first joins the network namespace at ``path`` (sockets keep it)."""
     box: dict[str, Any] = {}

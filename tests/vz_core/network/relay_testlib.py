@@ -85,9 +85,11 @@ class HostService:
     sockets: every connection it accepted is closed by it before ``close()``/``stop()`` returns, whatever the
     test's event loop does."""
 
-    def __init__(self, port: int, reply: bytes) -> None:
+    def __init__(self, port: int, reply: bytes, *, read_request: bool = False) -> None:
         self.hits = 0
         self.reply = reply
+        self.read_request = read_request
+        """Read the client's first bytes (an HTTP request) before replying, so closing cannot reset them away."""
         self.sock = socket.socket()
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", port))
@@ -103,6 +105,9 @@ class HostService:
                 return
             self.hits += 1
             with conn, contextlib.suppress(OSError):
+                if self.read_request:
+                    conn.settimeout(5)
+                    conn.recv(4096)
                 conn.sendall(self.reply)
 
     def _shut(self) -> None:

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from netns_kit import Listener, Namespaces, attempt, in_netns, listen, run
+from netns_kit import Listener, Namespaces, attempt, in_netns, listed, listen, run
 
 from vz_core.env._definition import parse_definition
 from vz_core.env._topology import compile_topology
@@ -232,15 +232,6 @@ def _rules(table: str) -> str:
     """The host table without the host's networks (other work on the host may add networks meanwhile)."""
     text = run("nft", "list", "table", "inet", table)
     return re.sub(r"set (connected|gateways|direct_out) \{.*?\n\t\}", "", text, flags=re.S)
-
-
-def _listed(table: str, name: str, address: str) -> bool:
-    """Whether the host table's set ``name`` holds ``address`` (for ``connected``: a network covering it)."""
-    try:
-        run("nft", "get", "element", "inet", table, name, f"{{ {address} }}")
-    except RuntimeError:
-        return False
-    return True
 
 
 async def _within(seconds: float, condition: Callable[[], bool]) -> float:
@@ -503,7 +494,7 @@ async def test_host_networks_followed_live(namespaces: Namespaces, env_ids: list
         lan, _, connected, routed = _join(namespaces, 0)
         near, far = listen(lan, "lan0", connected, 80, "tcp"), listen(lan, "lan0", routed, 80, "tcp")
         listeners += [near, far]
-        assert not _listed(table, "connected", connected) and not _listed(table, "gateways", connected)
+        assert not listed(table, "connected", connected) and not listed(table, "gateways", connected)
         # ...yet the connected address is refused (the route has no gateway) and so is what is routed through
         # the unknown gateway (refusing too much, never too little, until the lists are current).
         assert not _reach(peer, connected) and near.drain() == 0
@@ -512,17 +503,17 @@ async def test_host_networks_followed_live(namespaces: Namespaces, env_ids: list
         # The watcher (started by the first ensure) lists both; then the routed address is reachable.
         await host.ensure(plan)
         assert host.watcher is not None and len(_netlink_sockets() - before) == 1
-        await _within(1.5, lambda: _listed(table, "gateways", connected))
-        assert _listed(table, "connected", connected) and _listed(table, "gateways", connected)
+        await _within(1.5, lambda: listed(table, "gateways", connected))
+        assert listed(table, "connected", connected) and listed(table, "gateways", connected)
         assert _reach(peer, routed) and far.drain() == 1
         assert not _reach(peer, connected) and near.drain() == 0
 
         # Live: a network joined while the watcher runs is listed within a second, and unlisted when it goes.
         lan, host_end, connected, routed = _join(namespaces, 1)
-        took = await _within(3, lambda: _listed(table, "connected", connected))
-        assert _listed(table, "connected", connected), "the new network was not listed"
+        took = await _within(3, lambda: listed(table, "connected", connected))
+        assert listed(table, "connected", connected), "the new network was not listed"
         assert took < 1.0, f"listed {took:.2f} s after the host joined it"
-        assert await _within(1.0, lambda: _listed(table, "gateways", connected)) < 1.0
+        assert await _within(1.0, lambda: listed(table, "gateways", connected)) < 1.0
         near, far = listen(lan, "lan1", connected, 80, "tcp"), listen(lan, "lan1", routed, 80, "tcp")
         listeners += [near, far]
         assert not _reach(peer, connected) and near.drain() == 0
@@ -532,8 +523,8 @@ async def test_host_networks_followed_live(namespaces: Namespaces, env_ids: list
         run("nsenter", f"--net={domain}", "--", "nft", "insert", "rule", "inet", "vz", "forward", "accept")
         assert not _reach(peer, connected) and near.drain() == 0
         run("ip", "link", "del", host_end)
-        took = await _within(3, lambda: not _listed(table, "connected", connected))
-        assert not _listed(table, "connected", connected) and not _listed(table, "gateways", connected)
+        took = await _within(3, lambda: not listed(table, "connected", connected))
+        assert not listed(table, "connected", connected) and not listed(table, "gateways", connected)
         assert took < 1.0, f"unlisted {took:.2f} s after the host left it"
         assert host.watcher.refreshes >= 2
     finally:

@@ -8,7 +8,7 @@ import dataclasses
 import os
 import re
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
@@ -16,14 +16,17 @@ from vz_core import ExecExit, TerminalData, TerminalEof, TerminalInput, Terminal
 from vz_core.errors import UnsupportedError
 from vz_drivers._agent import AgentClient
 
-Step = tuple[bytes, list[TerminalInput | float]]
-"""A pattern to wait for in the output, then what to send (a float: seconds to wait before the next item)."""
+Wait = Callable[[], Awaitable[None]]
+Item = TerminalInput | float | Wait
+Step = tuple[bytes, list[Item]]
+"""A pattern to wait for in the output, then what to send (a float: seconds to wait before the next item; a
+coroutine function: awaited before the next item)."""
 
 
 async def session(
     client: AgentClient,
     argv: list[str],
-    first: list[TerminalInput | float],
+    first: list[Item],
     steps: list[Step] = (),  # type: ignore[assignment]
     *,
     rows: int = 24,
@@ -31,7 +34,7 @@ async def session(
     within: float = 20.0,
 ) -> tuple[bytes, ExecExit]:
     """Run a session: send ``first`` at once, then each step's items once its pattern is in the output."""
-    queue: asyncio.Queue[TerminalInput | float | None] = asyncio.Queue()
+    queue: asyncio.Queue[Item | None] = asyncio.Queue()
     for item in first:
         queue.put_nowait(item)
 
@@ -39,6 +42,8 @@ async def session(
         while (item := await queue.get()) is not None:
             if isinstance(item, float):
                 await asyncio.sleep(item)
+            elif callable(item):
+                await item()
             else:
                 yield item
 
@@ -80,6 +85,44 @@ class _explained:
             await self._timeout.__aexit__(*exc)  # type: ignore[arg-type]
         except TimeoutError:
             raise AssertionError(f"no end of the session in time; output: {self._output()!r}") from None
+
+
+def _stat(pid: str) -> list[str]:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(") ", 1)[1].split()
+
+
+def _foreground_now(cmdline: bytes, leader: bytes) -> bool:
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                if f.read() != cmdline:
+                    continue
+            fields = _stat(name)
+            with open(f"/proc/{fields[3]}/cmdline", "rb") as f:
+                if f.read() != leader:
+                    continue
+        except (OSError, IndexError):
+            continue
+        if fields[2] == fields[5]:  # pgrp == tpgid
+            return True
+    return False
+
+
+def _in_foreground(cmdline: bytes, leader: bytes, within: float = 20.0) -> Wait:
+    """Wait until a process running ``cmdline``, in a session led by ``leader``, is its terminal's foreground
+    process group (its ``tpgid`` is its own process group)."""
+
+    async def wait() -> None:
+        deadline = time.monotonic() + within
+        while not _foreground_now(cmdline, leader):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{cmdline!r} never became the terminal's foreground job")
+            await asyncio.sleep(0.02)
+
+    return wait
 
 
 def _session_members(sid: int) -> list[int]:
@@ -125,9 +168,11 @@ async def test_job_control(client: AgentClient) -> None:
     steps: list[Step] = [
         (b"# ", [TerminalData(b"sleep 100 &\r")]),
         (b"&\r\n# ", [TerminalData(b"jobs\r")]),
-        (b"Running", [TerminalData(b"fg\r")]),
-        # Ctrl-Z stops the foreground job (once the shell has handed it the terminal)
-        (b"fg\r\nsleep 100\r\n", [0.5, TerminalData(b"\x1a")]),
+        # fg once the prompt after the jobs list is out (typed earlier, its echo would precede the prompt)
+        (b"sleep 100\r\n# ", [TerminalData(b"fg\r")]),
+        # Ctrl-Z stops the foreground job, once the shell has handed it the terminal (before that, the
+        # interactive shell itself would get the SIGTSTP and ignore it)
+        (b"fg\r\nsleep 100\r\n", [_in_foreground(b"sleep\x00100\x00", b"sh\x00-i\x00"), TerminalData(b"\x1a")]),
         (b"Stopped", [TerminalData(b"bg\r")]),
         (b"bg\r\n", [TerminalData(b"jobs; kill %1; exit 0\r")]),
     ]

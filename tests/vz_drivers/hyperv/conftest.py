@@ -6,12 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from hyperv_standin import StandInHyperV
+from hyperv_standin import WINDOWS, StandInHyperV
 
 from vz_drivers.hyperv._driver import HypervBackend
-from vz_drivers.hyperv._host import HostSupport
-
-WINDOWS = HostSupport(system="Windows", architecture="amd64", reason="")
 
 
 @pytest.fixture

@@ -26,6 +26,7 @@ from typing import Any
 from hyperv_docs import check_text
 
 from vz_core.errors import RuntimeTimeoutError
+from vz_drivers.hyperv._host import HostSupport
 from vz_drivers.hyperv._ps import MARKER, Script, check_args, parse_answer, script_text
 from vz_drivers.hyperv._scripts import GCS_KEY
 
@@ -36,6 +37,8 @@ _ACCOUNT_RE = re.compile(r"^vz-[0-9a-f]{16}\Z")
 _RULE_RE = re.compile(r"^vz-[0-9a-f]{32}-smb\Z")
 _SHARE_RE = re.compile(r"^vz-[0-9a-f]{32}-[0-9]+\$\Z")
 COMPUTER = "DEVBOX"
+WINDOWS = HostSupport(system="Windows", architecture="amd64", reason="")
+"""What the backend believes about the host in these tests: Windows on amd64, with Hyper-V."""
 _SERVICE_RE = re.compile(r"^[0-9a-f]{8}-facb-11e6-bd58-64006a7986d3\Z")
 
 

@@ -12,8 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import WINDOWS
-from hyperv_standin import PsError, StandInHyperV
+from hyperv_standin import WINDOWS, PsError, StandInHyperV
 
 from vz_core import ExecEvent, ExecExit, ExecOutput, ExecSpec, Mount, MountType, RunImageRequest
 from vz_core.errors import (

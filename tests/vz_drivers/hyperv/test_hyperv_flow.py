@@ -17,8 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import WINDOWS
-from hyperv_standin import FakeAccount, FakeShare, FakeVm, StandInHyperV
+from hyperv_standin import WINDOWS, FakeAccount, FakeShare, FakeVm, StandInHyperV
 
 from vz_core import ExecExit, ExecOutput, ExecSpec, Mount, MountType, RunImageRequest
 from vz_core.errors import DriverError, FailedPreconditionError, PermissionDeniedError, RuntimeFailureError

@@ -18,8 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import WINDOWS
-from hyperv_standin import StandInHyperV
+from hyperv_standin import WINDOWS, StandInHyperV
 
 from vz_core import ExecExit, ExecOutput, ExecSpec, RunImageRequest
 from vz_drivers._agent import AgentClient

@@ -23,8 +23,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
-from conftest import WINDOWS
-from hyperv_standin import StandInHyperV
+from hyperv_standin import WINDOWS, StandInHyperV
 
 from vz_core import ExecExit, ExecOutput, ExecSpec, Mount, MountType, RunImageRequest
 from vz_core.errors import RuntimeFailureError

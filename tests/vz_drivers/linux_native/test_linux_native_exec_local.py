@@ -84,14 +84,15 @@ async def test_cancel_kills_the_command_and_the_machine_keeps_running(driver: Li
     out_r, out_w = os.pipe()
     with opened((os.devnull, os.O_RDWR)) as (null,):
         task = asyncio.create_task(
-            driver.exec_local("cancel", _spec("sh", "-c", "echo $$; exec sleep 300"), (null, out_w, null))
+            driver.exec_local("cancel", _spec("sh", "-c", "echo $$; exec sleep 3017"), (null, out_w, null))
         )
         try:
             line = await asyncio.to_thread(os.read, out_r, 100)
             inner = int(line)  # the pid inside the Machine's pid namespace
             assert inner > 1
+            # An unusual duration: other tests of the run (other workers) may be sleeping meanwhile.
             sleepers = lambda: [  # noqa: E731
-                p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", "300"]
+                p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", "3017"]
             ]
             loop = asyncio.get_running_loop()
             deadline = loop.time() + 10

@@ -22,6 +22,7 @@ def _tables() -> str:
     return subprocess.run([nft, "list", "tables"], capture_output=True, text=True, check=True).stdout
 
 
+@pytest.mark.host_exclusive  # compares every nft table of the host before and after
 @pytest.mark.parametrize(
     ("subnet", "why"),
     [
