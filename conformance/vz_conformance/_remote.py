@@ -39,7 +39,8 @@ def _remote(
         return LaunchSpec(name, [str(executable), *args], binary=binary, env=dict(env))
 
     launcher = PluginLauncher(prepare, name=name, handshake_timeout=handshake_timeout)
-    return RemoteDriver(launcher, mode="warm", idle_timeout=None, name=name)
+    # wide_frames=False: the suite judges the protocol's Exec frames exactly as a host that is not vz gets them.
+    return RemoteDriver(launcher, mode="warm", idle_timeout=None, name=name, wide_frames=False)
 
 
 async def launch(
@@ -69,7 +70,7 @@ class DaemonDriver(RemoteDriver):
     channel and the daemon connection (the daemon stops serving the socket; its plugin stays warm)."""
 
     def __init__(self, channel: grpc.aio.Channel, connection: Any, session: Mapping[str, Any], name: str) -> None:
-        super().__init__(channel=channel, name=name)
+        super().__init__(channel=channel, name=name, wide_frames=False)  # frames as sent, like launch()
         self.proxy_channel = channel
         self.daemon_connection = connection
         self.session = dict(session)

@@ -189,12 +189,28 @@ async def test_extensions_none_when_unimplemented_and_values_when_served() -> No
 # Exec ------------------------------------------------------------------------------------------------
 
 
-async def test_stdin_is_cut_into_frames_of_at_most_32_kib() -> None:
+async def test_stdin_is_cut_into_frames_of_at_most_32_kib_until_the_plugin_agrees_on_wide_frames() -> None:
     driver, _ = mini()
+    seen = asyncio.Event()
+
+    async def stdin() -> AsyncIterator[bytes]:
+        yield b"a" * 100000
+        await seen.wait()  # the plugin's first output frame carried its agreement (WIDE_CHUNK_KEY)
+        await asyncio.sleep(0.1)
+        yield b"b" * 100000
+        yield b"c"
+
     try:
-        out, _, exit_event, sizes = await _run(driver, ExecSpec("w", ("echo-stdin",)), b"a" * 100000, b"b")
-        assert sizes == [32768, 32768, 32768, 1696, 1] and out == b"a" * 100000 + b"b"
-        assert exit_event.success
+        out = b""
+        events = driver.exec(ExecSpec("w", ("stdin-sizes",)), stdin())
+        async for event in events:
+            if isinstance(event, ExecOutput):
+                out += event.data
+                seen.set()
+            else:
+                assert event == ExecExit(0)
+        # the sizes of the stdin frames the plugin received, one a line
+        assert out.split() == [b"32768", b"32768", b"32768", b"1696", b"100000", b"1"]
     finally:
         await driver.close()
 
@@ -217,12 +233,17 @@ async def test_a_failing_stdin_iterator_cancels_the_exec_and_is_reported() -> No
 
 
 async def test_frames_reach_the_caller_as_sent() -> None:
-    driver, _ = mini()
+    driver, _ = mini(wide_frames=False)
+    wide, _ = mini()
     try:
         _, _, _, sizes = await _run(driver, ExecSpec("w", ("bigframe",)))
         assert sizes == [70000], "the client does not repair frames: the conformance suite must see them"
+        # Under a wide-frame agreement the driver may send 70000 bytes at once; exec cuts it to the contract's size.
+        _, _, _, sizes = await _run(wide, ExecSpec("w", ("bigframe",)))
+        assert sizes == [32768, 32768, 70000 - 65536]
     finally:
         await driver.close()
+        await wide.close()
 
 
 async def test_a_plugin_crash_mid_exec_is_unavailable_with_its_redacted_stderr() -> None:

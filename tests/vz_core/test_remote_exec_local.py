@@ -347,17 +347,21 @@ async def test_linux_native_through_its_plugin_gives_the_command_the_host_pipe(t
         await cleanup_state(str(state), image_dir=str(images), agent_binary=agent)
 
 
-async def test_exec_frames_are_widened_between_vz_peers_only_for_exec_local(tmp_path: Path) -> None:
-    """exec_local over frames asks the plugin for wide frames (WIDE_CHUNK_KEY): fewer, larger frames both ways;
-    exec() keeps the protocol's 32 KiB frames exactly as the driver sent them."""
+async def test_exec_frames_are_widened_between_vz_peers(tmp_path: Path) -> None:
+    """exec_local over frames asks the plugin for wide frames (WIDE_CHUNK_KEY): fewer, larger frames both ways,
+    handed on whole; exec() uses them too but hands its caller chunks of at most 32 KiB."""
     import vz_core.rpc._client as client_module
+    from vz_core.rpc import _codec
 
     sent: list[int] = []
     encode = client_module._ExecFrames.encode
 
     def counting(self: object, item: bytes) -> list[object]:
         frames = encode(self, item)  # type: ignore[arg-type]
-        sent.extend(len(f.stdin) for f in frames)  # type: ignore[attr-defined]
+        for frame in frames:
+            decoded = _codec.decode_client(frame)  # type: ignore[arg-type]
+            assert decoded is not None
+            sent.append(len(decoded.stdin))
         return frames  # type: ignore[return-value]
 
     fake = FakeDriver(tmp_path / "state")

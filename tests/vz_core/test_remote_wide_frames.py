@@ -1,5 +1,6 @@
-"""Wide Exec frames between a vz host and a vz plugin: what the plugin's driver is told (exec_output_limit), and
-the pipes exec_local copies through."""
+"""Wide Exec frames between a vz host and a vz plugin: what the plugin's driver is told (exec_output_limit), what
+``exec`` hands its caller (wide frames cut to the contract's chunks, everything else as sent), and the pipes
+exec_local copies through."""
 
 from __future__ import annotations
 
@@ -9,11 +10,21 @@ import os
 import threading
 from collections.abc import AsyncGenerator, AsyncIterator
 from pathlib import Path
+from typing import Any
 
 from vz_conformance.fake import FakeDriver
 
 from vz_core import MAX_CHUNK, ExecEvent, ExecExit, ExecOutput, ExecSpec, RunImageRequest
-from vz_core.rpc import MAX_WIDE_CHUNK, connect_in_process, exec_output_limit
+from vz_core.rpc import (
+    MAX_WIDE_CHUNK,
+    WIDE_CHUNK_KEY,
+    RemoteDriver,
+    connect_in_process,
+    exec_output_limit,
+    serve_in_process,
+)
+from vz_core.rpc.pb import runtime_pb2 as pb
+from vz_core.rpc.pb import runtime_pb2_grpc as pb_grpc
 
 _DATA = os.urandom(1 << 20) * 3
 
@@ -45,23 +56,81 @@ async def _stdin() -> AsyncIterator[bytes]:
         yield _DATA[i : i + (1 << 20)]
 
 
+async def _raw_exec(channel: Any) -> list[Any]:
+    """cat of ``_DATA`` over a bare Exec call that offers no wide frames (a host that is not vz): the frames."""
+    call = pb_grpc.RuntimeDriverStub(channel).Exec()  # type: ignore[no-untyped-call]
+    await call.write(pb.ExecClientMessage(start=pb.ExecStart(workspace_id="m", argv=["cat"])))
+    for i in range(0, len(_DATA), MAX_CHUNK):
+        await call.write(pb.ExecClientMessage(stdin=_DATA[i : i + MAX_CHUNK]))
+    await call.write(pb.ExecClientMessage(close_stdin=pb.CloseStdin()))
+    await call.done_writing()
+    frames = [msg async for msg in call]
+    assert all(key != WIDE_CHUNK_KEY for key, _ in await call.initial_metadata() or ())
+    return frames
+
+
 async def test_the_driver_sees_a_wide_limit_only_when_the_host_agreed(tmp_path: Path) -> None:
     fake = _Recording(tmp_path / "state")
     fake.limits = []
     try:
-        async with connect_in_process(fake, local_exec=False) as remote:
-            await remote.run_image(RunImageRequest("m", "img"))
-            narrow = [e async for e in remote.exec(ExecSpec("m", ("cat",)), _stdin())]
-            wide = [e async for e in remote._wide_exec(ExecSpec("m", ("cat",)), _stdin())]
-        assert fake.limits == [MAX_CHUNK, MAX_WIDE_CHUNK]
+        async with serve_in_process(fake, local_exec=False) as channel:
+            remote = RemoteDriver(channel=channel)
+            try:
+                await remote.run_image(RunImageRequest("m", "img"))
+                cut = [e async for e in remote.exec(ExecSpec("m", ("cat",)), _stdin())]
+                wide = [e async for e in remote._wide_exec(ExecSpec("m", ("cat",)), _stdin())]
+            finally:
+                await remote.close()
+            frames = await _raw_exec(channel)
+        assert fake.limits == [MAX_WIDE_CHUNK, MAX_WIDE_CHUNK, MAX_CHUNK]
         assert exec_output_limit.get() == MAX_CHUNK  # nothing leaks out of the call
-        for events in (narrow, wide):
+        for events in (cut, wide):
             assert events[-1] == ExecExit(0)
             assert b"".join(e.data for e in events if isinstance(e, ExecOutput)) == _DATA
-        assert max(len(e.data) for e in narrow if isinstance(e, ExecOutput)) == MAX_CHUNK
+        # exec hands its caller the contract's chunks: the wide frames cut into MAX_CHUNK pieces
+        assert {len(e.data) for e in cut if isinstance(e, ExecOutput)} == {MAX_CHUNK}
         assert max(len(e.data) for e in wide if isinstance(e, ExecOutput)) == MAX_WIDE_CHUNK
+        # a host that offers nothing gets the protocol's frames
+        assert frames[-1].WhichOneof("payload") == "exit"
+        assert b"".join(f.stdout.data for f in frames[:-1]) == _DATA
+        assert max(len(f.stdout.data) for f in frames[:-1]) == MAX_CHUNK
     finally:
         await fake.close()
+
+
+class _Odd(FakeDriver):
+    """A driver yielding, under a wide limit, what it may not: an empty chunk and chunks over the agreed size,
+    between lawful ones."""
+
+    async def exec(self, spec: ExecSpec, stdin: AsyncIterator[bytes]) -> AsyncGenerator[ExecEvent, None]:
+        async for _ in stdin:
+            pass
+        yield ExecOutput("stdout", b"a" * 100)
+        yield ExecOutput("stdout", b"")
+        yield ExecOutput("stdout", b"b" * 100)
+        yield ExecOutput("stdout", b"c" * (MAX_WIDE_CHUNK + 1))
+        yield ExecOutput("stderr", b"d" * (3 * MAX_CHUNK + 5))
+        yield ExecExit(0)
+
+
+async def test_exec_hands_on_every_frame_a_plugin_may_not_send_as_it_came(tmp_path: Path) -> None:
+    fake = _Odd(tmp_path / "state")
+    try:
+        async with connect_in_process(fake, local_exec=False) as remote:
+            await remote.run_image(RunImageRequest("m", "img"))
+            events = [e async for e in remote.exec(ExecSpec("m", ("x",)), _stdin())]
+    finally:
+        await fake.close()
+    sizes = [(e.stream, len(e.data)) for e in events if isinstance(e, ExecOutput)]
+    assert sizes == [
+        ("stdout", 100),
+        ("stdout", 0),  # never joined with the chunk after it
+        ("stdout", 100),
+        ("stdout", MAX_WIDE_CHUNK + 1),  # over the agreed size: not cut, the caller sees the violation
+        *[("stderr", MAX_CHUNK)] * 3,
+        ("stderr", 5),
+    ]
+    assert events[-1] == ExecExit(0)
 
 
 async def test_exec_local_over_frames_widens_the_pipes_it_copies_through(tmp_path: Path) -> None:

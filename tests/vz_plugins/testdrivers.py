@@ -3,7 +3,8 @@
 Run as ``python testdrivers.py KIND``; the directory of this file is on ``sys.path`` then. KIND:
 
 * ``mini``: a synthetic driver (no real Machines) with exec behaviours chosen by argv[0]:
-  ``echo-stdin`` returns stdin as stdout, ``exit-now`` exits 0 at once without reading stdin, ``crash``
+  ``echo-stdin`` returns stdin as stdout, ``stdin-sizes`` answers each stdin chunk with its size (a decimal
+  line), ``exit-now`` exits 0 at once without reading stdin, ``crash``
   prints the exec environment values to the plugin's stderr and then the plugin dies after one output frame,
   ``boom`` raises an unexpected exception mentioning the environment, ``bigframe`` sends one 70000-byte frame
   (a rule break the SDK must forward as is), and ``wait`` yields one frame and then waits forever,
@@ -106,6 +107,10 @@ class MiniDriver(Driver):
         if kind == "echo-stdin":
             async for chunk in stdin:
                 yield ExecOutput("stdout", chunk)
+            yield ExecExit(0)
+        elif kind == "stdin-sizes":
+            async for chunk in stdin:
+                yield ExecOutput("stdout", b"%d\n" % len(chunk))
             yield ExecExit(0)
         elif kind == "crash":
             for value in spec.environment.values():

@@ -13,16 +13,20 @@ Wide exec frames (vz host and vz plugin only): per-frame cost is what limits exe
 the protocol's 32 KiB frames are small. A vz host sends request metadata ``WIDE_CHUNK_KEY: <n>`` on Exec; a vz
 plugin that understands it answers with the same key in its response headers (sent with its first output
 frame) and then accepts stdin frames of up to ``n`` bytes (at most ``MAX_WIDE_CHUNK``) and sends output frames
-of up to that size, joining output chunks the driver has ready. The host sends wide stdin frames only after it
-saw the answer, and hands its caller output in chunks of at most ``MAX_CHUNK`` as the contract says. Hosts
-and plugins that do not know the key ignore it: the 32 KiB rules apply unchanged.
+of up to that size, joining output chunks the driver has ready (never an empty chunk or one over the agreed
+size: those go alone, as the driver sent them). The host sends wide stdin frames only after it saw the answer,
+and hands the caller of ``exec`` output in chunks of at most ``MAX_CHUNK`` as the contract says: each agreed
+wide frame cut into ``MAX_CHUNK`` pieces, any other frame (an empty one, one over the agreed size, every frame
+of a plugin that did not agree) exactly as sent. Hosts and plugins that do not know the key ignore it: the
+32 KiB rules apply unchanged.
 
 Terminal frames (``vz.machine.v1.MachineExtensions/ExecPty``) follow the same rules, plus window sizes:
 ``terminal_start_problem`` (rows and columns 0..MAX_WINDOW, 0 = the default) and ``resize_problem``
 (1..MAX_WINDOW each). Resize frames may come at any time after the start, also after ``close_stdin``.
 
 Message limits: every peer-filled buffer is bounded. ``MAX_MESSAGE`` caps any one gRPC message either side
-receives (an Info, a Find, a frame); exec and log frames are ≤ 32 KiB, so it never limits a stream.
+receives (an Info, a Find, a frame); exec frames are ≤ 1 MiB (wide) and log frames ≤ 32 KiB, so it never
+limits a stream.
 ``MAX_INFO`` caps an Info reply (a host checks it before anything else). ``MAX_EXEC_START`` caps the
 serialized start frame (argv, environment, user, workdir): larger requests are refused with INVALID_ARGUMENT
 before anything runs, by the client and by the server.

@@ -32,6 +32,7 @@ from vz_core._types import DriverInfo, Extensions
 from vz_core.errors import DriverError, InvalidArgumentError, RuntimeFailureError, UnsupportedError
 from vz_core.redact import Redactor
 from vz_core.rpc import _convert
+from vz_core.rpc._codec import decode_client, serialize
 from vz_core.rpc._frames import start_problem, terminal_start_problem, wide_chunk
 from vz_core.rpc._server_exec import DRAIN_TIMEOUT, ExecStream
 from vz_core.rpc._wire import error_to_status
@@ -334,8 +335,11 @@ MALFORMED: Any = _convert.MALFORMED
 
 def _lenient(cls: Any) -> Callable[[bytes], Any]:
     from_string = cls.FromString
+    direct = cls is pb.ExecClientMessage  # stdin frames decoded without a message (vz_core.rpc._codec)
 
     def decode(raw: bytes) -> Any:
+        if direct and (frame := decode_client(raw)) is not None:
+            return frame
         try:
             return from_string(raw)
         except Exception:  # google.protobuf.message.DecodeError, or a RuntimeWarning-free variant of it
@@ -363,9 +367,8 @@ def _register(server: grpc.aio.Server, module: Any, service: str, servicer: obje
     handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
     for method in module.DESCRIPTOR.services_by_name[service.rpartition(".")[2]].methods:
         request_cls = getattr(module, method.input_type.name)
-        response_cls = getattr(module, method.output_type.name)
         implementation = getattr(servicer, method.name)
-        decode, encode = _lenient(request_cls), response_cls.SerializeToString
+        decode, encode = _lenient(request_cls), serialize  # a message, or an exec frame encoded already
         if method.client_streaming:
             factory = (
                 grpc.stream_stream_rpc_method_handler

@@ -49,7 +49,9 @@ from vz_core._types import (
 )
 from vz_core.errors import DriverError, InvalidArgumentError
 from vz_core.rpc import _convert
+from vz_core.rpc._codec import encode_output
 from vz_core.rpc._frames import STOP_INPUT_KEY, WIDE_CHUNK_KEY, exec_output_limit, resize_problem, stdin_problem
+from vz_core.rpc._heap import keep_freed_heap
 
 __all__ = ["DRAIN_TIMEOUT", "ClientInput", "ExecStream", "TerminalClientInput"]
 
@@ -274,6 +276,8 @@ class ExecStream:
         self.input.on_violation = self._on_violation
         if isinstance(self.input, ClientInput):
             self.input.limit = self._chunk
+        if self._chunk > MAX_CHUNK:
+            keep_freed_heap()  # wide frames: their ~1 MiB buffers reused, not faulted in again each frame
         self._stop = False
         self._pulling = False
         self._wrote = False
@@ -307,8 +311,10 @@ class ExecStream:
 
     async def _forward_wide(self, events: AsyncIterator[Any]) -> None:
         """``_forward`` for a host that agreed on wide frames: output chunks the driver already has ready (of
-        the same stream) are joined into frames of up to ``_chunk`` bytes. One event may be fetched ahead (a
-        task); it is awaited, or cancelled with the forwarder, never left behind."""
+        the same stream) are joined into frames of up to ``_chunk`` bytes. A chunk the driver should not have
+        sent (empty, or over ``_chunk``) is never joined: it goes in a frame of its own, so the host sees it as
+        it came. One event may be fetched ahead (a task); it is awaited, or cancelled with the forwarder, never
+        left behind."""
         write = self._context.write
         iterator = events.__aiter__()
         ahead: asyncio.Task[Any] | None = None
@@ -330,7 +336,7 @@ class ExecStream:
                     return
                 if type(event) is ExecOutput:
                     parts, size = [event.data], len(event.data)
-                    while size < self._chunk and not self._stop:
+                    while 0 < size < self._chunk and not self._stop:  # an empty chunk goes alone, as it came
                         ahead = loop.create_task(iterator.__anext__())  # type: ignore[arg-type]
                         self._pulling = True  # the driver may be running: a violation cancels, never acloses
                         try:
@@ -343,6 +349,7 @@ class ExecStream:
                         if (
                             type(following) is not ExecOutput
                             or following.stream != event.stream
+                            or not following.data
                             or size + len(following.data) > self._chunk
                         ):
                             break
@@ -425,12 +432,11 @@ class ExecStream:
         await self.input.close()
 
 
-def _frame(event: ExecEvent) -> pb.ExecServerMessage:
-    """The wire frame of an event (as ``_convert.exec_event_to_pb``, without building the chunk twice)."""
+def _frame(event: ExecEvent) -> bytes | pb.ExecServerMessage:
+    """The wire frame of an event: output encoded directly (``vz_core.rpc._codec``, the bytes protobuf would
+    give), anything else as ``_convert.exec_event_to_pb``."""
     if type(event) is ExecOutput:
-        msg = pb.ExecServerMessage()
-        (msg.stderr if event.stream == "stderr" else msg.stdout).data = event.data
-        return msg
+        return encode_output(event.stream, event.data)
     return _convert.exec_event_to_pb(event)
 
 

@@ -159,6 +159,137 @@ def _close_streams(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -
         read_transport.close()
 
 
+class _FrameReader(asyncio.BufferedProtocol):
+    """The read side of a socket connection once the handshake is done: frames cut out where the kernel put the
+    bytes, with no reader task and no StreamReader buffer in between.
+
+    ``recv_into`` fills a scratch buffer, from which every complete frame is dispatched at once (headers and
+    small frames, many per read); the payload of a large frame (``_WHOLE_READ`` or more) is received straight
+    into a buffer of its own size. Each payload is copied once, into the bytes handed on. Flow control is the
+    protocol's credit: the agent sends no more than was granted, so reading never pauses. The transport's
+    other events go on to the stream protocol it had (the writer's drain and close still work).
+    """
+
+    _SCRATCH = 1 << 18
+
+    def __init__(
+        self, client: AgentClient, transport: asyncio.Transport, previous: asyncio.BaseProtocol, leftover: bytes
+    ) -> None:
+        self._client = client
+        self._transport = transport
+        self._previous = previous
+        self._scratch = bytearray(max(self._SCRATCH, len(leftover) + p.HEADER_SIZE))
+        self._view = memoryview(self._scratch)
+        self._have = len(leftover)
+        self._scratch[: self._have] = leftover
+        self._frame: bytearray | None = None
+        self._frame_head = (0, 0)
+        self._filled = 0
+        self._broken = False
+
+    @classmethod
+    def attach(cls, client: AgentClient, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        """Take over reading ``writer``'s socket transport from ``reader`` (what it has buffered included);
+        False when the transport is not a plain socket one (pipes, character devices keep the reader task)."""
+        transport = writer.transport
+        buffered = getattr(reader, "_buffer", None)
+        if (
+            getattr(reader, "_transport", None) is not transport
+            or not isinstance(transport, asyncio.Transport)
+            or transport.get_extra_info("socket") is None
+            or not isinstance(buffered, bytearray)
+            or reader.at_eof()
+            or reader.exception() is not None
+        ):
+            return False
+        leftover = bytes(buffered)
+        buffered.clear()
+        protocol = cls(client, transport, transport.get_protocol(), leftover)
+        transport.set_protocol(protocol)
+        transport.resume_reading()  # the StreamReader may have paused it; credit bounds what comes
+        if leftover:
+            protocol._parse()
+        return True
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self._frame is not None:
+            return memoryview(self._frame)[self._filled :]
+        return self._view[self._have :]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self._broken:
+            return
+        if self._frame is not None:
+            self._filled += nbytes
+            if self._filled < len(self._frame):
+                return
+            frame, self._frame = self._frame, None
+            type_, stream = self._frame_head
+            self._dispatch(type_, stream, bytes(frame))
+            return
+        self._have += nbytes
+        self._parse()
+
+    def _parse(self) -> None:
+        scratch, view, have = self._scratch, self._view, self._have
+        unpack = p.HEADER.unpack_from
+        size = p.HEADER_SIZE
+        offset = 0
+        while have - offset >= size and not self._broken:
+            magic, type_, _flags, stream, length = unpack(scratch, offset)
+            start = offset + size
+            if magic != p.MAGIC or length > p.MAX_CONTROL:
+                self._fail(f"the guest agent broke the protocol: bad frame header {scratch[offset:start].hex()}")
+                return
+            if have - start >= length:
+                offset = start + length
+                self._dispatch(type_, stream, bytes(view[start:offset]) if length else b"")
+                continue
+            if length >= _WHOLE_READ or length > len(scratch) - size:
+                # A large frame: its payload goes straight into a buffer of its own.
+                frame = bytearray(length)
+                part = have - start
+                frame[:part] = view[start:have]
+                self._frame, self._frame_head, self._filled = frame, (type_, stream), part
+                offset = have
+            break
+        rest = have - offset
+        if rest and offset:
+            scratch[:rest] = bytes(view[offset:have])  # an incomplete small frame: to the front
+        self._have = rest
+
+    def _dispatch(self, type_: int, stream: int, payload: bytes) -> None:
+        try:
+            self._client._dispatch(type_, stream, payload)
+        except _ProtocolError as exc:
+            self._fail(f"the guest agent broke the protocol: {exc}")
+
+    def _fail(self, reason: str) -> None:
+        self._broken = True
+        self._client._lose(reason)
+        self._transport.pause_reading()
+
+    def eof_received(self) -> bool | None:
+        if not self._broken:
+            reason = "the guest agent closed the connection"
+            if self._have or self._frame is not None:
+                reason += " in the middle of a frame"
+            self._client._lose(reason)
+        return self._previous.eof_received()  # type: ignore[attr-defined, no-any-return]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self._broken:
+            failed = f"the guest agent connection failed: {exc}"
+            self._client._lose(failed if exc is not None else "the guest agent closed the connection")
+        self._previous.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self._previous.pause_writing()
+
+    def resume_writing(self) -> None:
+        self._previous.resume_writing()
+
+
 class AgentClient:
     """A connection to one guest agent. Create it with ``connect_unix`` or ``from_streams``.
 
@@ -247,7 +378,8 @@ class AgentClient:
             if sock is not None and sock.family == socket.AF_UNIX:
                 with contextlib.suppress(OSError):  # best effort: a few wide frames in flight per send
                     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _WIDE_SOCKET_BUFFER)
-        client._reader_task = asyncio.get_running_loop().create_task(client._read_loop(), name="vz-agent-reader")
+        if not _FrameReader.attach(client, reader, writer):
+            client._reader_task = asyncio.get_running_loop().create_task(client._read_loop(), name="vz-agent-reader")
         return client
 
     async def __aenter__(self) -> AgentClient:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
 from collections.abc import AsyncIterator, Callable, Coroutine
 from pathlib import Path
@@ -168,3 +169,137 @@ async def test_connection_lost_mid_exec_is_unavailable(cleanup: list[asyncio.Tas
             await client.ping()
     finally:
         await client.close()
+
+
+async def _exec_output(client: AgentClient) -> list[ExecOutput]:
+    """Output of one exec to its exit, or until the connection is lost (then the error propagates)."""
+    out: list[ExecOutput] = []
+    async for event in client.exec(spec("cat"), no_input(), chunk=p.MAX_WIDE_DATA):
+        if isinstance(event, ExecOutput):
+            out.append(event)
+    return out
+
+
+def _wide_reply(nonce: str) -> bytes:
+    doc = {"version": 1, "nonce": nonce, "pid": 1, "nproc": 1, "mem_total": 1, "mode": "unix"}
+    return p.frame(p.T_HELLO_REPLY, 0, json.dumps({**doc, "max_data": p.MAX_WIDE_DATA}).encode())
+
+
+async def test_frames_are_cut_out_wherever_the_reads_split_them(cleanup: list[asyncio.Task[None]]) -> None:
+    """Small frames many to a read, a wide frame over several reads, a frame sent with the handshake reply: all
+    arrive whole and in order (the socket is read by the frame reader, no reader task)."""
+    wide = bytes(range(256)) * 4096  # 1 MiB
+
+    async def peer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonce = await read_hello(reader)
+        writer.write(_wide_reply(nonce))
+        _, stream, _ = await read_frame(reader)
+        small = b"".join(p.frame(p.T_STDOUT, stream, b"%d" % i) for i in range(50))
+        big = p.frame(p.T_STDOUT, stream, wide)
+        payload = small + big + p.frame(p.T_STDERR, stream, b"err") + p.frame(p.T_EXIT, stream, p.encode_exit(0, ""))
+        for start in range(0, len(payload), 100_003):  # cuts through headers and payloads alike
+            writer.write(payload[start : start + 100_003])
+            await writer.drain()
+            await asyncio.sleep(0.001)
+        await reader.read()
+        writer.close()
+
+    client, task = await connect_pair(peer, wait_ready=False)
+    cleanup.append(task)
+    try:
+        assert client._reader_task is None
+        out = await _exec_output(client)
+        stdout = [e.data for e in out if e.stream == "stdout"]
+        assert stdout[:50] == [b"%d" % i for i in range(50)] and b"".join(stdout[50:]) == wide
+        assert [e.data for e in out if e.stream == "stderr"] == [b"err"]
+    finally:
+        await client.close()
+        await asyncio.wait([task], timeout=5)  # the peer saw the close and closed its end
+
+
+async def test_what_the_agent_sent_with_its_handshake_reply_is_not_lost(cleanup: list[asyncio.Task[None]]) -> None:
+    async def peer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonce = await read_hello(reader)
+        # The start of the answer to the first request in the same write as the reply: the client's StreamReader
+        # buffers it during the handshake, the frame reader must carry it on.
+        pong = p.frame(p.T_PONG, 1, b"")
+        writer.write(_wide_reply(nonce) + pong[:5])
+        await writer.drain()
+        assert (await read_frame(reader))[:2] == (p.T_PING, 1)
+        writer.write(pong[5:])
+        await reader.read()
+        writer.close()
+
+    client, task = await connect_pair(peer, wait_ready=False)
+    cleanup.append(task)
+    try:
+        async with asyncio.timeout(5):
+            assert await client.ping() >= 0
+    finally:
+        await client.close()
+        await asyncio.wait([task], timeout=5)  # the peer saw the close and closed its end
+
+
+@pytest.mark.parametrize(
+    ("tail", "message"),
+    [
+        pytest.param(b"XX" + b"\x00" * 10, "broke the protocol: bad frame header", id="bad-header"),
+        pytest.param(p.HEADER.pack(p.MAGIC, p.T_STDOUT, 0, 1, 100_000) + b"x" * 5000, "middle of a frame", id="cut"),
+    ],
+)
+async def test_a_broken_stream_is_unavailable_with_its_reason(
+    cleanup: list[asyncio.Task[None]], tail: bytes, message: str
+) -> None:
+    async def peer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(_wide_reply(await read_hello(reader)))
+        _, stream, _ = await read_frame(reader)
+        writer.write(p.frame(p.T_STDOUT, stream, b"partial") + tail)
+        await writer.drain()
+        writer.close()
+
+    client, task = await connect_pair(peer, wait_ready=False)
+    cleanup.append(task)
+    try:
+        with pytest.raises(UnavailableError, match=message):
+            await _exec_output(client)
+        assert client.closed
+    finally:
+        await client.close()
+        await asyncio.wait([task], timeout=5)  # the peer saw the close and closed its end
+
+
+async def test_a_pipe_pair_is_read_by_the_reader_task(cleanup: list[asyncio.Task[None]]) -> None:
+    """Transports that are not sockets (a character device, pipes) keep the StreamReader and its reader task."""
+    loop = asyncio.get_running_loop()
+    to_guest_r, to_guest_w = os.pipe()
+    to_host_r, to_host_w = os.pipe()
+
+    async def streams(read_fd: int, write_fd: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        reader = asyncio.StreamReader()
+        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(read_fd, "rb", 0))
+        transport, protocol = await loop.connect_write_pipe(
+            asyncio.streams.FlowControlMixin, os.fdopen(write_fd, "wb", 0)
+        )
+        return reader, asyncio.StreamWriter(transport, protocol, reader, loop)
+
+    wide = os.urandom(300_000)
+
+    async def peer() -> None:
+        reader, writer = await streams(to_guest_r, to_host_w)
+        writer.write(_wide_reply(await read_hello(reader)))
+        _, stream, _ = await read_frame(reader)
+        writer.write(p.frame(p.T_STDOUT, stream, wide) + p.frame(p.T_EXIT, stream, p.encode_exit(0, "")))
+        await writer.drain()
+        await reader.read()
+        writer.close()
+
+    task = asyncio.create_task(peer())
+    cleanup.append(task)
+    reader, writer = await streams(to_host_r, to_guest_w)
+    client = await AgentClient.from_streams(reader, writer, timeout=5)
+    try:
+        assert client._reader_task is not None
+        assert b"".join(e.data for e in await _exec_output(client)) == wide
+    finally:
+        await client.close()
+        await asyncio.wait([task], timeout=5)  # the peer saw the close and closed its end

@@ -534,6 +534,7 @@ func (e *execState) stdinLoop(done chan struct{}) {
 			}
 		}
 		pending += uint32(len(chunk))
+		releaseStdin(chunk)
 		if pending >= 64*1024 || !more {
 			e.sendAttached(outFrame{typ: tWindow, stream: e.id, payload: windowPayload(chStdin, pending)})
 			pending = 0

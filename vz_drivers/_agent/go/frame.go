@@ -95,7 +95,8 @@ func putHeader(b []byte, typ byte, stream uint32, n int) {
 	binary.BigEndian.PutUint32(b[8:12], uint32(n))
 }
 
-// readFrame reads one frame; the payload is freshly allocated.
+// readFrame reads one frame; the payload is freshly allocated, except that of a wide STDIN frame, which
+// comes from widePool (the exec's stdin loop puts it back once written: see releaseStdin).
 func readFrame(r io.Reader, hbuf []byte, dataLimit uint32) (header, []byte, error) {
 	if _, err := io.ReadFull(r, hbuf[:headerSize]); err != nil {
 		return header{}, nil, err
@@ -107,7 +108,12 @@ func readFrame(r io.Reader, hbuf []byte, dataLimit uint32) (header, []byte, erro
 	if h.length == 0 {
 		return h, nil, nil
 	}
-	payload := make([]byte, h.length)
+	var payload []byte
+	if h.typ == tStdin && h.length > maxData && h.length <= maxWideData {
+		payload = (*widePool.Get().(*[]byte))[:h.length]
+	} else {
+		payload = make([]byte, h.length)
+	}
 	if _, err := io.ReadFull(r, payload); err != nil {
 		if err == io.EOF {
 			err = io.ErrUnexpectedEOF
@@ -129,6 +135,14 @@ func getBufSize(n int) *[]byte {
 		return getBuf()
 	}
 	return widePool.Get().(*[]byte)
+}
+
+// releaseStdin returns a wide STDIN payload to widePool once nothing refers to it any more.
+func releaseStdin(chunk []byte) {
+	if len(chunk) > maxData && cap(chunk) == maxWideData {
+		b := chunk[:maxWideData]
+		widePool.Put(&b)
+	}
 }
 
 func putBuf(b *[]byte) {
