@@ -134,7 +134,14 @@ async def run(ctx: Any) -> dict[str, Any]:
 
     stats = {name: summary(values) for name, values in samples.items()}
     # What "as-is" means here: how many modules of `vz exec`'s import path had no usable cached bytecode.
-    cli_path = ["vz_core.cli._main", "vz_core.cli._exec", "vz_core.api._client", "vz_core.api._transport"]
+    cli_path = [
+        "vz_core.cli._main",
+        "vz_core.cli._exec",
+        "vz_core.cli._remote",
+        "vz_core.api._client",
+        "vz_core.api._transport",
+        "vz_core.daemon._connect",
+    ]
     try:
         as_is_bytecode: dict[str, Any] | str = await asyncio.to_thread(uncached_modules, cli_path, env)
     except Exception as exc:  # a renamed module must not cost the figures

@@ -272,7 +272,7 @@ class _Endpoint:
             os.close(self._own)
             self._own = -1
         if self._sock is not None:
-            self._sock.detach()
+            self._sock.close()  # our duplicate only: the caller's descriptor stays open
             self._sock = None
 
     async def _ready(self, fd: int, *, write: bool) -> None:

@@ -14,7 +14,6 @@ connection closes, which the daemon also takes as cancel).
 from __future__ import annotations
 
 import os
-import signal
 import sys
 
 TYPE_CHECKING = False  # `typing` costs milliseconds on `vz exec`'s path
@@ -59,6 +58,8 @@ def report_api_error(output: Output, exc: ApiError) -> int:
 
 def run_operation(operation: Any, output: Output) -> dict[str, Any]:
     """Render an operation's progress until its end; its result (raises ApiError, or Interrupted on Ctrl-C)."""
+    import signal  # not at the top: `vz exec` imports this module for call_context only
+
     interrupted: list[int] = []
 
     def on_sigint(signum: int, frame: FrameType | None) -> None:

@@ -16,14 +16,14 @@
 Stale files need no client-side cleanup: a starting daemon holds ``daemon.lock`` for its life, so whatever
 socket or pid file it finds belongs to a dead one and is replaced.
 
-This is the CLI's hot path (``vz exec``): standard library only (socket, struct, json, os), no asyncio.
+This is the CLI's hot path (``vz exec``): standard library only (``_socket``, ``os``; no ``socket``, ``json``
+or ``asyncio`` modules).
 """
 
 from __future__ import annotations
 
+import _socket  # not `socket`: its enums (and `selectors`) cost milliseconds `vz exec` does not have
 import os
-import socket
-import struct
 import sys
 import time
 
@@ -168,11 +168,11 @@ def _unavailable(paths: DaemonPaths) -> DaemonError:
     )
 
 
-def _open_socket(paths: DaemonPaths) -> socket.socket | None:
+def _open_socket(paths: DaemonPaths) -> _socket.socket | None:
     """A socket connected to the listener, or None when there is none (no file, or nobody listening)."""
     if not check_private_dir(paths.socket_dir):
         return None
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
     try:
         if len(os.fsencode(paths.socket)) <= _SUN_PATH_MAX:
             sock.connect(paths.socket)
@@ -188,8 +188,8 @@ def _open_socket(paths: DaemonPaths) -> socket.socket | None:
     except BaseException:
         sock.close()
         raise
-    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    peer_pid, peer_uid, _ = struct.unpack("3i", creds)
+    creds = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, 12)  # struct ucred: pid, uid, gid (ints)
+    peer_pid, peer_uid = (int.from_bytes(creds[i : i + 4], sys.byteorder, signed=True) for i in (0, 4))
     if peer_uid != os.geteuid():
         sock.close()
         raise DaemonError(

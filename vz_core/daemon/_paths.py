@@ -22,7 +22,6 @@ Imported on the CLI's hot path: standard library only.
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 
@@ -204,6 +203,8 @@ def _is_daemon_cmdline(pid: int) -> bool:
 
 def read_pid_file(paths: DaemonPaths) -> dict[str, Any] | None:
     """The pid file's record, or None when it is missing or unreadable (a damaged one counts as stale)."""
+    import json
+
     try:
         with open(paths.pid_file, "rb") as f:
             record = json.loads(f.read(65536))
@@ -232,6 +233,8 @@ def live_daemon(paths: DaemonPaths) -> dict[str, Any] | None:
 
 def write_pid_file(paths: DaemonPaths, record: Mapping[str, Any]) -> None:
     """Write the pid file atomically (a private temporary file renamed over it)."""
+    import json
+
     tmp = f"{paths.pid_file}.{os.getpid()}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:

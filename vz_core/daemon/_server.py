@@ -418,7 +418,8 @@ class Daemon:
                 log.warning("refused a connection from uid %d (pid %d): only uid %d may use it", uid, pid, os.geteuid())
                 return
             channel = AsyncChannel(sock)
-            first = await asyncio.wait_for(channel.peek(4), HELLO_TIMEOUT)
+            async with asyncio.timeout(HELLO_TIMEOUT):  # not wait_for: no task per step (B7)
+                first = await channel.peek(4)
             if first == HTTP2_PREFACE[:4]:
                 if self.http2 is None:
                     log.warning("an HTTP/2 (gRPC) connection from pid %d: no gRPC front runs; closed", pid)
@@ -434,7 +435,8 @@ class Daemon:
                 sock.close()
 
     async def _local(self, channel: AsyncChannel, pid: int) -> None:
-        got = await asyncio.wait_for(channel.receive(), HELLO_TIMEOUT)
+        async with asyncio.timeout(HELLO_TIMEOUT):
+            got = await channel.receive()
         if got is None:
             return
         message, fds = got
@@ -464,7 +466,8 @@ class Daemon:
                 }
             }
         )
-        got = await asyncio.wait_for(channel.receive(), CALL_TIMEOUT)
+        async with asyncio.timeout(CALL_TIMEOUT):
+            got = await channel.receive()
         if got is None:
             return
         message, fds = got

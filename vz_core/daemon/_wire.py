@@ -15,15 +15,18 @@ and owned by whoever received them. Anything malformed raises ``WireError`` nami
 Two front ends over the same framing: ``Channel`` (a blocking socket; the CLI's side, standard library only:
 this module must not import asyncio, grpc, pydantic or rich) and ``AsyncChannel`` (a non-blocking socket on
 the running asyncio loop; the daemon's side, asyncio imported only when it is constructed).
+
+JSON goes through the C accelerator the ``json`` module itself uses (``_json``), with the same settings as
+``json.dumps(obj, separators=(",", ":"), ensure_ascii=False)`` and ``json.loads``: importing ``json`` pulls in
+``re`` and costs the CLI milliseconds. Anything the accelerator does not take as it is (an error to report, an
+interpreter without it) goes to the ``json`` module, so results and error messages are exactly ``json``'s.
 """
 
 from __future__ import annotations
 
-import array
-import json
+import _socket  # not `socket`: its enums (and `selectors`) cost milliseconds `vz exec` does not have
 import os
-import socket
-import struct
+import sys
 
 TYPE_CHECKING = False  # `typing` itself costs milliseconds on the CLI's hot path
 if TYPE_CHECKING:
@@ -70,10 +73,69 @@ KIND_JSON = 0x4A
 KIND_BINARY = 0x42
 STDIN, STDOUT, STDERR, TERMINAL = 0, 1, 2, 3
 _STREAMS = frozenset((STDIN, STDOUT, STDERR, TERMINAL))
-_LENGTH = struct.Struct(">I")
 _HEADER = 5  # length + kind
-_ANCILLARY = socket.CMSG_SPACE(MAX_FDS * array.array("i").itemsize)
+_INT = 4  # sizeof(int): one descriptor in SCM_RIGHTS
+_ANCILLARY = _socket.CMSG_SPACE(MAX_FDS * _INT)
 _PEEK_SIZE = 4
+
+
+def _json_default(obj: object) -> Any:
+    raise TypeError(f"Object of type {obj.__class__.__name__} is not JSON serializable")
+
+
+class _ScanContext:
+    """What ``_json.make_scanner`` reads of a decoder: ``json.loads``'s defaults."""
+
+    strict = True
+    object_hook = None
+    object_pairs_hook = None
+    parse_float = float
+    parse_int = int
+    parse_constant = {"-Infinity": float("-inf"), "Infinity": float("inf"), "NaN": float("nan")}.__getitem__
+
+
+def _accelerated() -> tuple[Callable[[Any, int], Any], Callable[[str, int], tuple[Any, int]]] | None:
+    """The C encoder and scanner of ``json`` with our settings, or None when this interpreter has no usable one."""
+    try:
+        import _json
+
+        encoder = _json.make_encoder(None, _json_default, _json.encode_basestring, None, ":", ",", False, False, True)
+        scanner = _json.make_scanner(_ScanContext())  # type: ignore[arg-type]
+        sample = {"k": ["\u00e9\n", -1, 1.5, None, True, {}]}
+        text = '{"k":["\u00e9\\n",-1,1.5,null,true,{}]}'
+        if "".join(encoder(sample, 0)) != text or scanner(text, 0) != (sample, len(text)):
+            return None
+    except Exception:
+        return None
+    return encoder, scanner
+
+
+_FAST_JSON = _accelerated()
+
+
+def _dumps(obj: Mapping[str, Any]) -> str:
+    if _FAST_JSON is not None:
+        try:
+            return "".join(_FAST_JSON[0](obj, 0))
+        except Exception:  # json explains it (a circular reference, an object it cannot encode)
+            pass
+    import json
+
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+
+
+def _loads(text: str) -> Any:
+    if _FAST_JSON is not None:
+        try:
+            obj, end = _FAST_JSON[1](text, 0)
+        except Exception:  # StopIteration or a parse error: json explains it
+            pass
+        else:
+            if end == len(text):
+                return obj
+    import json
+
+    return json.loads(text)
 
 
 def error_fields(error: Mapping[str, Any]) -> dict[str, Any]:
@@ -161,11 +223,11 @@ def close_fds(fds: Sequence[int]) -> None:
 
 def encode_json(obj: Mapping[str, Any]) -> bytes:
     """One ``J`` message (header included) holding ``obj``; ``WireError`` if it is too large."""
-    payload = json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "surrogateescape")
+    payload = _dumps(obj).encode("utf-8", "surrogateescape")
     n = len(payload) + 1
     if n > MAX_MESSAGE:
         raise WireError(f"a JSON message of {n} bytes is larger than the local wire's limit of {MAX_MESSAGE}")
-    return _LENGTH.pack(n) + b"J" + payload
+    return n.to_bytes(4, "big") + b"J" + payload
 
 
 def encode_binary(stream: int, data: bytes) -> bytes:
@@ -175,7 +237,7 @@ def encode_binary(stream: int, data: bytes) -> bytes:
     n = len(data) + 2
     if n > MAX_MESSAGE:
         raise WireError(f"a binary message of {n} bytes is larger than the local wire's limit of {MAX_MESSAGE}")
-    return _LENGTH.pack(n) + b"B" + bytes((stream,)) + data
+    return n.to_bytes(4, "big") + b"B" + bytes((stream,)) + data
 
 
 def encode(message: Message) -> bytes:
@@ -188,17 +250,17 @@ def encode(message: Message) -> bytes:
 
 def _length(header: bytes) -> int:
     """The ``N`` of a complete header; ``WireError`` when it is out of range."""
-    (n,) = _LENGTH.unpack_from(header)
+    n = int.from_bytes(header[:4], "big")
     if n < 1 or n > MAX_MESSAGE:
         raise WireError(f"a message declared length {n}; the local wire allows 1 to {MAX_MESSAGE} bytes")
-    return int(n)
+    return n
 
 
 def decode(kind: int, payload: bytes) -> Message:
     """The ``Message`` of one kind byte and its payload; ``WireError`` when either is malformed."""
     if kind == KIND_JSON:
         try:
-            obj = json.loads(payload.decode("utf-8"))
+            obj = _loads(payload.decode("utf-8"))
         except UnicodeDecodeError as exc:
             raise WireError(f"a JSON message is not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
         except ValueError as exc:
@@ -220,11 +282,12 @@ def decode(kind: int, payload: bytes) -> Message:
 def _fds_from(ancdata: list[tuple[int, int, bytes]], flags: int) -> list[int]:
     fds: list[int] = []
     for level, kind, data in ancdata:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            got = array.array("i")
-            got.frombytes(data[: len(data) - len(data) % got.itemsize])
-            fds.extend(got)
-    if flags & socket.MSG_CTRUNC or len(fds) > MAX_FDS:
+        if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+            fds.extend(
+                int.from_bytes(data[i : i + _INT], sys.byteorder, signed=True)
+                for i in range(0, len(data) - _INT + 1, _INT)
+            )
+    if flags & _socket.MSG_CTRUNC or len(fds) > MAX_FDS:
         close_fds(fds)
         raise WireError(f"a message carried more than {MAX_FDS} file descriptors")
     return fds
@@ -235,7 +298,8 @@ def _rights(fds: Sequence[int]) -> list[tuple[int, int, bytes]]:
         raise WireError(f"a message may carry at most {MAX_FDS} file descriptors, not {len(fds)}")
     if not fds:
         return []
-    return [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())]
+    data = b"".join(int(fd).to_bytes(_INT, sys.byteorder, signed=True) for fd in fds)
+    return [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, data)]
 
 
 def _header_part(
@@ -254,13 +318,16 @@ def _header_part(
     return header + data
 
 
-_RECV_FLAGS = getattr(socket, "MSG_CMSG_CLOEXEC", 0)
+_RECV_FLAGS = getattr(_socket, "MSG_CMSG_CLOEXEC", 0)
 
 
 class Channel:
-    """The local wire over a blocking connected Unix socket (the client side; owns the socket)."""
+    """The local wire over a blocking connected Unix socket (the client side; owns the socket).
 
-    def __init__(self, sock: socket.socket) -> None:
+    ``sock`` is a ``socket.socket`` or the ``_socket.socket`` it is built on (what the CLI's ``connect`` makes).
+    """
+
+    def __init__(self, sock: _socket.socket) -> None:
         self.sock = sock
 
     def fileno(self) -> int:
@@ -327,7 +394,7 @@ class AsyncChannel:
     ``send`` calls are serialized (a message is never interleaved with another); one task reads.
     """
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: _socket.socket) -> None:
         import asyncio
 
         sock.setblocking(False)
@@ -365,7 +432,7 @@ class AsyncChannel:
         """The first ``n`` bytes without consuming them (fewer only at EOF); bound it with ``asyncio.timeout``."""
         while True:
             try:
-                data = self.sock.recv(n, socket.MSG_PEEK)
+                data = self.sock.recv(n, _socket.MSG_PEEK)
             except BlockingIOError:
                 await self._readable()
                 continue

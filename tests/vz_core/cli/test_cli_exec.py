@@ -63,6 +63,55 @@ def test_machine_selection_default_flag_env_var(vz: Vz, running: Path) -> None:
     )
 
 
+def _pipe_max_size() -> int:
+    return int(Path("/proc/sys/fs/pipe-max-size").read_text())
+
+
+def test_passed_pipes_are_enlarged_to_pipe_max_size(vz: Vz, running: Path) -> None:
+    """The caller's pipes (stdin and stdout here) grow to pipe-max-size before they are handed over (B4)."""
+    import fcntl
+
+    proc = vz.popen(
+        "exec", "--", "sh", "-c", "cat; echo end", cwd=running, stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        proc.stdin.write(b"in\n")
+        proc.stdin.close()
+        assert proc.stdout.read() == b"in\nend\n"
+        assert proc.wait(30) == 0
+        assert fcntl.fcntl(proc.stdout.fileno(), fcntl.F_GETPIPE_SZ) == _pipe_max_size()
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+
+
+def test_enlarge_pipe_grows_never_shrinks_and_ignores_what_is_not_a_pipe(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import fcntl
+
+    from vz_core.cli import _exec
+
+    limit = _pipe_max_size()
+    r, w = os.pipe()
+    try:
+        fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, 4096)
+        assert _exec.enlarge_pipe(r) == limit  # either end of the pipe
+        assert fcntl.fcntl(w, fcntl.F_GETPIPE_SZ) == limit
+        smaller = tmp_path / "pipe-max-size"  # the limit lowered below what the pipe has: it stays as it is
+        smaller.write_text("65536\n")
+        monkeypatch.setattr(_exec, "_PIPE_MAX_SIZE", str(smaller))
+        assert _exec.enlarge_pipe(w) == limit
+        assert fcntl.fcntl(w, fcntl.F_GETPIPE_SZ) == limit
+    finally:
+        os.close(r)
+        os.close(w)
+    with open(tmp_path / "file", "wb") as f:
+        assert _exec.enlarge_pipe(f.fileno()) is None
+
+
 def test_workdir_defaults_to_the_machine_and_can_be_set(vz: Vz, running: Path) -> None:
     out = vz.ok("exec", "--", "sh", "-c", 'test "$(pwd)" = "$VZ_MACHINE_ROOT" && echo same', cwd=running)
     assert out == "same\n"

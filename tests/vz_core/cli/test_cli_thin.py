@@ -34,6 +34,23 @@ atexit.register(_record)
 DRIVER_CODE = ("vz_drivers", "vz_conformance", "vz_plugins", "vz_core.rpc", "vz_core.transport", "vz_core._driver")
 """Built-in drivers, the reference fake, the plugin SDK, the Runtime Protocol client and the plugin launcher."""
 HEAVY = ("grpc", "google.protobuf", "pydantic", "rich")
+COSTLY_STDLIB = (
+    "argparse",
+    "array",
+    "dataclasses",
+    "enum",
+    "json",
+    "re",
+    "selectors",
+    "signal",
+    "socket",
+    "struct",
+    "subprocess",
+    "threading",
+    "typing",
+)
+"""Standard modules that cost `vz exec -- true` (B7) a millisecond or more each (json pulls in re, socket and
+signal build enums): its hot path uses the C modules under them (_json, _socket, _signal) instead."""
 
 
 def _hits(modules: list[str], prefixes: tuple[str, ...]) -> list[str]:
@@ -89,6 +106,7 @@ def test_no_driver_code_runs_in_the_cli_process(recorded: tuple[Vz, Path], tmp_p
         assert _hits(modules, DRIVER_CODE) == [], f"vz {name} imported driver code in the CLI process"
         assert _hits(modules, ("grpc", "google.protobuf")) == [], f"vz {name} imported grpc in the CLI process"
     assert _hits(exec_, (*HEAVY, "asyncio", "vz_core.env")) == [], "vz exec's hot path imported heavy modules"
+    assert _hits(exec_, COSTLY_STDLIB) == [], "vz exec's hot path imported costly standard modules"
     # The work happened elsewhere: the daemon (another pid, the same recorder) and the fake's plugin process.
     deadline = time.monotonic() + 20
     while True:

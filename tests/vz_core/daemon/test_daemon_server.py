@@ -10,6 +10,7 @@ import os
 import shutil
 import socket
 import tempfile
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -183,9 +184,9 @@ async def test_cancel_message_and_hangup_cancel_the_handler(paths: DaemonPaths) 
         assert (exc.value.code, exc.value.exit_code) == ("CANCELLED", 130)
         assert handler.cancelled == ["Test.Hold"] and handler.calls[-1].cancelled.is_set()
 
+        handler.entered.clear()  # before the call: the daemon may enter the handler before conn.call returns
         conn = await asyncio.to_thread(connect, paths.home, {}, False)
         await asyncio.to_thread(conn.call, "Test.Hold")
-        handler.entered.clear()
         await asyncio.wait_for(handler.entered.wait(), 10)
         assert daemon.busy and [c.method for c in daemon.operations] == ["Test.Hold"]
         conn.close()  # hangup = cancel
@@ -299,6 +300,40 @@ async def test_protocol_violations_get_a_clear_error(paths: DaemonPaths) -> None
         assert "speaks local protocol 1, the client 0" in old["error"]["message"]
         bad_call = await asyncio.to_thread(raw, [hello, {"call": {"method": 7}}])
         assert 'expected {"call": {"method"' in bad_call["error"]["message"]
+
+
+@pytest.mark.parametrize("sent", ["nothing", "hello only"])
+async def test_a_silent_client_is_dropped_after_its_timeout(
+    paths: DaemonPaths, monkeypatch: pytest.MonkeyPatch, sent: str
+) -> None:
+    """No first bytes within HELLO_TIMEOUT, or no call within CALL_TIMEOUT after the hello: the daemon closes the
+    connection (the other clients are served meanwhile)."""
+    from vz_core.daemon import _server
+
+    monkeypatch.setattr(_server, "HELLO_TIMEOUT", 0.3)
+    monkeypatch.setattr(_server, "CALL_TIMEOUT", 0.3)
+
+    def silent() -> tuple[float, bytes]:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(10)
+            s.connect(paths.socket)
+            if sent == "hello only":
+                Channel(s).send({"hello": {"protocol": 1, "version": "0", "fingerprint": "", "pid": 1}})
+            t0 = time.monotonic()
+            data = b""
+            while chunk := s.recv(65536):
+                data += chunk
+            return time.monotonic() - t0, data
+
+    async with running(paths, Recorder()):
+        waiting = asyncio.ensure_future(asyncio.to_thread(silent))
+        assert (await client(paths, lambda c: c.request("Test.Echo", {"n": 1})))["echo"] == {"n": 1}
+        seconds, data = await waiting
+    assert 0.2 <= seconds < 5  # closed by the daemon, not by the client's own 10 s timeout
+    if sent == "nothing":
+        assert data == b""
+    else:
+        assert b'"hello"' in data  # the daemon's hello, then the close
 
 
 async def test_http2_preface_goes_to_the_hook(paths: DaemonPaths) -> None:

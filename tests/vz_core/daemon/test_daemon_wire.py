@@ -230,3 +230,57 @@ async def test_async_malformed_and_peek(pair: tuple[socket.socket, socket.socket
     assert await server.peek(4) == b"PRI "  # peeking consumes nothing
     with pytest.raises(WireError, match="declared length"):
         await server.receive()
+
+
+JSON_SAMPLES: list[object] = [
+    {"s": 'é ✓ \x00 \n \t " \\ \u2028 \U0001f600'},
+    {"n": [0, -1, 2**70, 1.5, -0.0, 1e300, float("inf"), float("-inf")], "b": [True, False, None]},
+    {"nested": {"a": [{"b": []}, {}], "c": {"d": {"e": "f"}}}},
+    {"argv": ["sh", "-c", "echo $HOME"], "env": {"K": "v"}, "stdio": [True, False, True]},
+]
+
+
+@pytest.mark.parametrize("obj", JSON_SAMPLES)
+def test_json_is_exactly_what_the_json_module_writes_and_reads(obj: dict[str, object]) -> None:
+    """The C accelerator path (used where the interpreter has it) and the json module agree byte for byte."""
+    import json
+    import sys
+
+    from vz_core.daemon import _wire
+
+    if sys.implementation.name == "cpython":
+        assert _wire._FAST_JSON is not None, "the accelerated JSON path is not in use on CPython"
+    text = json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+    assert encode_json(obj)[5:] == text.encode("utf-8", "surrogateescape")
+    assert repr(decode(0x4A, text.encode("utf-8", "surrogateescape"))) == repr(json.loads(text))
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [b'{"a": 1} x', b'{"a":', b"", b" ", b'{"a": tru}', b'{"a": "\x01"}', b'{"a": 1,}', b"[1]", b'"s"'],
+)
+def test_malformed_json_is_reported_with_the_json_module_s_words(payload: bytes) -> None:
+    import json
+
+    try:
+        expected = json.loads(payload.decode())
+    except ValueError as exc:
+        message = f"a JSON message does not parse: {exc}"
+    else:
+        message = f"a JSON message must be one object, got {type(expected).__name__}"
+    with pytest.raises(WireError) as caught:
+        decode(0x4A, payload)
+    assert str(caught.value) == message
+
+
+def test_what_json_cannot_encode_fails_as_json_fails() -> None:
+    import json
+
+    circular: dict[str, object] = {}
+    circular["self"] = circular
+    for bad in ({"x": object()}, {"x": {1, 2}}, circular):
+        with pytest.raises((TypeError, ValueError)) as ours:
+            encode_json(bad)
+        with pytest.raises((TypeError, ValueError)) as theirs:
+            json.dumps(bad)
+        assert (type(ours.value), str(ours.value)) == (type(theirs.value), str(theirs.value))
