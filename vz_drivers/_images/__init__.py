@@ -24,6 +24,7 @@ from vz_drivers._images._build import (
     layer_tar,
 )
 from vz_drivers._images._default import DEFAULT_CONFIG
+from vz_drivers._images._locks import file_lock
 from vz_drivers._images._model import Image, ImageConfig, Platform, host_platform
 from vz_drivers._images._reference import (
     DEFAULT_REF,
@@ -54,6 +55,7 @@ __all__ = [
     "build_docker_archive",
     "build_oci_layout",
     "default_store_root",
+    "file_lock",
     "host_platform",
     "layer_tar",
     "parse_reference",

@@ -59,6 +59,7 @@ from vz_drivers.linux_native._attach import (
     network_slice,
     resolv_conf_for,
 )
+from vz_drivers.linux_native._cgroup import CgroupParent
 from vz_drivers.linux_native._host import HostFacts, host_facts, read_meminfo
 from vz_drivers.linux_native._mounts import is_mounted, mount_overlay, mounts_under, unmount
 from vz_drivers.linux_native._network import NetworkConfig, remove_host_link, remove_host_table
@@ -102,6 +103,7 @@ class LinuxNativeBackend(Backend[LinuxNativeRecord, LinuxNativePaths]):
         if not cgroup_parent or "/" in cgroup_parent.strip("/") or cgroup_parent.startswith("."):
             raise InvalidArgumentError("cgroup_parent must be a single directory name such as 'vz'")
         self.cgroup_parent = cgroup_parent.strip("/")
+        self.cgroups = CgroupParent(self.cgroup_parent)
         subnet = str(options.get("subnet", DEFAULT_SUBNET))
         try:
             self.net = NetworkConfig(ip=self.facts.ip, nsenter=self.facts.nsenter, nft=self.facts.nft, subnet=subnet)
@@ -219,21 +221,22 @@ class LinuxNativeBackend(Backend[LinuxNativeRecord, LinuxNativePaths]):
         with contextlib.suppress(FileNotFoundError):
             pid_file.unlink()
         try:
-            await self.runc.check(
-                "create",
-                "--bundle",
-                str(paths.bundle),
-                "--pid-file",
-                str(pid_file),
-                record.container_id,
-                what=f"creating Machine {record.workspace_id!r}",
-                stdin=ready_w,
-                stdout=stderr_fd,
-                stderr=stderr_fd,
-                log=paths.runc_log,
-                new_session=True,
-                limit=60,
-            )
+            async with self.cgroups.creating():
+                await self.runc.check(
+                    "create",
+                    "--bundle",
+                    str(paths.bundle),
+                    "--pid-file",
+                    str(pid_file),
+                    record.container_id,
+                    what=f"creating Machine {record.workspace_id!r}",
+                    stdin=ready_w,
+                    stdout=stderr_fd,
+                    stderr=stderr_fd,
+                    log=paths.runc_log,
+                    new_session=True,
+                    limit=60,
+                )
         finally:
             os.close(stderr_fd)
             os.close(ready_w)
@@ -398,10 +401,7 @@ class LinuxNativeBackend(Backend[LinuxNativeRecord, LinuxNativePaths]):
         self._remove_cgroup_parent()
 
     def _remove_cgroup_parent(self) -> None:
-        for base in Path("/sys/fs/cgroup").iterdir() if Path("/sys/fs/cgroup").is_dir() else ():
-            for candidate in (base / self.cgroup_parent, Path("/sys/fs/cgroup") / self.cgroup_parent):
-                with contextlib.suppress(OSError):
-                    candidate.rmdir()
+        self.cgroups.remove_if_unused()
 
     async def remove_host_state(self) -> None:
         for cid in self.runc.list_ids():

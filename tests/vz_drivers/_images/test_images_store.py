@@ -35,6 +35,7 @@ def test_public_api_is_curated() -> None:
             "build_docker_archive",
             "build_oci_layout",
             "default_store_root",
+            "file_lock",  # the polled cross-process flock, also used by linux_native's cgroup parent
             "host_platform",
             "layer_tar",
             "parse_reference",
