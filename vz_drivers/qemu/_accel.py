@@ -84,7 +84,7 @@ async def probe_kvm(qemu: str, kernel_image: Path, timeout: float = DEFAULT_PROB
         "-kernel",
         str(kernel_image),
         "-append",
-        "console=ttyS0 earlyprintk=ttyS0 panic=-1",
+        "console=ttyS0 earlyprintk=ttyS0 panic=-1 no_timer_check",
     ]
     proc = await asyncio.create_subprocess_exec(
         *args, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT

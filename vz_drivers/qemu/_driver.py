@@ -85,6 +85,31 @@ def _meminfo_total() -> int:
     return 0
 
 
+def diagnose_boot(console: str, qemu_log: str, console_path: Path) -> tuple[str, str]:
+    """Why a Machine's boot ended (a short reason) and the logs that explain it.
+
+    In order: the guest init's own ``VZ-INIT-FAILED:`` line, a kernel panic, QEMU's last message (for example
+    "terminating on signal 15 from pid N (command)" when something on the host stopped it), then the guest agent's
+    last message (it powers the VM off when it cannot serve)."""
+    lines = console.splitlines()
+    failed = [line for line in lines if "VZ-INIT-FAILED:" in line]
+    panics = [line for line in lines if "Kernel panic" in line]
+    qemu_lines = [line.strip() for line in qemu_log.splitlines() if line.strip()]
+    agent = [line for line in lines if "vz-agent:" in line]
+    if failed:
+        detail = failed[-1].split("VZ-INIT-FAILED:", 1)[1].strip()
+    elif panics:
+        detail = "the guest kernel panicked: " + panics[0].split("Kernel panic", 1)[1].lstrip(" -")
+    elif qemu_lines:
+        detail = "QEMU said: " + qemu_lines[-1]
+    elif agent:
+        detail = "the guest agent said: " + agent[-1].split("vz-agent:", 1)[1].strip()
+    else:
+        detail = "see the console log"
+    log = console + (f"\n--- QEMU's log:\n{qemu_log}" if qemu_log.strip() else "")
+    return f"{detail} ({console_path})", log
+
+
 @dataclass(frozen=True)
 class _Host:
     """What booting needs, resolved once per driver object."""
@@ -378,10 +403,7 @@ class QemuBackend(Backend[QemuRecord, QemuPaths]):
 
     def diagnose(self, record: QemuRecord) -> tuple[str, str]:
         paths = self.book.paths(record.key)
-        console = tail(paths.console)
-        failed = [line for line in console.splitlines() if "VZ-INIT-FAILED:" in line]
-        detail = failed[-1].split("VZ-INIT-FAILED:", 1)[1].strip() if failed else "see the console log"
-        return f"{detail} ({paths.console})", console
+        return diagnose_boot(tail(paths.console), tail(paths.qemu_log), paths.console)
 
     async def connect(self, record: QemuRecord, *, booting: bool) -> AgentLink:
         """Take the first free agent port of the Machine (a cross-process flock) and complete the handshake.

@@ -92,6 +92,9 @@ class VmSpec:
 CONSOLE_LOG = "console.log"
 QMP_SOCKET = "qmp.sock"
 PIDFILE = "qemu.pid"
+QEMU_LOG = "qemu.log"
+"""QEMU's own messages (``-D``): its errors at start, and after ``-daemonize`` everything it writes to stderr, such
+as "terminating on signal 15 from pid N (command)" (without it, QEMU sends them to /dev/null)."""
 
 
 def agent_socket_name(port: int) -> str:
@@ -114,8 +117,12 @@ def build_command(qemu: str, spec: VmSpec, tap_fds: tuple[int, ...] = ()) -> lis
         raise ValueError(f"{wanted} attachment(s) need as many tap descriptors, not {len(tap_fds)}")
     kvm = spec.accelerator == "kvm"
     # cryptomgr.notests: the crypto self-tests cost a few hundred ms of boot under TCG. Speculative-execution
-    # mitigations protect nothing on an emulated CPU (TCG does not speculate) and slow it down.
-    cmdline = ["console=ttyS0", "quiet", "panic=-1", "tsc=reliable", "8250.nr_uarts=1", "cryptomgr.notests"]
+    # mitigations protect nothing on an emulated CPU (TCG does not speculate) and slow it down. no_timer_check:
+    # the kernel's boot-time test that the timer interrupt arrives through the IO-APIC counts ticks over a short
+    # busy wait; a virtual CPU that the host does not run for a moment (TCG on a loaded host) fails it, and the
+    # kernel panics with "IO-APIC + timer doesn't work!". VM kernels are commonly booted without that test.
+    cmdline = ["console=ttyS0", "quiet", "panic=-1", "tsc=reliable", "no_timer_check", "8250.nr_uarts=1"]
+    cmdline.append("cryptomgr.notests")
     if not kvm:
         cmdline.append("mitigations=off")
     cmdline += spec.kernel_args
@@ -154,6 +161,8 @@ def build_command(qemu: str, spec: VmSpec, tap_fds: tuple[int, ...] = ()) -> lis
         f"unix:{QMP_SOCKET},server=on,wait=off",
         "-pidfile",
         PIDFILE,
+        "-D",
+        QEMU_LOG,
         "-device",
         "virtio-serial-pci,id=vser,max_ports=8",
     ]
@@ -220,7 +229,7 @@ async def launch(qemu: str, spec: VmSpec, run_dir: Path) -> tuple[int, int]:
 
     Raises ``RuntimeFailureError`` with QEMU's own message when it refuses to start.
     """
-    for name in (CONSOLE_LOG, PIDFILE, QMP_SOCKET, *(agent_socket_name(p) for p in range(spec.sessions))):
+    for name in (CONSOLE_LOG, PIDFILE, QEMU_LOG, QMP_SOCKET, *(agent_socket_name(p) for p in range(spec.sessions))):
         with contextlib.suppress(FileNotFoundError):
             (run_dir / name).unlink()
     fds = tuple(await open_taps(spec.network)) if spec.network is not None else ()
@@ -242,9 +251,11 @@ async def launch(qemu: str, spec: VmSpec, run_dir: Path) -> tuple[int, int]:
         for fd in fds:
             os.close(fd)
     if proc.returncode != 0:
-        message = (err or out).decode(errors="replace").strip()
+        # Errors found before QEMU reads -D reach its stderr; later ones its log.
+        message = ((err or out).decode(errors="replace") or tail(run_dir / QEMU_LOG)).strip()
         raise RuntimeFailureError(
-            f"QEMU refused to start the Machine: {message.splitlines()[-1] if message else 'no message'}",
+            "QEMU refused to start the Machine: "
+            + (message.splitlines()[-1] if message else f"it exited with status {proc.returncode} and no message"),
             runtime_message=message[-4000:],
         )
     try:
@@ -253,7 +264,9 @@ async def launch(qemu: str, spec: VmSpec, run_dir: Path) -> tuple[int, int]:
         raise RuntimeFailureError("QEMU started but wrote no pid file") from None
     start = proc_start_time(pid)
     if start is None:
+        said = tail(run_dir / QEMU_LOG).strip()
         raise RuntimeFailureError(
-            "QEMU exited right after starting the Machine", runtime_message=tail(run_dir / CONSOLE_LOG)
+            "QEMU exited right after starting the Machine" + (f": {said.splitlines()[-1]}" if said else ""),
+            runtime_message=(tail(run_dir / CONSOLE_LOG) + "\n" + said).strip(),
         )
     return pid, start

@@ -42,6 +42,7 @@ class QemuPaths(MachinePaths):
     qmp = subpath("run", "qmp.sock")
     pidfile = subpath("run", "qemu.pid")
     console = subpath("run", "console.log")
+    qemu_log = subpath("run", "qemu.log")
 
     def agent_socket(self, port: int) -> Path:
         return self.run / f"agent-{port}.sock"

@@ -4,6 +4,9 @@ resets it and keeps volumes and the workspace, Delete removes everything, and bo
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
+import os
 import subprocess
 from dataclasses import replace
 from pathlib import Path
@@ -112,6 +115,36 @@ async def test_a_guest_that_cannot_boot_is_reported_with_the_console_reason(
     details = await driver.find("broken")
     assert details is not None and details.state.status == "stopped"
     assert "cannot mount the root disk" in details.state.error
+    assert qemu_processes(state_dir) == []
+
+
+async def test_a_qemu_stopped_by_the_host_while_booting_says_who_stopped_it(
+    driver: QemuDriver, state_dir: Path
+) -> None:
+    """QEMU's own last words (its -D log) name the signal and the process that sent it."""
+    request = RunImageRequest(workspace_id="stopped-early", image="vz:default")
+    creation = asyncio.ensure_future(driver.run_image(request))
+    try:
+        record = state_dir / "machines" / machine_key("stopped-early") / "record.json"
+        found = []
+        for _ in range(1200):  # until QEMU is up and detached (the record has its pid): the guest is booting
+            pid = json.loads(record.read_text()).get("pid", 0) if record.exists() else 0
+            found = [proc for proc in qemu_processes(state_dir) if proc.pid == pid]
+            if found or creation.done():
+                break
+            await asyncio.sleep(0.02)
+        assert found and not creation.done(), "the test missed the boot"
+        found[0].terminate()
+        pattern = r"stopped while starting: QEMU said: .*terminating on signal 15"
+        with pytest.raises(RuntimeFailureError, match=pattern) as failed:
+            await creation
+        assert f"from pid {os.getpid()}" in failed.value.message
+    finally:
+        if not creation.done():
+            creation.cancel()
+        with contextlib.suppress(BaseException):
+            await creation
+    assert await driver.find("stopped-early") is None  # a creation that failed leaves nothing
     assert qemu_processes(state_dir) == []
 
 

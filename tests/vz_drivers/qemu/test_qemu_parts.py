@@ -19,6 +19,7 @@ from vz_core.errors import InvalidArgumentError, UnavailableError
 from vz_drivers.qemu._accel import Accelerator, choose_accelerator, guest_is_pvm, kvm_modules, probe_kvm
 from vz_drivers.qemu._cpio import CpioEntry, write_cpio
 from vz_drivers.qemu._disk import create_root_disk, default_disk_size, minimum_disk_size, tree_usage
+from vz_drivers.qemu._driver import diagnose_boot
 from vz_drivers.qemu._guestconfig import GuestConfig, GuestMount, env_list, render
 from vz_drivers.qemu._initramfs import INIT_SCRIPT, build_initramfs, find_busybox
 from vz_drivers.qemu._kernel import (
@@ -30,7 +31,7 @@ from vz_drivers.qemu._kernel import (
     resolve_modules,
     strip_module_signature,
 )
-from vz_drivers.qemu._qemu import Share, VmSpec, build_command
+from vz_drivers.qemu._qemu import QEMU_LOG, Share, VmSpec, build_command
 from vz_drivers.qemu._qmp import QmpClient, QmpError
 from vz_drivers.qemu._validate import guest_path
 
@@ -288,6 +289,7 @@ def test_the_command_line_isolates_denied_egress_and_marks_read_only_shares(tmp_
     )
     argv = build_command("qemu-system-x86_64", spec)
     joined = " ".join(argv)
+    assert argv[argv.index("-D") + 1] == QEMU_LOG  # QEMU's stderr after -daemonize, kept in run/
     assert "-daemonize" in argv and argv[argv.index("-smp") + 1] == "2" and argv[argv.index("-m") + 1] == "512M"
     assert "user,id=net0,restrict=on" in joined
     assert "path=/src,security_model=" in joined and "mount_tag=vzm0" in joined
@@ -295,9 +297,30 @@ def test_the_command_line_isolates_denied_egress_and_marks_read_only_shares(tmp_
     assert "disk,, with comma.img" in joined
     assert "name=vz.agent.0" in joined and "name=vz.agent.1" in joined and "vz.agent.2" not in joined
     assert "mitigations=off" in argv[argv.index("-append") + 1]
+    # A loaded host must not fail the guest kernel's IO-APIC timer test (it panics): the test is skipped.
+    assert "no_timer_check" in argv[argv.index("-append") + 1].split()
     kvm = build_command("qemu-system-x86_64", VmSpec(**{**spec.__dict__, "accelerator": "kvm", "egress": "allow"}))
     assert kvm[kvm.index("-accel") + 1] == "kvm" and kvm[kvm.index("-cpu") + 1] == "host"
     assert "restrict=off" in " ".join(kvm) and "mitigations=off" not in kvm[kvm.index("-append") + 1]
+
+
+def test_a_failed_boot_names_the_init_failure_a_panic_or_what_qemu_said(tmp_path: Path) -> None:
+    path = tmp_path / "console.log"
+    init = "[ 1.0] booting\nVZ-INIT-FAILED: cannot mount the root disk\n"
+    assert diagnose_boot(init, "", path) == (f"cannot mount the root disk ({path})", init)
+    panic = "[ 2.0] Kernel panic - not syncing: Attempted to kill init! exitcode=0x00000100\n"
+    detail, log = diagnose_boot(panic, "qemu-system-x86_64: something else\n", path)
+    assert detail.startswith("the guest kernel panicked: not syncing: Attempted to kill init!")
+    assert "--- QEMU's log:\nqemu-system-x86_64: something else" in log
+    signal = "qemu-system-x86_64: terminating on signal 15 from pid 4242 (python3)\n"
+    detail, _ = diagnose_boot("[ 0.5] early boot\n", signal, path)
+    assert detail == f"QEMU said: qemu-system-x86_64: terminating on signal 15 from pid 4242 (python3) ({path})"
+    agent = "[ 3.0] vz-agent: opening the log --log /x: read-only file system\n"
+    assert (
+        diagnose_boot(agent, "", path)[0]
+        == f"the guest agent said: opening the log --log /x: read-only file system ({path})"
+    )
+    assert diagnose_boot("", "", path) == (f"see the console log ({path})", "")
 
 
 # ---------------------------------------------------------------------------------------------------- accelerator
