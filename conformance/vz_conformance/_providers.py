@@ -249,6 +249,9 @@ class DaemonProvider(ExternalProvider):
         self.sessions: list[dict[str, Any]] = []
         """What the daemon said about each session it opened (socket, plugin pid, script, hash, launches)."""
 
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "source": "daemon", "options": sorted(self.options)}
+
     async def connect(self) -> Driver:
         from vz_conformance import _remote
 

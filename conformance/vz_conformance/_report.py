@@ -193,9 +193,11 @@ def info_record(info: DriverInfo, ext: Extensions | None, on_run: RecreateMode |
 
 
 class DriverRecord(_Model):
-    """Where the driver came from: a registered name (in-process) or a plugin binary and its checksum."""
+    """Where the driver came from: a registered name (in-process), a plugin binary and its checksum launched by
+    the suite, or the vz daemon's own session of a registered driver (``--through-daemon``: the installed
+    console script and its checksum, launched by the daemon)."""
 
-    source: Literal["registry", "plugin"]
+    source: Literal["registry", "plugin", "daemon"]
     name: str
     plugin_path: str | None = None
     sha256: str | None = None

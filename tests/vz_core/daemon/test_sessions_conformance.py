@@ -196,6 +196,7 @@ def test_a_parity_run_through_the_daemon_passes_the_gate_with_the_same_report_bo
     doc = status()
     row = fake_row(doc)
     assert external["driver"]["plugin_path"] == row["script"] and external["driver"]["sha256"] == row["sha256"]
+    assert (in_process["driver"]["source"], external["driver"]["source"]) == ("registry", "daemon")
     # crash.mid_exec SIGKILLed the plugin under test: it was the daemon's (counted as its crash, relaunched by it).
     assert row["crashes"] == 1 and row["launches"] == 2, row
     assert row["pid"] is not None and doc["pid"] in ancestors(row["pid"])
@@ -249,6 +250,7 @@ def test_an_external_driver_added_to_the_daemon_passes_through_its_session(home:
     recorded = json.loads(report.read_text())["runs"][0]["driver"]
     binary = str(tmp_path / "driver" / "vz-driver-hostdir")
     assert row["origin"] == "external" and recorded["plugin_path"] == row["script"] == binary
+    assert recorded["source"] == "daemon"
     assert recorded["sha256"] == row["sha256"]
     assert row["crashes"] == 1 and row["launches"] == 2, row  # crash.mid_exec killed the daemon's plugin
     assert doc["pid"] in ancestors(row["pid"])
