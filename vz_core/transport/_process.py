@@ -83,6 +83,16 @@ class PluginProcess:
         return await self._started
 
     async def _watch_ctl(self) -> None:
+        try:
+            await self._follow_ctl()
+        except BaseException:
+            # Cancelled (the event loop is closing) before the supervisor finished: the control socket is ours to
+            # close all the same, or it is left to the garbage collector.
+            if self._ctl_writer is not None:
+                self._ctl_writer.close()
+            raise
+
+    async def _follow_ctl(self) -> None:
         assert self._ctl_reader is not None
         reported: ExitStatus | None = None
         try:

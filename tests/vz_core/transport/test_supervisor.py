@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -247,3 +248,27 @@ async def test_an_exit_reaped_before_pidfd_open_is_not_held_up_by_a_detached_des
     finally:
         os.kill(detached, signal.SIGKILL)
         proc._transport.close()  # type: ignore[attr-defined]  # our ends of the pipes the sleep held
+
+
+async def test_a_cancelled_watch_closes_the_supervisors_control_socket() -> None:
+    """When the event loop closes under a running plugin, its watch is cancelled; the control socket to the
+    supervisor is closed then, not left to the garbage collector."""
+    from vz_core.transport._process import spawn_plugin
+
+    process = await spawn_plugin([shutil.which("sleep") or "/bin/sleep", "60"], env=dict(os.environ))
+    try:
+        await asyncio.wait_for(process.started(), 10)
+        assert process._ctl_writer is not None and process._watch is not None
+        ctl = process._ctl_writer.get_extra_info("socket")
+        assert ctl.fileno() >= 0
+        process._watch.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await process._watch
+        await asyncio.sleep(0)  # the transport closes its socket on the next turn of the loop
+        assert ctl.fileno() == -1
+    finally:
+        for pid in {process.pid, process.supervisor_pid} - {0}:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        await process._proc.wait()
+        process.close_pipes()
