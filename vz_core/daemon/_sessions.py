@@ -39,7 +39,8 @@ every call, short secrets masked as whole tokens) and the environment values sen
 characters).
 
 States (``status()``): ``"warm"`` a plugin process runs and a call is in flight; ``"idle"`` it runs with no
-call in flight (it is stopped after the idle time); ``"stopped"`` no plugin process runs; ``"refused"`` a
+call in flight (it is stopped after the idle time); ``"stopping"`` it is being shut down and its process has not
+exited yet; ``"stopped"`` no plugin process runs; ``"refused"`` a
 built-in whose script could not be pinned (``"error"`` says why; launching it fails with that message).
 """
 
@@ -281,13 +282,13 @@ class PluginSession:
 
     @property
     def pid(self) -> int | None:
-        conn = self.remote.connection
+        conn = self.remote.connection or self.remote.retiring
         return conn.pid if conn is not None else None
 
     @property
     def state(self) -> str:
         if self.remote.connection is None:
-            return "stopped"
+            return "stopping" if self.remote.retiring is not None else "stopped"
         return "warm" if self.in_flight else "idle"
 
     def describe(self) -> dict[str, Any]:

@@ -237,6 +237,7 @@ class RemoteDriver(Driver):
         self._idle_at = 0.0
         self._warm: _Session | None = None
         self._idle_task: asyncio.Task[None] | None = None
+        self._retiring: PluginConnection | None = None
         self._closed = False
         self.local_exec = local_exec
         """Use the plugin's local exec socket for ``exec_local`` when it advertises one (else gRPC frames)."""
@@ -254,6 +255,18 @@ class RemoteDriver(Driver):
     def connection(self) -> PluginConnection | None:
         """The live plugin connection in warm mode (None before the first call, after idle stop or a crash)."""
         return self._conn if self._conn is not None and self._conn.alive else None
+
+    @property
+    def retiring(self) -> PluginConnection | None:
+        """The plugin connection being shut down (idle stop or ``close``) until its process has exited."""
+        return self._retiring
+
+    async def _retire(self, conn: PluginConnection) -> None:
+        self._retiring = conn
+        try:
+            await conn.shutdown()
+        finally:
+            self._retiring = None
 
     @property
     def known_info(self) -> DriverInfo | None:
@@ -371,7 +384,7 @@ class RemoteDriver(Driver):
                 conn, self._conn = self._conn, None
                 self._warm = None
                 self._session_info = None
-                await conn.shutdown()
+                await self._retire(conn)
 
     async def close(self) -> None:
         """Shut down the plugin this object launched (Machines keep running). Idempotent."""
@@ -384,7 +397,7 @@ class RemoteDriver(Driver):
             self._warm = None
             if self._conn is not None:
                 conn, self._conn = self._conn, None
-                await conn.shutdown()
+                await self._retire(conn)
 
     # Error translation -----------------------------------------------------------------------------------
 

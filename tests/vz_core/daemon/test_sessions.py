@@ -36,6 +36,7 @@ from vz_core.drivers import HostConfig, driver_source
 from vz_core.env import DriverPool, acquire_driver
 from vz_core.errors import InvalidArgumentError, TrustError, UnavailableError, UserError
 from vz_core.redact import Redactor
+from vz_core.transport import PluginConnection
 
 FAKE_SCRIPT = Path(sys.executable).parent / "vz-driver-fake"
 
@@ -235,6 +236,31 @@ async def test_an_idle_plugin_is_stopped_and_the_next_call_relaunches_it(home: P
             assert plugin_pid(driver) != first and session.stats.launches == 2
         finally:
             await driver.delete("ws-idle")
+
+
+async def test_a_plugin_being_stopped_shows_as_stopping_until_its_process_has_exited(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # "stopped" is said only once the process has ended: a client waiting for it may count on the pid being gone.
+    release = asyncio.Event()
+    original = PluginConnection.shutdown
+
+    async def slow_shutdown(self: PluginConnection, grace: float | None = None) -> Any:
+        await release.wait()
+        return await original(self, grace)
+
+    monkeypatch.setattr(PluginConnection, "shutdown", slow_shutdown)
+    async with SessionPool(plugin_idle=0.3) as pool:
+        driver = acquire_driver("fake", {})
+        assert await driver.find("nothing-here") is None
+        first = plugin_pid(driver)
+        session = pool.session("fake")
+        await until(lambda: session.state == "stopping")
+        row = next(r for r in pool.status() if r["name"] == "fake")
+        assert row["state"] == "stopping" and row["pid"] == first and not gone(first)
+        release.set()
+        await until(lambda: session.state == "stopped")
+        assert gone(first) and session.pid is None and session.stats.crashes == 0
 
 
 async def test_a_crashed_plugin_is_relaunched_and_finds_its_machines(pool: SessionPool) -> None:
