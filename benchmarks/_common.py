@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
-import functools
 import hashlib
 import importlib.util
 import json
@@ -268,10 +267,12 @@ def _reset_peak_rss() -> None:
 def run_timed(
     argv: Sequence[str], *, cwd: Path, env: Mapping[str, str], log: Path, timeout: float = 300.0
 ) -> ProcResult:
-    """Run ``argv`` to completion (blocking): wall time and the child's own peak RSS (``wait4``).
+    """Run ``argv`` to completion (blocking): wall time and the child's peak RSS (``wait4``).
 
     A child's peak RSS starts at its parent's peak (Linux copies the high-water mark at fork and keeps it through
-    exec), so the benchmark process's own peak (B4 holds 256 MiB) is reset first (``/proc/self/clear_refs``).
+    exec), so the benchmark process's own peak (B4 holds 256 MiB) is reset first (``/proc/self/clear_refs``); that
+    lowers it only to this process's current size, so the peak is at least that. ``gather_timed`` reports the
+    command's own peak (a fresh spawner starts it).
     """
     _reset_peak_rss()
     with open(log, "wb") as out:
@@ -294,16 +295,24 @@ def run_timed(
 async def gather_timed(
     jobs: Sequence[tuple[Sequence[str], Path, Mapping[str, str], Path]], limit: float = 300.0
 ) -> list[ProcResult]:
-    """Start every job at once (one thread each, so none waits for a pool slot) and wait for all of them."""
-    from concurrent.futures import ThreadPoolExecutor
+    """Start every job at once and wait for all of them: wall time and each command's own peak RSS.
 
-    loop = asyncio.get_running_loop()
-    with ThreadPoolExecutor(max_workers=max(len(jobs), 1), thread_name_prefix="bench-proc") as pool:
-        futures = [
-            loop.run_in_executor(pool, functools.partial(run_timed, argv, cwd=cwd, env=env, log=log, timeout=limit))
-            for argv, cwd, env, log in jobs
-        ]
-        return list(await asyncio.gather(*futures))
+    The commands are started by a fresh spawner process (``benchmarks._spawner``), not by this one: a command
+    started from here would report at least this process's resident size as its peak (``run_timed``)."""
+    from benchmarks._spawner import Spawner
+
+    def result(doc: dict[str, Any], log: Path) -> ProcResult:
+        text = log.read_text(errors="replace")
+        return ProcResult(int(doc["returncode"]), float(doc["seconds"]), int(doc["max_rss_kib"]), text[-2000:])
+
+    spawner = await asyncio.to_thread(Spawner)
+    try:
+        docs = await asyncio.gather(
+            *(spawner.run(argv, cwd=cwd, env=env, log=log, limit=limit) for argv, cwd, env, log in jobs)
+        )
+    finally:
+        await asyncio.to_thread(spawner.close)
+    return [result(doc, log) for doc, (_, _, _, log) in zip(docs, jobs, strict=True)]
 
 
 def rss_of_tree(pid: int) -> tuple[int, int]:

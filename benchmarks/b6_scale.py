@@ -101,6 +101,9 @@ async def run(ctx: Any) -> dict[str, Any]:
     if override:
         ctx.notes.append(f"sizes from VZ_BENCH_B6_SIZES: {override}")
     out: dict[str, Any] = {"driver": driver, "runs": {}}
+    # The least a command started by gather_timed's spawner can report as its peak (`true`: the spawner's size).
+    (floor,) = await gather_timed([(["true"], workdir, {"PATH": os.defpath}, logs / "floor.log")], limit=60)
+    out["vz_process_peak_rss_floor_mib"] = round(floor.max_rss_kib / 1024, 1)
     try:
         warm = [project("warmup")]
         for tag, args in (("up", ("up",)), ("exec", ("exec", "--", "true")), ("delete", ("delete",))):
