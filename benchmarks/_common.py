@@ -13,7 +13,6 @@ import shutil
 import subprocess
 import sys
 import sysconfig
-import threading
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -274,22 +273,12 @@ def run_timed(
     lowers it only to this process's current size, so the peak is at least that. ``gather_timed`` reports the
     command's own peak (a fresh spawner starts it).
     """
+    from benchmarks._timed import wait_timed
+
     _reset_peak_rss()
-    with open(log, "wb") as out:
-        t0 = time.perf_counter()
-        proc = subprocess.Popen(
-            list(argv), cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT
-        )
-        timer = threading.Timer(timeout, proc.kill)
-        timer.start()
-        try:
-            _, status, usage = os.wait4(proc.pid, 0)
-        finally:
-            timer.cancel()
-        seconds = time.perf_counter() - t0
-        proc.returncode = os.waitstatus_to_exitcode(status)
+    code, seconds, max_rss_kib = wait_timed(argv, cwd=str(cwd), env=env, log=str(log), timeout=timeout)
     text = log.read_text(errors="replace")
-    return ProcResult(proc.returncode, seconds, usage.ru_maxrss, text[-2000:])
+    return ProcResult(code, seconds, max_rss_kib, text[-2000:])
 
 
 async def gather_timed(

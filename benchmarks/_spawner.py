@@ -8,9 +8,10 @@ about 35 MiB. Resetting the parent's own mark (``/proc/self/clear_refs``) only l
 size. The spawner is a fresh interpreter (``-I -S``, standard library only, about 10 MiB): the commands it
 starts inherit only its size, which is below any `vz` command's.
 
-One spawner serves many commands at once (B6 starts 200 together): a request is a JSON line on its stdin, each
-command is started and waited for on a thread of its own, and each reply is a JSON line on its stdout with the
-exit code, the wall time from start to reap, and the peak RSS in KiB.
+One spawner serves many commands at once (B6 starts 200 together): it runs ``benchmarks/_timed.py`` as a script,
+which takes a JSON line per command on its stdin, starts and waits for each on a thread of its own, and answers
+a JSON line per command on its stdout with the exit code, the wall time from start to reap, and the peak RSS in
+KiB.
 """
 
 from __future__ import annotations
@@ -25,36 +26,9 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SPAWNER_CODE", "Spawner"]
+__all__ = ["Spawner"]
 
-SPAWNER_CODE = r"""
-import json, os, subprocess, sys, threading, time
-out = sys.stdout
-lock = threading.Lock()
-def reply(doc):
-    with lock:
-        out.write(json.dumps(doc) + "\n")
-        out.flush()
-def job(req):
-    try:
-        with open(req["log"], "wb") as log:
-            t0 = time.perf_counter()
-            proc = subprocess.Popen(req["argv"], cwd=req["cwd"], env=req["env"], stdin=subprocess.DEVNULL,
-                                    stdout=log, stderr=subprocess.STDOUT)
-        timer = threading.Timer(req["timeout"], proc.kill)
-        timer.start()
-        try:
-            _, status, usage = os.wait4(proc.pid, 0)
-        finally:
-            timer.cancel()
-        seconds = time.perf_counter() - t0
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        reply({"id": req["id"], "returncode": proc.returncode, "seconds": seconds, "max_rss_kib": usage.ru_maxrss})
-    except Exception as exc:
-        reply({"id": req["id"], "error": f"{type(exc).__name__}: {exc}"})
-for line in sys.stdin:
-    threading.Thread(target=job, args=(json.loads(line),)).start()  # not daemon: exit waits for the commands
-"""
+_SCRIPT = Path(__file__).with_name("_timed.py")
 
 
 class Spawner:
@@ -62,7 +36,7 @@ class Spawner:
 
     def __init__(self) -> None:
         self._proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-c", SPAWNER_CODE],
+            [sys.executable, "-I", "-S", str(_SCRIPT)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
