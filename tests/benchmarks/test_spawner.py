@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import psutil
+import pytest
 
 from benchmarks._common import gather_timed, run_timed
 
@@ -37,3 +38,9 @@ async def test_a_failing_command_keeps_its_exit_code_and_output(tmp_path: Path) 
     argv = [sys.executable, "-I", "-S", "-c", "import sys; print('oops'); sys.exit(3)"]
     (result,) = await gather_timed([(argv, tmp_path, {}, tmp_path / "fail.log")], 60)
     assert result.returncode == 3 and not result.ok and result.output.strip() == "oops"
+
+
+async def test_a_command_that_cannot_start_is_an_error_naming_it(tmp_path: Path) -> None:
+    missing = str(tmp_path / "no-such-program")
+    with pytest.raises(RuntimeError, match="no-such-program"):
+        await gather_timed([([missing], tmp_path, {}, tmp_path / "missing.log")], 60)
