@@ -3,10 +3,11 @@
 Linux reports a child's peak RSS as at least the resident size its parent had when it forked it: the forked
 (or, with vfork, shared) address space's high-water mark is taken into the child's at ``exec``. A benchmark
 process that has run other benchmarks holds over 100 MiB (B4 moves 256 MiB, gRPC and the peers are loaded), so
-every `vz` it started directly reported over 100 MiB where the same `vz` started from a fresh process peaks at
-about 35 MiB. Resetting the parent's own mark (``/proc/self/clear_refs``) only lowers it to the parent's current
-size. The spawner is a fresh interpreter (``-I -S``, standard library only, about 10 MiB): the commands it
-starts inherit only its size, which is below any `vz` command's.
+every `vz` it started directly reported over 100 MiB (33-38 MiB when B6 ran alone: still the benchmark
+process's size), where a `vz` command's own peak is about 13 MiB. Resetting the parent's own mark
+(``/proc/self/clear_refs``) only lowers it to the parent's current size. The spawner is a fresh interpreter
+(``-I -S``, standard library only, about 11 MiB): the commands it starts inherit only its size, which is below
+any `vz` command's (B6 reports it as the floor).
 
 One spawner serves many commands at once (B6 starts 200 together): it runs ``benchmarks/_timed.py`` as a script,
 which takes a JSON line per command on its stdin, starts and waits for each on a thread of its own, and answers
