@@ -164,7 +164,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_driver_command(parsed)
         return _environment_command(command, parsed)
     except _UsageError as exc:
-        sys.stderr.write(f"vz {command}: error: {exc}\n")
+        sys.stderr.write(f"vz {command}: error: {_local_redactor(rest).redact(str(exc))}\n")
         return 2
     except KeyboardInterrupt:
         sys.stderr.write(
@@ -176,7 +176,31 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         if not isinstance(exc, VzError):
             raise  # a bug: let the traceback show
-        return _report(command, exc, json_mode)
+        return _report(command, exc, json_mode, _local_redactor(rest))
+
+
+def _local_redactor(rest: list[str]) -> Redactor:
+    """For an error this process found itself (a usage mistake): the secret values vz.json declares, read from
+    this environment, so that an argument holding one is masked. The daemon masks everything it answers."""
+    import os
+    from pathlib import Path
+
+    from vz_core.env import Context, learn_project_secrets
+
+    definition: Path | None = None
+    for index, arg in enumerate(rest):
+        if arg in ("-f", "--file") and index + 1 < len(rest):
+            definition = Path(rest[index + 1])
+        elif arg.startswith("--file="):
+            definition = Path(arg.partition("=")[2])
+    try:
+        ctx = Context(cwd=Path.cwd(), environ=os.environ, definition_file=definition)
+    except OSError:  # the working directory is gone
+        from vz_core.redact import Redactor
+
+        return Redactor()
+    learn_project_secrets(ctx, recorded=False)
+    return ctx.redactor
 
 
 def _report(command: str, exc: Exception, json_mode: bool, redactor: Redactor | None = None) -> int:

@@ -404,12 +404,17 @@ class Service:
             raise CallFailed(encode_error(error), error)
         operation = _Operation(next(self._numbers), call.method, _now(), getattr(call, "peer_pid", None))
         state = _CallState(call, operation, store_path=self._store_path)
+        # Before anything the caller sent is shown, stored or published: the secret values of its project, so
+        # that a selector, argv or workdir holding one is masked everywhere (events, errors, results, the log).
+        state.redactor = self._call_secrets(call)
+        self._secrets.merge(state.redactor)
         self._operations[operation.number] = operation
         kind = OPERATIONS.get(call.method)
         started = time.monotonic()
         if kind is not None:
             request = call.request if isinstance(call.request, dict) else {}
             selector = request.get("environment") if isinstance(request.get("environment"), str) else None
+            selector = state.redactor.redact(selector) if selector is not None else None
             operation.environment = selector
             self._publish(
                 "operation.started",
@@ -462,6 +467,26 @@ class Service:
                         "seconds": round(time.monotonic() - started, 3),
                     },
                 )
+
+    def _call_secrets(self, call: CallLike) -> Redactor:
+        """A redactor holding the secret values of the project a call's context names (``vz_core.env``'s
+        ``learn_project_secrets``: vz.json's references and the recorded Machines', read from the caller's
+        environment, in memory only); an empty one for a call without a usable context."""
+        request = call.request if isinstance(call.request, dict) else {}
+        if not isinstance(request.get("context"), dict):
+            return Redactor(short_tokens=True)
+        from vz_core.daemon._calls import context_of
+        from vz_core.env import learn_project_secrets
+
+        try:
+            ctx = context_of(request["context"])
+        except Exception:  # the handler reports the bad context itself
+            return Redactor(short_tokens=True)
+        ctx.store_path = self._store_path
+        explicit = request.get("environment")
+        learn_project_secrets(ctx, explicit if isinstance(explicit, str) else None)
+        redactor: Redactor = ctx.redactor
+        return redactor
 
     def _operation_id(self, kind: str, operation: _Operation, result: dict[str, Any] | None) -> str | None:
         """The state store's id of the operation a call ran (``vz up`` results do not carry it)."""
@@ -547,6 +572,9 @@ class Service:
     def _publish(self, kind: str, environment_id: str | None, machine_id: str | None, data: dict[str, Any]) -> None:
         if self._events is None:
             return
+        # Stored events hold no secret: every value is masked with every secret the daemon has learned (the
+        # call's project's are merged in before its first event).
+        data = self._secrets.redact_data(data)
         with contextlib.suppress(Exception):  # an event that cannot be stored never fails an operation
             self._events.append(kind, environment_id, machine_id, data)
         if kind == "environment.updated" and data.get("change") == "deleted" and environment_id:
@@ -571,7 +599,7 @@ class Service:
         ctx = request.context()
         ctx.store_path = self._store_path
         ctx.client_pid = state.operation.peer_pid
-        state.redactor = ctx.redactor
+        ctx.redactor = state.redactor  # already holds the project's secrets (dispatch)
         tracker = _Tracker(self, self._store_path) if track else None
         state.tracker = tracker
 
@@ -804,9 +832,12 @@ class Service:
             ctx.redactor.add(value)
         target = prepare_exec(ctx, environment=environment, machine=machine)
         state.operation.environment_id = target.environment.env_id
+        # A command name or workdir holding a secret would be echoed by the Machine's own messages (the agent's
+        # "no such file" line goes straight to the command's stderr): that stderr is then copied here, masked.
+        masked = any(ctx.redactor.redact(text) != text for text in (argv[0], workdir or ""))
         if tty:
-            return await self._terminal(state, ctx, target, argv, workdir, variables, rows, cols, term)
-        return await self._exec_streams(state, ctx, target, argv, workdir, variables, stdio, fds)
+            return await self._terminal(state, ctx, target, argv, workdir, variables, rows, cols, term, masked)
+        return await self._exec_streams(state, ctx, target, argv, workdir, variables, stdio, fds, masked)
 
     async def _exec_streams(
         self,
@@ -818,7 +849,10 @@ class Service:
         variables: dict[str, str],
         stdio: tuple[bool, ...],
         passed: list[int],
+        masked: bool = False,
     ) -> dict[str, Any]:
+        """``masked``: the command's stderr passes through a pipe of ours and is masked with the call's secrets
+        (to the caller's descriptor, or as frames) instead of reaching the caller's descriptor directly."""
         from vz_core.env import execute_local
 
         call = state.call
@@ -827,11 +861,14 @@ class Service:
         stdin: int | None = None  # our (write) end of the command's stdin pipe
         outputs: list[tuple[int, int]] = []  # (stream, our read end)
         given = iter(passed)
+        caller_stderr: int | None = None  # the caller's stderr descriptor, written by us (masked)
         try:
             for stream in (0, 1, 2):
-                if stdio[stream]:
+                if stdio[stream] and not (stream == 2 and masked):
                     command[stream] = next(given)
                     continue
+                if stdio[stream]:
+                    caller_stderr = next(given)
                 read_end, write_end = os.pipe2(os.O_CLOEXEC)
                 ours += [read_end, write_end]
                 if stream == 0:
@@ -842,9 +879,20 @@ class Service:
                     os.set_blocking(read_end, False)
                     outputs.append((stream, read_end))
 
+            async def deliver(stream: int, data: bytes) -> None:
+                if not data:
+                    return
+                if stream == 2 and caller_stderr is not None:
+                    await asyncio.to_thread(_write_all, caller_stderr, data)
+                else:
+                    await call.write(stream, data)
+
             async def forward(stream: int, fd: int) -> None:
+                cleaner = ctx.redactor.stream() if masked and stream == 2 else None
                 async for chunk in _pipe_chunks(fd):
-                    await call.write(stream, chunk)
+                    await deliver(stream, cleaner.feed(chunk) if cleaner is not None else chunk)
+                if cleaner is not None:
+                    await deliver(stream, cleaner.flush())
 
             pumps = [asyncio.ensure_future(forward(stream, fd)) for stream, fd in outputs]
             running = asyncio.ensure_future(
@@ -927,6 +975,7 @@ class Service:
         rows: int | None,
         cols: int | None,
         term: str | None,
+        masked: bool = False,
     ) -> dict[str, Any]:
         from vz_core._types import (
             TERMINAL_COLS,
@@ -971,8 +1020,12 @@ class Service:
                     state.cancel_reason = f"the client received {state.signal}"
                     return
 
+        cleaner = ctx.redactor.stream() if masked else None  # see _exec: a command name holding a secret
+
         async def output(data: bytes) -> None:
-            await call.write(3, data)
+            data = cleaner.feed(data) if cleaner is not None else data
+            if data:
+                await call.write(3, data)
 
         running = asyncio.ensure_future(
             execute_terminal(
@@ -1005,6 +1058,10 @@ class Service:
             inputs.cancel()
             gone.cancel()
             await _stop(running)
+        if cleaner is not None:
+            rest = cleaner.flush()
+            if rest:
+                await call.write(3, rest)
         return {"exit_code": event.exit_code, "signal": event.signal or None}
 
     async def _logs(self, state: _CallState) -> dict[str, Any]:
@@ -1247,6 +1304,13 @@ def _result_environment_id(result: Any) -> str | None:
     env = result.get("environment") if isinstance(result, dict) else None
     env_id = env.get("id") if isinstance(env, dict) else None
     return env_id if isinstance(env_id, str) and env_id else None
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """All of ``data`` to the caller's (blocking) descriptor ``fd``; run in a thread."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 def _close(fd: int) -> None:

@@ -9,7 +9,8 @@ for pydantic. The public surface:
 * identity and selection: ``workspace_id``, ``select_environment``, ``select_machine``;
 * state: ``Store`` with its records, ``MIGRATIONS``;
 * reconciliation: ``compute_plan``, ``Plan``, ``Step``, ``Change``;
-* operations: ``Context``, ``Progress``, ``up``, ``status`` (``STATUS_SCHEMA``), ``stop``, ``delete``;
+* operations: ``Context`` (``learn_project_secrets``: the project's secret values, to mask what a caller
+  supplied), ``Progress``, ``up``, ``status`` (``STATUS_SCHEMA``), ``stop``, ``delete``;
   kept volumes: ``list_volumes``, ``remove_volume``;
 * exec: ``prepare_exec`` (selection, fast) then ``execute`` (driver, ExecSpec, stream, errors translated once),
   ``ExecTarget``, ``OutputSink``; on descriptors (the daemon's local exec, ``Driver.exec_local``):
@@ -31,7 +32,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from vz_core.env._context import Context
+    from vz_core.env._context import Context, learn_project_secrets
     from vz_core.env._definition import (
         EgressPolicy,
         Machine,
@@ -101,6 +102,7 @@ _WHERE = {
     "DriverPool": "_drivers",
     "acquire_driver": "_drivers",
     "Context": "_context",
+    "learn_project_secrets": "_context",
     "ExecTarget": "_exec",
     "LogSink": "_exec",
     "execute_local": "_exec",
@@ -185,6 +187,7 @@ __all__ = [
     "execute_logs",
     "execute_terminal",
     "find_definition",
+    "learn_project_secrets",
     "list_volumes",
     "load_definition",
     "migrate_definition",

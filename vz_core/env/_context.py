@@ -39,6 +39,7 @@ __all__ = [
     "fail_operation",
     "holder",
     "learn_definition_secrets",
+    "learn_project_secrets",
     "learn_recorded_secrets",
     "lock_environment",
     "observed",
@@ -122,6 +123,48 @@ def learn_definition_secrets(ctx: Context, path: Path | None) -> None:
     for machine in machines if isinstance(machines, list) else ():
         if isinstance(machine, dict):
             _learn(ctx, _secret_vars(machine.get("environment")))
+
+
+def learn_project_secrets(ctx: Context, explicit_env: str | None = None, *, recorded: bool = True) -> None:
+    """Register every secret value of the project the command acts on, before anything else is done with what
+    the caller supplied (selectors, argv, workdir: any of them may hold a secret and is masked with these).
+
+    The project is the one of the nearest vz.json (or ``--file``), else the one of an Environment id given
+    explicitly or in ``VZ_ENVIRONMENT_ID``. Its secrets are the references vz.json declares and those of the
+    recorded Machines of each of its Environments, read from ``ctx.environ`` (values are never stored). Nothing
+    here fails: a missing or broken vz.json or an unreadable store teaches what it can, and the command then
+    reports that problem itself. ``recorded=False`` reads vz.json only (the CLI, which opens no state store).
+    """
+    project_id: str | None = None
+    try:
+        path: Path | None = find_definition(ctx.cwd, ctx.definition_file)
+    except (DefinitionError, OSError):
+        path = None
+    if path is not None:
+        learn_definition_secrets(ctx, path)
+        try:
+            data = load_json(path)
+        except DefinitionError:
+            data = None
+        if isinstance(data, dict) and isinstance(data.get("project_id"), str):
+            project_id = data["project_id"]
+    if not recorded:
+        return
+    try:
+        with open_store(ctx) as store:
+            if project_id is None:
+                for candidate in (explicit_env, ctx.environ.get(ENV_VAR_ENVIRONMENT)):
+                    if candidate and looks_like_env_id(candidate):
+                        record = store.environment(candidate)
+                        if record is not None:
+                            project_id = record.project_id
+                            break
+            if project_id is None:
+                return
+            for env in store.environments(project_id):
+                learn_recorded_secrets(ctx, store.machines(env.env_id))
+    except Exception:  # the store's own problem is reported by the command that needs it
+        return
 
 
 # --- store, locks, interrupted operations ------------------------------------------------------------------------

@@ -520,6 +520,13 @@ async def up(
         try:
             choice = choose(ctx, store, project, environment, for_up=True)
             env = choice.environment
+            if env is None and choice.create_name and ctx.redactor.redact(choice.create_name) != choice.create_name:
+                # A name is stored and shown everywhere: a secret value in it would be at rest and in every list.
+                raise UserError(
+                    f"--environment {ctx.redactor.redact(choice.create_name)}: the name contains the value of a "
+                    "secret of this project (a variable vz.json's secret references read); nothing was created. "
+                    "Choose a name that is no secret."
+                )
             _check_worktree_writers(store, definition, env, worktree)
             if env is None and not dry_run:
                 assert choice.create_name is not None
