@@ -155,6 +155,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _daemon(rest)
     json_mode = "--json" in rest and command != "exec"
     try:
+        _check_state_home()
         if command == "exec":
             return _exec(rest)
         parsed = _parser(command).parse_args(rest)
@@ -177,6 +178,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not isinstance(exc, VzError):
             raise  # a bug: let the traceback show
         return _report(command, exc, json_mode, _local_redactor(rest))
+
+
+def _check_state_home() -> None:
+    """A state home others may write to is refused; one they may read or enter is warned about (the fix named)."""
+    from vz_core.daemon import state_home_problem
+
+    problem = state_home_problem()
+    if problem is None:
+        return
+    refuse, message = problem
+    if refuse:
+        from vz_core.errors import UserError
+
+        raise UserError(message)
+    sys.stderr.write(f"vz: warning: {message}\n")
 
 
 def _local_redactor(rest: list[str]) -> Redactor:

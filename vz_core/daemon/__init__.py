@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from vz_core.daemon._connect import AUTOSTART_ENV, Connection, autostart_enabled, connect, stop_daemon
     from vz_core.daemon._errors import CallFailed, classify_error, encode_error
     from vz_core.daemon._identity import PROTOCOL, fingerprint, version
-    from vz_core.daemon._paths import DaemonPaths, daemon_paths, live_daemon, read_pid_file
+    from vz_core.daemon._paths import DaemonPaths, daemon_paths, live_daemon, read_pid_file, state_home_problem
     from vz_core.daemon._server import Call, Daemon, Handler, Http2Hook, run_daemon
     from vz_core.daemon._wire import (
         MAX_FDS,
@@ -70,6 +70,7 @@ __all__ = [
     "live_daemon",
     "read_pid_file",
     "run_daemon",
+    "state_home_problem",
     "stop_daemon",
     "version",
 ]
@@ -90,6 +91,7 @@ _WHERE = {
     "daemon_paths": "_paths",
     "live_daemon": "_paths",
     "read_pid_file": "_paths",
+    "state_home_problem": "_paths",
     "Call": "_server",
     "Daemon": "_server",
     "Handler": "_server",

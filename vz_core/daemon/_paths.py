@@ -17,6 +17,13 @@ symbolic link). It holds:
 A directory owned by someone else, a symbolic link, or one others may write to is refused (``DaemonError``,
 exit 2, naming the path and what to do); a directory of ours others may only read or enter is fixed to 0700.
 
+The state home itself (which the user may have made) is not changed: one others may write to is refused
+(``state_home_problem``, checked by the CLI and by the daemon at start), one others may read or enter is warned
+about, both naming the fix (``chmod 700 <home>``). What vz keeps in it is private whatever the home's mode: at
+start the daemon makes ``drivers/``, ``locks/`` and ``cache/`` (0700) before any driver writes below them, fixes
+its own directories there to 0700 and the state database and its -wal/-shm to 0600 (``secure_state_home``); the
+store creates the database 0600.
+
 Imported on the CLI's hot path: standard library only.
 """
 
@@ -40,8 +47,16 @@ __all__ = [
     "live_daemon",
     "proc_start_ticks",
     "read_pid_file",
+    "secure_state_home",
+    "state_home_problem",
     "write_pid_file",
 ]
+
+PRIVATE_CHILDREN = ("daemon", "drivers", "locks", "config", "cache")
+"""The directories vz makes under the state home: kept 0700 whatever the home's own mode."""
+CREATED_CHILDREN = ("drivers", "locks", "cache")
+"""Made (0700) when the daemon starts: drivers keep their state and vz its caches below them."""
+STATE_FILES = ("state.db", "state.db-wal", "state.db-shm", "state.db-journal")
 
 SOCKET_ENV = "VZ_DAEMON_SOCKET"
 
@@ -250,3 +265,57 @@ def write_pid_file(paths: DaemonPaths, record: Mapping[str, Any]) -> None:
         except OSError:
             pass
         raise
+
+
+def state_home_problem(home: str | None = None, environ: Mapping[str, str] | None = None) -> tuple[bool, str] | None:
+    """``(refuse, message)`` when other users may write to (refuse) or read or enter (warn) the state home
+    (default: ``environ``'s, as ``daemon_paths`` finds it); None when it is private or does not exist yet."""
+    where = home if home is not None else _state_home(os.environ if environ is None else environ)
+    try:
+        st = os.stat(where)
+    except OSError:
+        return None
+    if not stat.S_ISDIR(st.st_mode):
+        return None  # creating the daemon directory reports it
+    mode = stat.S_IMODE(st.st_mode)
+    if mode & 0o022:
+        return True, (
+            f"the vz state directory {where} (VZ_HOME) is writable by other users (mode {mode:04o}): they could "
+            f"replace its state database and its drivers' records; `chmod 700 {where}` (or choose another VZ_HOME)"
+        )
+    if mode & 0o077:
+        return False, (
+            f"the vz state directory {where} (VZ_HOME) may be read or entered by other users (mode {mode:04o}); "
+            f"vz keeps its files in it private (0600, 0700), but `chmod 700 {where}` keeps their names too"
+        )
+    return None
+
+
+def secure_state_home(home: str) -> None:
+    """Refuse a state home others may write to (``DaemonError``); make vz's own directories in it 0700 and the
+    state database files 0600 (only entries of ours; symbolic links are never followed)."""
+    problem = state_home_problem(home)
+    if problem is not None and problem[0]:
+        raise DaemonError(problem[1], code="PERMISSION_DENIED", kind="user_error", exit_code=2)
+    for name in CREATED_CHILDREN:  # before a driver makes them with its own (umask) mode
+        try:
+            os.mkdir(os.path.join(home, name), 0o700)
+        except OSError:
+            pass
+    uid = os.geteuid()
+    for name, wanted, directory in [(n, 0o700, True) for n in PRIVATE_CHILDREN] + [
+        (n, 0o600, False) for n in STATE_FILES
+    ]:
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_DIRECTORY if directory else os.O_NONBLOCK)
+        try:
+            fd = os.open(os.path.join(home, name), flags)
+        except OSError:
+            continue  # absent, a link, or not what it should be: nothing of ours to fix
+        try:
+            st = os.fstat(fd)
+            if st.st_uid == uid and stat.S_IMODE(st.st_mode) & 0o077 and (directory or stat.S_ISREG(st.st_mode)):
+                os.fchmod(fd, wanted)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)

@@ -37,6 +37,7 @@ from vz_core.daemon._paths import (
     ensure_private_dir,
     proc_start_ticks,
     read_pid_file,
+    secure_state_home,
     write_pid_file,
 )
 from vz_core.daemon._wire import AsyncChannel, DaemonError, Message, WireError, close_fds
@@ -788,6 +789,7 @@ def run_daemon(
     try:
         paths = paths if paths is not None else daemon_paths()
         ensure_private_dir(paths.directory)
+        secure_state_home(paths.home)
         setup_logging(paths.log_file, stdio=stdio_to_log, echo=echo, redactor=log_redactor)
         sock = _open_socket(paths)
         if sock is not None:

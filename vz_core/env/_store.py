@@ -29,6 +29,7 @@ import functools
 import json
 import os
 import sqlite3
+import stat
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
@@ -379,6 +380,26 @@ def _operation(row: sqlite3.Row) -> OperationRecord:
     return OperationRecord(**data)
 
 
+def _make_private(path: Path) -> None:
+    """The database and its -wal, -shm and -journal files readable by their owner only (a database written by
+    an older vz was 0644); files of another owner, or links, are left alone."""
+    for name in (path.name, path.name + "-wal", path.name + "-shm", path.name + "-journal"):
+        try:
+            if not os.lstat(path.with_name(name)).st_mode & 0o077:
+                continue
+            fd = os.open(path.with_name(name), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        except OSError:
+            continue
+        try:
+            st = os.fstat(fd)
+            if st.st_uid == os.geteuid() and st.st_mode & 0o077 and stat.S_ISREG(st.st_mode):
+                os.fchmod(fd, 0o600)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+
 class Store:
     """The state database. One instance per command; not shared between threads."""
 
@@ -397,6 +418,7 @@ class Store:
             )
         if size is None:
             self._create(migrations)
+        _make_private(self.path)
         self._db = self._connect(self.path)
         try:
             with self._sqlite_errors():
@@ -420,6 +442,9 @@ class Store:
         """Build a new database beside ``path`` and link it into place (a concurrent creator may win)."""
         temp = self.path.with_name(f".{self.path.name}.{os.getpid()}.new")
         try:
+            # 0600 from the first byte: SQLite gives the -wal and -shm it creates the database file's mode.
+            os.close(os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
+            os.chmod(temp, 0o600)  # whatever the umask, and a leftover of a killed creator
             db = self._connect(temp)
             try:
                 with self._sqlite_errors():

@@ -81,13 +81,19 @@ class Vz:
     def assert_recorded_nothing(self) -> None:
         """Nothing of any project was written under VZ_HOME (a failed command changed nothing).
 
-        Allowed: the vz daemon's own directory (its socket, pid file and log) and a state database holding no
-        project, Environment, Machine, binding, volume or operation (the daemon's event log lives there).
+        Allowed: the vz daemon's own directory (its socket, pid file and log), a state database holding no
+        project, Environment, Machine, binding, volume or operation (the daemon's event log lives there), and the
+        private directories the daemon makes at start (drivers/, locks/, cache/) while they hold no file.
         """
         if not self.home.exists():
             return
         allowed = {"daemon", "state.db", "state.db-wal", "state.db-shm", "state.db-journal"}
-        extra = sorted(p.name for p in self.home.iterdir() if p.name not in allowed)
+        made = {"drivers", "locks", "cache"}
+        extra = sorted(
+            p.name
+            for p in self.home.iterdir()
+            if p.name not in allowed and not (p.name in made and not any(f.is_file() for f in p.rglob("*")))
+        )
         assert not extra, f"a failed command wrote {extra} under {self.home}"
         db = self.home / "state.db"
         if db.exists():
