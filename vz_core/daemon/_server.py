@@ -76,6 +76,8 @@ DRIVER_CONNECT_METHOD = "Drivers.Connect"
 answered here, next to the service; it counts as an operation while the client holds it open."""
 HELLO_TIMEOUT = 10.0
 """A connection that has not said hello by then is closed."""
+REPLY_TIMEOUT = 5.0
+"""Seconds the error answering malformed input may wait for a client that reads nothing."""
 SOCKET_CHECK_INTERVAL = 5.0
 """How often the daemon checks that its socket file is still the one it bound (else nobody can reach it)."""
 CALL_TIMEOUT = 60.0
@@ -134,6 +136,8 @@ class Call:
         self.peer_pid = peer_pid
         self.cancelled = asyncio.Event()
         self.started = time.time()
+        self.wire_error: WireError | None = None
+        """Malformed input from the client during the call: the call is cancelled and this is its answer."""
         self._channel = channel
         self._inbox: asyncio.Queue[Message | None] = asyncio.Queue()
         self._queued = 0
@@ -369,7 +373,10 @@ class Daemon:
                     task.cancel()
                     continue
                 await call._deliver(message)
-        except (WireError, OSError) as exc:
+        except WireError as exc:
+            log.warning("%s from pid %s: %s", call.method, call.peer_pid, exc)
+            call.wire_error = exc
+        except OSError as exc:
             log.warning("%s from pid %s: %s", call.method, call.peer_pid, exc)
         call.cancelled.set()
         await call._deliver(None)
@@ -402,6 +409,8 @@ class Daemon:
                     reply = {"error": _encode_error(TypeError("the handler returned no result object"))}
                 else:
                     reply = {"result": result}
+            if call.wire_error is not None:  # the client broke the wire: that is what it is told
+                reply = {"error": call.wire_error.to_wire()}
             with contextlib.suppress(OSError, WireError):  # a client that hung up gets nothing
                 await channel.send(reply)
         finally:
@@ -429,7 +438,13 @@ class Daemon:
                 await self.http2(sock, b"")
                 return
             await self._local(channel, pid)
-        except (WireError, OSError, TimeoutError) as exc:
+        except WireError as exc:
+            # Malformed input (docs/daemon.md): the client is told what was wrong, then the connection ends.
+            log.warning("connection dropped: %s", exc)
+            with contextlib.suppress(OSError, WireError, TimeoutError):
+                async with asyncio.timeout(REPLY_TIMEOUT):
+                    await AsyncChannel(sock).send({"error": exc.to_wire()})
+        except (OSError, TimeoutError) as exc:
             log.warning("connection dropped: %s", exc)
         finally:
             if not handed:

@@ -265,6 +265,8 @@ def decode(kind: int, payload: bytes) -> Message:
             raise WireError(f"a JSON message is not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
         except ValueError as exc:
             raise WireError(f"a JSON message does not parse: {exc}") from None
+        except RecursionError:
+            raise WireError("a JSON message nests arrays or objects too deeply to be read") from None
         if not isinstance(obj, dict):
             raise WireError(f"a JSON message must be one object, got {type(obj).__name__}")
         return obj
@@ -376,6 +378,8 @@ class Channel:
                     close_fds(fds)
                     return None
                 header = part
+                if len(header) >= 4:  # a bad length is refused at once, not after a kind byte that never comes
+                    _length(header)
             n = _length(header)
             payload = self._exact(n - 1) if n > 1 else b""
             return decode(header[4], payload), fds
@@ -471,6 +475,8 @@ class AsyncChannel:
                     close_fds(fds)
                     return None
                 header = part
+                if len(header) >= 4:  # a bad length is refused at once, not after a kind byte that never comes
+                    _length(header)
             n = _length(header)
             payload = await self._exact(n - 1) if n > 1 else b""
             return decode(header[4], payload), fds
