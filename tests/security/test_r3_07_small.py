@@ -133,3 +133,32 @@ def test_exec_of_a_command_named_by_a_secret_masks_the_machines_message(tmp_path
     finally:
         vz.run("delete", cwd=proj, env=env)
     assert json.dumps(os.listdir(vz.home))  # the home exists (the daemon ran)
+
+
+@pytest.fixture(scope="module")
+def agent_binary() -> str:
+    from vz_drivers.agent import ensure_agent_binary
+
+    return str(ensure_agent_binary())
+
+
+@pytest.mark.root
+@pytest.mark.slow
+def test_wget_in_the_default_image_reports_a_refused_connection(tmp_path: Path, agent_binary: str) -> None:
+    """(b) Debian 12's busybox (1.35, the only one its packages offer) is built without wget's -T, and parsing
+    -T writes through a null pointer: `wget -T N` segfaults whatever the server does (docs/images.md says so).
+    What the image offers instead works against a refused port on the Machine's loopback: wget says why and
+    exits 1, and `timeout N wget` bounds it."""
+    if os.geteuid() != 0:
+        pytest.fail("needs root (linux_native: namespaces, cgroups, runc)")
+    vz = Vz(tmp_path / "home", {"VZ_AGENT_BINARY": agent_binary})
+    proj = write_project(tmp_path / "p", fake_machine("web", driver="linux_native"))
+    try:
+        vz.ok("up", cwd=proj)
+        for command in ("wget -O- http://127.0.0.1:1/", "timeout 3 wget -O- http://127.0.0.1:1/"):
+            proc = vz.run("exec", "--", "sh", "-c", command, cwd=proj)
+            err = proc.stderr.decode()
+            assert proc.returncode == 1, (command, proc.returncode, err)
+            assert "can't connect to remote host (127.0.0.1): Connection refused" in err, err
+    finally:
+        vz.run("delete", cwd=proj)

@@ -10,6 +10,9 @@ One uncompressed layer (so its digest does not depend on the zlib version) holdi
 
 Every entry has mtime 0, uid/gid set explicitly and entries are sorted, so the image digest is a function of the
 busybox binary alone.
+
+Note: Debian 12's busybox (1.35.0) is built without wget's timeout feature and crashes (SIGSEGV) parsing
+``wget -T N``; ``timeout N wget ...`` is the substitute inside the image (docs/images.md).
 """
 
 from __future__ import annotations
