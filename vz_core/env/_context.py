@@ -138,7 +138,7 @@ def learn_project_secrets(ctx: Context, explicit_env: str | None = None, *, reco
     project_id: str | None = None
     try:
         path: Path | None = find_definition(ctx.cwd, ctx.definition_file)
-    except (DefinitionError, OSError):
+    except (DefinitionNotFoundError, DefinitionError, OSError):
         path = None
     if path is not None:
         learn_definition_secrets(ctx, path)
