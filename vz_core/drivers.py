@@ -814,12 +814,15 @@ def validate_project_options(
     """Check a Machine's ``driver_options`` from a project file (vz.json) before anything is mutated.
 
     Returns the options (a copy). Raises ``UserError`` naming ``where`` and the key: for a name that is not a
-    driver name, options for an external driver, an unknown key (listing the valid ones), or a key whose scope
-    is ``"host"`` (saying where to set it instead). ``NotFoundError`` for an unknown driver.
+    driver name, options for an external driver, an unknown key (listing the valid ones), a key whose scope
+    is ``"host"`` (saying where to set it instead), or a value the option's declaration refuses (its type and
+    bounds: ``$.machines[0].driver_options.stop_timeout: must be a number of seconds in (0, 3600], got -1``).
+    ``NotFoundError`` for an unknown driver. The plugin checks the same values again with the same code.
 
     ``recorded=True`` is for the options vz stored with an existing Machine (stop, delete, status): host-scoped
-    keys an earlier vz accepted from a vz.json are then allowed, so that Machine stays reachable where it is;
-    everything else is checked the same way. ``vz up`` never passes it.
+    keys an earlier vz accepted from a vz.json are then allowed, and a value today's declaration refuses is
+    left out (its default applies), so that Machine stays reachable where it is; unknown keys are refused the
+    same way. ``vz up`` never passes it.
     """
     check_driver_name(name, where=where.rpartition(".")[0] + ".driver" if "." in where else "driver")
     options = dict(options or {})
@@ -837,7 +840,20 @@ def validate_project_options(
                 f"a project file: set it with `vz driver configure {name} {key}=VALUE` (stored in "
                 f"{host_config_path()}) and remove it from vz.json"
             )
+    if recorded:
+        return {key: value for key, value in options.items() if _accepted(declaration, key, value)}
+    declaration.check_options(
+        options, where=where, fix="correct it in vz.json, or remove it to use the default ({default})"
+    )
     return options
+
+
+def _accepted(declaration: DriverDeclaration, key: str, value: Any) -> bool:
+    try:
+        declaration.declared_options[key].parse(value)
+    except ValueError:
+        return False
+    return True
 
 
 def effective_options(
@@ -860,7 +876,12 @@ def effective_options(
     if resolved.builtin is None:
         return {}
     host = (host_config if host_config is not None else HostConfig()).options_for(name)
-    resolved.builtin.check_option_keys(host, where=f"{host_config_path()}: {name}")
+    resolved.builtin.check_options(
+        host,
+        where=f"{host_config_path()}: {name}",
+        fix=f"change it with `vz driver configure {name} {{key}}=VALUE`, or remove it with "
+        f"`vz driver configure {name} --unset {{key}}` (default: {{default}})",
+    )
     return {**host, **project}
 
 
@@ -891,9 +912,8 @@ def open_driver(
     resolved = resolve(name, registry=registry, store=store)
     if resolved.builtin is None:
         return remote_driver(name, redactor=redactor, registry=registry, store=store)
-    factory = resolved.builtin.load()
     try:
-        return factory(**options)
+        return resolved.builtin.create(**options)
     except TypeError as exc:
         raise UserError(f"driver {name!r} rejected its options {sorted(options)}: {exc}") from None
 
@@ -953,9 +973,10 @@ def configure(
         declaration.check_option_keys({key: text}, where="vz driver configure")
         option = declaration.declared_options.get(key)
         try:
-            current[key] = _check_value(option.parse(text) if option is not None else text, key)
+            value = option.parse(text) if option is not None else text
         except ValueError as exc:
             raise UserError(f"vz driver configure: {exc}") from None
+        current[key] = _check_value(list(value) if isinstance(value, tuple) else value, key)
         changed = True
     for key in unset or []:
         if key not in current:
