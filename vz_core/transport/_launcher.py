@@ -59,7 +59,7 @@ from vz_core.transport._relay import ClientRelay, client_context
 if TYPE_CHECKING:
     from vz_core.trust import VerifiedBinary
 
-__all__ = ["CHANNEL_OPTIONS", "LaunchSpec", "PluginConnection", "PluginLauncher", "StderrTail"]
+__all__ = ["CHANNEL_OPTIONS", "LaunchSpec", "PluginConnection", "PluginLauncher", "StderrTail", "without_tracebacks"]
 
 log = logging.getLogger("vz.transport")
 
