@@ -693,7 +693,8 @@ def builtin_manifest(
 
     The manifest pins this installation's script (whose ``#!`` line names this interpreter); it is meant for
     other Runtime Protocol hosts, or to run a built-in through the external, checksummed path. ``path`` is
-    absolute, so the manifest file may live anywhere. Returns the manifest as a dict.
+    absolute, so the manifest file may live anywhere. Its ``options`` is the declaration's options as a JSON
+    Schema (types, defaults, bounds, choices). Returns the manifest as a dict.
     """
     from vz_core.trust import host_platform, parse_manifest, sha256_of
 
@@ -708,6 +709,8 @@ def builtin_manifest(
         "binaries": {host_platform(): {"path": str(script), "sha256": sha256_of(script)}},
         "args": list(spec.plugin_command[1:]),
     }
+    if spec.options is not None:  # the declaration's options, typed: what another host may check values against
+        manifest["options"] = spec.options_schema()
     parse_manifest(manifest, source=f"generated manifest of {name!r}")
     Path(destination).write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest

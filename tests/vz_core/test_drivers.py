@@ -218,6 +218,8 @@ async def test_a_builtin_console_script_runs_through_the_checksummed_path(tmp_pa
     path = tmp_path / "fake.json"
     written = builtin_manifest("fake", path)
     assert written["binaries"][host_platform()]["path"].endswith("/vz-driver-fake")
+    faults = written["options"]["properties"]["faults"]  # the declaration's options, typed
+    assert (faults["type"], faults["default"], faults["x-vz-kind"]) == ("array", [], "list")
     _rewrite(path, name="fake-pinned", args=["--state-dir", str(tmp_path / "state")])
     add_manifest(path, store=store)
     driver = remote_driver("fake-pinned", store=store)
