@@ -462,7 +462,8 @@ def test_building_a_builtin_driver_loads_neither_pydantic_nor_grpc(tmp_path: Pat
         "registry = DriverRegistry(load_entry_points=False); registry.register(module)\n"
         f"host = HostConfig({str(tmp_path / 'none.json')!r})\n"
         "built = open_driver('plain', {'colour': 'blue'}, registry=registry, host_config=host)\n"
-        "print(built['colour'], *[m in sys.modules for m in ('pydantic', 'grpc', 'vz_core.trust', 'vz_core.transport')])\n"
+        "mods = ('pydantic', 'grpc', 'vz_core.trust', 'vz_core.transport')\n"
+        "print(built['colour'], *[m in sys.modules for m in mods])\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.split() == ["blue", "False", "False", "False", "False"]

@@ -331,8 +331,10 @@ def test_plugin_options_from_flags_and_the_environment(monkeypatch: pytest.Monke
     [
         pytest.param(["--option", "bogus=1"], None, "unknown acme option(s): bogus; valid options: faults", id="key"),
         pytest.param(["--option", "novalue"], None, "must look like KEY=VALUE", id="shape"),
-        pytest.param(["--stop-timeout", "soon"], None, "stop_timeout: must be a number in [0, 3600], got \"soon\"", id="number"),
-        pytest.param(["--option", "verbose=maybe"], None, "verbose: must be true or false, got \"maybe\"", id="bool"),
+        pytest.param(
+            ["--stop-timeout", "soon"], None, 'stop_timeout: must be a number in [0, 3600], got "soon"', id="number"
+        ),
+        pytest.param(["--option", "verbose=maybe"], None, 'verbose: must be true or false, got "maybe"', id="bool"),
         pytest.param([], "{not json", "is not JSON", id="env-json"),
         pytest.param([], "[1]", "must be a JSON object", id="env-shape"),
         pytest.param([], '{"bogus": 1}', "unknown acme option(s): bogus", id="env-key"),
