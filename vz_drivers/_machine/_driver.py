@@ -278,7 +278,8 @@ class Backend(abc.ABC, Generic[R, P]):
     stop_slack: float = 10.0
     """How much longer than ``stop_timeout`` a graceful stop may take before the process is killed."""
     boot_timeout: float
-    """Seconds a start may take until the agent answers (a backend sets it from its ``boot_timeout`` option)."""
+    """Seconds a start may take until the agent answers (each backend sets it: from its ``boot_timeout`` option,
+    or as its own bound)."""
     graceful_replace: bool = False
     """Whether Delete and recreation stop a running Machine gracefully (else it is killed)."""
     workspace_snapshots: bool = False

@@ -83,6 +83,9 @@ class LinuxNativeBackend(Backend[LinuxNativeRecord, LinuxNativePaths]):
     display = "linux_native"
     runtime_name = "runc"
     graceful_replace = True
+    boot_timeout = 30.0
+    """Seconds a container start may take until the agent answers (not an option: a container starts in well
+    under a second; the bound only catches a wedged runc)."""
     workspace_snapshots = True
     shares_host_kernel = True
     book: LinuxNativeBook
