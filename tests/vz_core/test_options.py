@@ -118,9 +118,10 @@ def test_paths_text_and_lists() -> None:
             BIN.parse(bad)
     assert REGISTRIES.parse("a:5000, b ,") == ("a:5000", "b")
     assert REGISTRIES.parse(["a", "b"]) == ("a", "b")
-    for bad in (5, True, [1], ["a\0"]):
+    wrong: tuple[Any, ...] = (5, True, [1], ["a\0"])
+    for item in wrong:
         with pytest.raises(OptionError, match="must be a list of strings"):
-            REGISTRIES.parse(bad)
+            REGISTRIES.parse(item)
 
 
 @pytest.mark.parametrize(
@@ -163,7 +164,7 @@ def test_options_are_frozen_typed_and_complete() -> None:
     assert options.given == {"stop_timeout", "nested"}
     assert options.raw() == {"stop_timeout": 2.5, "nested": True}
     with pytest.raises(AttributeError):
-        options.stop_timeout = 1  # type: ignore[misc]
+        options.stop_timeout = 1
     with pytest.raises(AttributeError, match="declares no option 'boot_timeout'"):
         _ = options.boot_timeout
     assert parse_options("acme", declared, options) is options
@@ -239,3 +240,14 @@ def test_a_plugin_traceback_never_reaches_the_quoted_stderr() -> None:
     assert not any('File "' in line or "Traceback" in line or "^^^" in line for line in kept)
     assert "KeyError: 'missing'" not in kept  # the summary line above already said it
     assert StderrTail.text.__doc__ is not None and "tracebacks left out" in StderrTail.text.__doc__
+
+
+def test_recorded_values_today_refused_fall_back_to_their_default_so_the_machine_stays_reachable() -> None:
+    from vz_core.drivers import validate_project_options
+
+    recorded = {"stop_timeout": "inf", "sessions": 2}
+    assert validate_project_options("qemu", recorded, recorded=True) == {"sessions": 2}
+    with pytest.raises(UserError, match=r"\$\.machines\[0\]\.driver_options\.stop_timeout: must be"):
+        validate_project_options("qemu", recorded, where="$.machines[0].driver_options")
+    with pytest.raises(UserError, match="unknown qemu option"):  # unknown keys stay refused, recorded or not
+        validate_project_options("qemu", {"bogus": 1}, recorded=True)
