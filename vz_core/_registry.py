@@ -18,7 +18,6 @@ from vz_core.registry import (
     PROJECT,
     DriverDeclaration,
     MatrixRow,
-    OptionKind,
     RegistrationError,
     Scope,
     Status,
@@ -29,7 +28,6 @@ if TYPE_CHECKING:
     import pluggy
 
 _SCOPES: tuple[str, ...] = get_args(Scope)
-_KINDS: tuple[str, ...] = get_args(OptionKind)
 _STATUSES: tuple[str, ...] = get_args(Status)
 _REFERENCE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_]\w*)*")
 _OPTION_NAME = re.compile(r"[a-z][a-z0-9_]{0,62}")
@@ -63,10 +61,7 @@ def declaration_problems(self: DriverDeclaration) -> list[str]:
             found.append(f"{where}.help: must describe the option")
         if option.scope not in _SCOPES:
             found.append(f"{where}.scope: {option.scope!r} is not one of {', '.join(_SCOPES)}")
-        if option.kind not in _KINDS:
-            found.append(f"{where}.kind: {option.kind!r} is not one of {', '.join(_KINDS)}")
-        if option.repeat and option.kind != "list":
-            found.append(f"{where}.repeat: only a 'list' option can repeat its flag")
+        found += [f"{where}.{problem}" for problem in option.problems()]
         if option.flag and not re.fullmatch(r"--[a-z][a-z0-9-]*", option.flag):
             found.append(f"{where}.flag: {option.flag!r} must look like --some-flag")
     seen: set[tuple[str, str]] = set()

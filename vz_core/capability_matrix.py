@@ -138,10 +138,12 @@ def _options_table(declaration: DriverDeclaration) -> list[str]:
         return [*lines, "Options are not described by this driver's declaration.", ""]
     if not declaration.declared_options:
         return [*lines, "No options.", ""]
-    lines += ["| option | scope | kind | default | description |", "|---|---|---|---|---|"]
+    lines += ["| option | scope | type | default | accepts | description |", "|---|---|---|---|---|---|"]
     for option in declaration.declared_options.values():
         lines.append(
-            f"| `{option.name}` | {option.scope} | {option.kind} | {_code(option.default)} | {_cell(option.help)} |"
+            f"| `{option.name}` | {option.scope} | {option.kind} | {_code(option.shown_default())} "
+            f"| {_cell(option.expects())} "
+            f"| {_cell(option.help)} |"
         )
     return [*lines, ""]
 

@@ -693,7 +693,8 @@ def builtin_manifest(
 
     The manifest pins this installation's script (whose ``#!`` line names this interpreter); it is meant for
     other Runtime Protocol hosts, or to run a built-in through the external, checksummed path. ``path`` is
-    absolute, so the manifest file may live anywhere. Returns the manifest as a dict.
+    absolute, so the manifest file may live anywhere. Its ``options`` is the declaration's options as a JSON
+    Schema (types, defaults, bounds, choices). Returns the manifest as a dict.
     """
     from vz_core.trust import host_platform, parse_manifest, sha256_of
 
@@ -708,6 +709,8 @@ def builtin_manifest(
         "binaries": {host_platform(): {"path": str(script), "sha256": sha256_of(script)}},
         "args": list(spec.plugin_command[1:]),
     }
+    if spec.options is not None:  # the declaration's options, typed: what another host may check values against
+        manifest["options"] = spec.options_schema()
     parse_manifest(manifest, source=f"generated manifest of {name!r}")
     Path(destination).write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
@@ -814,12 +817,15 @@ def validate_project_options(
     """Check a Machine's ``driver_options`` from a project file (vz.json) before anything is mutated.
 
     Returns the options (a copy). Raises ``UserError`` naming ``where`` and the key: for a name that is not a
-    driver name, options for an external driver, an unknown key (listing the valid ones), or a key whose scope
-    is ``"host"`` (saying where to set it instead). ``NotFoundError`` for an unknown driver.
+    driver name, options for an external driver, an unknown key (listing the valid ones), a key whose scope
+    is ``"host"`` (saying where to set it instead), or a value the option's declaration refuses (its type and
+    bounds: ``$.machines[0].driver_options.stop_timeout: must be a number of seconds in (0, 3600], got -1``).
+    ``NotFoundError`` for an unknown driver. The plugin checks the same values again with the same code.
 
     ``recorded=True`` is for the options vz stored with an existing Machine (stop, delete, status): host-scoped
-    keys an earlier vz accepted from a vz.json are then allowed, so that Machine stays reachable where it is;
-    everything else is checked the same way. ``vz up`` never passes it.
+    keys an earlier vz accepted from a vz.json are then allowed, and a value today's declaration refuses is
+    left out (its default applies), so that Machine stays reachable where it is; unknown keys are refused the
+    same way. ``vz up`` never passes it.
     """
     check_driver_name(name, where=where.rpartition(".")[0] + ".driver" if "." in where else "driver")
     options = dict(options or {})
@@ -837,7 +843,20 @@ def validate_project_options(
                 f"a project file: set it with `vz driver configure {name} {key}=VALUE` (stored in "
                 f"{host_config_path()}) and remove it from vz.json"
             )
+    if recorded:
+        return {key: value for key, value in options.items() if _accepted(declaration, key, value)}
+    declaration.check_options(
+        options, where=where, fix="correct it in vz.json, or remove it to use the default ({default})"
+    )
     return options
+
+
+def _accepted(declaration: DriverDeclaration, key: str, value: Any) -> bool:
+    try:
+        declaration.declared_options[key].parse(value)
+    except ValueError:
+        return False
+    return True
 
 
 def effective_options(
@@ -860,7 +879,12 @@ def effective_options(
     if resolved.builtin is None:
         return {}
     host = (host_config if host_config is not None else HostConfig()).options_for(name)
-    resolved.builtin.check_option_keys(host, where=f"{host_config_path()}: {name}")
+    resolved.builtin.check_options(
+        host,
+        where=f"{host_config_path()}: {name}",
+        fix=f"change it with `vz driver configure {name} {{key}}=VALUE`, or remove it with "
+        f"`vz driver configure {name} --unset {{key}}` (default: {{default}})",
+    )
     return {**host, **project}
 
 
@@ -891,9 +915,8 @@ def open_driver(
     resolved = resolve(name, registry=registry, store=store)
     if resolved.builtin is None:
         return remote_driver(name, redactor=redactor, registry=registry, store=store)
-    factory = resolved.builtin.load()
     try:
-        return factory(**options)
+        return resolved.builtin.create(**options)
     except TypeError as exc:
         raise UserError(f"driver {name!r} rejected its options {sorted(options)}: {exc}") from None
 
@@ -953,9 +976,10 @@ def configure(
         declaration.check_option_keys({key: text}, where="vz driver configure")
         option = declaration.declared_options.get(key)
         try:
-            current[key] = _check_value(option.parse(text) if option is not None else text, key)
+            value = option.parse(text) if option is not None else text
         except ValueError as exc:
             raise UserError(f"vz driver configure: {exc}") from None
+        current[key] = _check_value(list(value) if isinstance(value, tuple) else value, key)
         changed = True
     for key in unset or []:
         if key not in current:

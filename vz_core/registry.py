@@ -1,9 +1,11 @@
 """Driver declarations and the built-in driver registry: stable names, lazily loaded, through pluggy.
 
 A driver is declared **once**, in a ``DriverDeclaration``: its name, summary, factory, options (each described
-once: help, kind, default, scope), targets, capability-matrix rows and conformance adapter. Everything else is
-generated from it: the plugin's command line and ``--help`` (``serve_plugin``), the unknown-key error (which
-lists the valid keys), the option tables in the docs and the capability matrix (``vz_core.capability_matrix``).
+once, ``vz_core.options.Option``: help, kind, typed default, bounds, scope), targets, capability-matrix rows and
+conformance adapter. Everything else is generated from it: the plugin's command line and ``--help``
+(``serve_plugin``), the checks of option keys and values (the host's, before anything launches, and the
+plugin's, with the same code), the frozen ``Options`` object the factory receives, the option tables in the docs
+and the capability matrix (``vz_core.capability_matrix``).
 
 Every built-in driver package registers through the same hook a third-party Python package would use: an
 entry point in the ``vz.drivers`` group naming a module with a ``vz_builtin_drivers`` hook implementation::
@@ -16,9 +18,10 @@ entry point in the ``vz.drivers`` group naming a module with a ``vz_builtin_driv
         factory="acme_driver:AcmeDriver",
         plugin_command=("vz-driver-acme",),
         options=(
-            Option("state_dir", "where Machines are recorded", default="<vz state>/drivers/acme", kind="path",
-                   scope="host"),
-            Option("stop_timeout", "seconds between SIGTERM and SIGKILL", default="10", kind="float"),
+            Option("state_dir", "where Machines are recorded", kind="path", scope="host",
+                   default_text="<vz state>/drivers/acme"),
+            Option("stop_timeout", "seconds between SIGTERM and SIGKILL", 10.0, "duration",
+                   minimum=0, exclusive_minimum=True, maximum=3600),
         ),
         matrix=(MatrixRow("linux", "linux", "DEV", "acme sandboxes"),),
         adapter="acme_conformance:ADAPTER",
@@ -29,6 +32,8 @@ entry point in the ``vz.drivers`` group naming a module with a ``vz_builtin_driv
         return [DECLARATION]
 
 and the console script ``vz-driver-acme = "acme_driver.plugin:main"`` where ``main = DECLARATION.serve_plugin``.
+``AcmeDriver(options)`` receives one frozen ``vz_core.options.Options`` and reads ``options.stop_timeout`` (a
+float, already checked): a driver never parses option text.
 
 Scopes: a ``"project"`` option may come from a checked-in ``vz.json`` (``driver_options``); a ``"host"`` option
 (one choosing a binary, a host path or a host network) only from the user's host configuration
@@ -51,9 +56,11 @@ import re
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Literal, NoReturn, TypeVar, dataclass_transform
+from typing import TYPE_CHECKING, Any, Literal, NoReturn, TypeVar
 
-from vz_core.errors import NotFoundError, UserError, VzError
+from vz_core.errors import InvalidArgumentError, NotFoundError, UserError, VzError
+from vz_core.options import Option, OptionError, OptionKind, Options, Scope, parse_options
+from vz_core.options import _frozen as _record
 
 if TYPE_CHECKING:
     import argparse
@@ -71,7 +78,9 @@ __all__ = [
     "DriverRegistry",
     "MatrixRow",
     "Option",
+    "OptionError",
     "OptionKind",
+    "Options",
     "PluginHooks",
     "PluginStart",
     "RegistrationError",
@@ -94,60 +103,9 @@ DRIVER_NAME_PATTERN = "^[a-z][a-z0-9_-]{0,62}$"
 (ECMA-262) syntax, where ``$`` matches only at the very end. Python code uses ``check_driver_name``."""
 _DRIVER_NAME = re.compile(r"[a-z][a-z0-9_-]{0,62}")
 
-Scope = Literal["project", "host"]
-OptionKind = Literal["str", "path", "int", "float", "bool", "list"]
 Status = Literal["ACTIVE", "DEV", "PLANNED"]
 HOST_OSES = ("linux", "darwin", "windows")
-_METAVARS = {"str": "VALUE", "path": "PATH", "int": "N", "float": "N", "bool": "true|false", "list": "A,B"}
 _T = TypeVar("_T")
-
-
-@dataclass_transform(frozen_default=True)
-def _record(cls: type[_T]) -> type[_T]:
-    """A frozen record class, like ``@dataclass(frozen=True)`` (init, eq, hash, repr) without its per-class code
-    generation, which would cost a plugin process milliseconds before its handshake."""
-    names = tuple(cls.__annotations__)  # every record class declares its own fields
-    defaults = {n: cls.__dict__[n] for n in names if n in cls.__dict__}
-    title = cls.__name__
-
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        if len(args) > len(names):
-            raise TypeError(f"{title}() takes {len(names)} arguments, {len(args)} given")
-        values = dict(zip(names, args, strict=False))
-        for key, value in kwargs.items():
-            if key not in names:
-                raise TypeError(f"{title}() got an unexpected keyword argument {key!r}")
-            if key in values:
-                raise TypeError(f"{title}() got multiple values for argument {key!r}")
-            values[key] = value
-        for name in names:
-            if name not in values:
-                if name not in defaults:
-                    raise TypeError(f"{title}() missing required argument {name!r}")
-                values[name] = defaults[name]
-            object.__setattr__(self, name, values[name])
-        post_init = getattr(self, "__post_init__", None)
-        if post_init is not None:
-            post_init()
-
-    def __setattr__(self: Any, name: str, value: Any) -> None:
-        raise AttributeError(f"{title} is immutable (cannot set {name!r})")
-
-    def __eq__(self: Any, other: object) -> bool:
-        if type(other) is not type(self):
-            return NotImplemented
-        return all(getattr(self, n) == getattr(other, n) for n in names)
-
-    def __hash__(self: Any) -> int:
-        return hash(tuple(getattr(self, n) for n in names))
-
-    def __repr__(self: Any) -> str:
-        return f"{title}({', '.join(f'{n}={getattr(self, n)!r}' for n in names)})"
-
-    for function in (__init__, __setattr__, __eq__, __hash__, __repr__):
-        function.__qualname__ = f"{title}.{function.__name__}"
-        setattr(cls, function.__name__, function)
-    return cls
 
 
 class RegistrationError(UserError):
@@ -187,48 +145,6 @@ def load_reference(reference: str, *, what: str = "reference") -> Any:
 
 
 # --- the declaration ---------------------------------------------------------------------------------------
-
-
-@_record
-class Option:
-    """One driver option, described once.
-
-    ``help`` is the sentence shown in ``--help`` and the docs; ``default`` describes the default in words (the
-    driver applies it); ``kind`` says how text from a command line is parsed; ``scope`` says who may set it:
-    ``"project"`` (vz.json ``driver_options`` or the host configuration) or ``"host"`` (the host configuration
-    only: options choosing binaries, host paths or host networks). ``flag`` overrides the plugin's command-line
-    flag (default ``--name-with-dashes``); ``repeat`` makes a ``list`` option's flag take one item per use.
-    """
-
-    name: str
-    help: str
-    default: str = ""
-    kind: OptionKind = "str"
-    scope: Scope = "project"
-    flag: str = ""
-    repeat: bool = False
-
-    @property
-    def cli_flag(self) -> str:
-        return self.flag or "--" + self.name.replace("_", "-")
-
-    def parse(self, text: str) -> Any:
-        """Parse a command-line value; ``ValueError`` naming the option when it does not fit ``kind``."""
-        if self.kind in ("str", "path"):
-            return text
-        if self.kind == "list":
-            return [item for item in (part.strip() for part in text.split(",")) if item]
-        if self.kind == "bool":
-            lowered = text.strip().lower()
-            if lowered in ("1", "true", "yes", "on"):
-                return True
-            if lowered in ("0", "false", "no", "off"):
-                return False
-            raise ValueError(f"option {self.name!r} takes true or false, not {text[:80]!r}")
-        try:
-            return int(text) if self.kind == "int" else float(text)
-        except ValueError:
-            raise ValueError(f"option {self.name!r} takes a number, not {text[:80]!r}") from None
 
 
 @_record
@@ -314,9 +230,11 @@ class DriverDeclaration:
         return factory
 
     def create(self, **options: Any) -> Driver:
-        """Build the driver in-process (unknown option keys refused first, listing the valid ones)."""
-        self.check_option_keys(options)
-        return self.load()(**options)
+        """Build the driver in-process: the options checked (``options_of``), then the factory called with the
+        frozen ``Options`` (a declaration whose options are undescribed passes the keywords on unchecked)."""
+        if self.options is None:
+            return self.load()(**options)
+        return self.load()(self.options_of(options))
 
     # Options -------------------------------------------------------------------------------------------
 
@@ -345,6 +263,44 @@ class DriverDeclaration:
         if unknown:
             raise UserError(self.unknown_keys_message(unknown, where=where))
 
+    def check_options(self, options: Mapping[str, Any], *, where: str = "", fix: str = "") -> Options:
+        """Keys and values of ``options`` checked (the host's check, before anything launches): ``UserError``
+        naming ``where.key``, what the value must be, what was given and ``fix`` (what to do). Returns the typed
+        options."""
+        self.check_option_keys(options, where=where)
+        try:
+            return parse_options(self.name, self.declared_options, options)
+        except OptionError as exc:
+            option = self.declared_options[exc.option]
+            prefix = f"{where}.{exc.option}" if where else exc.option
+            hint = f"; {fix.format(key=exc.option, default=option.shown_default())}" if fix else ""
+            raise UserError(f"{prefix}: {exc.problem}{hint}") from None
+
+    def options_of(self, options: Mapping[str, Any] | None = None, raw: Mapping[str, Any] | None = None) -> Options:
+        """The frozen, typed options a driver is built with, from ``options`` (an ``Options`` is returned as it
+        is) and/or keyword values ``raw``; ``InvalidArgumentError`` naming the option for an unknown key or a value
+        the declaration refuses (the plugin's check: the same code as ``check_options``)."""
+        given: dict[str, Any] = dict(options.raw() if isinstance(options, Options) else options or {})
+        if raw:
+            given.update(raw)
+        elif isinstance(options, Options) and options.driver == self.name:
+            return options
+        unknown = sorted(k for k in given if k not in self.declared_options)
+        if unknown:
+            raise InvalidArgumentError(self.unknown_keys_message(unknown), details={"option": unknown[0]})
+        try:
+            return parse_options(self.name, self.declared_options, given)
+        except OptionError as exc:
+            raise InvalidArgumentError(f"option {exc}", details={"option": exc.option}) from None
+
+    def options_schema(self) -> dict[str, Any]:
+        """The options as a JSON Schema object (a generated manifest's ``options``)."""
+        return {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {name: option.json_schema() for name, option in self.declared_options.items()},
+        }
+
     # Validation ----------------------------------------------------------------------------------------
 
     def problems(self) -> list[str]:
@@ -368,15 +324,15 @@ class DriverDeclaration:
             "handshake line; diagnostics go to stderr.",
         )
         for option in self.declared_options.values():
-            default = f" (default: {option.default})" if option.default else ""
             scope = "" if option.scope == "project" else " [host configuration only]"
+            text = f"{option.help}: {option.expects()} (default: {option.shown_default()}){scope}"
             parser.add_argument(
                 option.cli_flag,
                 dest=f"opt_{option.name}",
-                metavar=_METAVARS[option.kind] if not option.repeat else "NAME",
+                metavar=option.metavar,
                 action="append" if option.repeat else "store",
                 default=None,
-                help=f"{option.help}{default}{scope}" + ("; repeatable" if option.repeat else ""),
+                help=(text + ("; repeatable" if option.repeat else "")).replace("%", "%%"),
             )
         valid = ", ".join(self.option_names()) or "any key the driver accepts"
         parser.add_argument(
@@ -432,10 +388,11 @@ class DriverDeclaration:
                     options[option.name] = option.parse(given)
             except ValueError as exc:
                 parser.error(str(exc))
-        try:
-            self.check_option_keys(options)
-        except UserError as exc:
-            parser.error(str(exc))
+        if self.options is not None:
+            try:
+                return dict(self.options_of(options).raw())
+            except InvalidArgumentError as exc:
+                parser.error(exc.message)
         return options
 
     def serve_plugin(self, argv: Sequence[str] | None = None) -> NoReturn:
@@ -451,8 +408,9 @@ class DriverDeclaration:
             # argparse is not even imported before the handshake.
             try:
                 options = self.environment_options()
-                self.check_option_keys(options)
-            except UserError as exc:
+                if self.options is not None:
+                    options = self.options_of(options).raw()
+            except (UserError, InvalidArgumentError) as exc:
                 sys.stderr.write(f"{self.plugin_command[0] if self.plugin_command else self.name}: error: {exc}\n")
                 sys.exit(2)
             self._serve(options, PluginStart())

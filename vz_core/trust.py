@@ -15,7 +15,8 @@ A manifest (JSON) declares one driver::
         "darwin/arm64": {"url": "https://...", "file": "acme-darwin", "sha256": "..."}
       },
       "args": ["--serve"],                     # extra arguments for the binary
-      "options": {"type": "object", ...},      # JSON Schema of the driver's options
+      "options": {"type": "object", ...},      # JSON Schema of the driver's options (documentation: vz passes
+                                               # an external driver no options, so it checks none of them)
       "plaintext": false,                      # true: this driver cannot do AutoMTLS (never implied)
       "signature": {"format": "...", "value": "..."}   # recorded, not verified (the checksum is enforced)
     }

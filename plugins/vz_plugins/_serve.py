@@ -42,6 +42,7 @@ from typing import Literal, NoReturn
 import grpc
 
 from vz_core import Driver
+from vz_core.errors import DriverError, VzError
 from vz_core.transport import (
     APP_PROTOCOL_VERSION,
     COOKIE_KEY,
@@ -330,8 +331,14 @@ def serve(
     except _Fatal as exc:
         log.error("%s", exc)
         code = 1
-    except BaseException:
-        log.exception("the plugin failed")
+    except VzError as exc:  # the driver refused to start (its options, its host): one line, no traceback
+        log.error("%s", exc.message if isinstance(exc, DriverError) else exc)
+        code = 1
+    except BaseException as exc:
+        # Unexpected: one summary line, then the traceback, both in the plugin's log (its stderr). A host logs
+        # that whole, and quotes only the summary to its user (``vz_core.transport.StderrTail.text``).
+        summary = (str(exc).splitlines() or [""])[0][:500]
+        log.error("internal error in the plugin: %s: %s", type(exc).__name__, summary, exc_info=True)
         code = 1
     logging.shutdown()
     sys.stderr.flush()

@@ -68,7 +68,10 @@ def test_a_new_driver_package_adds_its_rows_and_takes_over_a_planned_driver(monk
                 summary="acme Machines",
                 factory="acme_macos:Driver",
                 targets=("darwin",),
-                options=(Option("vmtool", "path of the VM tool", "found on PATH", "path", "host"),),
+                options=(
+                    Option("vmtool", "path of the VM tool", kind="path", scope="host", default_text="found on PATH"),
+                    Option("boot_timeout", "seconds a boot may take", 60.0, "duration", minimum=1, maximum=600),
+                ),
                 matrix=(MatrixRow("darwin", "darwin", "DEV", "macOS guests"),),
             )
         ]
@@ -81,7 +84,9 @@ def test_a_new_driver_package_adds_its_rows_and_takes_over_a_planned_driver(monk
     macos = [e for e in cm.entries(registry) if e.driver == "acme_os"]
     assert macos == [cm.Entry("acme_os", "darwin", "darwin", "DEV", "macOS guests")]  # the PLANNED row is gone
     assert cm.lookup("acme_os", "darwin", "darwin", registry=registry) == macos[0]
-    assert "| `vmtool` | host | path | `found on PATH` | path of the VM tool |" in cm.render_options_markdown(registry)
+    table = cm.render_options_markdown(registry)
+    assert "| `vmtool` | host | path | `found on PATH` | a path | path of the VM tool |" in table
+    assert "| `boot_timeout` | project | duration | `60` | a number of seconds in [1, 600] | seconds a boot" in table
 
 
 def test_lookup() -> None:

@@ -218,6 +218,8 @@ async def test_a_builtin_console_script_runs_through_the_checksummed_path(tmp_pa
     path = tmp_path / "fake.json"
     written = builtin_manifest("fake", path)
     assert written["binaries"][host_platform()]["path"].endswith("/vz-driver-fake")
+    faults = written["options"]["properties"]["faults"]  # the declaration's options, typed
+    assert (faults["type"], faults["default"], faults["x-vz-kind"]) == ("array", [], "list")
     _rewrite(path, name="fake-pinned", args=["--state-dir", str(tmp_path / "state")])
     add_manifest(path, store=store)
     driver = remote_driver("fake-pinned", store=store)
@@ -404,7 +406,7 @@ def test_configure_parses_by_kind_and_refuses_external_drivers(
         "sessions": 2,
         "stop_timeout": 1.5,
     }
-    with pytest.raises(UserError, match="takes a number"):
+    with pytest.raises(UserError, match=r'sessions: must be an integer in \[1, 7\], got "many"'):
         configure("qemu", ["sessions=many"], host_config=host_config, store=store)
     manifest, _ = _plugin_dir(tmp_path)
     add_manifest(manifest, store=store)
@@ -454,13 +456,14 @@ def test_building_a_builtin_driver_loads_neither_pydantic_nor_grpc(tmp_path: Pat
         "from vz_core.registry import DriverDeclaration, DriverRegistry, Option, hookimpl\n"
         "@hookimpl\n"
         "def vz_builtin_drivers():\n"
-        "    return [DriverDeclaration(name='plain', summary='s', factory='types:SimpleNamespace',\n"
+        "    return [DriverDeclaration(name='plain', summary='s', factory='builtins:dict',\n"
         "                              options=(Option('colour', 'c'),))]\n"
         "module = types.ModuleType('plain_registration'); module.vz_builtin_drivers = vz_builtin_drivers\n"
         "registry = DriverRegistry(load_entry_points=False); registry.register(module)\n"
         f"host = HostConfig({str(tmp_path / 'none.json')!r})\n"
         "built = open_driver('plain', {'colour': 'blue'}, registry=registry, host_config=host)\n"
-        "print(built.colour, *[m in sys.modules for m in ('pydantic', 'grpc', 'vz_core.trust', 'vz_core.transport')])\n"
+        "mods = ('pydantic', 'grpc', 'vz_core.trust', 'vz_core.transport')\n"
+        "print(built['colour'], *[m in sys.modules for m in mods])\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.split() == ["blue", "False", "False", "False", "False"]

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from vz_core.errors import UserError
+from vz_core.errors import InvalidArgumentError, UserError
 from vz_core.registry import (
     DRIVER_NAME_PATTERN,
     DriverDeclaration,
@@ -35,10 +35,10 @@ def _declaration(**changes: Any) -> DriverDeclaration:
         "summary": "test driver",
         "factory": "vz_conformance.fake:FakeDriver",
         "options": (
-            Option("state_dir", "where Machines are kept", "<vz state>/drivers/acme", "path", "host"),
-            Option("stop_timeout", "seconds before SIGKILL", "10", "float"),
-            Option("faults", "fault modes", "", "list", flag="--fault", repeat=True),
-            Option("verbose", "say more", "false", "bool"),
+            Option("state_dir", "where Machines are kept", kind="path", scope="host", default_text="<vz state>/acme"),
+            Option("stop_timeout", "seconds before SIGKILL", 10.0, "float", minimum=0, maximum=3600),
+            Option("faults", "fault modes", (), "list", flag="--fault", repeat=True),
+            Option("verbose", "say more", False, "bool"),
         ),
         "matrix": (MatrixRow("linux", "linux", "DEV", "test"),),
     }
@@ -294,7 +294,7 @@ def test_the_unknown_key_message_lists_every_valid_key() -> None:
         "machines[0].driver_options: unknown acme option(s): bogus; valid options: faults, state_dir, stop_timeout, "
         "verbose"
     )
-    with pytest.raises(UserError, match="unknown acme option"):
+    with pytest.raises(InvalidArgumentError, match="unknown acme option"):  # the driver's own check, same code
         declaration.create(bogus=1)
 
 
@@ -331,8 +331,10 @@ def test_plugin_options_from_flags_and_the_environment(monkeypatch: pytest.Monke
     [
         pytest.param(["--option", "bogus=1"], None, "unknown acme option(s): bogus; valid options: faults", id="key"),
         pytest.param(["--option", "novalue"], None, "must look like KEY=VALUE", id="shape"),
-        pytest.param(["--stop-timeout", "soon"], None, "takes a number", id="number"),
-        pytest.param(["--option", "verbose=maybe"], None, "takes true or false", id="bool"),
+        pytest.param(
+            ["--stop-timeout", "soon"], None, 'stop_timeout: must be a number in [0, 3600], got "soon"', id="number"
+        ),
+        pytest.param(["--option", "verbose=maybe"], None, 'verbose: must be true or false, got "maybe"', id="bool"),
         pytest.param([], "{not json", "is not JSON", id="env-json"),
         pytest.param([], "[1]", "must be a JSON object", id="env-shape"),
         pytest.param([], '{"bogus": 1}', "unknown acme option(s): bogus", id="env-key"),

@@ -270,7 +270,14 @@ ImageReference = Annotated[
     Field(min_length=1, max_length=1024, description="image reference, e.g. vz:default (docs/images.md)"),
     BeforeValidator(_image_text),
 ]
-OptionValue = str | Annotated[int, Field(ge=-INT64_MAX - 1, le=INT64_MAX)] | bool
+OptionValue = (
+    str
+    | Annotated[int, Field(ge=-INT64_MAX - 1, le=INT64_MAX)]
+    | Annotated[float, Field(allow_inf_nan=False, strict=True)]
+    | bool
+)
+"""A driver option's value in vz.json; its type and bounds are the driver's declaration's to check (at `vz up`,
+before anything launches: ``vz_core.drivers.validate_project_options``)."""
 
 
 class _Model(BaseModel):

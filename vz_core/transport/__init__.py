@@ -29,7 +29,14 @@ if TYPE_CHECKING:
         looks_like_handshake,
         parse_handshake,
     )
-    from vz_core.transport._launcher import CHANNEL_OPTIONS, LaunchSpec, PluginConnection, PluginLauncher
+    from vz_core.transport._launcher import (
+        CHANNEL_OPTIONS,
+        LaunchSpec,
+        PluginConnection,
+        PluginLauncher,
+        StderrTail,
+        without_tracebacks,
+    )
     from vz_core.transport._process import ExitStatus
     from vz_core.transport._relay import ClientRelay, ServerRelay, client_context, server_context
 
@@ -55,6 +62,8 @@ _WHERE = {
     "LaunchSpec": "_launcher",
     "PluginConnection": "_launcher",
     "PluginLauncher": "_launcher",
+    "StderrTail": "_launcher",
+    "without_tracebacks": "_launcher",
     "ExitStatus": "_process",
     "ClientRelay": "_relay",
     "ServerRelay": "_relay",
@@ -81,6 +90,7 @@ __all__ = [
     "PluginConnection",
     "PluginLauncher",
     "ServerRelay",
+    "StderrTail",
     "cert_curve",
     "client_context",
     "generate_cert",
@@ -89,6 +99,7 @@ __all__ = [
     "looks_like_handshake",
     "parse_handshake",
     "server_context",
+    "without_tracebacks",
 ]
 
 

@@ -59,7 +59,7 @@ from vz_core.transport._relay import ClientRelay, client_context
 if TYPE_CHECKING:
     from vz_core.trust import VerifiedBinary
 
-__all__ = ["CHANNEL_OPTIONS", "LaunchSpec", "PluginConnection", "PluginLauncher", "StderrTail"]
+__all__ = ["CHANNEL_OPTIONS", "LaunchSpec", "PluginConnection", "PluginLauncher", "StderrTail", "without_tracebacks"]
 
 log = logging.getLogger("vz.transport")
 
@@ -146,12 +146,45 @@ class StderrTail:
                 await self.task
 
     def text(self, max_chars: int = 4000) -> str:
-        """The most recent stderr lines (already redacted), at most ``max_chars`` characters."""
+        """The most recent stderr lines (already redacted), at most ``max_chars`` characters, as an error quotes
+        them to the user: Python tracebacks left out (``without_tracebacks``; the log has every line)."""
         lines = list(self._lines)
         if self._partial:
             lines.append(bytes(self._partial).decode(errors="replace") + " …")
-        out = "\n".join(lines)
+        out = "\n".join(without_tracebacks(lines))
         return out[-max_chars:]
+
+
+_CHAINED = (
+    "During handling of the above exception, another exception occurred:",
+    "The above exception was the direct cause of the following exception:",
+)
+
+
+def without_tracebacks(lines: list[str]) -> list[str]:
+    """``lines`` with every Python traceback block left out: from ``Traceback (most recent call last):`` through
+    its indented frames, blank lines and chaining headers; its final ``Type: message`` line stays unless a line
+    just before already said it. A left-out block becomes one marker line, so a user's error never shows a
+    plugin's code, paths or frames (the plugin's log keeps them)."""
+    out: list[str] = []
+    inside = False
+    for line in lines:
+        stripped = line.strip()
+        if stripped.startswith(("Traceback (most recent call last):", "Exception Group Traceback")) or (
+            inside and stripped.endswith("Traceback (most recent call last):")
+        ):
+            if not inside:
+                out.append("(a traceback was left out: it is in the plugin's log)")
+            inside = True
+            continue
+        if inside:
+            if not stripped or line[:1].isspace() or stripped in _CHAINED or stripped.startswith(('File "', "|", "+")):
+                continue
+            inside = False
+            if any(stripped in earlier for earlier in out[-3:]):
+                continue  # the final "Type: message" line the plugin already summarized
+        out.append(line)
+    return out
 
 
 class PluginConnection:

@@ -24,7 +24,7 @@ import shutil
 import subprocess
 import uuid
 import weakref
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
@@ -60,6 +60,7 @@ from vz_core.errors import (
     UnavailableError,
     UnsupportedError,
 )
+from vz_core.options import Options
 from vz_core.paths import state_dir as default_state_root
 from vz_core.secrets import SecretKeeper
 from vz_drivers._machine._book import MachinePaths, MachineRecord, MountRecord, RecordBook, machine_key
@@ -178,12 +179,8 @@ class ResolvedImage:
 class ImageSource:
     """The shared image store, opened on first use."""
 
-    def __init__(
-        self, image_dir: str | os.PathLike[str] | None, insecure_registries: str | tuple[str, ...] | list[str]
-    ):
+    def __init__(self, image_dir: str | os.PathLike[str] | None, insecure_registries: tuple[str, ...]):
         self._dir = Path(image_dir).absolute() if image_dir else None
-        if isinstance(insecure_registries, str):
-            insecure_registries = tuple(r for r in insecure_registries.split(",") if r)
         self._insecure = tuple(insecure_registries)
         self._store: Any = None
 
@@ -276,12 +273,13 @@ class Backend(abc.ABC, Generic[R, P]):
     runtime_name: str
     book: RecordBook[R, P]
     rules: Rules
-    stop_timeout: float = 10.0
+    stop_timeout: float
     """Seconds the main process gets after SIGTERM on Stop."""
     stop_slack: float = 10.0
     """How much longer than ``stop_timeout`` a graceful stop may take before the process is killed."""
-    boot_timeout: float = 30.0
-    """Seconds a start may take until the agent answers."""
+    boot_timeout: float
+    """Seconds a start may take until the agent answers (each backend sets it: from its ``boot_timeout`` option,
+    or as its own bound)."""
     graceful_replace: bool = False
     """Whether Delete and recreation stop a running Machine gracefully (else it is killed)."""
     workspace_snapshots: bool = False
@@ -291,45 +289,25 @@ class Backend(abc.ABC, Generic[R, P]):
     """Whether a graceful Stop copies the main log through the agent to ``MachinePaths.kept_log`` (backends
     whose log lives only inside the Machine)."""
 
-    COMMON_OPTIONS = ("state_dir", "image_dir", "stop_timeout", "insecure_registries", "agent_binary")
-    """Options the shared layer reads (when the declaration has them)."""
     declaration: ClassVar[DriverDeclaration | None] = None
-    """The driver's declaration (its registration module's ``DECLARATION``): the options it describes are the
-    options the backend accepts."""
+    """The driver's declaration (its registration module's ``DECLARATION``): it declares every option the backend
+    accepts, with its type, default and bounds."""
 
-    def __init__(self, options: dict[str, Any]) -> None:
-        """Take the common options out of ``options`` (the driver's keyword arguments) and refuse unknown ones.
-
-        A backend calls this first, then reads its own options from the dict (strings are accepted so that a
-        plugin can pass them from its command line). The accepted keys are the declaration's options.
-        """
-        known = self.declaration.option_names() if self.declaration is not None else list(self.COMMON_OPTIONS)
-        unknown = sorted(set(options) - set(known))
-        if unknown:
-            message = (
-                self.declaration.unknown_keys_message(unknown)
-                if self.declaration is not None
-                else f"unknown {self.name} option(s): {', '.join(unknown)}; known: {', '.join(known)}"
-            )
-            raise InvalidArgumentError(message, details={"option": unknown[0]})
-        state_dir = options.get("state_dir")
-        root = Path(state_dir) if state_dir else default_state_root() / "drivers" / self.name
+    def __init__(self, options: Mapping[str, Any]) -> None:
+        """Check ``options`` with the declaration (unknown keys and refused values are an
+        ``InvalidArgumentError`` naming the option) into ``self.options``, the frozen typed ``Options`` the
+        backend reads, and take the common ones. ``options`` may already be that ``Options``."""
+        if self.declaration is None:
+            raise TypeError(f"{type(self).__name__} has no declaration: set the class attribute `declaration`")
+        self.options: Options = self.declaration.options_of(options)
+        opts = self.options
+        root = Path(opts.state_dir) if opts.state_dir else default_state_root() / "drivers" / self.name
         self.state_root = root.absolute()
-        self.images = ImageSource(options.get("image_dir"), options.get("insecure_registries", ()))
-        self.stop_timeout = self.number(options, "stop_timeout", self.stop_timeout)
-        if self.stop_timeout < 0:
-            raise InvalidArgumentError("stop_timeout must be >= 0", details={"option": "stop_timeout"})
-        self._agent_option = str(options.get("agent_binary") or "")
+        self.images = ImageSource(opts.image_dir or None, opts.insecure_registries)
+        if "stop_timeout" in opts:
+            self.stop_timeout = opts.stop_timeout
+        self._agent_option: str = opts.get("agent_binary", "")
         self._agent_path: Path | None = None
-
-    @staticmethod
-    def number(options: dict[str, Any], name: str, default: float) -> float:
-        """Option ``name`` as a number (``InvalidArgumentError`` naming it otherwise)."""
-        value = options.get(name, default)
-        try:
-            return float(value)
-        except (TypeError, ValueError):
-            raise InvalidArgumentError(f"option {name}={value!r} is not a number", details={"option": name}) from None
 
     async def agent_binary(self) -> Path:
         """The guest agent binary: the ``agent_binary`` option checked, or the bundled sources built once."""

@@ -34,7 +34,7 @@ import shutil
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -50,13 +50,11 @@ from vz_core.errors import (
     UnsupportedError,
 )
 from vz_core.paths import cache_dir
-from vz_core.paths import state_dir as default_state_root
 from vz_drivers._agent import AgentClient
 from vz_drivers._machine import (
     AgentLink,
     AgentMachineDriver,
     Backend,
-    ImageSource,
     MachinePlan,
     Rules,
     atomic_write,
@@ -80,6 +78,7 @@ from vz_drivers.hyperv._shares import (
     redact,
     state_tag,
 )
+from vz_drivers.hyperv.registration import DECLARATION
 from vz_drivers.qemu import guest
 
 __all__ = ["DRIVER_NAME", "STATUS", "VM_PID", "HypervBackend", "HypervDriver"]
@@ -96,18 +95,6 @@ _MEMORY_STEP = 2 * 1024 * 1024  # Hyper-V assigns memory in 2 MiB units
 _SCRIPT_TIMEOUT = 120.0
 _IDS_FILE = "hyperv.json"
 _SHARED_FILE = "shares.active"
-
-
-def _seconds(value: float | str, option: str, *, minimum: float) -> float:
-    try:
-        seconds = float(value)
-    except ValueError:
-        raise InvalidArgumentError(
-            f"{option}={value!r} is not a number of seconds", details={"option": option}
-        ) from None
-    if seconds < minimum:
-        raise InvalidArgumentError(f"{option} must be at least {minimum:g} s", details={"option": option})
-    return seconds
 
 
 _RULES: dict[str, Any] = {
@@ -136,40 +123,26 @@ class HypervBackend(Backend[HypervRecord, HypervPaths]):
     """Seconds one share mount in the guest may take (cifs retries an unreachable server for a long time)."""
     book: HypervBook
 
+    declaration = DECLARATION
+
     def __init__(
         self,
+        options: Mapping[str, Any] | None = None,
+        /,
         *,
-        state_dir: str | os.PathLike[str] | None = None,
-        image_dir: str | os.PathLike[str] | None = None,
-        switch: str = "Default Switch",
-        secure_boot_template: str = "",
-        kernel: str = "",
-        modules: str = "",
-        busybox: str = "",
-        efi_stub: str = "",
-        agent_binary: str = "",
-        powershell: str = "powershell.exe",
-        stop_timeout: float | str = 10.0,
-        boot_timeout: float | str = 180.0,
-        insecure_registries: str | tuple[str, ...] | list[str] = (),
         runner: ScriptRunner | None = None,
         host: HostSupport | None = None,
-        **unknown: Any,
+        **raw: Any,
     ) -> None:
-        if unknown:
-            from vz_drivers.hyperv.registration import DECLARATION
-
-            raise InvalidArgumentError(DECLARATION.unknown_keys_message(unknown))
-        self.stop_timeout = _seconds(stop_timeout, "stop_timeout", minimum=0.0)
-        self.boot_timeout = _seconds(boot_timeout, "boot_timeout", minimum=0.001)
-        root = Path(state_dir) if state_dir else default_state_root() / "drivers" / DRIVER_NAME
-        self.book = HypervBook(root.absolute())
-        self.images = ImageSource(image_dir, insecure_registries)
-        self.switch = switch
-        self.secure_boot_template = secure_boot_template
-        self._kernel_opt, self._modules_opt, self._busybox_opt = kernel, modules, busybox
-        self._stub_opt, self._agent_opt = efi_stub, agent_binary
-        self.runner: ScriptRunner = runner if runner is not None else PowerShellRunner(powershell)
+        super().__init__(DECLARATION.options_of(options, raw))
+        opts = self.options
+        self.boot_timeout = opts.boot_timeout
+        self.book = HypervBook(self.state_root)
+        self.switch: str = opts.switch
+        self.secure_boot_template: str = opts.secure_boot_template
+        self._kernel_opt, self._modules_opt, self._busybox_opt = opts.kernel, opts.modules, opts.busybox
+        self._stub_opt, self._agent_opt = opts.efi_stub, opts.agent_binary
+        self.runner: ScriptRunner = runner if runner is not None else PowerShellRunner(opts.powershell)
         self.support = host if host is not None else host_support()
         self._probe: ps.HostProbe | None = None
         self._boot_image: BootImage | None = None
@@ -731,8 +704,8 @@ def _connect_hvsock(vm_id: str, service_id: str) -> socket.socket:
 class HypervDriver(AgentMachineDriver[HypervRecord, HypervPaths]):
     """Linux Machines as Hyper-V Generation 2 VMs (Windows hosts; DEV). Options: see ``registration.py``."""
 
-    def __init__(self, **options: Any) -> None:
-        self.backend = HypervBackend(**options)
+    def __init__(self, options: Mapping[str, Any] | None = None, /, **raw: Any) -> None:
+        self.backend = HypervBackend(options, **raw)
         super().__init__(self.backend)
 
     async def run_image(self, request: RunImageRequest) -> None:

@@ -28,6 +28,7 @@ import json
 import os
 import shutil
 import stat
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +73,6 @@ from vz_drivers.linux_native.registration import DECLARATION
 __all__ = ["DRIVER_NAME", "LinuxNativeBackend", "LinuxNativeDriver"]
 
 DRIVER_NAME = "linux_native"
-DEFAULT_SUBNET = "10.231.0.0/16"
 _READY = b"ready\n"
 
 
@@ -83,28 +83,32 @@ class LinuxNativeBackend(Backend[LinuxNativeRecord, LinuxNativePaths]):
     display = "linux_native"
     runtime_name = "runc"
     graceful_replace = True
+    boot_timeout = 30.0
+    """Seconds a container start may take until the agent answers (not an option: a container starts in well
+    under a second; the bound only catches a wedged runc)."""
     workspace_snapshots = True
     shares_host_kernel = True
     book: LinuxNativeBook
 
     declaration = DECLARATION
 
-    def __init__(self, **options: Any) -> None:
-        super().__init__(options)
+    def __init__(self, options: Mapping[str, Any] | None = None, /, **raw: Any) -> None:
+        super().__init__(DECLARATION.options_of(options, raw))
+        opts = self.options
         self.book = LinuxNativeBook(self.state_root)
         self.facts: HostFacts = host_facts()
         self.rules = rules_for(self.facts)
-        runc_path = str(options.get("runc") or "") or shutil.which("runc") or ""
+        runc_path = opts.runc or shutil.which("runc") or ""
         try:
-            self.runc = Runc(runc_path, self.book.runc_root, self.book.trust_file, str(options.get("runc_sha256", "")))
+            self.runc = Runc(runc_path, self.book.runc_root, self.book.trust_file, opts.runc_sha256)
         except ValueError as exc:
             raise InvalidArgumentError(str(exc)) from None
-        cgroup_parent = str(options.get("cgroup_parent", "vz"))
+        cgroup_parent: str = opts.cgroup_parent
         if not cgroup_parent or "/" in cgroup_parent.strip("/") or cgroup_parent.startswith("."):
             raise InvalidArgumentError("cgroup_parent must be a single directory name such as 'vz'")
         self.cgroup_parent = cgroup_parent.strip("/")
         self.cgroups = CgroupParent(self.cgroup_parent)
-        subnet = str(options.get("subnet", DEFAULT_SUBNET))
+        subnet: str = opts.subnet
         try:
             self.net = NetworkConfig(ip=self.facts.ip, nsenter=self.facts.nsenter, nft=self.facts.nft, subnet=subnet)
         except ValueError as exc:
@@ -415,22 +419,14 @@ class LinuxNativeBackend(Backend[LinuxNativeRecord, LinuxNativePaths]):
 class LinuxNativeDriver(AgentMachineDriver[LinuxNativeRecord, LinuxNativePaths]):
     """Machines as runc containers with their own namespaces, cgroup limits and overlay root layer.
 
-    Options (all optional; strings are accepted so the plugin can pass them from its command line):
-
-    * ``state_dir``: where Machines are recorded (default ``<vz state>/drivers/linux_native``).
-    * ``image_dir``: image store root (default: the shared vz image cache).
-    * ``runc``: path of runc (default: found on PATH); ``runc_sha256``: pin its checksum (default: trust on
-      first use, recorded in ``<state_dir>/trust.json``).
-    * ``cgroup_parent``: cgroup directory under which Machines live (default ``vz``).
-    * ``subnet``: IPv4 range for Machine veth links with egress allowed (default 10.231.0.0/16); loopback,
-      link-local, multicast, reserved ranges and ranges the host already routes are refused.
-    * ``stop_timeout``: seconds the main process gets after SIGTERM before everything is killed (default 10).
-    * ``insecure_registries``: comma-separated registry hosts reached over plain HTTP (loopback tests).
-    * ``agent_binary``: a prebuilt guest agent (default: built from the bundled sources once).
+    Its options (types, defaults, bounds and help) are declared once, in ``vz_drivers.linux_native.registration``;
+    ``subnet`` refuses loopback, link-local, multicast, reserved ranges and ranges the host already routes, when
+    the driver is built. ``LinuxNativeDriver(options)`` takes the declaration's ``Options`` (or keyword values,
+    checked the same way).
     """
 
-    def __init__(self, **options: Any) -> None:
-        backend = LinuxNativeBackend(**options)
+    def __init__(self, options: Mapping[str, Any] | None = None, /, **raw: Any) -> None:
+        backend = LinuxNativeBackend(options, **raw)
         super().__init__(backend)
         self._runc = backend.runc
 

@@ -22,7 +22,7 @@ import os
 import secrets
 import shutil
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +32,6 @@ import psutil
 from vz_core import EgressPolicy, RunImageRequest
 from vz_core.errors import (
     FailedPreconditionError,
-    InvalidArgumentError,
     RuntimeFailureError,
     UnavailableError,
     UnsupportedError,
@@ -58,7 +57,7 @@ from vz_drivers.macos_vm._bases import PinPolicy, load_bases, resolve_base
 from vz_drivers.macos_vm._clone import CloneFn
 from vz_drivers.macos_vm._control import decode, encode
 from vz_drivers.macos_vm._host import MacHost, read_host
-from vz_drivers.macos_vm._install import DEFAULT_DISK_BYTES, BaseStore, InstalledBase
+from vz_drivers.macos_vm._install import BaseStore, InstalledBase
 from vz_drivers.macos_vm._macho import check_darwin_arm64
 from vz_drivers.macos_vm._plan import MIB, Share, VmPlan, VmRequest, plan_vm
 from vz_drivers.macos_vm._provision import (
@@ -110,18 +109,6 @@ class MacosVmPaths(MachinePaths):
     agent = subpath("chan", "agent.sock")
 
 
-def _flag(options: dict[str, Any], name: str) -> bool:
-    value = options.get(name, False)
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("1", "true", "yes", "on"):
-        return True
-    if text in ("", "0", "false", "no", "off"):
-        return False
-    raise InvalidArgumentError(f"option {name}={value!r} is not a boolean", details={"option": name})
-
-
 def _tmpfs_size(options: tuple[str, ...]) -> int:
     for opt in options:
         if opt.startswith("size="):
@@ -145,31 +132,22 @@ class MacosVmBackend(Backend[MacosVmRecord, MacosVmPaths]):
     display = "the macos_vm driver"
     runtime_name = "Virtualization.framework"
     keep_log_on_stop = True
-    boot_timeout = 300.0
-    stop_timeout = 30.0
     declaration = DECLARATION
     egress_policies = (EgressPolicy.ALLOW,)
     terminals = True  # the darwin agent serves terminals (pty.go + pty_darwin.go), as on Linux Machines
 
-    def __init__(self, options: dict[str, Any], *, host: MacHost | None = None) -> None:
+    def __init__(self, options: Mapping[str, Any], *, host: MacHost | None = None) -> None:
         super().__init__(options)
+        opts = self.options
         self.host = host or read_host()
         self.book = RecordBook(self.state_root, MacosVmRecord, MacosVmPaths)
         self.bases = BaseStore(self.state_root)
-        self.bases_file = Path(str(options["bases_file"])) if options.get("bases_file") else None
-        self.policy = PinPolicy(_flag(options, "allow_unpinned"), _flag(options, "allow_unpinned_in_ci"))
-        self.disk_bytes = int(self.number(options, "disk_size", DEFAULT_DISK_BYTES))
-        if self.disk_bytes < 32 * 1024**3:
-            raise InvalidArgumentError(
-                "disk_size must be at least 32 GiB (a macOS install)", details={"option": "disk_size"}
-            )
-        self.boot_timeout = self.number(options, "boot_timeout", self.boot_timeout)
-        self.stop_mode = str(options.get("stop_mode") or "shutdown")
-        if self.stop_mode not in ("shutdown", "save"):
-            raise InvalidArgumentError(
-                f"stop_mode={self.stop_mode!r} is unknown; use shutdown or save", details={"option": "stop_mode"}
-            )
-        self.python = str(options.get("python") or sys.executable)
+        self.bases_file = Path(opts.bases_file) if opts.bases_file else None
+        self.policy = PinPolicy(opts.allow_unpinned, opts.allow_unpinned_in_ci)
+        self.disk_bytes: int = opts.disk_size
+        self.boot_timeout = opts.boot_timeout
+        self.stop_mode: str = opts.stop_mode
+        self.python: str = opts.python or sys.executable
         self.frameworks: Callable[[], Frameworks] = load_frameworks
         """PyObjC's modules, imported on first use (only on a Mac)."""
         self.clonefile: CloneFn | None = None
@@ -552,8 +530,8 @@ def _probe_request(cpus: int, memory: int) -> VmRequest:
 class MacosVmDriver(AgentMachineDriver[MacosVmRecord, MacosVmPaths]):
     """macOS Machines on Apple silicon through Virtualization.framework. Options: see the declaration."""
 
-    def __init__(self, **options: Any) -> None:
-        super().__init__(MacosVmBackend(options))
+    def __init__(self, options: Mapping[str, Any] | None = None, /, **raw: Any) -> None:
+        super().__init__(MacosVmBackend(DECLARATION.options_of(options, raw)))
 
     @classmethod
     def with_backend(cls, backend: MacosVmBackend) -> MacosVmDriver:

@@ -38,9 +38,8 @@ from vz_drivers.macos_vm._control import ControlError, complete
 from vz_drivers.macos_vm._plan import Limits, VmRequest, plan_vm
 from vz_drivers.macos_vm._realize import Frameworks, Realizer
 
-__all__ = ["DEFAULT_DISK_BYTES", "BaseStore", "InstalledBase", "install_base", "machine_files"]
+__all__ = ["BaseStore", "InstalledBase", "install_base", "machine_files"]
 
-DEFAULT_DISK_BYTES = 64 * 1024**3
 MACHINE_FILES = ("disk.img", "aux.img", "hardware-model.bin", "machine-identifier.bin")
 
 

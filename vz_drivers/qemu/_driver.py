@@ -25,7 +25,7 @@ import hashlib
 import os
 import shutil
 import stat
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -45,7 +45,7 @@ from vz_drivers._machine import (
     record_fields,
     tail,
 )
-from vz_drivers.qemu._accel import ACCELERATORS, Accelerator, choose_accelerator
+from vz_drivers.qemu._accel import Accelerator, choose_accelerator
 from vz_drivers.qemu._attach import TOPOLOGY_FACT, parse_network_label, remove_taps
 from vz_drivers.qemu._disk import (
     default_disk_size,
@@ -128,7 +128,6 @@ class QemuBackend(Backend[QemuRecord, QemuPaths]):
     display = "the qemu driver"
     runtime_name = "qemu"
     stop_slack = 15.0
-    boot_timeout = 300.0
     keep_log_on_stop = True
     workspace_snapshots = True
     storage_limits = True
@@ -136,27 +135,17 @@ class QemuBackend(Backend[QemuRecord, QemuPaths]):
 
     declaration = DECLARATION
 
-    def __init__(self, **options: Any) -> None:
-        super().__init__(options)
+    def __init__(self, options: Mapping[str, Any] | None = None, /, **raw: Any) -> None:
+        super().__init__(DECLARATION.options_of(options, raw))
+        opts = self.options
         self.book = QemuBook(self.state_root)
-        accelerator = str(options.get("accelerator", "auto"))
-        if accelerator not in ACCELERATORS:
-            raise InvalidArgumentError(
-                f"accelerator={accelerator!r} is unknown; use one of {', '.join(ACCELERATORS)}",
-                details={"option": "accelerator"},
-            )
-        self.boot_timeout = self.number(options, "boot_timeout", self.boot_timeout)
-        sessions = self.number(options, "sessions", 3)
-        if not (sessions == int(sessions) and 1 <= sessions <= 7):
-            raise InvalidArgumentError("sessions must be between 1 and 7", details={"option": "sessions"})
-        self.sessions = int(sessions)
-        if self.boot_timeout <= 0:
-            raise InvalidArgumentError("boot_timeout must be > 0", details={"option": "boot_timeout"})
-        self._qemu_opt = str(options.get("qemu") or "")
-        self._kernel_opt = str(options.get("kernel") or "")
-        self._modules_opt = str(options.get("modules") or "")
-        self._busybox_opt = str(options.get("busybox") or "")
-        self._accel_opt = accelerator
+        self.boot_timeout: float = opts.boot_timeout
+        self.sessions: int = opts.sessions
+        self._qemu_opt: str = opts.qemu
+        self._kernel_opt: str = opts.kernel
+        self._modules_opt: str = opts.modules
+        self._busybox_opt: str = opts.busybox
+        self._accel_opt: str = opts.accelerator
         self._qemu: QemuBinary | None = None
         self._kernel: Kernel | None = None
         self._accel: Accelerator | None = None
@@ -483,27 +472,12 @@ class QemuBackend(Backend[QemuRecord, QemuPaths]):
 class QemuDriver(AgentMachineDriver[QemuRecord, QemuPaths]):
     """Linux Machines as QEMU virtual machines.
 
-    Options (all optional; strings are accepted so the plugin can pass them from its command line):
-
-    * ``state_dir``: where Machines are recorded (default ``<vz state>/drivers/qemu``).
-    * ``image_dir``: image store root (default: the shared vz image cache).
-    * ``qemu``: path of ``qemu-system-x86_64`` (default: found on PATH).
-    * ``kernel``: the guest kernel (default: the newest ``/boot/vmlinuz-*`` with a module tree);
-      ``modules``: its module tree (default ``/lib/modules/<release>``).
-    * ``busybox``: a statically linked busybox for the initramfs (default ``/bin/busybox``).
-    * ``accelerator``: ``auto`` (KVM when it can run the guest kernel, else TCG), ``kvm`` (fail when KVM cannot)
-      or ``tcg``.
-    * ``sessions``: virtio-serial agent ports per Machine, i.e. how many host processes can talk to one Machine
-      at the same time (default 3).
-    * ``stop_timeout``: seconds the main process gets after SIGTERM on Stop (default 10); the VM is forced off
-      15 s after that.
-    * ``boot_timeout``: seconds a boot may take until the agent answers (default 300; TCG is slow).
-    * ``insecure_registries``: comma-separated registry hosts reached over plain HTTP (loopback tests).
-    * ``agent_binary``: a prebuilt guest agent (default: built from the bundled sources once).
+    Its options (types, defaults, bounds and help) are declared once, in ``vz_drivers.qemu.registration``;
+    ``QemuDriver(options)`` takes the declaration's ``Options`` (or keyword values, checked the same way).
     """
 
-    def __init__(self, **options: Any) -> None:
-        self._qemu_backend = QemuBackend(**options)
+    def __init__(self, options: Mapping[str, Any] | None = None, /, **raw: Any) -> None:
+        self._qemu_backend = QemuBackend(options, **raw)
         super().__init__(self._qemu_backend)
 
     async def qmp_status(self, workspace_id: str) -> dict[str, Any]:

@@ -22,7 +22,7 @@ import os
 import shutil
 import sys
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +59,6 @@ from vz_drivers.qemu.guest import (
 from vz_drivers.vfkit._binary import VfkitBinary
 from vz_drivers.vfkit._cmdline import AGENT_VSOCK_PORT, READY_VSOCK_PORT, Share, VfkitSpec, build_argv
 from vz_drivers.vfkit._host import HostSupport, host_support
-from vz_drivers.vfkit._options import DRIVER_NAME, parse_options
 from vz_drivers.vfkit._process import (
     ReadyListener,
     VfkitProcess,
@@ -71,8 +70,11 @@ from vz_drivers.vfkit._process import (
 )
 from vz_drivers.vfkit._records import VfkitBook, VfkitPaths, VfkitRecord, socket_dir
 from vz_drivers.vfkit._rest import VfkitRest
+from vz_drivers.vfkit.registration import DECLARATION
 
-__all__ = ["STATUS", "VfkitBackend"]
+__all__ = ["DRIVER_NAME", "STATUS", "VfkitBackend"]
+
+DRIVER_NAME = DECLARATION.name
 
 STATUS = "DEV (written to vfkit's documented interface; not verified on a Mac)"
 DEFAULT_MEMORY = 1024 * 1024 * 1024
@@ -106,30 +108,25 @@ class VfkitBackend(Backend[VfkitRecord, VfkitPaths]):
     stop_slack = 15.0
     book: VfkitBook
 
+    declaration = DECLARATION
+
     def __init__(
         self,
+        options: Mapping[str, Any] | None = None,
+        /,
         *,
         host: HostSupport | None = None,
-        **options: Any,
+        **raw: Any,
     ) -> None:
-        # Every option is checked once by parse_options (vfkit takes no agent_binary: its agent is in the initrd);
-        # the layer's common part is then initialized from the checked values.
-        self.options = parse_options(**options)
-        super().__init__(
-            {
-                "state_dir": str(self.options.state_root),
-                "image_dir": str(self.options.image_dir) if self.options.image_dir else None,
-                "stop_timeout": self.options.stop_timeout,
-                "insecure_registries": self.options.insecure_registries,
-            }
-        )
-        self.book = VfkitBook(self.options.state_root)
+        # Every option is checked once, by the declaration (vfkit takes no agent_binary: its agent is in the
+        # initrd); the layer's common part reads the checked values.
+        super().__init__(DECLARATION.options_of(options, raw))
+        self.book = VfkitBook(self.state_root)
         self.binary = VfkitBinary(
-            self.options.vfkit, state_root=self.options.state_root, pinned_sha256=self.options.vfkit_sha256
+            self.options.vfkit, state_root=self.state_root, pinned_sha256=self.options.vfkit_sha256
         )
         # ``host`` is only ever given by tests that run a stand-in vfkit; the driver reads the real host.
         self.host = host if host is not None else host_support()
-        self.stop_timeout = self.options.stop_timeout
         self.boot_timeout = self.options.boot_timeout
         arch = self.host.architecture if self.host.architecture in ("amd64", "arm64") else "arm64"
         self.rules = Rules(

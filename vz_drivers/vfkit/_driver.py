@@ -13,12 +13,12 @@ See docs/drivers/vfkit.md.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from vz_core.errors import FailedPreconditionError
 from vz_drivers._machine import AgentMachineDriver
-from vz_drivers.vfkit._backend import STATUS, VfkitBackend
-from vz_drivers.vfkit._options import DRIVER_NAME
+from vz_drivers.vfkit._backend import DRIVER_NAME, STATUS, VfkitBackend
 from vz_drivers.vfkit._records import VfkitPaths, VfkitRecord
 
 __all__ = ["DRIVER_NAME", "STATUS", "VfkitDriver"]
@@ -27,13 +27,12 @@ __all__ = ["DRIVER_NAME", "STATUS", "VfkitDriver"]
 class VfkitDriver(AgentMachineDriver[VfkitRecord, VfkitPaths]):
     """Linux Machines as vfkit virtual machines (macOS).
 
-    Options (all optional, each described once in ``vz_drivers.vfkit.registration``): ``state_dir``,
-    ``image_dir``, ``vfkit``, ``vfkit_sha256``, ``kernel``, ``initrd``, ``rosetta`` (auto/on/off), ``nested``
-    (on/off), ``stop_timeout``, ``boot_timeout``, ``insecure_registries``. Unknown options are refused.
+    Its options (types, defaults, bounds and help) are declared once, in ``vz_drivers.vfkit.registration``;
+    ``VfkitDriver(options)`` takes the declaration's ``Options`` (or keyword values, checked the same way).
     """
 
-    def __init__(self, **options: Any) -> None:
-        self._vfkit = VfkitBackend(**options)
+    def __init__(self, options: Mapping[str, Any] | None = None, /, **raw: Any) -> None:
+        self._vfkit = VfkitBackend(options, **raw)
         super().__init__(self._vfkit)
 
     @classmethod

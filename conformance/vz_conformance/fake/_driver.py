@@ -61,6 +61,7 @@ from vz_core.errors import (
     UnavailableError,
     UnsupportedError,
 )
+from vz_core.options import Options
 from vz_core.secrets import SecretKeeper
 
 from . import _network
@@ -93,7 +94,8 @@ _ARCHITECTURES = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm6
 class FakeDriver(Driver):
     """A Driver whose Machines are directories under ``state_dir`` and whose commands run on the host.
 
-    ``state_dir`` defaults to ``<vz state dir>/drivers/fake``. ``faults`` names fault modes (see
+    ``state_dir`` defaults to ``<vz state dir>/drivers/fake``; the declaration's ``Options`` may come in its
+    place (how ``DriverDeclaration.create`` builds it). ``faults`` names fault modes (see
     ``FAULT_DESCRIPTIONS``; a string is read as a comma-separated list); an unknown name is a ``UserError``.
     Everything but the environment values lives on disk, so a new instance on the same directory (a relaunched
     plugin) finds every Machine in the state the last one left it; the values are kept in memory (this process
@@ -101,7 +103,10 @@ class FakeDriver(Driver):
     workspace within a process (asyncio lock) and across processes (fcntl lock).
     """
 
-    def __init__(self, state_dir: str | Path | None = None, faults: Iterable[str] | str = ()) -> None:
+    def __init__(self, state_dir: str | Path | Options | None = None, faults: Iterable[str] | str = ()) -> None:
+        if isinstance(state_dir, Options):  # built from its declaration (``DriverDeclaration.create``)
+            options = state_dir
+            state_dir, faults = options.state_dir or None, options.faults
         if isinstance(faults, str):
             faults = [name.strip() for name in faults.split(",") if name.strip()]
         self.faults = check_faults(faults)

@@ -20,14 +20,14 @@ DECLARATION = DriverDeclaration(
         Option(
             "state_dir",
             "where Machines are kept (VZ_HOME moves the vz state dir)",
-            "<vz state>/drivers/fake",
-            "path",
-            "host",
+            kind="path",
+            scope="host",
+            default_text="<vz state>/drivers/fake",
         ),
         Option(
             "faults",
             "fault modes to enable (`vz-driver-fake --list-faults` shows them)",
-            "none",
+            (),
             "list",
             flag="--fault",
             repeat=True,

@@ -90,9 +90,9 @@ def test_host_facts_decide_support() -> None:
     ("options", "text"),
     [
         ({"bogus": 1}, "unknown macos_vm option"),
-        ({"disk_size": 1 << 30}, "at least 32 GiB"),
-        ({"stop_mode": "hibernate"}, "use shutdown or save"),
-        ({"allow_unpinned": "maybe"}, "not a boolean"),
+        ({"disk_size": 1 << 30}, r"disk_size: must be a size in bytes .* in \[32 GiB, 16 TiB\], got 1073741824"),
+        ({"stop_mode": "hibernate"}, r'stop_mode: must be one of "shutdown", "save", got "hibernate"'),
+        ({"allow_unpinned": "maybe"}, "allow_unpinned: must be true or false"),
     ],
     ids=["unknown", "small-disk", "stop-mode", "flag"],
 )

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import inspect
 import platform
 from pathlib import Path
 
 import pytest
 
 from vz_core.errors import UnsupportedError
-from vz_drivers.vfkit._options import parse_options
+from vz_drivers.vfkit._backend import VfkitBackend
 from vz_drivers.vfkit.registration import DECLARATION, vz_builtin_drivers
 
 
@@ -20,9 +19,11 @@ def test_the_declaration_is_valid_and_dev() -> None:
     assert "not verified on a Mac" in DECLARATION.matrix[0].note
 
 
-def test_declared_options_are_exactly_the_driver_options() -> None:
-    taken = [n for n, p in inspect.signature(parse_options).parameters.items() if p.kind is p.KEYWORD_ONLY]
-    assert sorted(DECLARATION.declared_options) == sorted(taken)
+def test_the_backend_reads_typed_options_built_from_the_declaration(tmp_path: Path) -> None:
+    backend = VfkitBackend(state_dir=str(tmp_path / "s"), nested="on", stop_timeout="5", rosetta="off")
+    assert set(backend.options) == set(DECLARATION.declared_options)
+    assert backend.options.nested is True and backend.options.rosetta == "off"
+    assert (backend.stop_timeout, backend.boot_timeout) == (5.0, DECLARATION.declared_options["boot_timeout"].default)
     host_only = set(DECLARATION.option_names("host"))
     assert {"vfkit", "vfkit_sha256", "kernel", "initrd", "state_dir", "nested"} <= host_only
 
