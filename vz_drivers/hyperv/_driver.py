@@ -52,6 +52,19 @@ from vz_core.errors import (
 from vz_core.paths import cache_dir
 from vz_core.paths import state_dir as default_state_root
 from vz_drivers._agent import AgentClient
+from vz_drivers._guest import (
+    GuestConfig,
+    GuestMount,
+    Kernel,
+    default_disk_size,
+    env_list,
+    find_busybox,
+    find_kernel,
+    find_mke2fs,
+    minimum_disk_size,
+    resolve_modules,
+    tree_usage,
+)
 from vz_drivers._machine import (
     AgentLink,
     AgentMachineDriver,
@@ -80,7 +93,6 @@ from vz_drivers.hyperv._shares import (
     redact,
     state_tag,
 )
-from vz_drivers.qemu import guest
 
 __all__ = ["DRIVER_NAME", "STATUS", "VM_PID", "HypervBackend", "HypervDriver"]
 
@@ -242,14 +254,14 @@ class HypervBackend(Backend[HypervRecord, HypervPaths]):
 
     # ------------------------------------------------------------------ the guest
 
-    def _guest_tools(self) -> tuple[BootTools, guest.Kernel, Path]:
+    def _guest_tools(self) -> tuple[BootTools, Kernel, Path]:
         tools = find_boot_tools(self._stub_opt)
-        kernel = guest.find_kernel(self._kernel_opt or None, self._modules_opt or None)
+        kernel = find_kernel(self._kernel_opt or None, self._modules_opt or None)
         from vz_drivers.hyperv._guest import COMMON_MODULES, HYPERV_MODULES, SMB_MODULES
 
-        guest.resolve_modules(kernel, COMMON_MODULES + HYPERV_MODULES + SMB_MODULES)
-        busybox = guest.find_busybox(self._busybox_opt or None)
-        guest.find_mke2fs()
+        resolve_modules(kernel, COMMON_MODULES + HYPERV_MODULES + SMB_MODULES)
+        busybox = find_busybox(self._busybox_opt or None)
+        find_mke2fs()
         return tools, kernel, busybox
 
     async def boot_image(self) -> tuple[BootTools, BootImage]:
@@ -296,12 +308,12 @@ class HypervBackend(Backend[HypervRecord, HypervPaths]):
                 details={"option": "switch"},
             )
         image = await self.images.resolve(request, architecture="amd64", display=self.display)
-        usage = await asyncio.to_thread(guest.tree_usage, image.rootfs)
-        disk_bytes = valid.storage_bytes // 4096 * 4096 or guest.default_disk_size(usage)
-        if disk_bytes < guest.minimum_disk_size(usage):
+        usage = await asyncio.to_thread(tree_usage, image.rootfs)
+        disk_bytes = valid.storage_bytes // 4096 * 4096 or default_disk_size(usage)
+        if disk_bytes < minimum_disk_size(usage):
             raise InvalidArgumentError(
                 f"host_requirements.storage_bytes={valid.storage_bytes} is too small for the image {request.image!r} "
-                f"(its root filesystem needs {guest.minimum_disk_size(usage)} bytes)",
+                f"(its root filesystem needs {minimum_disk_size(usage)} bytes)",
                 details={"field": "host_requirements.storage_bytes"},
             )
         port = 0x10000000 + secrets.randbelow(0x60000000)
@@ -319,14 +331,14 @@ class HypervBackend(Backend[HypervRecord, HypervPaths]):
 
     def _config(self, record: HypervRecord) -> str:
         mounts = tuple(
-            guest.GuestMount(target=m.target, read_only=m.read_only, options=m.options)
+            GuestMount(target=m.target, read_only=m.read_only, options=m.options)
             for m in record.mounts
             if m.type == "tmpfs"
         )
-        config = guest.GuestConfig(
+        config = GuestConfig(
             hostname="vz-" + record.key[:12],
             mounts=mounts,
-            env=guest.env_list(record.image_env, record.environment),
+            env=env_list(record.image_env, record.environment),
             argv=tuple(record.argv),
             user=record.user,
             workdir=record.working_dir or "/",

@@ -9,7 +9,7 @@ no EFI shell (Hyper-V has none: a ``startup.nsh`` would never run there) and no 
 The image is unsigned: Secure Boot stays off unless the operator signs it (see docs/drivers/hyperv.md).
 
 Nothing here needs root, a loop device or a mount: the FAT file system is made and filled with mtools
-(``mformat``/``mmd``/``mcopy`` on an image file), the root ext4 comes from ``mke2fs -d`` (the qemu guest
+(``mformat``/``mmd``/``mcopy`` on an image file), the root ext4 comes from ``mke2fs -d`` (the shared guest
 builder), and the GPT (protective MBR, header, entries, backup) is written by ``write_gpt`` below, byte for byte
 after the UEFI specification (chapter 5). The raw disk is converted with ``qemu-img convert -O vhdx``.
 

@@ -1,6 +1,6 @@
-"""The vz Linux guest as a Hyper-V Machine: qemu's guest builder plus what an EFI disk and Hyper-V need.
+"""The vz Linux guest as a Hyper-V Machine: the shared guest builder plus what an EFI disk and Hyper-V need.
 
-The guest is the one every VM driver shares (``vz_drivers.qemu.guest``): the stock kernel, the deterministic
+The guest is the one every VM driver shares (``vz_drivers._guest``): the stock kernel, the deterministic
 initramfs with busybox and the guest agent as init, the image's root filesystem as ext4, and the
 configuration script the init runs. What differs here:
 
@@ -32,8 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from vz_drivers.hyperv._efi import ESP_NAME, ROOT_NAME, BootTools, assemble_disk, build_uki, make_esp
-from vz_drivers.qemu.guest import (
+from vz_drivers._guest import (
     GUEST_MODULES,
     INIT_HOOK,
     CpioEntry,
@@ -47,6 +46,7 @@ from vz_drivers.qemu.guest import (
     resolve_modules,
     write_cpio,
 )
+from vz_drivers.hyperv._efi import ESP_NAME, ROOT_NAME, BootTools, assemble_disk, build_uki, make_esp
 
 __all__ = [
     "BOOT_CMDLINE",

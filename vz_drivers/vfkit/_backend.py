@@ -30,19 +30,7 @@ import psutil
 
 from vz_core import RunImageRequest
 from vz_core.errors import DriverError, FailedPreconditionError, UnavailableError, UnsupportedError
-from vz_drivers._machine import (
-    AgentLink,
-    Backend,
-    MachinePlan,
-    MountRecord,
-    Rules,
-    atomic_write,
-    now,
-    open_agent_socket,
-    proc_start_time,
-    validate_common,
-)
-from vz_drivers.qemu.guest import (
+from vz_drivers._guest import (
     CONFIG_TAG,
     GuestConfig,
     GuestMount,
@@ -55,6 +43,18 @@ from vz_drivers.qemu.guest import (
     stage_root_disk,
     tree_usage,
     unstage_root_disk,
+)
+from vz_drivers._machine import (
+    AgentLink,
+    Backend,
+    MachinePlan,
+    MountRecord,
+    Rules,
+    atomic_write,
+    now,
+    open_agent_socket,
+    proc_start_time,
+    validate_common,
 )
 from vz_drivers.vfkit._binary import VfkitBinary
 from vz_drivers.vfkit._cmdline import AGENT_VSOCK_PORT, READY_VSOCK_PORT, Share, VfkitSpec, build_argv

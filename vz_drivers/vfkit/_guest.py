@@ -1,4 +1,4 @@
-"""The vfkit guest: the shared vz Linux guest (``vz_drivers.qemu.guest``) with vfkit's transports.
+"""The vfkit guest: the shared vz Linux guest (``vz_drivers._guest``) with vfkit's transports.
 
 The guest is the vz Linux guest (kernel + initramfs with the agent as init) built for the host's architecture.
 Its init reads ``config.sh`` from the virtio-fs share named by ``vz.cfg=vzcfg`` on the kernel command line: the

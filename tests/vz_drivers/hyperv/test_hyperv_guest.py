@@ -126,7 +126,7 @@ def test_the_vhdx_holds_the_same_disk(built: Built) -> None:
 
 
 def test_the_init_is_qemus_with_the_configuration_from_the_esp() -> None:
-    from vz_drivers.qemu.guest import INIT_HOOK, INIT_SCRIPT
+    from vz_drivers._guest import INIT_HOOK, INIT_SCRIPT
 
     hook = hyperv_init()
     assert "vz_config_mount() {" in hook and "vz_partition vz-esp" in hook
@@ -140,9 +140,9 @@ def test_the_init_is_qemus_with_the_configuration_from_the_esp() -> None:
 def test_the_hyperv_only_scripts_parse(tmp_path: Path) -> None:
     # The Hyper-V branch of the init, the DHCP event script and /sbin/poweroff never run here: busybox sh -n at
     # least parses them as the guest's shell will (the share mount script also runs, in test_hyperv_shares_guest).
+    from vz_drivers._guest import INIT_SCRIPT, find_busybox
     from vz_drivers.hyperv import _guest
     from vz_drivers.hyperv._shares import _MOUNT_SCRIPT
-    from vz_drivers.qemu.guest import INIT_SCRIPT, find_busybox
 
     busybox = str(find_busybox())
     for name, text in (

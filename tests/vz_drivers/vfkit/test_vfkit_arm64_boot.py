@@ -61,7 +61,7 @@ async def _nothing() -> AsyncIterator[bytes]:
 
 def _machine_files(tmp_path: Path, root: Path) -> tuple[Path, Path]:
     """The Machine's root disk and configuration share."""
-    from vz_drivers.qemu._guestconfig import GuestConfig, hosts_file, render
+    from vz_drivers._guest import GuestConfig, hosts_file, render
 
     # The Machine's root: an arm64 busybox userland on an ext4 raw disk, like a vfkit Machine's virtio-blk disk.
     rootfs = tmp_path / "rootfs"
@@ -89,8 +89,7 @@ def _machine_files(tmp_path: Path, root: Path) -> tuple[Path, Path]:
 
 async def test_the_arm64_guest_boots_and_answers_the_agent(tmp_path: Path) -> None:
     from vz_drivers._agent import AgentClient, ensure_agent_binary
-    from vz_drivers.qemu._initramfs import build_initramfs
-    from vz_drivers.qemu._kernel import Kernel
+    from vz_drivers._guest import Kernel, build_initramfs
     from vz_drivers.vfkit._guest import GUEST_MODULES
 
     root = _require()

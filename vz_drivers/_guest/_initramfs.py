@@ -2,7 +2,7 @@
 
 It depends on nothing in the image. ``/init`` (a busybox shell script, ``INIT_SCRIPT``) loads the modules,
 mounts the read-only 9p share ``vzcfg`` that carries the Machine's configuration (a shell script the host
-writes with every value quoted, see ``vz_drivers.qemu._guestconfig``), and runs it. The configuration mounts
+writes with every value quoted, see ``vz_drivers._guest._guestconfig``), and runs it. The configuration mounts
 the root disk (the image's root filesystem as ext4 on virtio-blk) at ``/mnt/root``, mounts shares and tmpfs
 inside it, sets the hostname and the network, and finally replaces the shell with the guest agent as PID 1,
 serving the host on a virtio-serial port and running every command chrooted into ``/mnt/root``.
@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vz_core.errors import UnavailableError
-from vz_drivers.qemu._cpio import CpioEntry, write_cpio
-from vz_drivers.qemu._kernel import GUEST_MODULES, Kernel, resolve_modules, strip_module_signature
+from vz_drivers._guest._cpio import CpioEntry, write_cpio
+from vz_drivers._guest._kernel import GUEST_MODULES, Kernel, resolve_modules, strip_module_signature
 
 __all__ = ["AGENT_PORT_PREFIX", "CONFIG_TAG", "INIT_SCRIPT", "Initramfs", "build_initramfs", "find_busybox"]
 

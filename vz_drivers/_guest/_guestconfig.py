@@ -1,6 +1,6 @@
 """The per-Machine configuration script the guest init runs (``config.sh`` on the ``vzcfg`` share).
 
-It is a list of calls to the functions of the init script (``vz_drivers.qemu._initramfs.INIT_SCRIPT``), in
+It is a list of calls to the functions of the init script (``vz_drivers._guest._initramfs.INIT_SCRIPT``), in
 order, with every argument quoted for the shell: any byte but NUL survives. The script holds the Machine's
 environment (secrets), so the host writes it mode 0600 into a private directory on its memory filesystem
 (``/dev/shm``) and removes it once the guest agent serves; nothing of it appears on the QEMU command line.
@@ -12,7 +12,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from vz_drivers.qemu._initramfs import AGENT_PORT_PREFIX
+from vz_drivers._guest._initramfs import AGENT_PORT_PREFIX
 
 __all__ = ["GuestConfig", "GuestMount", "env_list", "hosts_file", "render", "resolv_file"]
 

@@ -1,0 +1,97 @@
+"""The vz Linux guest every VM driver boots (qemu, vfkit, hyperv): one builder below the drivers.
+
+* **Kernel** (``_kernel``): finding a kernel and its module tree, resolving the modules the guest init needs
+  (dependencies first, built-ins skipped), stripping module signatures, extracting the ELF ``vmlinux`` QEMU
+  boots directly.
+* **Initramfs** (``_initramfs``, ``_cpio``): the deterministic archive with busybox, the modules, the guest agent
+  and ``/init`` (``INIT_SCRIPT``; a variant adds functions in ``INIT_HOOK``).
+* **Configuration** (``_guestconfig``): the Machine's ``config.sh`` the init runs, with every value quoted.
+* **Root disk** (``_disk``): the image's root filesystem as ext4, sized, staged and installed.
+
+The drivers use these public names only (``from vz_drivers._guest import ...``); each adds its own transports.
+"""
+
+from __future__ import annotations
+
+from vz_drivers._guest._cpio import CpioEntry, write_cpio
+from vz_drivers._guest._disk import (
+    DEFAULT_MIN_DISK,
+    MKE2FS_HINT,
+    create_root_disk,
+    default_disk_size,
+    find_mke2fs,
+    install_root_disk,
+    minimum_disk_size,
+    root_disk_size,
+    stage_root_disk,
+    tree_usage,
+    unstage_root_disk,
+)
+from vz_drivers._guest._guestconfig import (
+    LOG_PATH,
+    GuestConfig,
+    GuestMount,
+    env_list,
+    hosts_file,
+    render,
+    resolv_file,
+)
+from vz_drivers._guest._initramfs import (
+    AGENT_PORT_PREFIX,
+    CONFIG_TAG,
+    INIT_HOOK,
+    INIT_SCRIPT,
+    Initramfs,
+    build_initramfs,
+    find_busybox,
+)
+from vz_drivers._guest._kernel import (
+    GUEST_MODULES,
+    Kernel,
+    KernelModule,
+    bzimage_release,
+    extract_vmlinux,
+    find_kernel,
+    has_pvh_entry,
+    resolve_modules,
+    strip_module_signature,
+)
+
+__all__ = [
+    "AGENT_PORT_PREFIX",
+    "CONFIG_TAG",
+    "DEFAULT_MIN_DISK",
+    "GUEST_MODULES",
+    "INIT_HOOK",
+    "INIT_SCRIPT",
+    "LOG_PATH",
+    "MKE2FS_HINT",
+    "CpioEntry",
+    "GuestConfig",
+    "GuestMount",
+    "Initramfs",
+    "Kernel",
+    "KernelModule",
+    "build_initramfs",
+    "bzimage_release",
+    "create_root_disk",
+    "default_disk_size",
+    "env_list",
+    "extract_vmlinux",
+    "find_busybox",
+    "find_kernel",
+    "find_mke2fs",
+    "has_pvh_entry",
+    "hosts_file",
+    "install_root_disk",
+    "minimum_disk_size",
+    "render",
+    "resolv_file",
+    "resolve_modules",
+    "root_disk_size",
+    "stage_root_disk",
+    "strip_module_signature",
+    "tree_usage",
+    "unstage_root_disk",
+    "write_cpio",
+]
