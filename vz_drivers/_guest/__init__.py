@@ -7,12 +7,28 @@
   and ``/init`` (``INIT_SCRIPT``; a variant adds functions in ``INIT_HOOK``).
 * **Configuration** (``_guestconfig``): the Machine's ``config.sh`` the init runs, with every value quoted.
 * **Root disk** (``_disk``): the image's root filesystem as ext4, sized, staged and installed.
+* **Bundles** (``_bundle``): the guest built from pinned Debian packages with a manifest of digests, for hosts
+  without a Linux system (vfkit, hyperv), verified and cached by digest before use.
 
 The drivers use these public names only (``from vz_drivers._guest import ...``); each adds its own transports.
 """
 
 from __future__ import annotations
 
+from vz_drivers._guest._bundle import (
+    ARCHES,
+    FORMATS,
+    MANIFEST,
+    PINS,
+    VFKIT_MODULES,
+    Bundle,
+    Pin,
+    build_bundle,
+    bundle_cache,
+    open_bundle,
+    verify_bundle,
+    write_bundle,
+)
 from vz_drivers._guest._cpio import CpioEntry, write_cpio
 from vz_drivers._guest._disk import (
     DEFAULT_MIN_DISK,
@@ -39,9 +55,11 @@ from vz_drivers._guest._guestconfig import (
 from vz_drivers._guest._initramfs import (
     AGENT_PORT_PREFIX,
     CONFIG_TAG,
+    DHCP_SCRIPT,
     INIT_HOOK,
     INIT_SCRIPT,
     Initramfs,
+    archive_bytes,
     build_initramfs,
     find_busybox,
 )
@@ -50,6 +68,7 @@ from vz_drivers._guest._kernel import (
     Kernel,
     KernelModule,
     bzimage_release,
+    decompress_kernel,
     extract_vmlinux,
     find_kernel,
     has_pvh_entry,
@@ -59,22 +78,34 @@ from vz_drivers._guest._kernel import (
 
 __all__ = [
     "AGENT_PORT_PREFIX",
+    "ARCHES",
     "CONFIG_TAG",
     "DEFAULT_MIN_DISK",
+    "DHCP_SCRIPT",
+    "FORMATS",
     "GUEST_MODULES",
     "INIT_HOOK",
     "INIT_SCRIPT",
     "LOG_PATH",
+    "MANIFEST",
     "MKE2FS_HINT",
+    "PINS",
+    "VFKIT_MODULES",
+    "Bundle",
     "CpioEntry",
     "GuestConfig",
     "GuestMount",
     "Initramfs",
     "Kernel",
     "KernelModule",
+    "Pin",
+    "archive_bytes",
+    "build_bundle",
     "build_initramfs",
+    "bundle_cache",
     "bzimage_release",
     "create_root_disk",
+    "decompress_kernel",
     "default_disk_size",
     "env_list",
     "extract_vmlinux",
@@ -85,6 +116,7 @@ __all__ = [
     "hosts_file",
     "install_root_disk",
     "minimum_disk_size",
+    "open_bundle",
     "render",
     "resolv_file",
     "resolve_modules",
@@ -93,5 +125,7 @@ __all__ = [
     "strip_module_signature",
     "tree_usage",
     "unstage_root_disk",
+    "verify_bundle",
+    "write_bundle",
     "write_cpio",
 ]

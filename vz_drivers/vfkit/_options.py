@@ -21,8 +21,8 @@ class VfkitOptions:
     image_dir: Path | None
     vfkit: str
     vfkit_sha256: str
-    kernel: str
-    initrd: str
+    guest: str
+    guest_sha256: str
     rosetta: str
     nested: bool
     stop_timeout: float
@@ -54,14 +54,32 @@ def _abs(name: str, value: str) -> str:
     return value
 
 
+def _guest(value: str) -> str:
+    if value and not value.startswith("https://") and not os.path.isabs(value):
+        raise InvalidArgumentError(
+            f"guest={value!r} must be an absolute path of a guest bundle (its directory or manifest.json) or an "
+            "https:// URL of its manifest.json",
+            details={"option": "guest"},
+        )
+    return value
+
+
+def _sha256(name: str, value: str) -> str:
+    if value and (len(value) != 64 or any(c not in "0123456789abcdef" for c in value)):
+        raise InvalidArgumentError(
+            f"{name}={value!r} is not a SHA-256 (64 lowercase hex digits)", details={"option": name}
+        )
+    return value
+
+
 def parse_options(
     *,
     state_dir: str | os.PathLike[str] | None = None,
     image_dir: str | os.PathLike[str] | None = None,
     vfkit: str = "",
     vfkit_sha256: str = "",
-    kernel: str = "",
-    initrd: str = "",
+    guest: str = "",
+    guest_sha256: str = "",
     rosetta: str = "auto",
     nested: str | bool = "off",
     stop_timeout: float | str = 30.0,
@@ -81,8 +99,8 @@ def parse_options(
         image_dir=Path(image_dir).absolute() if image_dir else None,
         vfkit=_abs("vfkit", vfkit),
         vfkit_sha256=vfkit_sha256,
-        kernel=_abs("kernel", kernel),
-        initrd=_abs("initrd", initrd),
+        guest=_guest(guest),
+        guest_sha256=_sha256("guest_sha256", guest_sha256),
         rosetta=_choice("rosetta", rosetta, ("auto", "on", "off")),
         nested=_choice("nested", nested_text, ("on", "off")) == "on",
         stop_timeout=_seconds("stop_timeout", stop_timeout, positive=False),

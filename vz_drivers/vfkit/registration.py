@@ -23,13 +23,14 @@ DECLARATION = DriverDeclaration(
         Option("vfkit", "absolute path of vfkit", "found on PATH", "path", "host"),
         Option("vfkit_sha256", "SHA-256 vfkit must have", "recorded on first use in <state>/trust.json", "str", "host"),
         Option(
-            "kernel",
-            "uncompressed Linux kernel the Machines boot (arm64 Image / x86_64 vmlinux)",
+            "guest",
+            "the vz guest bundle (format vfkit, the host's architecture): its directory or an https:// URL of its "
+            "manifest.json; verified and cached by digest (vz guest build / the release's bundle)",
             "none",
-            "path",
+            "str",
             "host",
         ),
-        Option("initrd", "the vz guest initramfs built for that kernel (agent as init)", "none", "path", "host"),
+        Option("guest_sha256", "SHA-256 the bundle's manifest.json must have", "none", "str", "host"),
         Option("rosetta", "auto (when installed), on (required) or off: amd64 binaries in arm64 guests", "auto"),
         Option("nested", "on or off: nested virtualization (macOS 15+, M3 or newer)", "off", "str", "host"),
         Option("stop_timeout", "seconds the main process gets after SIGTERM on Stop, then HardStop", "30", "float"),

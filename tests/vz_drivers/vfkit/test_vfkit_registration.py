@@ -24,7 +24,7 @@ def test_declared_options_are_exactly_the_driver_options() -> None:
     taken = [n for n, p in inspect.signature(parse_options).parameters.items() if p.kind is p.KEYWORD_ONLY]
     assert sorted(DECLARATION.declared_options) == sorted(taken)
     host_only = set(DECLARATION.option_names("host"))
-    assert {"vfkit", "vfkit_sha256", "kernel", "initrd", "state_dir", "nested"} <= host_only
+    assert {"vfkit", "vfkit_sha256", "guest", "guest_sha256", "state_dir", "nested"} <= host_only
 
 
 @pytest.mark.skipif(platform.system() == "Darwin", reason="describes a host that is not macOS")
@@ -39,7 +39,7 @@ def test_the_plugin_command_line_is_generated() -> None:
     from vz_drivers.vfkit.registration import build_parser
 
     help_text = build_parser().format_help()
-    for flag in ("--vfkit", "--vfkit-sha256", "--kernel", "--initrd", "--rosetta", "--nested", "--boot-timeout"):
+    for flag in ("--vfkit", "--vfkit-sha256", "--guest", "--guest-sha256", "--rosetta", "--nested", "--boot-timeout"):
         assert flag in help_text
 
 
