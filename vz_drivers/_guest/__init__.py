@@ -7,6 +7,8 @@
   and ``/init`` (``INIT_SCRIPT``; a variant adds functions in ``INIT_HOOK``).
 * **Configuration** (``_guestconfig``): the Machine's ``config.sh`` the init runs, with every value quoted.
 * **Root disk** (``_disk``): the image's root filesystem as ext4, sized, staged and installed.
+* **EFI disks** (``_efi``, ``_hyperv``): unified kernel images, FAT without mounts, GPT, VHDX; the hyperv
+  form's initramfs overlay.
 * **Bundles** (``_bundle``): the guest built from pinned Debian packages with a manifest of digests, for hosts
   without a Linux system (vfkit, hyperv), verified and cached by digest before use.
 
@@ -43,6 +45,20 @@ from vz_drivers._guest._disk import (
     tree_usage,
     unstage_root_disk,
 )
+from vz_drivers._guest._efi import (
+    ESP_NAME,
+    ESP_TYPE,
+    LINUX_TYPE,
+    ROOT_NAME,
+    BootTools,
+    Partition,
+    assemble_disk,
+    build_uki,
+    find_boot_tools,
+    make_esp,
+    to_vhdx,
+    write_gpt,
+)
 from vz_drivers._guest._guestconfig import (
     LOG_PATH,
     GuestConfig,
@@ -51,6 +67,15 @@ from vz_drivers._guest._guestconfig import (
     hosts_file,
     render,
     resolv_file,
+)
+from vz_drivers._guest._hyperv import (
+    BOOT_CMDLINE,
+    COMMON_MODULES,
+    HYPERV_MODULES,
+    SMB_MODULES,
+    hyperv_init,
+    hyperv_initrd,
+    overlay_archive,
 )
 from vz_drivers._guest._initramfs import (
     AGENT_PORT_PREFIX,
@@ -79,18 +104,27 @@ from vz_drivers._guest._kernel import (
 __all__ = [
     "AGENT_PORT_PREFIX",
     "ARCHES",
+    "BOOT_CMDLINE",
+    "COMMON_MODULES",
     "CONFIG_TAG",
     "DEFAULT_MIN_DISK",
     "DHCP_SCRIPT",
+    "ESP_NAME",
+    "ESP_TYPE",
     "FORMATS",
     "GUEST_MODULES",
+    "HYPERV_MODULES",
     "INIT_HOOK",
     "INIT_SCRIPT",
+    "LINUX_TYPE",
     "LOG_PATH",
     "MANIFEST",
     "MKE2FS_HINT",
     "PINS",
+    "ROOT_NAME",
+    "SMB_MODULES",
     "VFKIT_MODULES",
+    "BootTools",
     "Bundle",
     "CpioEntry",
     "GuestConfig",
@@ -98,10 +132,13 @@ __all__ = [
     "Initramfs",
     "Kernel",
     "KernelModule",
+    "Partition",
     "Pin",
     "archive_bytes",
+    "assemble_disk",
     "build_bundle",
     "build_initramfs",
+    "build_uki",
     "bundle_cache",
     "bzimage_release",
     "create_root_disk",
@@ -109,23 +146,30 @@ __all__ = [
     "default_disk_size",
     "env_list",
     "extract_vmlinux",
+    "find_boot_tools",
     "find_busybox",
     "find_kernel",
     "find_mke2fs",
     "has_pvh_entry",
     "hosts_file",
+    "hyperv_init",
+    "hyperv_initrd",
     "install_root_disk",
+    "make_esp",
     "minimum_disk_size",
     "open_bundle",
+    "overlay_archive",
     "render",
     "resolv_file",
     "resolve_modules",
     "root_disk_size",
     "stage_root_disk",
     "strip_module_signature",
+    "to_vhdx",
     "tree_usage",
     "unstage_root_disk",
     "verify_bundle",
     "write_bundle",
     "write_cpio",
+    "write_gpt",
 ]

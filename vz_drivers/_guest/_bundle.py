@@ -24,6 +24,7 @@ import json
 import os
 import re
 import shutil
+import struct
 import subprocess
 import tempfile
 import urllib.parse
@@ -33,6 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vz_core.errors import FailedPreconditionError, InvalidArgumentError, UnavailableError
+from vz_drivers._guest._efi import build_uki, find_boot_tools
+from vz_drivers._guest._hyperv import BOOT_CMDLINE, hyperv_initrd
 from vz_drivers._guest._initramfs import archive_bytes
 from vz_drivers._guest._kernel import GUEST_MODULES, Kernel, decompress_kernel
 
@@ -54,7 +57,7 @@ __all__ = [
 MANIFEST = "manifest.json"
 BUNDLE_VERSION = 1
 ARCHES = ("amd64", "arm64")
-FORMATS = ("qemu", "vfkit")
+FORMATS = ("hyperv", "qemu", "vfkit")
 
 VFKIT_MODULES: tuple[str, ...] = (
     "virtio_pci",
@@ -109,8 +112,13 @@ PINS: Mapping[str, Mapping[str, Pin]] = {
             "1:1.35.0-4+deb12u1+b1",
             "3d3fdbe91d4660c873e14b092c213fe81c1da6362daa236eb25d0171eb108744",
         ),
+        # hyperv only: the EFI stub of the unified kernel image (EFI_STUB)
+        "efi_stub": Pin(
+            "systemd-boot-efi", "252.39-1~deb12u2", "8f2b81bdcfafc466882a0cae460272dbf10d8d97c6a3c1c6ea33038c155a2f5e"
+        ),
     },
 }
+EFI_STUB = "usr/lib/systemd/boot/efi/linuxx64.efi.stub"
 
 _HINT_PINS = "update the pins in vz_drivers/_guest/_bundle.py (PINS) after checking the new packages"
 
@@ -132,7 +140,7 @@ class Bundle:
         return str(self.manifest["format"])
 
     def file(self, role: str) -> Path:
-        """The file with ``role`` (``kernel``, ``initrd``) in this bundle."""
+        """The file with ``role`` (``kernel``, ``initrd``; hyperv: ``uki``) in this bundle."""
         roles = self.manifest.get("roles")
         if not isinstance(roles, dict) or role not in roles:
             raise FailedPreconditionError(f"guest bundle {self.root} has no {role} (its manifest names none)")
@@ -236,6 +244,35 @@ def _kernel_form(fmt: str, arch: str, image: Path) -> tuple[str, bytes]:
     return "vmlinux", elf
 
 
+def _unified_kernel_image(stub: Path, kernel: Path, initrd: bytes, work: Path) -> bytes:
+    """systemd's EFI stub (from its pinned package) with the kernel, ``initrd`` and the hyperv command line."""
+    import asyncio
+
+    tools = find_boot_tools(stub)
+    path = asyncio.run(build_uki(tools, kernel, initrd, BOOT_CMDLINE, work / "uki"))
+    return _pe_deterministic(path.read_bytes())
+
+
+def _pe_deterministic(image: bytes) -> bytes:
+    """``image`` with the PE header's TimeDateStamp (objcopy writes the current time) set to 0 and its checksum
+    recomputed: the same inputs give the same bytes."""
+    data = bytearray(image)
+    (pe,) = struct.unpack_from("<I", data, 0x3C)
+    if data[pe : pe + 4] != b"PE\0\0":
+        raise FailedPreconditionError("the unified kernel image is not a PE image")
+    struct.pack_into("<I", data, pe + 8, 0)
+    checksum_at = pe + 24 + 64
+    struct.pack_into("<I", data, checksum_at, 0)
+    padded = bytes(data) + b"\0" * (len(data) % 2)
+    total = 0
+    for (word,) in struct.iter_unpack("<H", padded):
+        total += word
+        total = (total & 0xFFFF) + (total >> 16)
+    total = (total & 0xFFFF) + (total >> 16)
+    struct.pack_into("<I", data, checksum_at, (total + len(data)) & 0xFFFFFFFF)
+    return bytes(data)
+
+
 def build_bundle(
     arch: str,
     fmt: str,
@@ -254,7 +291,9 @@ def build_bundle(
         raise InvalidArgumentError(f"--format {fmt!r} is unknown; use one of {', '.join(FORMATS)}")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise InvalidArgumentError(f"--out {out} exists and is not an empty directory; name a new one")
-    pins = PINS[arch]
+    if fmt == "hyperv" and arch != "amd64":
+        raise InvalidArgumentError("--format hyperv is built for --arch amd64 (Hyper-V Generation 2 on x86-64)")
+    pins = {role: pin for role, pin in PINS[arch].items() if role != "efi_stub" or fmt == "hyperv"}
     release = KERNEL_RELEASE[arch]
     packages = {role: fetch_deb(pin, arch, debs) for role, pin in pins.items()}
     with tempfile.TemporaryDirectory(prefix="vz-guest-") as tmp:
@@ -267,18 +306,23 @@ def build_bundle(
         image = root / "boot" / f"vmlinuz-{release}"
         kernel = Kernel(image=image, release=release, modules_dir=root / "lib/modules" / release)
         busybox = root / "bin" / "busybox"
-        modules = VFKIT_MODULES if fmt == "vfkit" else GUEST_MODULES
-        initrd = archive_bytes(kernel, busybox, agent, modules)
-        kernel_name, kernel_bytes = _kernel_form(fmt, arch, image)
-        files = {kernel_name: kernel_bytes, "initramfs.cpio": initrd}
+        roles: dict[str, str]
+        if fmt == "hyperv":
+            uki = _unified_kernel_image(root / EFI_STUB, image, hyperv_initrd(kernel, busybox, agent), Path(tmp))
+            files = {"BOOTX64.EFI": uki}
+            roles = {"uki": "BOOTX64.EFI"}
+        else:
+            modules = VFKIT_MODULES if fmt == "vfkit" else GUEST_MODULES
+            initrd = archive_bytes(kernel, busybox, agent, modules)
+            kernel_name, kernel_bytes = _kernel_form(fmt, arch, image)
+            files = {kernel_name: kernel_bytes, "initramfs.cpio": initrd}
+            roles = {"kernel": kernel_name, "initrd": "initramfs.cpio"}
     packages_list = [
         {"role": role, "name": pin.name, "version": pin.version, "architecture": arch, "sha256": pin.sha256}
         for role, pin in sorted(pins.items())
     ]
     extra = {"kernel_release": release, "packages": packages_list, "agent": {"sha256": _sha256_file(agent)}}
-    return write_bundle(
-        out, files, arch=arch, fmt=fmt, roles={"kernel": kernel_name, "initrd": "initramfs.cpio"}, epoch=epoch, **extra
-    )
+    return write_bundle(out, files, arch=arch, fmt=fmt, roles=roles, epoch=epoch, **extra)
 
 
 def write_bundle(

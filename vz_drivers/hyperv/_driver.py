@@ -29,6 +29,7 @@ import concurrent.futures
 import contextlib
 import json
 import os
+import re
 import secrets
 import shutil
 import socket
@@ -42,6 +43,7 @@ from typing import Any
 from vz_core import ExecExit, ExecOutput, RunImageRequest
 from vz_core.errors import (
     DriverError,
+    FailedPreconditionError,
     InvalidArgumentError,
     PermissionDeniedError,
     RuntimeFailureError,
@@ -49,20 +51,21 @@ from vz_core.errors import (
     UnavailableError,
     UnsupportedError,
 )
-from vz_core.paths import cache_dir
 from vz_core.paths import state_dir as default_state_root
 from vz_drivers._agent import AgentClient
 from vz_drivers._guest import (
+    BootTools,
+    Bundle,
     GuestConfig,
     GuestMount,
-    Kernel,
+    bundle_cache,
     default_disk_size,
     env_list,
-    find_busybox,
-    find_kernel,
+    find_boot_tools,
     find_mke2fs,
     minimum_disk_size,
-    resolve_modules,
+    open_bundle,
+    to_vhdx,
     tree_usage,
 )
 from vz_drivers._machine import (
@@ -73,13 +76,11 @@ from vz_drivers._machine import (
     MachinePlan,
     Rules,
     atomic_write,
-    checked_executable,
     record_fields,
     validate_common,
 )
 from vz_drivers.hyperv import _scripts as ps
-from vz_drivers.hyperv._efi import BootTools, find_boot_tools, to_vhdx
-from vz_drivers.hyperv._guest import BootImage, build_boot_disk, build_boot_image, render_config
+from vz_drivers.hyperv._guest import BootImage, build_boot_disk, render_config
 from vz_drivers.hyperv._host import HostSupport, check_create_privileges, check_privileges, host_support
 from vz_drivers.hyperv._ps import PowerShellRunner, Script, ScriptRunner
 from vz_drivers.hyperv._records import HypervBook, HypervPaths, HypervRecord
@@ -155,11 +156,8 @@ class HypervBackend(Backend[HypervRecord, HypervPaths]):
         image_dir: str | os.PathLike[str] | None = None,
         switch: str = "Default Switch",
         secure_boot_template: str = "",
-        kernel: str = "",
-        modules: str = "",
-        busybox: str = "",
-        efi_stub: str = "",
-        agent_binary: str = "",
+        guest: str = "",
+        guest_sha256: str = "",
         powershell: str = "powershell.exe",
         stop_timeout: float | str = 10.0,
         boot_timeout: float | str = 180.0,
@@ -179,8 +177,18 @@ class HypervBackend(Backend[HypervRecord, HypervPaths]):
         self.images = ImageSource(image_dir, insecure_registries)
         self.switch = switch
         self.secure_boot_template = secure_boot_template
-        self._kernel_opt, self._modules_opt, self._busybox_opt = kernel, modules, busybox
-        self._stub_opt, self._agent_opt = efi_stub, agent_binary
+        if guest and not guest.startswith("https://") and not os.path.isabs(guest):
+            raise InvalidArgumentError(
+                f"guest={guest!r} must be an absolute path of a guest bundle (its directory or manifest.json) or an "
+                "https:// URL of its manifest.json",
+                details={"option": "guest"},
+            )
+        if guest_sha256 and not re.fullmatch(r"[0-9a-f]{64}", guest_sha256):
+            raise InvalidArgumentError(
+                f"guest_sha256={guest_sha256!r} is not a SHA-256 (64 lowercase hex digits)",
+                details={"option": "guest_sha256"},
+            )
+        self._guest_opt, self._guest_sha256 = guest, guest_sha256
         self.runner: ScriptRunner = runner if runner is not None else PowerShellRunner(powershell)
         self.support = host if host is not None else host_support()
         self._probe: ps.HostProbe | None = None
@@ -254,26 +262,29 @@ class HypervBackend(Backend[HypervRecord, HypervPaths]):
 
     # ------------------------------------------------------------------ the guest
 
-    def _guest_tools(self) -> tuple[BootTools, Kernel, Path]:
-        tools = find_boot_tools(self._stub_opt)
-        kernel = find_kernel(self._kernel_opt or None, self._modules_opt or None)
-        from vz_drivers.hyperv._guest import COMMON_MODULES, HYPERV_MODULES, SMB_MODULES
-
-        resolve_modules(kernel, COMMON_MODULES + HYPERV_MODULES + SMB_MODULES)
-        busybox = find_busybox(self._busybox_opt or None)
+    def _guest_tools(self) -> tuple[BootTools, Bundle]:
+        tools = find_boot_tools()
         find_mke2fs()
-        return tools, kernel, busybox
+        if not self._guest_opt:
+            raise UnavailableError(
+                "the hyperv driver needs the option guest=<bundle>: the vz guest bundle for amd64 (format hyperv), "
+                "a directory or an https:// URL of its manifest.json; see docs/drivers/hyperv.md (`vz guest fetch` "
+                "/ `vz guest build`)",
+                details={"option": "guest"},
+            )
+        bundle = open_bundle(self._guest_opt, bundle_cache(), digest=self._guest_sha256)
+        if bundle.format != "hyperv" or bundle.arch != "amd64":
+            raise FailedPreconditionError(
+                f"the guest bundle {self._guest_opt} is for {bundle.arch} {bundle.format}; this host needs amd64 "
+                "hyperv (`vz guest build --arch amd64 --format hyperv`)",
+                details={"option": "guest"},
+            )
+        return tools, bundle
 
     async def boot_image(self) -> tuple[BootTools, BootImage]:
-        tools, kernel, busybox = await asyncio.to_thread(self._guest_tools)
-        if self._boot_image is None:
-            if self._agent_opt:
-                agent = await asyncio.to_thread(checked_executable, self._agent_opt)
-            else:
-                from vz_drivers._agent import ensure_agent_binary
-
-                agent = Path(await asyncio.to_thread(ensure_agent_binary))
-            self._boot_image = await build_boot_image(tools, kernel, agent, busybox, cache_dir() / "hyperv")
+        """The bundle's unified kernel image, verified against its manifest before every boot."""
+        tools, bundle = await asyncio.to_thread(self._guest_tools)
+        self._boot_image = BootImage(path=bundle.file("uki"), initramfs_digest=bundle.digest)
         return tools, self._boot_image
 
     # ------------------------------------------------------------------ create

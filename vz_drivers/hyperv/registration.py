@@ -38,18 +38,14 @@ DECLARATION = DriverDeclaration(
             scope="host",
         ),
         Option(
-            "kernel", "guest kernel image (EFI stub)", "the newest /boot/vmlinuz-* with a module tree", "path", "host"
-        ),
-        Option("modules", "module tree of that kernel", "/lib/modules/<release>", "path", "host"),
-        Option("busybox", "statically linked busybox for the initramfs", "/bin/busybox", "path", "host"),
-        Option(
-            "efi_stub",
-            "systemd's EFI stub the unified kernel image is built on",
-            "/usr/lib/systemd/boot/efi/linuxx64.efi.stub",
-            "path",
+            "guest",
+            "the vz guest bundle (amd64, format hyperv: its unified kernel image): its directory or an https:// URL "
+            "of its manifest.json; verified and cached by digest (vz guest build / the release's bundle)",
+            "none",
+            "str",
             "host",
         ),
-        Option("agent_binary", "a prebuilt guest agent", "built from the bundled sources", "path", "host"),
+        Option("guest_sha256", "SHA-256 the bundle's manifest.json must have", "none", "str", "host"),
         Option("powershell", "Windows PowerShell", "powershell.exe", "path", "host"),
         Option("stop_timeout", "seconds a graceful Stop-VM may take before the VM is turned off", "10", "float"),
         Option("boot_timeout", "seconds a boot may take until the guest agent answers", "180", "float"),
