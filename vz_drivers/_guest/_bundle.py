@@ -424,17 +424,23 @@ def bundle_cache() -> Path:
 
 
 def _read_source(source: str, name: str) -> bytes:
+    """``name`` of the bundle at ``source``: beside its manifest, with the manifest's name prefix (a release
+    publishes ``vz-guest-arm64-vfkit.manifest.json`` beside ``vz-guest-arm64-vfkit.Image``)."""
     if source.startswith("https://"):
-        base = source.rsplit("/", 1)[0]
-        url = source if name == MANIFEST else f"{base}/{urllib.parse.quote(name)}"
+        base, last = source.rsplit("/", 1)
+        prefix = last[: -len(MANIFEST)] if last.endswith(MANIFEST) else ""
+        url = source if name == MANIFEST else f"{base}/{urllib.parse.quote(prefix + name)}"
         with urllib.request.urlopen(url, timeout=60) as response:
             return bytes(response.read())
     path = Path(source)
-    return ((path / name) if path.is_dir() else (path.parent / name)).read_bytes()
+    if path.is_dir():
+        return (path / name).read_bytes()
+    prefix = path.name[: -len(MANIFEST)] if path.name.endswith(MANIFEST) else ""
+    return path.read_bytes() if name == MANIFEST else (path.parent / (prefix + name)).read_bytes()
 
 
 def open_bundle(source: str, cache: Path, *, digest: str = "") -> Bundle:
-    """The bundle at ``source`` (a directory, its ``manifest.json``, or an ``https://`` URL of that manifest),
+    """The bundle at ``source`` (a directory, its ``[PREFIX]manifest.json``, or an ``https://`` URL of that),
     copied into ``<cache>/<digest>/`` and verified there; a cached copy is verified again before every use."""
     if not source:
         raise InvalidArgumentError("no guest bundle given (see `vz guest build --help` and docs/drivers/)")
