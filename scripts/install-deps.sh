@@ -17,6 +17,9 @@ APT_PACKAGES=(
   # the shared Linux guest for other hosts, verified here: aarch64 under TCG (vfkit), an EFI disk under OVMF
   # and its VHDX (hyperv): firmware, disk tools, FAT without mounts, GPT, the EFI stub of a unified kernel image
   qemu-system-arm ovmf qemu-utils mtools dosfstools gdisk systemd-boot-efi binutils
+  # the vfkit guest's DHCP network, verified here: tests run their own dnsmasq on a tap they create (the -base
+  # package installs the program only, no service)
+  dnsmasq-base
   # hyperv's workspace/mount shares, verified here: the guest mounts SMB 3.1.1 shares of a test-run smbd on loopback
   samba
   # interactive terminals: tests drive the real CLI in a real terminal
@@ -44,11 +47,13 @@ if [ "${VZ_SKIP_APT:-0}" != "1" ]; then
   fi
 fi
 
-# The arm64 guest parts (Debian's arm64 kernel and busybox, pinned by SHA-256) for the aarch64 boot test.
+# Guest bundles are built from pinned Debian packages fetched with `apt-get download` (vz_drivers/_guest/_bundle.py):
+# the arm64 ones need the foreign architecture in apt's lists (nothing arm64 is installed).
 if [ "${VZ_SKIP_APT:-0}" != "1" ] && [ "$(id -u)" = "0" ]; then
-  # Pinned by version and SHA-256: when Debian's archive has dropped that build, the arm64 boot test fails naming
-  # this script (update its pins); everything else still installs.
-  sh tests/vz_drivers/vfkit/fetch_arm64_guest.sh || echo "warning: the arm64 guest parts could not be fetched" >&2
+  if ! dpkg --print-foreign-architectures | grep -qx arm64; then
+    dpkg --add-architecture arm64
+    apt-get update -q || echo "warning: apt-get update for arm64 failed; arm64 guest bundles cannot be built" >&2
+  fi
 fi
 
 VENV="${VZ_VENV:-.venv}"

@@ -22,6 +22,8 @@ Other:
            configure NAME [KEY=VALUE ...])
   daemon   the per-user vz daemon the commands above talk to (started on demand):
            vz daemon start | stop | status | logs | run
+  guest    the vz Linux guest for vfkit and hyperv hosts, as a verified bundle:
+           vz guest build --arch A --format F --out DIR | verify DIR | fetch DIR|URL
   version  print the vz version
   help     this text, or `vz help <command>` for a command's options
 

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 __all__ = ["main"]
 
-COMMANDS = ("up", "exec", "status", "stop", "delete", "volume", "driver", "daemon", "version", "help")
+COMMANDS = ("up", "exec", "status", "stop", "delete", "volume", "driver", "daemon", "guest", "version", "help")
 
 
 LEGACY_COMMANDS: dict[str, str] = {
@@ -139,6 +139,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command == "help":
         if rest and rest[0] == "daemon":
             return _daemon(["--help"])
+        if rest and rest[0] == "guest":
+            return _guest(["--help"])
         if rest and rest[0] in COMMANDS and rest[0] not in ("help", "version"):
             _parser(rest[0]).print_help()
         else:
@@ -153,6 +155,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _version()
     if command == "daemon":
         return _daemon(rest)
+    if command == "guest":
+        return _guest(rest)
     json_mode = "--json" in rest and command != "exec"
     try:
         _check_state_home()
@@ -247,6 +251,14 @@ def _daemon(rest: list[str]) -> int:
     from vz_core.cli._daemon_cmd import run_daemon_command
 
     return run_daemon_command(rest)
+
+
+def _guest(rest: list[str]) -> int:
+    """`vz guest build | verify | fetch`: guest bundles, by the built-in drivers' tool (``python -m
+    vz_drivers.guest``, named by string: the CLI imports no driver code)."""
+    import subprocess
+
+    return subprocess.run([sys.executable, "-m", "vz_drivers.guest", *rest], check=False).returncode
 
 
 class _ExecArgs:

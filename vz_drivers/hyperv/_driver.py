@@ -29,6 +29,7 @@ import concurrent.futures
 import contextlib
 import json
 import os
+import re
 import secrets
 import shutil
 import socket
@@ -42,6 +43,7 @@ from typing import Any
 from vz_core import ExecExit, ExecOutput, RunImageRequest
 from vz_core.errors import (
     DriverError,
+    FailedPreconditionError,
     InvalidArgumentError,
     PermissionDeniedError,
     RuntimeFailureError,
@@ -49,8 +51,22 @@ from vz_core.errors import (
     UnavailableError,
     UnsupportedError,
 )
-from vz_core.paths import cache_dir
 from vz_drivers._agent import AgentClient
+from vz_drivers._guest import (
+    BootTools,
+    Bundle,
+    GuestConfig,
+    GuestMount,
+    bundle_cache,
+    default_disk_size,
+    env_list,
+    find_boot_tools,
+    find_mke2fs,
+    minimum_disk_size,
+    open_bundle,
+    to_vhdx,
+    tree_usage,
+)
 from vz_drivers._machine import (
     AgentLink,
     AgentMachineDriver,
@@ -58,13 +74,11 @@ from vz_drivers._machine import (
     MachinePlan,
     Rules,
     atomic_write,
-    checked_executable,
     record_fields,
     validate_common,
 )
 from vz_drivers.hyperv import _scripts as ps
-from vz_drivers.hyperv._efi import BootTools, find_boot_tools, to_vhdx
-from vz_drivers.hyperv._guest import BootImage, build_boot_disk, build_boot_image, render_config
+from vz_drivers.hyperv._guest import BootImage, build_boot_disk, render_config
 from vz_drivers.hyperv._host import HostSupport, check_create_privileges, check_privileges, host_support
 from vz_drivers.hyperv._ps import PowerShellRunner, Script, ScriptRunner
 from vz_drivers.hyperv._records import HypervBook, HypervPaths, HypervRecord
@@ -79,7 +93,6 @@ from vz_drivers.hyperv._shares import (
     state_tag,
 )
 from vz_drivers.hyperv.registration import DECLARATION
-from vz_drivers.qemu import guest
 
 __all__ = ["DRIVER_NAME", "STATUS", "VM_PID", "HypervBackend", "HypervDriver"]
 
@@ -140,8 +153,12 @@ class HypervBackend(Backend[HypervRecord, HypervPaths]):
         self.book = HypervBook(self.state_root)
         self.switch: str = opts.switch
         self.secure_boot_template: str = opts.secure_boot_template
-        self._kernel_opt, self._modules_opt, self._busybox_opt = opts.kernel, opts.modules, opts.busybox
-        self._stub_opt, self._agent_opt = opts.efi_stub, opts.agent_binary
+        if opts.guest_sha256 and not re.fullmatch(r"[0-9a-f]{64}", opts.guest_sha256):
+            raise InvalidArgumentError(
+                f"guest_sha256={opts.guest_sha256!r} is not a SHA-256 (64 lowercase hex digits)",
+                details={"option": "guest_sha256"},
+            )
+        self._guest_opt, self._guest_sha256 = opts.guest, opts.guest_sha256
         self.runner: ScriptRunner = runner if runner is not None else PowerShellRunner(opts.powershell)
         self.support = host if host is not None else host_support()
         self._probe: ps.HostProbe | None = None
@@ -215,26 +232,29 @@ class HypervBackend(Backend[HypervRecord, HypervPaths]):
 
     # ------------------------------------------------------------------ the guest
 
-    def _guest_tools(self) -> tuple[BootTools, guest.Kernel, Path]:
-        tools = find_boot_tools(self._stub_opt)
-        kernel = guest.find_kernel(self._kernel_opt or None, self._modules_opt or None)
-        from vz_drivers.hyperv._guest import COMMON_MODULES, HYPERV_MODULES, SMB_MODULES
-
-        guest.resolve_modules(kernel, COMMON_MODULES + HYPERV_MODULES + SMB_MODULES)
-        busybox = guest.find_busybox(self._busybox_opt or None)
-        guest.find_mke2fs()
-        return tools, kernel, busybox
+    def _guest_tools(self) -> tuple[BootTools, Bundle]:
+        tools = find_boot_tools()
+        find_mke2fs()
+        if not self._guest_opt:
+            raise UnavailableError(
+                "the hyperv driver needs the option guest=<bundle>: the vz guest bundle for amd64 (format hyperv), "
+                "a directory or an https:// URL of its manifest.json; see docs/drivers/hyperv.md (`vz guest fetch` "
+                "/ `vz guest build`)",
+                details={"option": "guest"},
+            )
+        bundle = open_bundle(self._guest_opt, bundle_cache(), digest=self._guest_sha256)
+        if bundle.format != "hyperv" or bundle.arch != "amd64":
+            raise FailedPreconditionError(
+                f"the guest bundle {self._guest_opt} is for {bundle.arch} {bundle.format}; this host needs amd64 "
+                "hyperv (`vz guest build --arch amd64 --format hyperv`)",
+                details={"option": "guest"},
+            )
+        return tools, bundle
 
     async def boot_image(self) -> tuple[BootTools, BootImage]:
-        tools, kernel, busybox = await asyncio.to_thread(self._guest_tools)
-        if self._boot_image is None:
-            if self._agent_opt:
-                agent = await asyncio.to_thread(checked_executable, self._agent_opt)
-            else:
-                from vz_drivers._agent import ensure_agent_binary
-
-                agent = Path(await asyncio.to_thread(ensure_agent_binary))
-            self._boot_image = await build_boot_image(tools, kernel, agent, busybox, cache_dir() / "hyperv")
+        """The bundle's unified kernel image, verified against its manifest before every boot."""
+        tools, bundle = await asyncio.to_thread(self._guest_tools)
+        self._boot_image = BootImage(path=bundle.file("uki"), initramfs_digest=bundle.digest)
         return tools, self._boot_image
 
     # ------------------------------------------------------------------ create
@@ -269,12 +289,12 @@ class HypervBackend(Backend[HypervRecord, HypervPaths]):
                 details={"option": "switch"},
             )
         image = await self.images.resolve(request, architecture="amd64", display=self.display)
-        usage = await asyncio.to_thread(guest.tree_usage, image.rootfs)
-        disk_bytes = valid.storage_bytes // 4096 * 4096 or guest.default_disk_size(usage)
-        if disk_bytes < guest.minimum_disk_size(usage):
+        usage = await asyncio.to_thread(tree_usage, image.rootfs)
+        disk_bytes = valid.storage_bytes // 4096 * 4096 or default_disk_size(usage)
+        if disk_bytes < minimum_disk_size(usage):
             raise InvalidArgumentError(
                 f"host_requirements.storage_bytes={valid.storage_bytes} is too small for the image {request.image!r} "
-                f"(its root filesystem needs {guest.minimum_disk_size(usage)} bytes)",
+                f"(its root filesystem needs {minimum_disk_size(usage)} bytes)",
                 details={"field": "host_requirements.storage_bytes"},
             )
         port = 0x10000000 + secrets.randbelow(0x60000000)
@@ -292,14 +312,14 @@ class HypervBackend(Backend[HypervRecord, HypervPaths]):
 
     def _config(self, record: HypervRecord) -> str:
         mounts = tuple(
-            guest.GuestMount(target=m.target, read_only=m.read_only, options=m.options)
+            GuestMount(target=m.target, read_only=m.read_only, options=m.options)
             for m in record.mounts
             if m.type == "tmpfs"
         )
-        config = guest.GuestConfig(
+        config = GuestConfig(
             hostname="vz-" + record.key[:12],
             mounts=mounts,
-            env=guest.env_list(record.image_env, record.environment),
+            env=env_list(record.image_env, record.environment),
             argv=tuple(record.argv),
             user=record.user,
             workdir=record.working_dir or "/",

@@ -38,36 +38,13 @@ DECLARATION = DriverDeclaration(
             scope="host",
         ),
         Option(
-            "kernel",
-            "guest kernel image (EFI stub)",
-            kind="path",
+            "guest",
+            "the vz guest bundle (amd64, format hyperv: its unified kernel image): its directory or an https:// URL "
+            "of its manifest.json; verified and cached by digest (vz guest build / the release's bundle)",
             scope="host",
-            default_text="the newest /boot/vmlinuz-* with a module tree",
+            default_text="none: required",
         ),
-        Option(
-            "modules", "module tree of that kernel", kind="path", scope="host", default_text="/lib/modules/<release>"
-        ),
-        Option(
-            "busybox",
-            "statically linked busybox for the initramfs",
-            kind="path",
-            scope="host",
-            default_text="/bin/busybox",
-        ),
-        Option(
-            "efi_stub",
-            "systemd's EFI stub the unified kernel image is built on",
-            kind="path",
-            scope="host",
-            default_text="/usr/lib/systemd/boot/efi/linuxx64.efi.stub",
-        ),
-        Option(
-            "agent_binary",
-            "a prebuilt guest agent",
-            kind="path",
-            scope="host",
-            default_text="built from the bundled sources",
-        ),
+        Option("guest_sha256", "SHA-256 the bundle's manifest.json must have", scope="host", default_text="none"),
         Option("powershell", "Windows PowerShell", "powershell.exe", "path", "host"),
         Option(
             "stop_timeout",

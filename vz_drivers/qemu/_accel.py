@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vz_core.errors import UnavailableError
-from vz_drivers.qemu._kernel import Kernel
+from vz_drivers._guest import Kernel
 
 __all__ = ["ACCELERATORS", "Accelerator", "choose_accelerator", "guest_is_pvm", "kvm_modules", "probe_kvm"]
 

@@ -8,7 +8,7 @@ configures it exactly like a veth domain end (the gateway as /32, a /32 route to
 open descriptor to QEMU (``-netdev tap,fd=N,vhost=off``). The tap is not persistent: it lives as long as QEMU
 holds it, so a stopped or killed Machine leaves no link behind; ``remove_taps`` removes a leftover one.
 
-Inside the guest, the init (``vz_network`` of ``vz_drivers.qemu._initramfs``) reads ``vz.net=IFNAME,MAC,ADDRESS,
+Inside the guest, the init (``vz_network`` of ``vz_drivers._guest._initramfs``) reads ``vz.net=IFNAME,MAC,ADDRESS,
 GATEWAY,SUBNET`` words from the kernel command line, gives the interface with that MAC its name and address
 (/32, link route to the gateway, the subnet via the gateway, the default route via the first gateway) and, from
 ``vz.dns=``/``vz.search=``, writes the Machine's ``/etc/resolv.conf``. Every value there was checked here.

@@ -34,6 +34,29 @@ from vz_core import ExecOutput, ExecSpec, RunImageRequest
 from vz_core.errors import DriverError, FailedPreconditionError, InvalidArgumentError, UnavailableError
 from vz_core.paths import cache_dir
 from vz_drivers._agent import AgentClient
+from vz_drivers._guest import (
+    LOG_PATH,
+    GuestConfig,
+    GuestMount,
+    Initramfs,
+    Kernel,
+    build_initramfs,
+    default_disk_size,
+    env_list,
+    extract_vmlinux,
+    find_busybox,
+    find_kernel,
+    find_mke2fs,
+    hosts_file,
+    install_root_disk,
+    minimum_disk_size,
+    render,
+    resolv_file,
+    resolve_modules,
+    stage_root_disk,
+    tree_usage,
+    unstage_root_disk,
+)
 from vz_drivers._machine import (
     AgentLink,
     AgentMachineDriver,
@@ -47,18 +70,6 @@ from vz_drivers._machine import (
 )
 from vz_drivers.qemu._accel import Accelerator, choose_accelerator
 from vz_drivers.qemu._attach import TOPOLOGY_FACT, parse_network_label, remove_taps
-from vz_drivers.qemu._disk import (
-    default_disk_size,
-    find_mke2fs,
-    install_root_disk,
-    minimum_disk_size,
-    stage_root_disk,
-    tree_usage,
-    unstage_root_disk,
-)
-from vz_drivers.qemu._guestconfig import LOG_PATH, GuestConfig, GuestMount, env_list, hosts_file, render, resolv_file
-from vz_drivers.qemu._initramfs import Initramfs, build_initramfs, find_busybox
-from vz_drivers.qemu._kernel import Kernel, extract_vmlinux, find_kernel, resolve_modules
 from vz_drivers.qemu._qemu import QemuBinary, Share, VmSpec, find_qemu, launch
 from vz_drivers.qemu._qmp import QmpClient
 from vz_drivers.qemu._records import QemuBook, QemuPaths, QemuRecord

@@ -30,6 +30,23 @@ import psutil
 
 from vz_core import RunImageRequest
 from vz_core.errors import DriverError, FailedPreconditionError, UnavailableError, UnsupportedError
+from vz_drivers._guest import (
+    CONFIG_TAG,
+    Bundle,
+    GuestConfig,
+    GuestMount,
+    bundle_cache,
+    env_list,
+    find_mke2fs,
+    hosts_file,
+    install_root_disk,
+    open_bundle,
+    render,
+    root_disk_size,
+    stage_root_disk,
+    tree_usage,
+    unstage_root_disk,
+)
 from vz_drivers._machine import (
     AgentLink,
     Backend,
@@ -41,20 +58,6 @@ from vz_drivers._machine import (
     open_agent_socket,
     proc_start_time,
     validate_common,
-)
-from vz_drivers.qemu.guest import (
-    CONFIG_TAG,
-    GuestConfig,
-    GuestMount,
-    env_list,
-    find_mke2fs,
-    hosts_file,
-    install_root_disk,
-    render,
-    root_disk_size,
-    stage_root_disk,
-    tree_usage,
-    unstage_root_disk,
 )
 from vz_drivers.vfkit._binary import VfkitBinary
 from vz_drivers.vfkit._cmdline import AGENT_VSOCK_PORT, READY_VSOCK_PORT, Share, VfkitSpec, build_argv
@@ -144,6 +147,7 @@ class VfkitBackend(Backend[VfkitRecord, VfkitPaths]):
             max_mounts=24,
         )
         self._ready: dict[str, ReadyListener] = {}
+        self._bundle: Bundle | None = None
 
     # ------------------------------------------------------------------ facts
 
@@ -168,8 +172,10 @@ class VfkitBackend(Backend[VfkitRecord, VfkitPaths]):
             "egress_deny": "no network device at all (nothing can leave the guest; exec uses vsock)",
             "rosetta": "available" if host.rosetta else "not available",
             "nested": "possible" if host.nested else "not available",
-            "kernel": self.options.kernel or "(not set)",
-            "initrd": self.options.initrd or "(not set)",
+            "guest": self.options.guest or "(not set)",
+            "guest_sha256": self._bundle.digest
+            if self._bundle
+            else (self.options.guest_sha256 or "(not verified yet)"),
         }
         if host.supported:
             try:
@@ -190,15 +196,7 @@ class VfkitBackend(Backend[VfkitRecord, VfkitPaths]):
     async def provisioning_preflight(self) -> None:
         await self.preflight()
         _check_layer()
-        for name, value in (("kernel", self.options.kernel), ("initrd", self.options.initrd)):
-            if not value:
-                raise UnavailableError(
-                    f"the vfkit driver needs the option {name}=<absolute path> (an uncompressed Linux kernel and the "
-                    "vz guest initramfs built for it; see docs/drivers/vfkit.md)",
-                    details={"option": name},
-                )
-            if not await asyncio.to_thread(os.path.isfile, value):
-                raise UnavailableError(f"the {name} {value} does not exist", details={"option": name})
+        self._bundle = await asyncio.to_thread(self._open_guest)
         if self.options.rosetta == "on" and not self.host.rosetta:
             raise UnavailableError(
                 "rosetta=on, but Rosetta for Linux is not installed (Apple silicon: `softwareupdate "
@@ -211,6 +209,24 @@ class VfkitBackend(Backend[VfkitRecord, VfkitPaths]):
             )
         await asyncio.to_thread(find_mke2fs)
         await asyncio.to_thread(self.book.ensure)
+
+    def _open_guest(self) -> Bundle:
+        """The guest bundle, copied into the cache by digest and verified file by file (before every boot too)."""
+        if not self.options.guest:
+            raise UnavailableError(
+                "the vfkit driver needs the option guest=<bundle>: the vz guest bundle for "
+                f"{self.rules.architecture} (format vfkit), a directory or an https:// URL of its manifest.json; "
+                "see docs/drivers/vfkit.md (`vz guest fetch` / `vz guest build`)",
+                details={"option": "guest"},
+            )
+        bundle = open_bundle(self.options.guest, bundle_cache(), digest=self.options.guest_sha256)
+        if bundle.format != "vfkit" or bundle.arch != self.rules.architecture:
+            raise FailedPreconditionError(
+                f"the guest bundle {self.options.guest} is for {bundle.arch} {bundle.format}; this host needs "
+                f"{self.rules.architecture} vfkit (`vz guest build --arch {self.rules.architecture} --format vfkit`)",
+                details={"option": "guest"},
+            )
+        return bundle
 
     # ------------------------------------------------------------------ create
 
@@ -267,8 +283,8 @@ class VfkitBackend(Backend[VfkitRecord, VfkitPaths]):
         return VfkitSpec(
             cpus=cpus,
             memory_mib=memory_mib,
-            kernel=self.options.kernel,
-            initrd=self.options.initrd,
+            kernel=str(self._bundle.file("kernel")) if self._bundle else "",
+            initrd=str(self._bundle.file("initrd")) if self._bundle else "",
             cmdline=("console=hvc0", "quiet", "panic=-1", f"vz.cfg={CONFIG_TAG}"),
             disk=str(paths.disk),
             console_log=str(paths.console),
@@ -320,6 +336,8 @@ class VfkitBackend(Backend[VfkitRecord, VfkitPaths]):
             stop_timeout=self.stop_timeout,
             rosetta_tag=ROSETTA_TAG if self._rosetta() else "",
             network=record.egress != "deny",
+            # Virtualization.framework's NAT hands out the address, gateway and DNS forwarder by DHCP.
+            dhcp=True,
             resolv_conf=record.egress != "deny",
             virtiofs=True,
             vsock=(AGENT_VSOCK_PORT, READY_VSOCK_PORT),
@@ -327,8 +345,6 @@ class VfkitBackend(Backend[VfkitRecord, VfkitPaths]):
         paths.cfg.mkdir(parents=True, exist_ok=True, mode=0o700)
         atomic_write(paths.cfg / "config.sh", render(config).encode(), 0o600)
         atomic_write(paths.cfg / "hosts", hosts_file(hostname).encode(), 0o644)
-        # Virtualization.framework's NAT hands out the host as gateway and DNS forwarder.
-        atomic_write(paths.cfg / "resolv.conf", b"nameserver 192.168.64.1\n", 0o644)
         paths.run.mkdir(parents=True, exist_ok=True, mode=0o700)
         return shares
 
@@ -340,6 +356,7 @@ class VfkitBackend(Backend[VfkitRecord, VfkitPaths]):
 
     async def boot(self, record: VfkitRecord) -> None:
         verified = await asyncio.to_thread(self.binary.verify)
+        self._bundle = await asyncio.to_thread(self._open_guest)
         paths = self.book.paths(record.key)
         shares = await asyncio.to_thread(self._write_config, record, paths)
         sockets = await asyncio.to_thread(socket_dir, paths, record.key)

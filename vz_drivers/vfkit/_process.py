@@ -287,6 +287,11 @@ def boot_failure(what: str, *, log: Path, status: Path, console: Path | None) ->
     message = what + (f" ({how})" if how else "")
     if last:
         message += f": {last.strip()[:300]}"
+    if console is not None:
+        # The guest init's own reason (for example no DHCP lease from the NAT) says more than vfkit's exit.
+        init = [line for line in tail(console).splitlines() if "VZ-INIT-FAILED:" in line]
+        if init:
+            message += f"; the guest init failed: {init[-1].split('VZ-INIT-FAILED:', 1)[1].strip()[:300]}"
     message += f"; vfkit's output is in {log}" + (f", the guest console in {console}" if console else "")
     runtime = f"vfkit output (tail):\n{output or '(empty)'}"
     if console is not None:

@@ -36,19 +36,13 @@ DECLARATION = DriverDeclaration(
             default_text="recorded on first use in <state>/trust.json",
         ),
         Option(
-            "kernel",
-            "uncompressed Linux kernel the Machines boot (arm64 Image / x86_64 vmlinux)",
-            kind="path",
+            "guest",
+            "the vz guest bundle (format vfkit, the host's architecture): its directory or an https:// URL of its "
+            "manifest.json; verified and cached by digest (vz guest build / the release's bundle)",
             scope="host",
-            absolute=True,
+            default_text="none: required",
         ),
-        Option(
-            "initrd",
-            "the vz guest initramfs built for that kernel (agent as init)",
-            kind="path",
-            scope="host",
-            absolute=True,
-        ),
+        Option("guest_sha256", "SHA-256 the bundle's manifest.json must have", scope="host", default_text="none"),
         Option(
             "rosetta",
             "auto (when installed), on (required) or off: amd64 binaries in arm64 guests",

@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from vz_drivers.qemu._kernel import resolve_modules, strip_module_signature
-from vz_drivers.qemu.guest import CpioEntry, find_busybox, find_kernel, write_cpio
+from vz_drivers._guest import CpioEntry, find_busybox, find_kernel, resolve_modules, strip_module_signature, write_cpio
 
 PROBE = Path(__file__).parent / "vsock_probe"
 

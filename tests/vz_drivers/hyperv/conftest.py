@@ -32,5 +32,21 @@ def agent_binary() -> str:
 
 
 @pytest.fixture(scope="session")
+def hyperv_bundle(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The amd64 hyperv guest bundle, built here as `vz guest build --arch amd64 --format hyperv` does (pinned
+    Debian packages fetched with apt-get download; nothing of this host's /boot or /lib/modules)."""
+    import os
+
+    if os.environ.get("VZ_HYPERV_GUEST"):  # a bundle built elsewhere (the Windows lane: no apt-get there)
+        return os.environ["VZ_HYPERV_GUEST"]
+    from vz_drivers._agent import ensure_agent_binary
+    from vz_drivers._guest import build_bundle
+
+    debs = Path(os.environ.get("VZ_GUEST_DEBS", str(Path.home() / ".cache" / "vz" / "guest-debs")))
+    out = tmp_path_factory.mktemp("hyperv-bundle") / "bundle"
+    return str(build_bundle("amd64", "hyperv", out, agent=ensure_agent_binary("amd64"), debs=debs).root)
+
+
+@pytest.fixture(scope="session")
 def image_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("hyperv-images")

@@ -122,7 +122,7 @@ class LocalAgentBackend(HypervBackend):
         return raw
 
     async def boot_image(self) -> Any:
-        from vz_drivers.hyperv._efi import find_boot_tools
+        from vz_drivers._guest import find_boot_tools
 
         return find_boot_tools(), None
 

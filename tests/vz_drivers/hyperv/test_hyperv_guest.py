@@ -22,10 +22,9 @@ from hyperv_standin import WINDOWS, StandInHyperV
 
 from vz_core import ExecExit, ExecOutput, ExecSpec, RunImageRequest
 from vz_drivers._agent import AgentClient
+from vz_drivers._guest import BOOT_CMDLINE, ESP_TYPE, LINUX_TYPE, find_boot_tools, hyperv_init, to_vhdx
 from vz_drivers._machine import machine_key
 from vz_drivers.hyperv._driver import HypervBackend
-from vz_drivers.hyperv._efi import ESP_TYPE, LINUX_TYPE, find_boot_tools, to_vhdx
-from vz_drivers.hyperv._guest import BOOT_CMDLINE, hyperv_init
 from vz_drivers.hyperv._records import HypervRecord
 
 OVMF_CODE = Path("/usr/share/OVMF/OVMF_CODE.fd")
@@ -56,13 +55,13 @@ class Built:
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory, image_dir: Path, agent_binary: str) -> Iterator[Built]:
+def built(tmp_path_factory: pytest.TempPathFactory, image_dir: Path, hyperv_bundle: str) -> Iterator[Built]:
     """One Machine's boot disk, built through the backend (plan with a stand-in Windows host, then the real
     disk builder), raw and VHDX."""
     _require_tools()
     root = tmp_path_factory.mktemp("hyperv-disk")
     backend = HypervBackend(
-        state_dir=root / "state", image_dir=image_dir, agent_binary=agent_binary, runner=StandInHyperV(), host=WINDOWS
+        state_dir=root / "state", image_dir=image_dir, guest=hyperv_bundle, runner=StandInHyperV(), host=WINDOWS
     )
     request = RunImageRequest(
         workspace_id="ovmf boot/ü",
@@ -108,7 +107,12 @@ def test_the_disk_is_gpt_with_the_esp_and_the_root(built: Built) -> None:
     assert "SECRET" in config and built.record.workspace_id not in config
 
 
-def test_the_boot_file_is_a_unified_kernel_image(built: Built) -> None:
+def test_the_boot_file_is_the_bundles_unified_kernel_image(built: Built, hyperv_bundle: str) -> None:
+    assert built.uki.read_bytes() == (Path(hyperv_bundle) / "BOOTX64.EFI").read_bytes()
+    esp = f"{built.raw}@@1M"
+    on_disk = built.work / "BOOTX64.from-esp"
+    subprocess.run(["mcopy", "-i", esp, "::/EFI/BOOT/BOOTX64.EFI", str(on_disk)], check=True)
+    assert on_disk.read_bytes() == built.uki.read_bytes()
     sections = _run("objdump", "-h", str(built.uki))
     for name in (".osrel", ".cmdline", ".initrd", ".linux"):
         assert f" {name} " in sections, sections
@@ -126,7 +130,7 @@ def test_the_vhdx_holds_the_same_disk(built: Built) -> None:
 
 
 def test_the_init_is_qemus_with_the_configuration_from_the_esp() -> None:
-    from vz_drivers.qemu.guest import INIT_HOOK, INIT_SCRIPT
+    from vz_drivers._guest import INIT_HOOK, INIT_SCRIPT
 
     hook = hyperv_init()
     assert "vz_config_mount() {" in hook and "vz_partition vz-esp" in hook
@@ -140,9 +144,9 @@ def test_the_init_is_qemus_with_the_configuration_from_the_esp() -> None:
 def test_the_hyperv_only_scripts_parse(tmp_path: Path) -> None:
     # The Hyper-V branch of the init, the DHCP event script and /sbin/poweroff never run here: busybox sh -n at
     # least parses them as the guest's shell will (the share mount script also runs, in test_hyperv_shares_guest).
-    from vz_drivers.hyperv import _guest
+    from vz_drivers._guest import INIT_SCRIPT, find_busybox
+    from vz_drivers._guest import _hyperv as _guest
     from vz_drivers.hyperv._shares import _MOUNT_SCRIPT
-    from vz_drivers.qemu.guest import INIT_SCRIPT, find_busybox
 
     busybox = str(find_busybox())
     for name, text in (
@@ -160,7 +164,12 @@ def test_the_hyperv_only_scripts_parse(tmp_path: Path) -> None:
     assert subprocess.run([busybox, "sh", "-n", str(broken)], capture_output=True, timeout=30).returncode != 0
 
 
-async def test_the_raw_disk_boots_under_ovmf_and_the_agent_answers(built: Built, tmp_path: Path) -> None:
+async def test_the_vhdx_converted_back_to_raw_boots_under_ovmf_and_the_agent_answers(
+    built: Built, tmp_path: Path
+) -> None:
+    # What Hyper-V is given is the VHDX: boot exactly that, converted back to raw, with the bundle's UKI on its ESP.
+    back = tmp_path / "from-vhdx.raw"
+    _run("qemu-img", "convert", "-f", "vhdx", "-O", "raw", str(built.vhdx), str(back))
     vars_copy = tmp_path / "OVMF_VARS.fd"
     shutil.copyfile(OVMF_VARS, vars_copy)
     console = tmp_path / "console.log"
@@ -187,7 +196,7 @@ async def test_the_raw_disk_boots_under_ovmf_and_the_agent_answers(built: Built,
         "-drive",
         f"if=pflash,format=raw,file={vars_copy}",
         "-drive",
-        f"file={built.raw},if=none,id=root,format=raw,cache=unsafe",
+        f"file={back},if=none,id=root,format=raw,cache=unsafe",
         "-device",
         "virtio-blk-pci,drive=root",
         "-chardev",

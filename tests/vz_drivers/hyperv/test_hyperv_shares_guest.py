@@ -148,7 +148,7 @@ async def _run(client: AgentClient, script: str, *, root: str | None = None) -> 
 
 
 async def test_the_guest_mounts_smb_shares_and_read_only_is_the_servers(
-    tmp_path: Path, image_dir: Path, agent_binary: str
+    tmp_path: Path, image_dir: Path, hyperv_bundle: str
 ) -> None:
     for tool in ("qemu-system-x86_64", "mformat", "mcopy", "objcopy", "mke2fs"):
         if shutil.which(tool) is None:
@@ -160,7 +160,7 @@ async def test_the_guest_mounts_smb_shares_and_read_only_is_the_servers(
     backend = HypervBackend(
         state_dir=tmp_path / "state",
         image_dir=image_dir,
-        agent_binary=agent_binary,
+        guest=hyperv_bundle,
         runner=StandInHyperV(),
         host=WINDOWS,
     )

@@ -8,9 +8,9 @@ import pytest
 
 from vz_core import HostRequirements, Mount, MountType, RunImageRequest
 from vz_core.errors import InvalidArgumentError, NotFoundError, UnavailableError, UnsupportedError
+from vz_drivers._guest import find_kernel
 from vz_drivers.qemu import QemuDriver
 from vz_drivers.qemu._accel import choose_accelerator
-from vz_drivers.qemu._kernel import find_kernel
 
 
 def _nothing_created(state_dir: Path) -> bool:

@@ -16,21 +16,30 @@ from pathlib import Path
 import pytest
 
 from vz_core.errors import InvalidArgumentError, UnavailableError
-from vz_drivers.qemu._accel import Accelerator, choose_accelerator, guest_is_pvm, kvm_modules, probe_kvm
-from vz_drivers.qemu._cpio import CpioEntry, write_cpio
-from vz_drivers.qemu._disk import create_root_disk, default_disk_size, minimum_disk_size, tree_usage
-from vz_drivers.qemu._driver import diagnose_boot
-from vz_drivers.qemu._guestconfig import GuestConfig, GuestMount, env_list, render
-from vz_drivers.qemu._initramfs import INIT_SCRIPT, build_initramfs, find_busybox
-from vz_drivers.qemu._kernel import (
+from vz_drivers._guest import (
+    INIT_SCRIPT,
+    CpioEntry,
+    GuestConfig,
+    GuestMount,
     Kernel,
+    build_initramfs,
     bzimage_release,
+    create_root_disk,
+    default_disk_size,
+    env_list,
     extract_vmlinux,
+    find_busybox,
     find_kernel,
     has_pvh_entry,
+    minimum_disk_size,
+    render,
     resolve_modules,
     strip_module_signature,
+    tree_usage,
+    write_cpio,
 )
+from vz_drivers.qemu._accel import Accelerator, choose_accelerator, guest_is_pvm, kvm_modules, probe_kvm
+from vz_drivers.qemu._driver import diagnose_boot
 from vz_drivers.qemu._qemu import QEMU_LOG, Share, VmSpec, build_command
 from vz_drivers.qemu._qmp import QmpClient, QmpError
 from vz_drivers.qemu._validate import guest_path

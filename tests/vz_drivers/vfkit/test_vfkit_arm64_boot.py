@@ -1,10 +1,14 @@
-"""The arm64 vz guest, booted under qemu-system-aarch64 (TCG): what vfkit boots on Apple silicon, checked here.
+"""The arm64 vfkit guest bundle, built here and booted under qemu-system-aarch64 (TCG): what vfkit boots on Apple
+silicon, checked on Linux.
 
-Pieces (fetch_arm64_guest.sh, pinned by SHA-256, Debian archive only): Debian bookworm's arm64 kernel (an
-uncompressed ARM64 Image, which is what vfkit's linux bootloader requires) with its modules, a static arm64
-busybox, and the vz guest agent cross-compiled for linux/arm64. The initramfs is the vz one (the qemu driver's
-builder: busybox, the modules, the agent as init); the guest answers the agent protocol over virtio-serial
-(vfkit will use virtio-vsock once the agent serves it; see docs/drivers/vfkit.md).
+The bundle comes from ``vz guest build --arch arm64 --format vfkit`` (``build_bundle``: Debian bookworm's arm64
+kernel, an uncompressed ARM64 Image as vfkit's linux bootloader requires, with its modules, a static arm64
+busybox, all fetched with ``apt-get download`` and pinned by SHA-256, and the guest agent cross-compiled for
+linux/arm64). It is built twice and must be the same bytes. The guest answers the agent protocol over
+virtio-serial (this host has no vhost-vsock; vfkit uses virtio-vsock) and brings eth0 up by DHCP, as vfkit's
+NAT hands it out: here from a dnsmasq the test runs on a tap inside a network namespace it creates (nothing
+else can answer there). A second boot in a namespace without a DHCP server must fail, saying so on the console.
+Everything (namespace, tap, dnsmasq, QEMU) is removed by the module's fixtures.
 """
 
 from __future__ import annotations
@@ -14,64 +18,169 @@ import contextlib
 import os
 import shutil
 import subprocess
-from collections.abc import AsyncIterator
+import uuid
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
 from vz_core import ExecExit, ExecOutput, ExecSpec
+from vz_drivers._guest import (
+    MANIFEST,
+    Bundle,
+    GuestConfig,
+    build_bundle,
+    hosts_file,
+    open_bundle,
+    render,
+    verify_bundle,
+)
 
-GUEST_DIR = Path(os.environ.get("VZ_ARM64_GUEST_DIR", str(Path.home() / ".cache" / "vz" / "arm64-guest")))
-RELEASE = "6.1.0-57-arm64"
-FETCH = "sh tests/vz_drivers/vfkit/fetch_arm64_guest.sh"
+DEBS = Path(os.environ.get("VZ_GUEST_DEBS", str(Path.home() / ".cache" / "vz" / "guest-debs")))
+SUBNET = "10.213.7"
+MAC = "52:54:00:7a:01:02"
 
 pytestmark = pytest.mark.slow
 
 
-def _require() -> Path:
-    root = GUEST_DIR / "root"
+def _require() -> None:
     missing = [
-        what
-        for what, ok in (
-            ("qemu-system-aarch64", shutil.which("qemu-system-aarch64") is not None),
-            ("mke2fs", shutil.which("mke2fs") is not None),
-            (f"the arm64 kernel {RELEASE}", (root / "boot" / f"vmlinuz-{RELEASE}").is_file()),
-            ("its modules.dep", (root / "lib" / "modules" / RELEASE / "modules.dep").is_file()),
-            ("arm64 busybox", (root / "bin" / "busybox").is_file()),
-        )
-        if not ok
+        tool
+        for tool in ("qemu-system-aarch64", "mke2fs", "dnsmasq", "ip", "apt-get", "dpkg-deb", "go")
+        if shutil.which(tool) is None and not Path("/usr/sbin", tool).exists()
     ]
     if missing:
-        pytest.fail(f"missing: {', '.join(missing)}; run `{FETCH}` (as root; Debian archive only)")
-    return root
+        pytest.fail(f"missing: {', '.join(missing)}; run scripts/install-deps.sh")
+    if os.geteuid() != 0:
+        pytest.fail("the arm64 boot test creates a network namespace and a tap: run it as root")
 
 
-def test_the_debian_arm64_kernel_is_an_uncompressed_image() -> None:
-    image = (_require() / "boot" / f"vmlinuz-{RELEASE}").read_bytes()[:64]
-    # arm64 boot protocol header: "ARM\x64" at 0x38 (Documentation/arm64/booting.rst). A gzip'd Image would start
-    # with 1f 8b and hang vfkit's bootloader.
-    assert image[0x38:0x3C] == b"ARMd"
-    assert image[:2] != b"\x1f\x8b"
+@pytest.fixture(scope="module")
+def bundles(tmp_path_factory: pytest.TempPathFactory) -> tuple[Bundle, Bundle]:
+    """The arm64 vfkit bundle, built twice (the second time with a fresh agent build directory)."""
+    from vz_drivers._agent import ensure_agent_binary
+
+    _require()
+    base = tmp_path_factory.mktemp("bundles")
+    agent = ensure_agent_binary("arm64")
+    first = build_bundle("arm64", "vfkit", base / "one", agent=agent, debs=DEBS)
+    again = ensure_agent_binary("arm64", cache_dir=base / "agent")  # built once more from the same sources
+    second = build_bundle("arm64", "vfkit", base / "two", agent=again, debs=DEBS)
+    return first, second
 
 
-async def _nothing() -> AsyncIterator[bytes]:
-    return
-    yield b""
+def test_building_twice_gives_the_same_bytes(bundles: tuple[Bundle, Bundle]) -> None:
+    first, second = bundles
+    names = sorted(p.name for p in first.root.iterdir())
+    assert names == sorted(p.name for p in second.root.iterdir()) == ["Image", "initramfs.cpio", MANIFEST]
+    for name in names:
+        assert (first.root / name).read_bytes() == (second.root / name).read_bytes(), name
+    assert first.digest == second.digest
+    packages = {p["name"]: p for p in first.manifest["packages"]}  # type: ignore[attr-defined,union-attr]
+    assert set(packages) == {"linux-image-6.1.0-57-arm64", "busybox-static"}
+    assert all(len(p["sha256"]) == 64 for p in packages.values())
+    # arm64 boot protocol header: "ARM\x64" at 0x38 (Documentation/arm64/booting.rst); a gzip'd Image would
+    # start with 1f 8b and hang vfkit's bootloader.
+    head = (first.root / "Image").read_bytes()[:64]
+    assert head[0x38:0x3C] == b"ARMd" and head[:2] != b"\x1f\x8b"
 
 
-def _machine_files(tmp_path: Path, root: Path) -> tuple[Path, Path]:
-    """The Machine's root disk and configuration share."""
-    from vz_drivers.qemu._guestconfig import GuestConfig, hosts_file, render
+def test_a_changed_byte_is_refused_naming_the_file(bundles: tuple[Bundle, Bundle], tmp_path: Path) -> None:
+    from vz_core.errors import FailedPreconditionError
 
-    # The Machine's root: an arm64 busybox userland on an ext4 raw disk, like a vfkit Machine's virtio-blk disk.
+    copy = tmp_path / "bundle"
+    shutil.copytree(bundles[0].root, copy)
+    cached = open_bundle(str(copy), tmp_path / "cache")
+    assert cached.root == tmp_path / "cache" / bundles[0].digest
+    data = bytearray((copy / "initramfs.cpio").read_bytes())
+    data[len(data) // 2] ^= 1
+    (copy / "initramfs.cpio").write_bytes(bytes(data))
+    with pytest.raises(FailedPreconditionError, match=r"initramfs\.cpio does not match its manifest"):
+        verify_bundle(copy)
+    # the cached copy is verified before every use: a change there is refused too
+    (cached.root / "Image").write_bytes(b"changed")
+    with pytest.raises(FailedPreconditionError, match="Image does not match its manifest"):
+        open_bundle(str(bundles[0].root), tmp_path / "cache")
+
+
+# ------------------------------------------------------------------------------------------------ boots
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def netns() -> Iterator[str]:
+    """A network namespace of this test with a tap ``vztap0`` (the host side of the guest's virtio-net)."""
+    name = f"vzdhcp-{uuid.uuid4().hex[:8]}"
+    _ip("netns", "add", name)
+    try:
+        _ip("-n", name, "link", "set", "lo", "up")
+        _ip("-n", name, "tuntap", "add", "dev", "vztap0", "mode", "tap")
+        _ip("-n", name, "addr", "add", f"{SUBNET}.1/24", "dev", "vztap0")
+        _ip("-n", name, "link", "set", "vztap0", "up")
+        yield name
+    finally:
+        subprocess.run(["ip", "netns", "del", name], check=False, capture_output=True)
+
+
+@contextlib.contextmanager
+def _dnsmasq(ns: str, work: Path) -> Iterator[Path]:
+    """This test's own DHCP server, on the namespace's tap only; killed on exit."""
+    leases = work / "leases"
+    proc = subprocess.Popen(
+        [
+            "ip",
+            "netns",
+            "exec",
+            ns,
+            shutil.which("dnsmasq") or "/usr/sbin/dnsmasq",
+            "--keep-in-foreground",
+            "--conf-file=/dev/null",
+            "--no-resolv",
+            "--no-hosts",
+            "--port=0",  # DHCP only: no DNS server
+            "--interface=vztap0",
+            "--bind-interfaces",
+            f"--dhcp-range={SUBNET}.50,{SUBNET}.60,255.255.255.0,1h",
+            f"--dhcp-option=option:router,{SUBNET}.1",
+            f"--dhcp-option=option:dns-server,{SUBNET}.1",
+            f"--dhcp-leasefile={leases}",
+            "--pid-file=",
+            "--user=root",
+            f"--log-facility={work / 'dnsmasq.log'}",
+            "--log-dhcp",
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        yield leases
+    finally:
+        proc.kill()
+        proc.wait()
+        if proc.stderr:
+            proc.stderr.close()
+
+
+def _machine_files(tmp_path: Path, bundle_root: Path) -> tuple[Path, Path]:
+    """The Machine's root disk (an arm64 busybox userland on ext4) and its configuration share."""
     rootfs = tmp_path / "rootfs"
     for d in ("bin", "etc", "tmp", "proc", "sys", "dev", "run"):
         (rootfs / d).mkdir(parents=True)
-    shutil.copy2(root / "bin" / "busybox", rootfs / "bin" / "busybox")
+    # the userland is the bundle's own busybox, taken out of its initramfs with the cpio tool
+    unpack = tmp_path / "initrd"
+    unpack.mkdir()
+    with open(bundle_root / "initramfs.cpio", "rb") as fh:
+        subprocess.run(["cpio", "-idm", "--quiet", "bin/busybox"], stdin=fh, cwd=unpack, check=True)
+    shutil.copy2(unpack / "bin" / "busybox", rootfs / "bin" / "busybox")
     (rootfs / "bin" / "sh").symlink_to("busybox")
     (rootfs / "etc" / "passwd").write_text("root:x:0:0:root:/root:/bin/sh\n")
     (rootfs / "etc" / "group").write_text("root:x:0:\n")
     (rootfs / "etc" / "hosts").write_text("127.0.0.1 localhost\n")
+    (rootfs / "etc" / "resolv.conf").write_text("# replaced by the lease\n")
     disk = tmp_path / "disk.img"
     with open(disk, "wb") as fh:
         fh.truncate(256 * 1024 * 1024)
@@ -80,36 +189,18 @@ def _machine_files(tmp_path: Path, root: Path) -> tuple[Path, Path]:
     )
     cfg = tmp_path / "cfg"
     cfg.mkdir()
-    config = GuestConfig(hostname="vz-arm64", network=False, argv=("/bin/busybox", "sleep", "100000"))
+    # what the vfkit backend renders (network by DHCP, resolv.conf from the lease), with the agent on
+    # virtio-serial instead of vsock
+    config = GuestConfig(
+        hostname="vz-arm64", network=True, dhcp=True, resolv_conf=True, argv=("/bin/busybox", "sleep", "100000")
+    )
     (cfg / "config.sh").write_text(render(config))
     (cfg / "hosts").write_text(hosts_file("vz-arm64"))
-
     return disk, cfg
 
 
-async def test_the_arm64_guest_boots_and_answers_the_agent(tmp_path: Path) -> None:
-    from vz_drivers._agent import AgentClient, ensure_agent_binary
-    from vz_drivers.qemu._initramfs import build_initramfs
-    from vz_drivers.qemu._kernel import Kernel
-    from vz_drivers.vfkit._guest import GUEST_MODULES
-
-    root = _require()
-    agent = await asyncio.to_thread(ensure_agent_binary, "arm64")
-    kernel = Kernel(
-        image=root / "boot" / f"vmlinuz-{RELEASE}", release=RELEASE, modules_dir=root / "lib/modules" / RELEASE
-    )
-    # vfkit's module set (virtio-fs, virtio-vsock, hvc0, ...) plus 9p, which carries the configuration under QEMU
-    # here: every module must resolve in the pinned kernel and load in the guest, or the init stops.
-    modules = (*GUEST_MODULES, "9pnet_virtio", "9p")
-    initramfs = await asyncio.to_thread(
-        build_initramfs, kernel, agent, tmp_path / "initramfs", busybox=root / "bin" / "busybox", modules=modules
-    )
-
-    disk, cfg = await asyncio.to_thread(_machine_files, tmp_path, root)
-
-    run = tmp_path / "run"
-    run.mkdir()
-    argv = [
+def _qemu_argv(bundle: Bundle, disk: Path, cfg: Path, run: Path) -> list[str]:
+    return [
         "qemu-system-aarch64",
         "-machine",
         "virt",
@@ -127,9 +218,9 @@ async def test_the_arm64_guest_boots_and_answers_the_agent(tmp_path: Path) -> No
         "none",
         "-no-reboot",
         "-kernel",
-        str(kernel.image),
+        str(bundle.file("kernel")),
         "-initrd",
-        str(initramfs.path),
+        str(bundle.file("initrd")),
         "-append",
         "console=ttyAMA0 quiet panic=-1",
         "-serial",
@@ -148,52 +239,98 @@ async def test_the_arm64_guest_boots_and_answers_the_agent(tmp_path: Path) -> No
         f"local,id=fscfg,path={cfg},security_model=none,readonly=on",
         "-device",
         "virtio-9p-pci,fsdev=fscfg,mount_tag=vzcfg",
+        "-netdev",
+        "tap,id=net0,ifname=vztap0,script=no,downscript=no",
+        "-device",
+        f"virtio-net-pci,netdev=net0,mac={MAC}",
     ]
+
+
+@contextlib.asynccontextmanager
+async def _boot(ns: str, bundle: Bundle, tmp_path: Path) -> AsyncIterator[tuple[asyncio.subprocess.Process, Path]]:
+    disk, cfg = await asyncio.to_thread(_machine_files, tmp_path, bundle.root)
+    run = tmp_path / "run"
+    run.mkdir()
     qemu = await asyncio.create_subprocess_exec(
-        *argv,
+        "ip",
+        "netns",
+        "exec",
+        ns,
+        *_qemu_argv(bundle, disk, cfg, run),
         cwd=run,
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
     )
-    client = None
     try:
-        for _ in range(100):  # QEMU creates the socket right after it starts
-            if (run / "agent.sock").exists() or qemu.returncode is not None:
-                break
-            await asyncio.sleep(0.05)
-        reader, writer = await asyncio.open_unix_connection(str(run / "agent.sock"))
-        try:
-            client = await AgentClient.from_streams(reader, writer, wait_ready=True, timeout=240)
-        except BaseException:
-            console = (run / "console.log").read_text(errors="replace")[-3000:]
-            raise AssertionError(f"the arm64 guest did not answer; console:\n{console}") from None
-        out = b""
-        code = -1
-        async for event in client.exec(
-            ExecSpec(workspace_id="arm64", argv=("/bin/busybox", "uname", "-m")), _nothing()
-        ):
-            if isinstance(event, ExecOutput):
-                out += event.data
-            elif isinstance(event, ExecExit):
-                code = event.exit_code
-        assert (out, code) == (b"aarch64\n", 0)
-        loaded = b""
-        async for event in client.exec(
-            ExecSpec(workspace_id="arm64", argv=("/bin/busybox", "cat", "/proc/modules")), _nothing()
-        ):
-            if isinstance(event, ExecOutput):
-                loaded += event.data
-        for name in (b"virtiofs", b"vmw_vsock_virtio_transport", b"virtio_console"):
-            assert name in loaded
-        async with asyncio.timeout(60):
-            await client.shutdown(grace=5)
-            await qemu.wait()  # the agent powered the guest off: QEMU ends by itself
-        assert qemu.returncode == 0
+        yield qemu, run
     finally:
-        if client is not None:
-            with contextlib.suppress(Exception):
-                await client.close()
         if qemu.returncode is None:
             qemu.kill()
             await qemu.wait()
+
+
+async def _nothing() -> AsyncIterator[bytes]:
+    return
+    yield b""
+
+
+async def _run(client: object, *argv: str) -> tuple[bytes, int]:
+    out, code = b"", -1
+    async for event in client.exec(ExecSpec(workspace_id="arm64", argv=argv), _nothing()):  # type: ignore[attr-defined]
+        if isinstance(event, ExecOutput):
+            out += event.data
+        elif isinstance(event, ExecExit):
+            code = event.exit_code
+    return out, code
+
+
+async def test_the_bundle_boots_answers_the_agent_and_gets_its_network_by_dhcp(
+    bundles: tuple[Bundle, Bundle], netns: str, tmp_path: Path
+) -> None:
+    from vz_drivers._agent import AgentClient
+
+    bundle = bundles[0]
+    with _dnsmasq(netns, tmp_path) as leases:
+        async with _boot(netns, bundle, tmp_path) as (qemu, run):
+            for _ in range(100):  # QEMU creates the socket right after it starts
+                if (run / "agent.sock").exists() or qemu.returncode is not None:
+                    break
+                await asyncio.sleep(0.05)
+            reader, writer = await asyncio.open_unix_connection(str(run / "agent.sock"))
+            try:
+                client = await AgentClient.from_streams(reader, writer, wait_ready=True, timeout=300)
+            except BaseException:
+                console = (run / "console.log").read_text(errors="replace")[-3000:]
+                raise AssertionError(f"the arm64 guest did not answer; console:\n{console}") from None
+            try:
+                assert await _run(client, "/bin/busybox", "uname", "-m") == (b"aarch64\n", 0)
+                loaded, _ = await _run(client, "/bin/busybox", "cat", "/proc/modules")
+                for name in (b"virtiofs", b"vmw_vsock_virtio_transport", b"virtio_console", b"virtio_net"):
+                    assert name in loaded
+                addr, code = await _run(client, "/bin/busybox", "ip", "-4", "addr", "show", "dev", "eth0")
+                assert code == 0 and f"inet {SUBNET}.5".encode() in addr, addr
+                route, _ = await _run(client, "/bin/busybox", "ip", "route")
+                assert f"default via {SUBNET}.1 dev eth0".encode() in route, route
+                resolv, _ = await _run(client, "/bin/busybox", "cat", "/etc/resolv.conf")
+                assert f"nameserver {SUBNET}.1".encode() in resolv, resolv
+                # traffic flows: the DHCP server's side of the tap answers
+                assert (await _run(client, "/bin/busybox", "ping", "-c", "1", "-W", "5", f"{SUBNET}.1"))[1] == 0
+                async with asyncio.timeout(60):
+                    await client.shutdown(grace=5)
+                    await qemu.wait()  # the agent powered the guest off: QEMU ends by itself
+                assert qemu.returncode == 0
+            finally:
+                with contextlib.suppress(Exception):
+                    await client.close()
+        assert MAC in leases.read_text()  # the lease came from this test's dnsmasq
+
+
+async def test_no_dhcp_lease_is_a_failed_boot_that_says_so(
+    bundles: tuple[Bundle, Bundle], netns: str, tmp_path: Path
+) -> None:
+    async with _boot(netns, bundles[0], tmp_path) as (qemu, run):  # no DHCP server in the namespace now
+        async with asyncio.timeout(600):
+            await qemu.wait()  # the init reports the failure and powers the guest off
+        console = (run / "console.log").read_text(errors="replace")
+    assert "VZ-INIT-FAILED: no DHCP lease on eth0" in console, console[-2000:]

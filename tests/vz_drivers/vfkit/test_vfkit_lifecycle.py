@@ -22,6 +22,7 @@ from vfkit_standin import write_executable
 
 from vz_core import ExecExit, ExecOutput, ExecSpec, HostRequirements, Mount, MountType, RunImageRequest
 from vz_core.errors import RuntimeFailureError
+from vz_drivers._guest import write_bundle
 from vz_drivers.vfkit._backend import VfkitBackend
 from vz_drivers.vfkit._driver import VfkitDriver
 from vz_drivers.vfkit._host import HostSupport
@@ -58,16 +59,20 @@ def _standins(root: Path) -> list[psutil.Process]:
 def _make(root: Path, image_dir: Path, agent_binary: str) -> VfkitDriver:
     arch = {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine(), "amd64")
     mac = HostSupport(system="Darwin", macos_version=(15, 1), architecture=arch, reason="", rosetta=False, nested=False)
-    (root / "Image").write_bytes(b"stand-in kernel")
-    (root / "initrd").write_bytes(b"stand-in initramfs")
+    bundle = write_bundle(
+        root / "guest",
+        {"Image": b"stand-in kernel", "initramfs.cpio": b"stand-in initramfs"},
+        arch=arch,
+        fmt="vfkit",
+        roles={"kernel": "Image", "initrd": "initramfs.cpio"},
+    )
     vfkit = write_executable(root / "brew", f"agent {agent_binary}")
     backend = VfkitBackend(
         host=mac,
         state_dir=str(root / "state"),
         image_dir=str(image_dir),
         vfkit=str(vfkit),
-        kernel=str(root / "Image"),
-        initrd=str(root / "initrd"),
+        guest=str(bundle.root),
         boot_timeout="60",
         stop_timeout="5",
     )

@@ -156,3 +156,19 @@ async def test_a_guest_that_never_reports_ready_times_out_with_diagnostics(
     assert await wait_gone(launched[0].pid, launched[0].start_time, 0.1) is False  # still running: caller decides
     rest = VfkitRest(str(short_dir / "run" / "rest.sock"))
     assert await stop_vm(launched[0], rest, grace=10) == "stop"
+
+
+def test_a_boot_failure_names_the_guest_inits_reason(tmp_path: Path) -> None:
+    # What the guest prints when vfkit's NAT hands out no address (vz_network_dhcp), then powers off.
+    from vz_drivers.vfkit._process import boot_failure
+
+    log, status, console = tmp_path / "vfkit.log", tmp_path / "vfkit.status", tmp_path / "console.log"
+    log.write_text("INFO[0001] VM is stopped\n")
+    status.write_text("0\n")
+    console.write_text(
+        "udhcpc: sending discover\nVZ-INIT-FAILED: no DHCP lease on eth0 after 10 requests: the VM's NAT network "
+        "handed out no address\nreboot: Power down\n"
+    )
+    error = boot_failure("vfkit exited unexpectedly", log=log, status=status, console=console)
+    assert "the guest init failed: no DHCP lease on eth0 after 10 requests" in error.message
+    assert "udhcpc: sending discover" in error.runtime_message

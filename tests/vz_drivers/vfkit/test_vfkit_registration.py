@@ -25,7 +25,7 @@ def test_the_backend_reads_typed_options_built_from_the_declaration(tmp_path: Pa
     assert backend.options.nested is True and backend.options.rosetta == "off"
     assert (backend.stop_timeout, backend.boot_timeout) == (5.0, DECLARATION.declared_options["boot_timeout"].default)
     host_only = set(DECLARATION.option_names("host"))
-    assert {"vfkit", "vfkit_sha256", "kernel", "initrd", "state_dir", "nested"} <= host_only
+    assert {"vfkit", "vfkit_sha256", "guest", "guest_sha256", "state_dir", "nested"} <= host_only
 
 
 @pytest.mark.skipif(platform.system() == "Darwin", reason="describes a host that is not macOS")
@@ -40,7 +40,7 @@ def test_the_plugin_command_line_is_generated() -> None:
     from vz_drivers.vfkit.registration import build_parser
 
     help_text = build_parser().format_help()
-    for flag in ("--vfkit", "--vfkit-sha256", "--kernel", "--initrd", "--rosetta", "--nested", "--boot-timeout"):
+    for flag in ("--vfkit", "--vfkit-sha256", "--guest", "--guest-sha256", "--rosetta", "--nested", "--boot-timeout"):
         assert flag in help_text
 
 

@@ -2,7 +2,7 @@
 
 It depends on nothing in the image. ``/init`` (a busybox shell script, ``INIT_SCRIPT``) loads the modules,
 mounts the read-only 9p share ``vzcfg`` that carries the Machine's configuration (a shell script the host
-writes with every value quoted, see ``vz_drivers.qemu._guestconfig``), and runs it. The configuration mounts
+writes with every value quoted, see ``vz_drivers._guest._guestconfig``), and runs it. The configuration mounts
 the root disk (the image's root filesystem as ext4 on virtio-blk) at ``/mnt/root``, mounts shares and tmpfs
 inside it, sets the hostname and the network, and finally replaces the shell with the guest agent as PID 1,
 serving the host on a virtio-serial port and running every command chrooted into ``/mnt/root``.
@@ -24,10 +24,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vz_core.errors import UnavailableError
-from vz_drivers.qemu._cpio import CpioEntry, write_cpio
-from vz_drivers.qemu._kernel import GUEST_MODULES, Kernel, resolve_modules, strip_module_signature
+from vz_drivers._guest._cpio import CpioEntry, write_cpio
+from vz_drivers._guest._kernel import GUEST_MODULES, Kernel, resolve_modules, strip_module_signature
 
-__all__ = ["AGENT_PORT_PREFIX", "CONFIG_TAG", "INIT_SCRIPT", "Initramfs", "build_initramfs", "find_busybox"]
+__all__ = [
+    "AGENT_PORT_PREFIX",
+    "CONFIG_TAG",
+    "DHCP_SCRIPT",
+    "INIT_HOOK",
+    "INIT_SCRIPT",
+    "Initramfs",
+    "archive_bytes",
+    "build_initramfs",
+    "find_busybox",
+]
 
 CONFIG_TAG = "vzcfg"
 """Mount tag of the read-only 9p share holding the Machine's configuration script."""
@@ -185,6 +195,23 @@ vz_network() {
 	fi
 }
 
+# vz_network_dhcp: loopback, then eth0 by DHCP, as a NAT that hands out addresses does (vfkit's, i.e.
+# Virtualization.framework's): udhcpc's event script /etc/vz/dhcp.sh sets the address and the default route and
+# writes /run/vz/resolv.conf. No lease is a failed boot that says so (never a Machine without network).
+vz_network_dhcp() {
+	$bb ip link set lo up
+	n=0
+	while [ ! -e /sys/class/net/eth0 ]; do
+		n=$((n + 1))
+		[ $n -gt 500 ] && die "no network interface eth0 appeared (the VM has no virtio-net device)"
+		$bb usleep 10000
+	done
+	$bb ip link set eth0 up || die "cannot bring eth0 up"
+	$bb udhcpc -i eth0 -f -q -n -t 10 -T 2 -s /etc/vz/dhcp.sh \
+		|| die "no DHCP lease on eth0 after 10 requests: the VM's NAT network handed out no address"
+	[ -s /run/vz/resolv.conf ] || die "the DHCP lease on eth0 named no DNS server"
+}
+
 # vz_net_claim MAC NAME: rename the interface with MAC (its driver may still be probing) to NAME.
 vz_net_claim() {
 	n=0
@@ -268,6 +295,34 @@ die "the configuration did not start the guest agent"
 """
 
 
+DHCP_SCRIPT = r"""#!/bin/busybox sh
+# udhcpc's event script (vz_network_dhcp): the lease's address, default route and DNS servers.
+bb=/bin/busybox
+case "$1" in
+deconfig)
+	$bb ip addr flush dev "$interface"
+	;;
+bound | renew)
+	$bb ip addr flush dev "$interface"
+	$bb ip addr add "$ip/${mask:-24}" dev "$interface" || exit 1
+	for r in $router; do
+		$bb ip route replace default via "$r" dev "$interface" || exit 1
+		break
+	done
+	: >/run/vz/resolv.conf.new
+	[ -n "$domain" ] && echo "search $domain" >>/run/vz/resolv.conf.new
+	for d in $dns; do
+		echo "nameserver $d" >>/run/vz/resolv.conf.new
+	done
+	$bb mv /run/vz/resolv.conf.new /run/vz/resolv.conf
+	echo "vz: eth0 $ip/${mask:-24} via ${router%% *}, DNS $dns"
+	;;
+esac
+exit 0
+"""
+"""udhcpc's event script in every initramfs (``/etc/vz/dhcp.sh``)."""
+
+
 @dataclass(frozen=True)
 class Initramfs:
     """A built initramfs: its path and the SHA-256 of its bytes."""
@@ -304,7 +359,8 @@ def find_busybox(path: str | None = None) -> Path:
     )
 
 
-def _archive(kernel: Kernel, busybox: Path, agent: Path, modules: tuple[str, ...]) -> bytes:
+def archive_bytes(kernel: Kernel, busybox: Path, agent: Path, modules: tuple[str, ...] = GUEST_MODULES) -> bytes:
+    """The initramfs for ``kernel`` (its ``modules``), ``busybox`` and the guest ``agent``, the same bytes each time."""
     release = kernel.release or "vz"
     mod_dir = f"lib/modules/{release}"
     entries = [
@@ -341,6 +397,7 @@ def _archive(kernel: Kernel, busybox: Path, agent: Path, modules: tuple[str, ...
     wanted = [m.name for m in resolved if m.name in canonical]
     entries.append(CpioEntry.file("etc/vz/modules", (" ".join(wanted) + "\n").encode()))
     entries.append(CpioEntry.file("etc/vz/format", f"{FORMAT_VERSION}\n".encode()))
+    entries.append(CpioEntry.file("etc/vz/dhcp.sh", DHCP_SCRIPT.encode(), 0o755))
     entries.append(CpioEntry.file("init", INIT_SCRIPT.encode(), 0o755))
     out = io.BytesIO()
     write_cpio(out, entries)
@@ -360,7 +417,7 @@ def build_initramfs(
     Raises ``UnavailableError`` when busybox-static or a needed kernel module is missing.
     """
     bb = busybox or find_busybox()
-    data = _archive(kernel, bb, agent, modules)
+    data = archive_bytes(kernel, bb, agent, modules)
     digest = hashlib.sha256(data).hexdigest()
     target = cache / digest / "initramfs.cpio"
     if target.is_file():

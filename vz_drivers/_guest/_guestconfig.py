@@ -1,6 +1,6 @@
 """The per-Machine configuration script the guest init runs (``config.sh`` on the ``vzcfg`` share).
 
-It is a list of calls to the functions of the init script (``vz_drivers.qemu._initramfs.INIT_SCRIPT``), in
+It is a list of calls to the functions of the init script (``vz_drivers._guest._initramfs.INIT_SCRIPT``), in
 order, with every argument quoted for the shell: any byte but NUL survives. The script holds the Machine's
 environment (secrets), so the host writes it mode 0600 into a private directory on its memory filesystem
 (``/dev/shm``) and removes it once the guest agent serves; nothing of it appears on the QEMU command line.
@@ -12,7 +12,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from vz_drivers.qemu._initramfs import AGENT_PORT_PREFIX
+from vz_drivers._guest._initramfs import AGENT_PORT_PREFIX
 
 __all__ = ["GuestConfig", "GuestMount", "env_list", "hosts_file", "render", "resolv_file"]
 
@@ -20,6 +20,8 @@ ROOT_DEVICE = "/dev/vda"
 LOG_PATH = "/run/vz/main.log"
 HOSTS_PATH = "/run/vz/cfg/hosts"
 RESOLV_PATH = "/run/vz/cfg/resolv.conf"
+DHCP_RESOLV_PATH = "/run/vz/resolv.conf"
+"""What the DHCP event script writes (``vz_drivers._guest._initramfs.DHCP_SCRIPT``)."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,9 @@ class GuestConfig:
     sessions: int = 1
     """virtio-serial ports with an agent each: port 0 is PID 1, the others serve more host connections."""
     network: bool = True
+    dhcp: bool = False
+    """The network comes up by DHCP on eth0 (``vz_network_dhcp``: vfkit's NAT), not by the static QEMU setup; with
+    ``resolv_conf`` the lease's DNS servers become ``/etc/resolv.conf``."""
     resolv_conf: bool = False
     virtiofs: bool = False
     """Shares are virtio-fs (``vz_virtiofs``; vfkit) instead of 9p (``vz_share``; QEMU)."""
@@ -74,10 +79,11 @@ def render(config: GuestConfig) -> str:
     if config.rosetta_tag:
         lines.append(_call("vz_rosetta", config.rosetta_tag))
     if config.network:
-        lines.append("vz_network")
+        lines.append("vz_network_dhcp" if config.dhcp else "vz_network")
     lines.append(_call("vz_file", HOSTS_PATH, "/etc/hosts"))
     if config.resolv_conf:
-        lines.append(_call("vz_file", RESOLV_PATH, "/etc/resolv.conf"))
+        resolv = DHCP_RESOLV_PATH if config.network and config.dhcp else RESOLV_PATH
+        lines.append(_call("vz_file", resolv, "/etc/resolv.conf"))
     args: list[str]
     if config.vsock is not None:
         args = [str(config.vsock[0]), str(config.vsock[1])]

@@ -9,7 +9,7 @@ no EFI shell (Hyper-V has none: a ``startup.nsh`` would never run there) and no 
 The image is unsigned: Secure Boot stays off unless the operator signs it (see docs/drivers/hyperv.md).
 
 Nothing here needs root, a loop device or a mount: the FAT file system is made and filled with mtools
-(``mformat``/``mmd``/``mcopy`` on an image file), the root ext4 comes from ``mke2fs -d`` (the qemu guest
+(``mformat``/``mmd``/``mcopy`` on an image file), the root ext4 comes from ``mke2fs -d`` (the shared guest
 builder), and the GPT (protective MBR, header, entries, backup) is written by ``write_gpt`` below, byte for byte
 after the UEFI specification (chapter 5). The raw disk is converted with ``qemu-img convert -O vhdx``.
 
@@ -40,7 +40,6 @@ __all__ = [
     "ESP_TYPE",
     "LINUX_TYPE",
     "ROOT_NAME",
-    "STUB_CANDIDATES",
     "BootTools",
     "Partition",
     "assemble_disk",
@@ -56,14 +55,13 @@ ESP_TYPE = uuid.UUID("c12a7328-f81f-11d2-ba4b-00a0c93ec93b")
 LINUX_TYPE = uuid.UUID("0fc63daf-8483-4772-8e79-3d69d8477de4")
 ESP_NAME = "vz-esp"
 ROOT_NAME = "vz-root"
-STUB_CANDIDATES = ("/usr/lib/systemd/boot/efi/linuxx64.efi.stub",)
 _ALIGN = 1024 * 1024
 _ENTRIES = 128
 _ENTRY_SIZE = 128
 _ENTRY_SECTORS = _ENTRIES * _ENTRY_SIZE // SECTOR
 TOOLS_HINT = (
-    "the hyperv guest disk is built with mtools, qemu-img, objcopy and systemd's EFI stub (Debian/Ubuntu: "
-    "`apt-get install mtools qemu-utils binutils systemd-boot-efi`)"
+    "the hyperv guest disk is built with mtools and qemu-img (Debian/Ubuntu: `apt-get install mtools qemu-utils`; "
+    "Windows: their native builds on PATH), a guest bundle's unified kernel image also with objcopy (binutils)"
 )
 
 
@@ -72,34 +70,35 @@ class BootTools:
     mformat: str
     mmd: str
     mcopy: str
-    objcopy: str
     qemu_img: str
-    stub: Path
+    objcopy: str = ""
+    stub: Path | None = None
+    """systemd's EFI stub, only where unified kernel images are built (``vz guest build``, from its pinned
+    package): a driver boots the bundle's image and needs neither objcopy nor a stub."""
 
 
-def find_boot_tools(stub: str = "") -> BootTools:
-    """The tools the boot disk needs; ``UnavailableError`` naming what is missing and how to install it."""
+def find_boot_tools(stub: Path | None = None) -> BootTools:
+    """The tools the boot disk needs (with ``stub``: also those a unified kernel image needs); ``UnavailableError``
+    naming what is missing and how to install it."""
     found: dict[str, str] = {}
     missing = []
-    for tool in ("mformat", "mmd", "mcopy", "objcopy", "qemu-img"):
+    for tool in ("mformat", "mmd", "mcopy", "qemu-img", *(("objcopy",) if stub is not None else ())):
         path = shutil.which(tool)
         if path is None:
             missing.append(tool)
         else:
             found[tool] = path
-    stub_path = next((Path(p) for p in ((stub,) if stub else STUB_CANDIDATES) if Path(p).is_file()), None)
-    if stub_path is None:
-        missing.append(f"EFI stub {stub or STUB_CANDIDATES[0]}")
+    if stub is not None and not stub.is_file():
+        missing.append(f"EFI stub {stub}")
     if missing:
         raise UnavailableError(f"{', '.join(missing)} missing: {TOOLS_HINT}")
-    assert stub_path is not None
     return BootTools(
         mformat=found["mformat"],
         mmd=found["mmd"],
         mcopy=found["mcopy"],
-        objcopy=found["objcopy"],
         qemu_img=found["qemu-img"],
-        stub=stub_path,
+        objcopy=found.get("objcopy", ""),
+        stub=stub,
     )
 
 
@@ -145,7 +144,10 @@ def _pe_layout(stub: bytes) -> tuple[int, int, int]:
 
 async def build_uki(tools: BootTools, kernel: Path, initrd: bytes, cmdline: str, cache: Path) -> Path:
     """The unified kernel image for ``kernel`` + ``initrd`` + ``cmdline``, cached by the digest of all three."""
-    stub, kernel_bytes = await asyncio.to_thread(lambda: (tools.stub.read_bytes(), kernel.read_bytes()))
+    if tools.stub is None or not tools.objcopy:
+        raise UnavailableError(f"building a unified kernel image needs objcopy and an EFI stub: {TOOLS_HINT}")
+    stub_path = tools.stub
+    stub, kernel_bytes = await asyncio.to_thread(lambda: (stub_path.read_bytes(), kernel.read_bytes()))
     digest = hashlib.sha256()
     for part in (stub, kernel_bytes, initrd, cmdline.encode()):
         digest.update(hashlib.sha256(part).digest())
@@ -178,7 +180,7 @@ async def build_uki(tools: BootTools, kernel: Path, initrd: bytes, cmdline: str,
             ]
             offset += (len(data) + align - 1) // align * align
         out = work / "uki.efi"
-        await _run([*argv, str(tools.stub), str(out)], "objcopy (building the unified kernel image)")
+        await _run([*argv, str(stub_path), str(out)], "objcopy (building the unified kernel image)")
         os.replace(out, target)
     return target
 

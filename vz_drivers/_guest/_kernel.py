@@ -27,6 +27,7 @@ __all__ = [
     "Kernel",
     "KernelModule",
     "bzimage_release",
+    "decompress_kernel",
     "extract_vmlinux",
     "find_kernel",
     "has_pvh_entry",
@@ -247,6 +248,22 @@ def bzimage_release(image: Path) -> str:
         return ""
     text = head[start : start + 256].split(b"\0", 1)[0].decode(errors="replace")
     return text.split(" ", 1)[0]
+
+
+def decompress_kernel(data: bytes) -> bytes | None:
+    """The ELF ``vmlinux`` inside a bzImage (``data``), or ``data`` when it already is ELF; None when not
+    extractable with the standard library (zstd, lz4, lzo payloads)."""
+    if data.startswith(b"\x7fELF"):
+        return data
+    if not _bzimage_header(data):
+        return None
+    setup_sects = data[0x1F1] or 4
+    payload_offset, payload_length = struct.unpack_from("<II", data, 0x248)
+    start = (setup_sects + 1) * 512 + payload_offset
+    try:
+        return _decompress_payload(data[start : start + payload_length])
+    except (lzma.LZMAError, zlib.error, OSError, EOFError):
+        return None
 
 
 def _decompress_payload(payload: bytes) -> bytes | None:
