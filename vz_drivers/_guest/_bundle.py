@@ -49,6 +49,7 @@ __all__ = [
     "Pin",
     "build_bundle",
     "bundle_cache",
+    "check_bundle_options",
     "open_bundle",
     "verify_bundle",
     "write_bundle",
@@ -437,6 +438,21 @@ def _read_source(source: str, name: str) -> bytes:
         return (path / name).read_bytes()
     prefix = path.name[: -len(MANIFEST)] if path.name.endswith(MANIFEST) else ""
     return path.read_bytes() if name == MANIFEST else (path.parent / (prefix + name)).read_bytes()
+
+
+def check_bundle_options(source: str, digest: str) -> None:
+    """Refuse a ``guest`` option that is neither an absolute path nor an ``https://`` URL, and a ``guest_sha256``
+    that is no SHA-256, when the driver is made (before any boot reads the bundle)."""
+    if source and not source.startswith("https://") and not os.path.isabs(source):
+        raise InvalidArgumentError(
+            f"guest={source!r} must be an absolute path of a guest bundle (its directory or manifest.json) or an "
+            "https:// URL of its manifest.json",
+            details={"option": "guest"},
+        )
+    if digest and not re.fullmatch(r"[0-9a-f]{64}", digest):
+        raise InvalidArgumentError(
+            f"guest_sha256={digest!r} is not a SHA-256 (64 lowercase hex digits)", details={"option": "guest_sha256"}
+        )
 
 
 def open_bundle(source: str, cache: Path, *, digest: str = "") -> Bundle:

@@ -29,7 +29,6 @@ import concurrent.futures
 import contextlib
 import json
 import os
-import re
 import secrets
 import shutil
 import socket
@@ -58,6 +57,7 @@ from vz_drivers._guest import (
     GuestConfig,
     GuestMount,
     bundle_cache,
+    check_bundle_options,
     default_disk_size,
     env_list,
     find_boot_tools,
@@ -153,11 +153,7 @@ class HypervBackend(Backend[HypervRecord, HypervPaths]):
         self.book = HypervBook(self.state_root)
         self.switch: str = opts.switch
         self.secure_boot_template: str = opts.secure_boot_template
-        if opts.guest_sha256 and not re.fullmatch(r"[0-9a-f]{64}", opts.guest_sha256):
-            raise InvalidArgumentError(
-                f"guest_sha256={opts.guest_sha256!r} is not a SHA-256 (64 lowercase hex digits)",
-                details={"option": "guest_sha256"},
-            )
+        check_bundle_options(opts.guest, opts.guest_sha256)
         self._guest_opt, self._guest_sha256 = opts.guest, opts.guest_sha256
         self.runner: ScriptRunner = runner if runner is not None else PowerShellRunner(opts.powershell)
         self.support = host if host is not None else host_support()

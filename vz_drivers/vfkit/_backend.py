@@ -36,6 +36,7 @@ from vz_drivers._guest import (
     GuestConfig,
     GuestMount,
     bundle_cache,
+    check_bundle_options,
     env_list,
     find_mke2fs,
     hosts_file,
@@ -124,6 +125,7 @@ class VfkitBackend(Backend[VfkitRecord, VfkitPaths]):
         # Every option is checked once, by the declaration (vfkit takes no agent_binary: its agent is in the
         # initrd); the layer's common part reads the checked values.
         super().__init__(DECLARATION.options_of(options, raw))
+        check_bundle_options(self.options.guest, self.options.guest_sha256)
         self.book = VfkitBook(self.state_root)
         self.binary = VfkitBinary(
             self.options.vfkit, state_root=self.state_root, pinned_sha256=self.options.vfkit_sha256
