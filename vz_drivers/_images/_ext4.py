@@ -51,9 +51,7 @@ _XATTR_NAMESPACES = ("user.", "trusted.", "security.", "system.posix_acl_access"
 
 def find_e2fs_tool(name: str) -> str:
     """The path of e2fsprogs' ``name`` (``mke2fs``, ``debugfs``); UnavailableError naming the fix if missing."""
-    found = shutil.which(name) or next(
-        (p for d in _SBIN_DIRS if os.access(p := os.path.join(d, name), os.X_OK)), ""
-    )
+    found = shutil.which(name) or next((p for d in _SBIN_DIRS if os.access(p := os.path.join(d, name), os.X_OK)), "")
     if not found:
         raise UnavailableError(f"{name} is missing; {E2FSPROGS_HINT}")
     return found
@@ -190,7 +188,7 @@ def write_ext4(
         argv += ["-E", "lazy_itable_init=1,lazy_journal_init=1,root_owner=0:0"]
         if usage[1] * 5 // 4 + 1024 > size // _BYTES_PER_INODE:
             argv += ["-N", str(usage[1] * 5 // 4 + 1024)]
-        _run(argv + [str(target), f"{size // 1024}k"], image=image, size=size, target=target, what="mke2fs")
+        _run([*argv, str(target), f"{size // 1024}k"], image=image, size=size, target=target, what="mke2fs")
         _run([debugfs, "-w", "-f", str(commands), str(target)], image=image, size=size, target=target, what="debugfs")
         return usage
     except BaseException:
@@ -202,7 +200,9 @@ def write_ext4(
 
 
 def _run(argv: list[str], *, image: str, size: int, target: Path, what: str) -> None:
-    proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, check=False)
+    proc = subprocess.run(
+        argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, check=False
+    )
     message = proc.stderr.decode(errors="replace").strip()
     # debugfs reports a failed command on stderr and still exits 0; its only other stderr line is its banner.
     errors = [line for line in message.splitlines() if line and not _BANNER.match(line)]

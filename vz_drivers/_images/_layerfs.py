@@ -26,8 +26,8 @@ from pathlib import Path
 
 from vz_core.errors import InvalidArgumentError
 from vz_drivers._images._unpack import (
-    _TAR_ERRORS,
     _CHUNK,
+    _TAR_ERRORS,
     _corrupt,
     _HashingReader,
     _LayerError,

@@ -34,7 +34,7 @@ import shutil
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -327,7 +327,7 @@ class HypervBackend(Backend[HypervRecord, HypervPaths]):
             switch=self.switch if valid.egress == "allow" else "",
             secure_boot=self.secure_boot_template or "Off",
         )
-        return MachinePlan(record, staged={"rootfs": image.rootfs})
+        return MachinePlan(record, staged={"rootfs": image.rootfs, "layers": image.layers})
 
     def _config(self, record: HypervRecord) -> str:
         mounts = tuple(
@@ -349,7 +349,7 @@ class HypervBackend(Backend[HypervRecord, HypervPaths]):
         )
         return render_config(config, vsock_port=record.vsock_port)
 
-    async def build_raw_disk(self, record: HypervRecord, rootfs: Path, work: Path) -> Path:
+    async def build_raw_disk(self, record: HypervRecord, layers: Sequence[tuple[str, Path]], work: Path) -> Path:
         """The Machine's raw boot disk ``work/disk.img`` (what becomes its VHDX; QEMU + OVMF boot it as is)."""
         tools, boot = await self.boot_image()
         raw = work / "disk.img"
@@ -358,7 +358,7 @@ class HypervBackend(Backend[HypervRecord, HypervPaths]):
             uki=boot.path,
             config=self._config(record),
             hostname="vz-" + record.key[:12],
-            rootfs=rootfs,
+            layers=layers,
             root_bytes=record.disk_bytes,
             image=record.image_ref,
             work=work,
@@ -373,7 +373,7 @@ class HypervBackend(Backend[HypervRecord, HypervPaths]):
         work = self.book.staging / f"{record.key}-{uuid.uuid4().hex[:8]}"
         await asyncio.to_thread(work.mkdir, parents=True, mode=0o700)
         plan.staged["work"] = work
-        raw = await self.build_raw_disk(record, plan.staged["rootfs"], work)
+        raw = await self.build_raw_disk(record, plan.staged["layers"], work)
         vhdx = work / "disk.vhdx"
         await to_vhdx(tools, raw, vhdx)
         await asyncio.to_thread(os.chmod, vhdx, 0o600)  # it holds config.sh, i.e. the Machine's secrets

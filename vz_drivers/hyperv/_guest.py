@@ -28,7 +28,7 @@ import asyncio
 import hashlib
 import io
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -230,7 +230,7 @@ async def build_boot_disk(
     uki: Path,
     config: str,
     hostname: str,
-    rootfs: Path,
+    layers: Sequence[tuple[str, Path]],
     root_bytes: int,
     image: str,
     work: Path,
@@ -252,7 +252,7 @@ async def build_boot_disk(
     root = work / "root.img"
     try:
         await make_esp(tools, esp, esp_size(uki), files)
-        await create_root_disk(rootfs, root, root_bytes, image=image)
+        await create_root_disk(layers, root, root_bytes, image=image)
         await asyncio.to_thread(assemble_disk, target, esp, root, seed=seed)
     finally:
         for path in (esp, root, *(work / n for n in contents)):

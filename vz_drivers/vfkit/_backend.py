@@ -264,7 +264,7 @@ class VfkitBackend(Backend[VfkitRecord, VfkitPaths]):
             egress=valid.egress,
             extra={"workspace_target": valid.mounts[0].target if request.workspace_mount and valid.mounts else ""},
         )
-        return MachinePlan(record, staged={"rootfs": image.rootfs})
+        return MachinePlan(record, staged={"rootfs": image.rootfs, "layers": image.layers})
 
     def _check_command_line(self, key: str, mounts: Sequence[MountRecord]) -> None:
         paths = self.book.paths(key)
