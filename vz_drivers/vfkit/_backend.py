@@ -210,6 +210,8 @@ class VfkitBackend(Backend[VfkitRecord, VfkitPaths]):
             raise UnsupportedError(
                 "nested=on needs macOS 15 or newer on an M3 or newer chip", details={"option": "nested"}
             )
+        if self.options.nested:
+            await asyncio.to_thread(self.binary.check_nested)
         await asyncio.to_thread(find_mke2fs)
         await asyncio.to_thread(self.book.ensure)
 
