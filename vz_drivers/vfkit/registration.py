@@ -32,7 +32,9 @@ DECLARATION = DriverDeclaration(
         ),
         Option("guest_sha256", "SHA-256 the bundle's manifest.json must have", "none", "str", "host"),
         Option("rosetta", "auto (when installed), on (required) or off: amd64 binaries in arm64 guests", "auto"),
-        Option("nested", "on or off: nested virtualization (macOS 15+, M3 or newer)", "off", "str", "host"),
+        Option(
+            "nested", "on or off: nested virtualization (macOS 15+, M3 or newer, vfkit 0.6.2+)", "off", "str", "host"
+        ),
         Option("stop_timeout", "seconds the main process gets after SIGTERM on Stop, then HardStop", "30", "float"),
         Option("boot_timeout", "seconds a boot may take until the guest agent reports ready", "120", "float"),
         Option("insecure_registries", "registry hosts reached over plain HTTP (comma-separated)", "none", "list"),
