@@ -17,7 +17,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import itertools
-import os
 import shutil
 import tarfile
 from collections.abc import Iterator, Sequence
@@ -241,8 +240,7 @@ class LayerTree:
             inode.data = self.spool / str(inode.serial)
             src = tf.extractfile(member)
             assert src is not None
-            fd = os.open(inode.data, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-            with os.fdopen(fd, "wb") as out:
+            with open(inode.data, "xb") as out:  # a new numbered file in the private spool directory
                 shutil.copyfileobj(src, out, _CHUNK)
         elif member.issym():
             inode = self._new(SYMLINK, 0o777, target=_name(member.linkname))

@@ -32,9 +32,10 @@ import os
 import secrets
 import shutil
 import socket
+import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -724,19 +725,51 @@ def _redacted(exc: DriverError, *secret_values: str) -> DriverError:
     )
 
 
-def _connect_hvsock(vm_id: str, service_id: str) -> socket.socket:
-    """A connected Hyper-V socket to service ``service_id`` of VM ``vm_id`` (CPython 3.12+ on Windows)."""
-    family = getattr(socket, "AF_HYPERV", None)
-    if family is None:
-        raise OSError("socket.AF_HYPERV is not available (Windows with Python 3.12 or newer is needed)")
-    sock = socket.socket(family, socket.SOCK_STREAM, getattr(socket, "HV_PROTOCOL_RAW", 1))
-    try:
-        sock.settimeout(10.0)
-        sock.connect((vm_id, service_id))
-        sock.setblocking(False)
-    except BaseException:
+HVSOCK_CONNECT_DEADLINE = 10.0
+"""Seconds one connect to the agent's Hyper-V socket may take before it is abandoned (the socket is closed)."""
+
+
+def _connect_hvsock(
+    vm_id: str,
+    service_id: str,
+    *,
+    deadline: float = HVSOCK_CONNECT_DEADLINE,
+    new_socket: Callable[[], socket.socket] | None = None,
+) -> socket.socket:
+    """A connected Hyper-V socket to service ``service_id`` of VM ``vm_id`` (CPython 3.12+ on Windows).
+
+    The connect is a plain blocking one, in a thread of its own, waited for up to ``deadline`` seconds; past
+    that the socket is closed (which ends the blocked connect) and ``TimeoutError`` raised. No socket timeout:
+    Python implements one as a non-blocking connect plus ``select``, which AF_HYPERV sockets are not documented
+    to support (Microsoft, "Make your own integration services": Hyper-V sockets take the Winsock calls
+    socket/connect/bind/listen/accept/send/recv; podman machine's hyperv provider and go-winio's hvsock dial
+    with a blocking, overlapped connect, not select). ``new_socket`` makes the socket (tests: a stand-in)."""
+    if new_socket is None:
+        family = getattr(socket, "AF_HYPERV", None)
+        if family is None:
+            raise OSError("socket.AF_HYPERV is not available (Windows with Python 3.12 or newer is needed)")
+        sock = socket.socket(family, socket.SOCK_STREAM, getattr(socket, "HV_PROTOCOL_RAW", 1))
+    else:
+        sock = new_socket()
+    outcome: list[BaseException | None] = []
+
+    def connect() -> None:
+        try:
+            sock.connect((vm_id, service_id))
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    worker = threading.Thread(target=connect, name="vz-hvsock-connect", daemon=True)
+    worker.start()
+    worker.join(deadline)
+    if not outcome:
+        sock.close()  # ends the blocked connect; the thread then finishes on its own
+        worker.join(deadline)
+        raise TimeoutError(f"connecting to the Hyper-V socket of VM {vm_id} did not finish within {deadline:g} s")
+    if outcome[0] is not None:
         sock.close()
-        raise
+        raise outcome[0]
     return sock
 
 
