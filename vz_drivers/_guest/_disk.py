@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from vz_drivers._images._ext4 import E2FSPROGS_HINT, find_e2fs_tool, write_ext4
+from vz_drivers._images import E2FSPROGS_HINT, find_e2fs_tool, write_ext4
 from vz_drivers._machine import MachinePlan
 
 __all__ = [
