@@ -1,6 +1,8 @@
-"""The root disk of a Machine: the image's root filesystem copied into a sparse ext4 image by ``mke2fs -d``.
+"""The root disk of a Machine: the image's layers written into a sparse ext4 image from their tar streams.
 
-No loop device, no mount and no privilege is involved: e2fsprogs writes the filesystem straight into a file.
+``vz_drivers._images._ext4`` merges the layers (OCI whiteouts) and has e2fsprogs (``mke2fs`` without ``-d``,
+then ``debugfs -w``) write every entry as its tar header says, so the disk is the same whether vz runs as root
+or not and whatever the host file system's case rules. No loop device, no mount and no privilege is involved.
 The disk is the Machine's own storage (Machine-local files live there and survive Stop/Start); recreation
 builds a new one from the image.
 """
@@ -10,12 +12,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from vz_core.errors import InvalidArgumentError, UnavailableError
+from vz_drivers._images import E2FSPROGS_HINT, find_e2fs_tool, write_ext4
 from vz_drivers._machine import MachinePlan
 
 __all__ = [
@@ -32,16 +34,7 @@ __all__ = [
 ]
 
 DEFAULT_MIN_DISK = 2 * 1024**3
-MKE2FS_HINT = (
-    "install e2fsprogs (Debian/Ubuntu: `apt-get install e2fsprogs`; macOS: `brew install e2fsprogs`), which "
-    "provides mke2fs"
-)
-_MKE2FS_CANDIDATES = (
-    "/sbin/mke2fs",
-    "/usr/sbin/mke2fs",
-    "/opt/homebrew/opt/e2fsprogs/sbin/mke2fs",  # Homebrew's keg-only e2fsprogs (Apple silicon, Intel)
-    "/usr/local/opt/e2fsprogs/sbin/mke2fs",
-)
+MKE2FS_HINT = E2FSPROGS_HINT
 _INODE_BYTES = 256
 _MIB = 1024 * 1024
 
@@ -88,50 +81,20 @@ def root_disk_size(usage: tuple[int, int], requested: int = 0) -> int:
 
 
 def find_mke2fs() -> str:
-    found = shutil.which("mke2fs") or next((p for p in _MKE2FS_CANDIDATES if os.access(p, os.X_OK)), "")
-    if not found:
-        raise UnavailableError(f"mke2fs is missing; {MKE2FS_HINT}")
-    return found
+    """mke2fs's path, after checking that debugfs (which writes the root disk's files) is there too."""
+    find_e2fs_tool("debugfs")
+    return find_e2fs_tool("mke2fs")
 
 
-async def create_root_disk(rootfs: Path, target: Path, size: int, *, image: str) -> None:
-    """Write an ext4 image of ``size`` bytes holding ``rootfs`` to ``target`` (replaced if present).
+async def create_root_disk(layers: Sequence[tuple[str, Path]], target: Path, size: int, *, image: str) -> None:
+    """Write an ext4 image of ``size`` bytes holding the image's ``(digest, blob path)`` layers, merged, to
+    ``target`` (replaced if present), straight from their tar streams (``vz_drivers._images._ext4``): every
+    entry's name, owner, mode, xattrs and device numbers are the image's, whoever runs vz and whatever the host
+    file system's case rules.
 
     Raises ``InvalidArgumentError`` when the image's files cannot become an ext4 root filesystem of that size.
     """
-    mke2fs = find_mke2fs()
-    await asyncio.to_thread(_remove, target)
-    size_k = size // 1024
-    proc = await asyncio.create_subprocess_exec(
-        mke2fs,
-        "-q",
-        "-F",
-        "-t",
-        "ext4",
-        "-L",
-        "vz-root",
-        "-J",
-        "size=16",
-        "-E",
-        "lazy_itable_init=1,lazy_journal_init=1",
-        "-d",
-        str(rootfs),
-        str(target),
-        f"{size_k}k",
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await proc.communicate()
-    if proc.returncode != 0:
-        await asyncio.to_thread(_remove, target)
-        message = (err or out).decode(errors="replace").strip()
-        lines = [line for line in message.splitlines() if line and not line.startswith("Creating regular file")]
-        raise InvalidArgumentError(
-            f"image {image!r} cannot become a root disk of {size} bytes: {lines[-1] if lines else 'mke2fs failed'}",
-            runtime_message=message[-2000:],
-            details={"field": "image"},
-        )
+    await asyncio.to_thread(write_ext4, layers, target, size, image=image)
 
 
 def _remove(path: Path) -> None:
@@ -140,14 +103,14 @@ def _remove(path: Path) -> None:
 
 
 async def stage_root_disk(plan: MachinePlan[Any], staging: Path, size: int) -> None:
-    """Build the planned Machine's root disk (``size`` bytes, from ``plan.staged["rootfs"]``) in the private
-    ``staging`` directory; its path is ``plan.staged["disk"]`` (set first, so that ``unstage_root_disk`` finds a
-    partial one)."""
+    """Build the planned Machine's root disk (``size`` bytes, from the image layers ``plan.staged["layers"]``) in
+    the private ``staging`` directory; its path is ``plan.staged["disk"]`` (set first, so that
+    ``unstage_root_disk`` finds a partial one)."""
     record = plan.record
     await asyncio.to_thread(staging.mkdir, parents=True, exist_ok=True, mode=0o700)
     disk = staging / f"{record.key}-{uuid.uuid4().hex[:8]}.img"
     plan.staged["disk"] = disk
-    await create_root_disk(plan.staged["rootfs"], disk, size, image=record.image_ref)
+    await create_root_disk(plan.staged["layers"], disk, size, image=record.image_ref)
 
 
 def unstage_root_disk(plan: MachinePlan[Any]) -> None:

@@ -9,9 +9,10 @@ no EFI shell (Hyper-V has none: a ``startup.nsh`` would never run there) and no 
 The image is unsigned: Secure Boot stays off unless the operator signs it (see docs/drivers/hyperv.md).
 
 Nothing here needs root, a loop device or a mount: the FAT file system is made and filled with mtools
-(``mformat``/``mmd``/``mcopy`` on an image file), the root ext4 comes from ``mke2fs -d`` (the shared guest
-builder), and the GPT (protective MBR, header, entries, backup) is written by ``write_gpt`` below, byte for byte
-after the UEFI specification (chapter 5). The raw disk is converted with ``qemu-img convert -O vhdx``.
+(``mformat``/``mmd``/``mcopy`` on an image file), the root ext4 is written from the image layers by ``mke2fs``
+and ``debugfs`` (the shared guest builder), and the GPT (protective MBR, header, entries, backup) is written by
+``write_gpt`` below, byte for byte after the UEFI specification (chapter 5). The raw disk is converted with
+``qemu-img convert -O vhdx``.
 
 Partitions are found in the guest by GPT name (``PARTNAME`` in sysfs), not by device name: ``vz-esp`` and
 ``vz-root`` are ``/dev/sda1``/``sda2`` under Hyper-V (storvsc) and ``/dev/vda1``/``vda2`` under QEMU.

@@ -24,6 +24,7 @@ from vz_drivers._images._build import (
     layer_tar,
 )
 from vz_drivers._images._default import DEFAULT_CONFIG
+from vz_drivers._images._ext4 import E2FSPROGS_HINT, find_e2fs_tool, write_ext4
 from vz_drivers._images._locks import file_lock
 from vz_drivers._images._model import Image, ImageConfig, Platform, host_platform
 from vz_drivers._images._reference import (
@@ -40,6 +41,7 @@ from vz_drivers._images._store import ImageStore, RegistryCredentials, default_s
 __all__ = [
     "DEFAULT_CONFIG",
     "DEFAULT_REF",
+    "E2FSPROGS_HINT",
     "DefaultRef",
     "Descriptor",
     "DockerArchiveRef",
@@ -56,7 +58,9 @@ __all__ = [
     "build_oci_layout",
     "default_store_root",
     "file_lock",
+    "find_e2fs_tool",
     "host_platform",
     "layer_tar",
     "parse_reference",
+    "write_ext4",
 ]

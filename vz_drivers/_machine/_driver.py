@@ -166,6 +166,9 @@ class ResolvedImage:
 
     digest: str
     rootfs: Path
+    """The image unpacked on the host, read for its users and mount targets (never copied into a disk)."""
+    layers: tuple[tuple[str, Path], ...]
+    """``(digest, blob path)`` of every layer, bottom up: what a root disk is written from."""
     env: list[str]
     user: str
     """The Machine's user (request or image)."""
@@ -213,6 +216,7 @@ class ImageSource:
         return ResolvedImage(
             digest=image.digest,
             rootfs=rootfs,
+            layers=tuple((layer, store.blob_path(layer)) for layer in image.layers),
             env=list(image.config.env),
             user=user,
             user_ids=user_ids,

@@ -32,9 +32,10 @@ import os
 import secrets
 import shutil
 import socket
+import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -304,7 +305,7 @@ class HypervBackend(Backend[HypervRecord, HypervPaths]):
             switch=self.switch if valid.egress == "allow" else "",
             secure_boot=self.secure_boot_template or "Off",
         )
-        return MachinePlan(record, staged={"rootfs": image.rootfs})
+        return MachinePlan(record, staged={"rootfs": image.rootfs, "layers": image.layers})
 
     def _config(self, record: HypervRecord) -> str:
         mounts = tuple(
@@ -326,7 +327,7 @@ class HypervBackend(Backend[HypervRecord, HypervPaths]):
         )
         return render_config(config, vsock_port=record.vsock_port)
 
-    async def build_raw_disk(self, record: HypervRecord, rootfs: Path, work: Path) -> Path:
+    async def build_raw_disk(self, record: HypervRecord, layers: Sequence[tuple[str, Path]], work: Path) -> Path:
         """The Machine's raw boot disk ``work/disk.img`` (what becomes its VHDX; QEMU + OVMF boot it as is)."""
         tools, boot = await self.boot_image()
         raw = work / "disk.img"
@@ -335,7 +336,7 @@ class HypervBackend(Backend[HypervRecord, HypervPaths]):
             uki=boot.path,
             config=self._config(record),
             hostname="vz-" + record.key[:12],
-            rootfs=rootfs,
+            layers=layers,
             root_bytes=record.disk_bytes,
             image=record.image_ref,
             work=work,
@@ -350,7 +351,7 @@ class HypervBackend(Backend[HypervRecord, HypervPaths]):
         work = self.book.staging / f"{record.key}-{uuid.uuid4().hex[:8]}"
         await asyncio.to_thread(work.mkdir, parents=True, mode=0o700)
         plan.staged["work"] = work
-        raw = await self.build_raw_disk(record, plan.staged["rootfs"], work)
+        raw = await self.build_raw_disk(record, plan.staged["layers"], work)
         vhdx = work / "disk.vhdx"
         await to_vhdx(tools, raw, vhdx)
         await asyncio.to_thread(os.chmod, vhdx, 0o600)  # it holds config.sh, i.e. the Machine's secrets
@@ -701,19 +702,51 @@ def _redacted(exc: DriverError, *secret_values: str) -> DriverError:
     )
 
 
-def _connect_hvsock(vm_id: str, service_id: str) -> socket.socket:
-    """A connected Hyper-V socket to service ``service_id`` of VM ``vm_id`` (CPython 3.12+ on Windows)."""
-    family = getattr(socket, "AF_HYPERV", None)
-    if family is None:
-        raise OSError("socket.AF_HYPERV is not available (Windows with Python 3.12 or newer is needed)")
-    sock = socket.socket(family, socket.SOCK_STREAM, getattr(socket, "HV_PROTOCOL_RAW", 1))
-    try:
-        sock.settimeout(10.0)
-        sock.connect((vm_id, service_id))
-        sock.setblocking(False)
-    except BaseException:
+HVSOCK_CONNECT_DEADLINE = 10.0
+"""Seconds one connect to the agent's Hyper-V socket may take before it is abandoned (the socket is closed)."""
+
+
+def _connect_hvsock(
+    vm_id: str,
+    service_id: str,
+    *,
+    deadline: float = HVSOCK_CONNECT_DEADLINE,
+    new_socket: Callable[[], socket.socket] | None = None,
+) -> socket.socket:
+    """A connected Hyper-V socket to service ``service_id`` of VM ``vm_id`` (CPython 3.12+ on Windows).
+
+    The connect is a plain blocking one, in a thread of its own, waited for up to ``deadline`` seconds; past
+    that the socket is closed (which ends the blocked connect) and ``TimeoutError`` raised. No socket timeout:
+    Python implements one as a non-blocking connect plus ``select``, which AF_HYPERV sockets are not documented
+    to support (Microsoft, "Make your own integration services": Hyper-V sockets take the Winsock calls
+    socket/connect/bind/listen/accept/send/recv; podman machine's hyperv provider and go-winio's hvsock dial
+    with a blocking, overlapped connect, not select). ``new_socket`` makes the socket (tests: a stand-in)."""
+    if new_socket is None:
+        family = getattr(socket, "AF_HYPERV", None)
+        if family is None:
+            raise OSError("socket.AF_HYPERV is not available (Windows with Python 3.12 or newer is needed)")
+        sock = socket.socket(family, socket.SOCK_STREAM, getattr(socket, "HV_PROTOCOL_RAW", 1))
+    else:
+        sock = new_socket()
+    outcome: list[BaseException | None] = []
+
+    def connect() -> None:
+        try:
+            sock.connect((vm_id, service_id))
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    worker = threading.Thread(target=connect, name="vz-hvsock-connect", daemon=True)
+    worker.start()
+    worker.join(deadline)
+    if not outcome:
+        sock.close()  # ends the blocked connect; the thread then finishes on its own
+        worker.join(deadline)
+        raise TimeoutError(f"connecting to the Hyper-V socket of VM {vm_id} did not finish within {deadline:g} s")
+    if outcome[0] is not None:
         sock.close()
-        raise
+        raise outcome[0]
     return sock
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,7 +60,7 @@ async def build_boot_disk(
     uki: Path,
     config: str,
     hostname: str,
-    rootfs: Path,
+    layers: Sequence[tuple[str, Path]],
     root_bytes: int,
     image: str,
     work: Path,
@@ -82,7 +82,7 @@ async def build_boot_disk(
     root = work / "root.img"
     try:
         await make_esp(tools, esp, esp_size(uki), files)
-        await create_root_disk(rootfs, root, root_bytes, image=image)
+        await create_root_disk(layers, root, root_bytes, image=image)
         await asyncio.to_thread(assemble_disk, target, esp, root, seed=seed)
     finally:
         for path in (esp, root, *(work / n for n in contents)):

@@ -28,7 +28,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 __all__ = [
     "MAX_LINE",
@@ -41,6 +41,7 @@ __all__ = [
     "decode",
     "encode",
     "listen_private",
+    "on_queue",
 ]
 
 MAX_LINE = 64 * 1024
@@ -59,6 +60,7 @@ STATES = {
 }
 """``VZVirtualMachineState`` values."""
 _CALL_LIMIT = 600.0
+_T = TypeVar("_T")
 
 
 class ControlError(Exception):
@@ -84,6 +86,23 @@ def decode(line: bytes) -> dict[str, Any]:
 def _text(error: Any) -> str:
     describe = getattr(error, "localizedDescription", None)
     return str(describe()) if callable(describe) else str(error)
+
+
+def on_queue(dispatch: Callable[[Callable[[], None]], None], fn: Callable[[], _T], limit: float = _CALL_LIMIT) -> _T:
+    """``fn()`` run on the VM's queue through ``dispatch``; its result, or what it raised.
+
+    Apple's ``VZVirtualMachine`` documentation: the VM's methods and properties must be used on its queue (the
+    main queue here), and that includes making it and a ``VZMacOSInstaller`` for it."""
+    done: Future[_T] = Future()
+
+    def run() -> None:
+        try:
+            done.set_result(fn())
+        except BaseException as exc:
+            done.set_exception(exc)
+
+    dispatch(run)
+    return done.result(timeout=limit)
 
 
 def complete(
@@ -137,16 +156,7 @@ class VmController:
     # -- calls on the VM's queue
 
     def _on_queue(self, fn: Callable[[], Any]) -> Any:
-        done: Future[Any] = Future()
-
-        def run() -> None:
-            try:
-                done.set_result(fn())
-            except BaseException as exc:
-                done.set_exception(exc)
-
-        self._dispatch(run)
-        return done.result(timeout=_CALL_LIMIT)
+        return on_queue(self._dispatch, fn)
 
     def _completion(self, start: Callable[[Callable[..., None]], None], what: str) -> None:
         complete(self._dispatch, start, what)

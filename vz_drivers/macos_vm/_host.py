@@ -1,4 +1,4 @@
-"""Can this host run macOS Machines? Apple silicon, macOS 12 or newer, and PyObjC's Virtualization bindings.
+"""Can this host run macOS Machines? Apple silicon, macOS 13 or newer, and PyObjC's Virtualization bindings.
 
 Everything here is read without creating anything: ``platform`` facts and whether the ``Virtualization``
 module can be found. The answer on any other host is ``UNSUPPORTED`` with the reason, never a stand-in.
@@ -13,8 +13,12 @@ from dataclasses import dataclass
 
 __all__ = ["MIN_MACOS", "SAVE_RESTORE_MACOS", "MacHost", "read_host"]
 
-MIN_MACOS = (12, 0)
-"""VZMacOSRestoreImage, VZMacOSInstaller and VZMacPlatformConfiguration appeared in macOS 12."""
+MIN_MACOS = (13, 0)
+"""VZMacOSRestoreImage, VZMacOSInstaller and VZMacPlatformConfiguration appeared in macOS 12, but every boot
+mounts the configuration share (virtio-fs tag ``vzcfg``) in the guest, and macOS guests have virtio-fs
+(``mount_virtiofs``) only from macOS 13 on (Apple: "Sharing files between a host Mac and a guest VM" /
+``VZVirtioFileSystemDeviceConfiguration``, macOS guests 13+); the host runs the same macOS or newer than the
+guests it installs from its restore images, so the host minimum is macOS 13."""
 SAVE_RESTORE_MACOS = (14, 0)
 """saveMachineStateTo/restoreMachineStateFrom appeared in macOS 14."""
 BINDINGS = "pyobjc-framework-Virtualization"
@@ -40,7 +44,10 @@ class MacHost:
             return f"macOS Machines need Apple silicon (arm64); this Mac has a {self.machine} CPU"
         if self.macos < MIN_MACOS:
             shown = ".".join(map(str, self.macos)) or "unknown"
-            return f"macOS Machines need macOS 12 or newer on the host; this host runs macOS {shown}"
+            return (
+                f"macOS Machines need macOS 13 or newer on the host (the guests' boot uses a virtio-fs share, which "
+                f"macOS guests support from macOS 13 on); this host runs macOS {shown}"
+            )
         return ""
 
     @property

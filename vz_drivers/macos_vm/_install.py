@@ -34,7 +34,7 @@ from vz_core.errors import FailedPreconditionError, UnavailableError, Unsupporte
 from vz_drivers._machine import atomic_write
 from vz_drivers.macos_vm._bases import ResolvedBase, sha256_file
 from vz_drivers.macos_vm._clone import CloneFn, clone_file
-from vz_drivers.macos_vm._control import ControlError, complete
+from vz_drivers.macos_vm._control import ControlError, complete, on_queue
 from vz_drivers.macos_vm._plan import Limits, VmRequest, plan_vm
 from vz_drivers.macos_vm._realize import Frameworks, Realizer
 
@@ -231,8 +231,12 @@ def install_base(
         )
         plan = plan_vm(request, limits, host_macos=host_macos)
         config = Realizer(fw).configuration(_without_network(plan))
-        vm = vz.VZVirtualMachine.alloc().initWithConfiguration_(config)
-        installer = vz.VZMacOSInstaller.alloc().initWithVirtualMachine_restoreImageURL_(vm, url)
+
+        def make() -> tuple[Any, Any]:  # the VM and its installer belong to the VM's queue, from their creation
+            machine = vz.VZVirtualMachine.alloc().initWithConfiguration_(config)
+            return machine, vz.VZMacOSInstaller.alloc().initWithVirtualMachine_restoreImageURL_(machine, url)
+
+        vm, installer = on_queue(dispatch, make)
         progress(f"installing build {image.buildVersion()} into {base_dir}")
         try:
             complete(dispatch, installer.installWithCompletionHandler_, "installing macOS", limit=4 * 3600)

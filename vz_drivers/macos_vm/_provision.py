@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import plistlib
 import shlex
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -28,6 +29,7 @@ __all__ = [
     "BOOT_SCRIPT",
     "BOOT_SCRIPT_PATH",
     "CONFIG_MOUNT",
+    "DATA_VOLUME_PICKER",
     "LABEL",
     "PLIST_PATH",
     "BootConfig",
@@ -166,11 +168,36 @@ def boot_config(config: BootConfig) -> str:
     return "\n".join(lines) + "\n"
 
 
-def provision_script(*, disk: str, files_dir: str, marker: str) -> str:
+DATA_VOLUME_PICKER = """\
+import plistlib, subprocess, sys
+found = []
+for node in sys.argv[1:]:
+    done = subprocess.run(["diskutil", "info", "-plist", node], capture_output=True)
+    if done.returncode != 0:
+        continue
+    try:
+        info = plistlib.loads(done.stdout)
+    except Exception:
+        continue
+    roles = info.get("APFSVolumeRoles") if isinstance(info, dict) else None
+    roles = [roles] if isinstance(roles, str) else roles if isinstance(roles, list) else []
+    if info.get("FilesystemType") == "apfs" and "Data" in roles:
+        found.append(node)
+if len(found) != 1:
+    sys.exit("no single Data volume among " + " ".join(sys.argv[1:]) + ": found " + (" ".join(found) or "none"))
+print(found[0])
+"""
+"""The Data volume among the disk image's device nodes: ``diskutil info -plist`` read with ``plistlib`` (its
+``APFSVolumeRoles`` array holds ``Data``), never a pattern over ``diskutil info``'s human-readable text, whose
+wording and layout differ between macOS releases. Exactly one is accepted."""
+
+
+def provision_script(*, disk: str, files_dir: str, marker: str, python: str = sys.executable) -> str:
     """A host shell script (run once with ``sudo``) that writes the agent daemon into a base's Data volume.
 
     ``files_dir`` holds ``dev.vz.agent.plist`` and ``vz-boot`` (``launchd_plist``, ``BOOT_SCRIPT``); ``marker``
-    is created last, so an interrupted run leaves the base unprovisioned.
+    is created last, so an interrupted run leaves the base unprovisioned. ``python`` (the interpreter running
+    vz) runs ``DATA_VOLUME_PICKER`` isolated (``-I``: no user site, no environment, no vz code).
     """
     q = shlex.quote
     return f"""#!/bin/sh
@@ -187,12 +214,8 @@ cleanup() {{
     rmdir "$mnt"
 }}
 trap cleanup EXIT
-data=""
 # Only the devices of this disk image are looked at: never a volume of the host.
-for node in $nodes; do
-    if diskutil info "$node" 2>/dev/null | grep -Eq 'Role:[[:space:]]+[(]?Data[)]?'; then data=$node; fi
-done
-[ -n "$data" ] || {{ echo "no Data volume found on $disk" >&2; exit 1; }}
+data=$({q(python)} -I -c {q(DATA_VOLUME_PICKER)} $nodes) || {{ echo "no Data volume found on $disk" >&2; exit 1; }}
 diskutil mount -mountPoint "$mnt" "$data" >/dev/null
 diskutil enableOwnership "$mnt" >/dev/null
 install -d -o root -g wheel -m 0755 "$mnt/Library/LaunchDaemons" "$mnt/usr/local/libexec/vz" "$mnt/private/var/vz"

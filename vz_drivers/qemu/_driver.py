@@ -286,7 +286,7 @@ class QemuBackend(Backend[QemuRecord, QemuPaths]):
         )
         fields["extra"]["sessions"] = self.sessions
         record = QemuRecord(**fields, disk_bytes=disk_bytes)
-        return MachinePlan(record, staged={"rootfs": image.rootfs})
+        return MachinePlan(record, staged={"rootfs": image.rootfs, "layers": image.layers})
 
     async def stage(self, plan: MachinePlan[QemuRecord]) -> None:
         await stage_root_disk(plan, self.book.staging, plan.record.disk_bytes)

@@ -209,6 +209,8 @@ class VfkitBackend(Backend[VfkitRecord, VfkitPaths]):
             raise UnsupportedError(
                 "nested=on needs macOS 15 or newer on an M3 or newer chip", details={"option": "nested"}
             )
+        if self.options.nested:
+            await asyncio.to_thread(self.binary.check_nested)
         await asyncio.to_thread(find_mke2fs)
         await asyncio.to_thread(self.book.ensure)
 
@@ -263,7 +265,7 @@ class VfkitBackend(Backend[VfkitRecord, VfkitPaths]):
             egress=valid.egress,
             extra={"workspace_target": valid.mounts[0].target if request.workspace_mount and valid.mounts else ""},
         )
-        return MachinePlan(record, staged={"rootfs": image.rootfs})
+        return MachinePlan(record, staged={"rootfs": image.rootfs, "layers": image.layers})
 
     def _check_command_line(self, key: str, mounts: Sequence[MountRecord]) -> None:
         paths = self.book.paths(key)

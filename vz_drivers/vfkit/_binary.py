@@ -25,10 +25,13 @@ from pathlib import Path
 
 from vz_core.errors import FailedPreconditionError, InvalidArgumentError, UnavailableError
 
-__all__ = ["INSTALL_HINT", "MIN_VERSION", "VerifiedVfkit", "VfkitBinary", "parse_version"]
+__all__ = ["INSTALL_HINT", "MIN_VERSION", "NESTED_MIN_VERSION", "VerifiedVfkit", "VfkitBinary", "parse_version"]
 
 INSTALL_HINT = "install vfkit (`brew install vfkit`) or set the driver option vfkit=<absolute path>"
 MIN_VERSION = (0, 6, 0)
+NESTED_MIN_VERSION = (0, 6, 2)
+"""``--nested`` (nested virtualization) exists in vfkit from v0.6.2 on (crc-org/vfkit ``pkg/cmdline/cmdline.go``
+and ``doc/usage.md``); an older vfkit stops at the unknown flag."""
 _HEX64 = re.compile(r"^[0-9a-fA-F]{64}$")
 _VERSION = re.compile(r"\bversion:?\s*v?(\d+)\.(\d+)(?:\.(\d+))?([0-9A-Za-z.+~-]*)")
 
@@ -219,3 +222,14 @@ class VfkitBinary:
                 details={"version": text, "minimum": wanted},
             )
         return text
+
+    def check_nested(self) -> None:
+        """``FailedPreconditionError`` when this vfkit predates ``--nested`` (or its version is unknown)."""
+        text, numbers = self.version()
+        if numbers is None or numbers < NESTED_MIN_VERSION:
+            wanted = ".".join(map(str, NESTED_MIN_VERSION))
+            raise FailedPreconditionError(
+                f"nested=on needs vfkit {wanted} or newer (its --nested flag arrived in v{wanted}); this vfkit is "
+                f"{text}: upgrade it (`brew upgrade vfkit`) or set nested=off",
+                details={"option": "nested", "version": text, "minimum": wanted},
+            )

@@ -50,7 +50,7 @@ DECLARATION = DriverDeclaration(
             "choice",
             choices=("auto", "on", "off"),
         ),
-        Option("nested", "nested virtualization (macOS 15+, M3 or newer); on/off", False, "bool", "host"),
+        Option("nested", "nested virtualization (macOS 15+, M3 or newer, vfkit 0.6.2+); on/off", False, "bool", "host"),
         Option(
             "stop_timeout",
             "seconds the main process gets after SIGTERM on Stop, then HardStop",

@@ -116,7 +116,7 @@ class LocalAgentBackend(HypervBackend):
         ]
         self.mounted.append((made, password, specs))
 
-    async def build_raw_disk(self, record: HypervRecord, rootfs: Path, work: Path) -> Path:
+    async def build_raw_disk(self, record: HypervRecord, layers: Any, work: Path) -> Path:
         raw = work / "disk.img"
         await asyncio.to_thread(raw.write_bytes, b"\0" * (1 << 20))
         return raw

@@ -75,7 +75,7 @@ def built(tmp_path_factory: pytest.TempPathFactory, image_dir: Path, hyperv_bund
         plan = await backend.plan(request, machine_key(request.workspace_id))
         work = root / "work"
         work.mkdir(mode=0o700)
-        raw = await backend.build_raw_disk(plan.record, plan.staged["rootfs"], work)
+        raw = await backend.build_raw_disk(plan.record, plan.staged["layers"], work)
         tools, boot = await backend.boot_image()
         vhdx = work / "disk.vhdx"
         await to_vhdx(tools, raw, vhdx)

@@ -177,7 +177,7 @@ async def test_the_guest_mounts_smb_shares_and_read_only_is_the_servers(
     assert record.switch  # the Machine has a network adapter: under QEMU the init's user-network setup
     build = tmp_path / "build"
     build.mkdir(mode=0o700)
-    raw = await backend.build_raw_disk(record, plan.staged["rootfs"], build)
+    raw = await backend.build_raw_disk(record, plan.staged["layers"], build)
     shares = machine_shares(record.key, record.mounts, backend.book.root)
     password = generate_password()
     made = ps.SharesMade(

@@ -37,6 +37,9 @@ APPLE_CLASSES = (
 )
 
 
+QUEUE_BOUND = ("VZVirtualMachine", "VZMacOSInstaller")
+
+
 class FakeError:
     def __init__(self, text: str) -> None:
         self.text = text
@@ -57,6 +60,7 @@ class FakeObject:
         if name.startswith("init"):
 
             def init(*args: Any) -> Any:
+                self._model.check_queue(self.cls, name)
                 self.made_by, self.args = name, args
                 self._model.made.append(self)
                 if name == "initCreatingStorageAtURL_hardwareModel_options_error_":
@@ -73,6 +77,7 @@ class FakeObject:
         if name.endswith("WithCompletionHandler_"):
 
             def call(handler: Callable[..., None]) -> None:
+                self._model.check_queue(self.cls, name)
                 self._model.completed.append((self.cls, name))
                 failure = self._model.fail.get(name)
                 handler(FakeError(failure) if failure else None)
@@ -173,6 +178,17 @@ class FakeFramework:
         self.loaded: list[Any] = []
         self.installable = True
         self.hardware_supported = True
+        self.queue: QueueThread | None = None
+        """When set, a VM object (``QUEUE_BOUND``) made or messaged off this queue's thread is an error: Apple's
+        VZVirtualMachine documentation requires every operation on the VM's queue (the main queue unless made
+        with ``initWithConfiguration_queue_``), and so do VZMacOSInstaller's (it drives the VM)."""
+        self.off_queue: list[tuple[str, str, str]] = []
+
+    def check_queue(self, cls: str, selector: str) -> None:
+        if self.queue is None or cls not in QUEUE_BOUND or self.queue.on_queue():
+            return
+        self.off_queue.append((cls, selector, threading.current_thread().name))
+        raise RuntimeError(f"{cls}.{selector} called off the VM's queue (thread {threading.current_thread().name})")
 
     def __getattr__(self, name: str) -> FakeClass:
         if name.startswith("_") or name not in self._names:
@@ -282,6 +298,9 @@ class QueueThread:
 
     def dispatch(self, fn: Callable[[], None]) -> None:
         self._q.put(fn)
+
+    def on_queue(self) -> bool:
+        return threading.current_thread() is self._thread
 
     def close(self) -> None:
         self._q.put(None)

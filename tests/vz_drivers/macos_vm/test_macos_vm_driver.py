@@ -79,7 +79,10 @@ def test_host_facts_decide_support() -> None:
     intel = replace(MAC_14, machine="x86_64")
     assert "Apple silicon" in intel.unsupported and not intel.save_restore
     old = replace(MAC_14, macos=(11, 7))
-    assert "macOS 12 or newer" in old.unsupported
+    assert "macOS 13 or newer" in old.unsupported
+    monterey = replace(MAC_14, macos=(12, 7))  # has the installer classes, but its guests have no virtio-fs
+    assert "macOS 13 or newer on the host (the guests' boot uses a virtio-fs share" in monterey.unsupported
+    assert replace(MAC_14, macos=(13, 0)).unsupported == ""
     assert not replace(MAC_14, macos=(13, 6)).save_restore
     assert "pip install pyobjc-framework-Virtualization" in replace(MAC_14, bindings=False).missing_bindings
     linux = read_host(system=lambda: "Linux", machine=lambda: "aarch64", mac_ver=lambda: "")

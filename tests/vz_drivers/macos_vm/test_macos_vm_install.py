@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from macos_fakes import FakeFoundation, FakeFramework, FakeObject
+from macos_fakes import FakeFoundation, FakeFramework, FakeObject, QueueThread
 
 from vz_core.errors import UnavailableError, UnsupportedError
 from vz_drivers.macos_vm._install import BaseStore, install_base
@@ -15,12 +17,14 @@ from vz_drivers.macos_vm._realize import Frameworks
 DISK = 40 * 1024**3
 
 
-def _install(tmp_path: Path, fw: FakeFramework) -> object:
+def _install(
+    tmp_path: Path, fw: FakeFramework, dispatch: Callable[[Callable[[], None]], None] = lambda fn: fn()
+) -> object:
     ipsw = tmp_path / "Restore.ipsw"
     ipsw.write_bytes(b"ipsw")
     return install_base(
         Frameworks(fw, FakeFoundation),
-        lambda fn: fn(),
+        dispatch,
         base_dir=tmp_path / "bases" / "macos-14.5-23F79",
         ipsw=ipsw,
         sha256="ab" * 32,
@@ -79,3 +83,33 @@ def test_images_this_mac_cannot_run_are_refused_before_any_file(tmp_path: Path, 
     with pytest.raises(UnsupportedError, match=text):
         _install(tmp_path, fw)
     assert not (tmp_path / "bases").exists()
+
+
+def test_the_vm_and_its_installer_are_made_and_driven_on_the_vm_queue(tmp_path: Path) -> None:
+    """The helper runs install_base in a worker thread and the main queue elsewhere (``_helper._install``); the
+    stand-in refuses a VZVirtualMachine or VZMacOSInstaller touched off that queue, as Apple requires."""
+    fw = FakeFramework()
+    queue = QueueThread()
+    fw.queue = queue
+    outcome: list[object] = []
+    worker = threading.Thread(target=lambda: outcome.append(_install(tmp_path, fw, queue.dispatch)), name="install")
+    try:
+        worker.start()
+        worker.join(30)
+    finally:
+        queue.close()
+    assert fw.off_queue == []
+    assert outcome and outcome[0] is not None
+    assert ("VZMacOSInstaller", "installWithCompletionHandler_") in fw.completed
+    assert {o.cls for o in fw.made} >= {"VZVirtualMachine", "VZMacOSInstaller"}
+
+
+def test_the_stand_in_refuses_a_vm_made_off_its_queue() -> None:
+    fw = FakeFramework()
+    queue = QueueThread()
+    fw.queue = queue
+    try:
+        with pytest.raises(RuntimeError, match=r"VZVirtualMachine\.initWithConfiguration_ called off the VM.s queue"):
+            fw.VZVirtualMachine.alloc().initWithConfiguration_(object())
+    finally:
+        queue.close()

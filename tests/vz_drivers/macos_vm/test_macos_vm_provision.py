@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import os
 import plistlib
+import shlex
 import subprocess
+import sys
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from vz_drivers.macos_vm._provision import (
     BOOT_SCRIPT,
     BOOT_SCRIPT_PATH,
     CONFIG_MOUNT,
+    DATA_VOLUME_PICKER,
     LABEL,
     PLIST_PATH,
     BootConfig,
@@ -114,6 +120,105 @@ def test_the_base_script_is_valid_shell_and_touches_only_the_image_devices() -> 
     )
     subprocess.run(["sh", "-n"], input=script.encode(), check=True)
     assert 'hdiutil attach -imagekey diskimage-class=CRawDiskImage -nomount "$disk"' in script
-    assert "for node in $nodes" in script  # the Data volume is searched among this image's devices only
+    assert "-c " in script and " $nodes)" in script  # the Data volume is searched among this image's devices only
     assert script.rstrip().splitlines()[-2] == "touch /state/bases/b/provisioned"  # the marker comes last
     assert f'"$mnt{PLIST_PATH}"' in script and "-o root -g wheel" in script
+
+
+# -- the Data volume, from `diskutil info -plist` ----------------------------------------------------------
+def _volume(node: str, name: str, roles: list[str], **extra: Any) -> dict[str, Any]:
+    """What ``diskutil info -plist <node>`` prints for an APFS volume of an attached macOS disk image (keys
+    and value types as macOS 13/14 write them; the role array is ``APFSVolumeRoles``)."""
+    return {
+        "APFSContainerReference": "disk5",
+        "APFSPhysicalStores": [{"APFSPhysicalStore": "disk4s2"}],
+        "APFSSnapshot": False,
+        "APFSVolumeGroupID": "9A1C6E42-5B0E-4C8E-9F61-0D7B3E2C1A55",
+        "APFSVolumeRoles": roles,
+        "Bootable": True,
+        "BusProtocol": "Disk Image",
+        "Content": "41504653-0000-11AA-AA11-00306543ECAC",
+        "DeviceBlockSize": 4096,
+        "DeviceIdentifier": node,
+        "DeviceNode": f"/dev/{node}",
+        "Ejectable": True,
+        "Encryption": False,
+        "FilesystemName": "APFS",
+        "FilesystemType": "apfs",
+        "FilesystemUserVisibleName": "APFS",
+        "Internal": False,
+        "Locked": False,
+        "MountPoint": "",
+        "ParentWholeDisk": "disk5",
+        "RemovableMediaOrExternalDevice": True,
+        "Size": 68_719_476_736,
+        "VolumeName": name,
+        "VolumeUUID": "2D0F8E1B-7C36-4B59-A1E4-" + node[-2:].upper().rjust(12, "0"),
+        "WholeDisk": False,
+        "Writable": True,
+        **extra,
+    }
+
+
+_DISK_IMAGE = {
+    "disk4": {"Content": "GUID_partition_scheme", "DeviceIdentifier": "disk4", "WholeDisk": True, "Size": 1 << 36},
+    "disk4s1": {"Content": "Apple_APFS_ISC", "DeviceIdentifier": "disk4s1", "WholeDisk": False},
+    "disk4s2": {"Content": "Apple_APFS", "DeviceIdentifier": "disk4s2", "WholeDisk": False},
+    "disk5s1": _volume("disk5s1", "Macintosh HD", ["System"]),
+    "disk5s2": _volume("disk5s2", "Preboot", ["Preboot"]),
+    "disk5s3": _volume("disk5s3", "Recovery", ["Recovery"]),
+    "disk5s4": _volume("disk5s4", "Update", ["Update"]),
+    "disk5s5": _volume("disk5s5", "Data", ["Data"]),
+    "disk5s6": _volume("disk5s6", "VM", ["VM"]),
+}
+
+
+def _standin_diskutil(directory: Path, volumes: dict[str, dict[str, Any]]) -> Path:
+    """A ``diskutil`` answering ``info -plist NODE`` with the XML plist macOS writes (``plistlib`` writes the
+    same XML format, DTD included), and an error for an unknown node."""
+    directory.mkdir()
+    for node, info in volumes.items():
+        (directory / f"{node}.plist").write_bytes(plistlib.dumps(info, fmt=plistlib.FMT_XML))
+    script = directory / "diskutil"
+    script.write_text(
+        "#!/bin/sh\n"
+        '[ "$1 $2" = "info -plist" ] || { echo "unexpected diskutil $*" >&2; exit 2; }\n'
+        f'f={shlex.quote(str(directory))}/"$3".plist\n'
+        '[ -f "$f" ] || { echo "Could not find disk: $3" >&2; exit 1; }\n'
+        'cat "$f"\n'
+    )
+    script.chmod(0o755)
+    return directory
+
+
+def _pick(bin_dir: Path, nodes: list[str]) -> subprocess.CompletedProcess[str]:
+    # As provision.sh runs it: the interpreter isolated (-I), the nodes as separate words.
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin"}
+    line = f"{shlex.quote(sys.executable)} -I -c {shlex.quote(DATA_VOLUME_PICKER)} {' '.join(nodes)}"
+    return subprocess.run(["sh", "-c", line], capture_output=True, text=True, env=env, check=False)
+
+
+def test_the_data_volume_is_found_in_diskutil_plists(tmp_path: Path) -> None:
+    bin_dir = _standin_diskutil(tmp_path / "bin", _DISK_IMAGE)
+    done = _pick(bin_dir, list(_DISK_IMAGE))
+    assert (done.returncode, done.stdout) == (0, "disk5s5\n"), done.stderr
+
+
+@pytest.mark.parametrize(
+    ("volumes", "message"),
+    [
+        ({k: v for k, v in _DISK_IMAGE.items() if k != "disk5s5"}, "found none"),
+        ({**_DISK_IMAGE, "disk5s7": _volume("disk5s7", "Data 2", ["Data"])}, "found disk5s5 disk5s7"),
+        ({"disk5s5": _volume("disk5s5", "Data", ["Data"], FilesystemType="hfs")}, "found none"),
+    ],
+)
+def test_no_single_data_volume_is_an_error(tmp_path: Path, volumes: dict[str, Any], message: str) -> None:
+    bin_dir = _standin_diskutil(tmp_path / "bin", volumes)
+    done = _pick(bin_dir, [*volumes, "disk9s9"])
+    assert done.returncode == 1 and message in done.stderr and done.stdout == ""
+
+
+def test_the_base_script_picks_the_data_volume_with_the_picker() -> None:
+    script = provision_script(disk="/d.img", files_dir="/f", marker="/m", python="/opt/vz/bin/python3")
+    assert f"data=$(/opt/vz/bin/python3 -I -c {shlex.quote(DATA_VOLUME_PICKER)} $nodes)" in script
+    assert "grep" not in script

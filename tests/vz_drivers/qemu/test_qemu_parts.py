@@ -4,6 +4,7 @@ QEMU command line, accelerator choice, QMP client, root disk creation."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import io
 import json
 import os
@@ -11,6 +12,7 @@ import shutil
 import stat
 import struct
 import subprocess
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -415,7 +417,14 @@ async def test_qmp_client_negotiates_skips_events_and_reports_errors(tmp_path: P
 # ---------------------------------------------------------------------------------------------------- root disk
 
 
-async def test_root_disks_are_ext4_images_of_the_tree(tmp_path: Path) -> None:
+def _layer_of(tmp_path: Path, tree: Path) -> tuple[str, Path]:
+    blob = tmp_path / "layer.tar"
+    with tarfile.open(blob, "w") as tf:
+        tf.add(tree, arcname=".")
+    return "sha256:" + hashlib.sha256(blob.read_bytes()).hexdigest(), blob
+
+
+async def test_root_disks_are_ext4_images_of_the_layers(tmp_path: Path) -> None:
     tree = tmp_path / "rootfs"
     (tree / "etc").mkdir(parents=True)
     (tree / "etc" / "hostname").write_text("image\n")
@@ -423,7 +432,7 @@ async def test_root_disks_are_ext4_images_of_the_tree(tmp_path: Path) -> None:
     usage = tree_usage(tree)
     assert minimum_disk_size(usage) < default_disk_size(usage)
     disk = tmp_path / "disk.img"
-    await create_root_disk(tree, disk, 64 * 1024 * 1024, image="test")
+    await create_root_disk([_layer_of(tmp_path, tree)], disk, 64 * 1024 * 1024, image="test")
     listing = await asyncio.create_subprocess_exec(
         "debugfs", "-R", "cat /etc/hostname", str(disk), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
     )
@@ -439,5 +448,5 @@ async def test_an_image_that_cannot_become_a_root_disk_is_refused_cleanly(tmp_pa
         f.write(os.urandom(1024 * 1024) * 40)  # 40 MiB of data into a 16 MiB disk
     disk = tmp_path / "disk.img"
     with pytest.raises(InvalidArgumentError, match="cannot become a root disk"):
-        await create_root_disk(tree, disk, 16 * 1024 * 1024, image="too-big")
+        await create_root_disk([_layer_of(tmp_path, tree)], disk, 16 * 1024 * 1024, image="too-big")
     assert not disk.exists()

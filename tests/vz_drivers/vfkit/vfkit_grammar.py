@@ -142,13 +142,16 @@ def parse_restful_uri(value: str) -> str:
     return urllib.parse.unquote(parts.path)
 
 
-def parse_argv(argv: list[str]) -> Parsed:
-    """Parse vfkit's arguments (without the program name), as vfkit 0.6 would."""
+def parse_argv(argv: list[str], version: tuple[int, int, int] = (0, 6, 2)) -> Parsed:
+    """Parse vfkit's arguments (without the program name), as vfkit ``version`` (0.6.x) would: ``--nested``
+    exists from v0.6.2 on (crc-org/vfkit pkg/cmdline/cmdline.go); cobra refuses an unknown flag."""
     parsed = Parsed()
     index = 0
     seen_bootloader = False
     while index < len(argv):
         flag = argv[index]
+        if flag == "--nested" and version < (0, 6, 2):
+            raise GrammarError(f"unknown flag: {flag}")
         if flag in BOOL_FLAGS:
             if flag == "--nested":
                 parsed.nested = True

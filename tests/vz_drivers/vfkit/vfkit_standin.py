@@ -270,10 +270,14 @@ async def _run_guest(parsed: Any, vm: StandinVm, agent_binary: str) -> None:
     vm.stopped.set()
 
 
-async def _run(argv: list[str], behaviour: str) -> int:
-    from vfkit_grammar import parse_argv
+async def _run(argv: list[str], behaviour: str, version: tuple[int, int, int]) -> int:
+    from vfkit_grammar import GrammarError, parse_argv
 
-    parsed = parse_argv(argv)
+    try:
+        parsed = parse_argv(argv, version)
+    except GrammarError as exc:  # cobra: "Error: unknown flag: --nested", usage, exit 1
+        print(f"Error: {exc}", file=sys.stderr)
+        return 1
     (serial,) = parsed.of("virtio-serial")
     console = Path(serial.options["logFilePath"])
     _write(console, "[    0.000000] Booting Linux on physical CPU 0x0000000000 [stand-in]\n")
@@ -305,17 +309,22 @@ async def _run(argv: list[str], behaviour: str) -> int:
 
 
 def main(argv: list[str], behaviour_file: str) -> int:
+    version_file = Path(behaviour_file).with_name("version")
+    version = version_file.read_text().strip() if version_file.exists() else VERSION_LINE.rsplit("v", 1)[1]
     if argv == ["--version"]:
-        print(VERSION_LINE)
+        print(f"vfkit version: v{version}")
         return 0
     behaviour = Path(behaviour_file).read_text().strip()
-    return asyncio.run(_run(argv, behaviour))
+    numbers = tuple(int(n) for n in version.split("."))
+    return asyncio.run(_run(argv, behaviour, (numbers[0], numbers[1], numbers[2])))
 
 
-def write_executable(directory: Path, behaviour: str = "obey") -> Path:
-    """A stand-in ``vfkit`` in ``directory`` running ``main`` with ``behaviour``."""
+def write_executable(directory: Path, behaviour: str = "obey", version: str = "0.6.1") -> Path:
+    """A stand-in ``vfkit`` ``version`` in ``directory`` running ``main`` with ``behaviour`` (a vfkit older
+    than 0.6.2 refuses ``--nested`` as an unknown flag, as cobra does)."""
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "behaviour").write_text(behaviour)
+    (directory / "version").write_text(version)
     script = directory / "vfkit"
     here = os.path.dirname(os.path.abspath(__file__))
     script.write_text(
