@@ -1,0 +1,87 @@
+"""Descriptors and files whose calls differ between hosts: pipe sizes, sealed memory files, extended
+attributes, and reaching a Unix socket whose path is longer than ``sun_path`` through its directory."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+__all__ = [
+    "PIPE_RESIZABLE",
+    "SEALED_MEMFD",
+    "XATTRS",
+    "get_pipe_size",
+    "long_socket_path",
+    "memfd_sealed_copy",
+    "seal_memfd",
+    "set_pipe_size",
+    "set_xattr",
+]
+
+PIPE_RESIZABLE = sys.platform == "linux"
+"""Whether a pipe's buffer can be resized (``F_GETPIPE_SZ``/``F_SETPIPE_SZ``, Linux)."""
+SEALED_MEMFD = sys.platform == "linux"
+"""Whether sealed memory files exist (``memfd_create`` + ``F_ADD_SEALS``, Linux)."""
+XATTRS = sys.platform == "linux"
+"""Whether ``set_xattr`` sets extended attributes (Linux; elsewhere image layers' xattrs are not applied)."""
+
+
+if sys.platform == "linux":
+    import fcntl
+
+    def get_pipe_size(fd: int) -> int | None:
+        """The buffer size of the pipe ``fd``; None when it is not a pipe."""
+        try:
+            return int(fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ))
+        except OSError:
+            return None
+
+    def set_pipe_size(fd: int, size: int) -> int:
+        """Grow the pipe ``fd`` to ``size`` bytes; its new size (``OSError`` when refused)."""
+        return int(fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, size))
+
+    def memfd_sealed_copy(name: str) -> int:
+        """A new close-on-exec memory file that can be sealed (``seal_memfd``) once written."""
+        return os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+
+    def seal_memfd(fd: int) -> None:
+        """Seal the memory file ``fd``: no more writes, no growing or shrinking, no more seals."""
+        fcntl.fcntl(
+            fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
+        )
+
+    def set_xattr(path: str, name: str, value: bytes) -> None:
+        """Set the extended attribute ``name`` of ``path`` (not following a final symlink)."""
+        os.setxattr(path, name, value, follow_symlinks=False)
+
+    def long_socket_path(dir_fd: int, name: str) -> str:
+        """A path that reaches ``name`` inside the directory open at ``dir_fd`` whatever the directory's path
+        length (``/proc/self/fd/N/name``)."""
+        return f"/proc/self/fd/{dir_fd}/{name}"
+
+else:
+
+    def get_pipe_size(fd: int) -> int | None:
+        """None: pipes here have a fixed buffer."""
+        return None
+
+    def set_pipe_size(fd: int, size: int) -> int:
+        """Pipes here have a fixed buffer: ``OSError``; check ``PIPE_RESIZABLE`` first."""
+        raise OSError(f"pipes on {sys.platform} cannot be resized")
+
+    def memfd_sealed_copy(name: str) -> int:
+        """No memory files here: ``OSError``; check ``SEALED_MEMFD`` first (the caller makes a private copy)."""
+        raise OSError(f"{sys.platform} has no sealed memory files")
+
+    def seal_memfd(fd: int) -> None:
+        """No memory files here: ``OSError``; check ``SEALED_MEMFD`` first."""
+        raise OSError(f"{sys.platform} has no sealed memory files")
+
+    def set_xattr(path: str, name: str, value: bytes) -> None:
+        """Extended attributes of image layers are Linux file capabilities: ``OSError`` elsewhere (the caller
+        runs without them, as on a filesystem without xattrs)."""
+        raise OSError(f"extended attribute {name} is not applied on {sys.platform}")
+
+    def long_socket_path(dir_fd: int, name: str) -> str:
+        """There is no ``/proc/self/fd`` here: ``OSError`` naming the limit (keep the path short: VZ_HOME)."""
+        raise OSError(f"the socket path of {name!r} is longer than this host's sun_path allows; use a shorter VZ_HOME")
