@@ -17,7 +17,7 @@ import json
 import os
 import threading
 
-from vz_core.platform import Keyring
+from vz_core.platform.keyring import Keyring
 
 __all__ = ["SecretKeeper"]
 

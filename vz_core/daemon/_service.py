@@ -832,7 +832,7 @@ class Service:
                 if stdio[stream]:
                     command[stream] = next(given)
                     continue
-                read_end, write_end = os.pipe2(os.O_CLOEXEC)
+                read_end, write_end = os.pipe()
                 ours += [read_end, write_end]
                 if stream == 0:
                     command[0], stdin = read_end, write_end

@@ -29,6 +29,7 @@ import tempfile
 from collections.abc import Mapping
 from typing import Any
 
+from vz_core.platform.sockets import unix_socket
 from vz_core._driver import Driver, check_local_stdio
 from vz_core._types import ExecExit, ExecSpec
 from vz_core.errors import (
@@ -124,7 +125,7 @@ class LocalExecServer:
             shutil.rmtree(self._dir, ignore_errors=True)
             raise OSError(f"the local exec socket path {path!r} is too long")
         # A raw listener, not asyncio's servers: their transports would read (and drop) the descriptors.
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK)
+        listener = unix_socket(nonblocking=True)
         try:
             listener.bind(path)
             os.chmod(path, 0o600)
@@ -275,7 +276,7 @@ async def local_exec(
     ``DriverError``), or ``UnavailableError`` when the socket is unusable or the plugin went away.
     """
     loop = asyncio.get_running_loop()
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK)
+    sock = unix_socket(nonblocking=True)
     try:
         try:
             await loop.sock_connect(sock, path)

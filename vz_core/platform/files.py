@@ -13,10 +13,27 @@ __all__ = [
     "get_pipe_size",
     "long_socket_path",
     "memfd_sealed_copy",
+    "nonblocking_pipe",
     "seal_memfd",
     "set_pipe_size",
     "set_xattr",
+    "socket_path_in",
 ]
+
+SUN_PATH_MAX = 107 if sys.platform == "linux" else 103
+"""The longest socket path ``bind``/``connect`` take (``sun_path`` less its terminating NUL)."""
+
+
+def socket_path_in(dir_fd: int, path: str) -> str:
+    """What to bind or connect for the socket ``path`` inside the (checked) directory open at ``dir_fd``:
+    on Linux always through the descriptor (no race with a swapped directory, no ``sun_path`` limit); elsewhere
+    the path itself, which must fit ``sun_path`` (``OSError`` naming the limit otherwise)."""
+    name = os.path.basename(path)
+    if sys.platform == "linux":
+        return long_socket_path(dir_fd, name)
+    if len(os.fsencode(path)) > SUN_PATH_MAX:
+        return long_socket_path(dir_fd, name)
+    return path
 
 PIPE_RESIZABLE = sys.platform == "linux"
 """Whether a pipe's buffer can be resized (``F_GETPIPE_SZ``/``F_SETPIPE_SZ``, Linux)."""
@@ -27,10 +44,15 @@ XATTRS = sys.platform == "linux"
 
 
 if sys.platform == "linux":
-    import fcntl
+
+    def nonblocking_pipe() -> tuple[int, int]:
+        """A pipe whose two ends are non-blocking (and close-on-exec), in one system call."""
+        return os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
 
     def get_pipe_size(fd: int) -> int | None:
         """The buffer size of the pipe ``fd``; None when it is not a pipe."""
+        import fcntl  # here: the CLI's hot path imports this module without needing fcntl
+
         try:
             return int(fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ))
         except OSError:
@@ -38,6 +60,8 @@ if sys.platform == "linux":
 
     def set_pipe_size(fd: int, size: int) -> int:
         """Grow the pipe ``fd`` to ``size`` bytes; its new size (``OSError`` when refused)."""
+        import fcntl
+
         return int(fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, size))
 
     def memfd_sealed_copy(name: str) -> int:
@@ -46,6 +70,8 @@ if sys.platform == "linux":
 
     def seal_memfd(fd: int) -> None:
         """Seal the memory file ``fd``: no more writes, no growing or shrinking, no more seals."""
+        import fcntl
+
         fcntl.fcntl(
             fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
         )
@@ -60,6 +86,13 @@ if sys.platform == "linux":
         return f"/proc/self/fd/{dir_fd}/{name}"
 
 else:
+
+    def nonblocking_pipe() -> tuple[int, int]:
+        """A pipe whose two ends are non-blocking (and close-on-exec, PEP 446)."""
+        read_end, write_end = os.pipe()
+        os.set_blocking(read_end, False)
+        os.set_blocking(write_end, False)
+        return read_end, write_end
 
     def get_pipe_size(fd: int) -> int | None:
         """None: pipes here have a fixed buffer."""

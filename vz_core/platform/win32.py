@@ -33,8 +33,6 @@ if sys.platform == "win32":
     import ctypes
     from ctypes import wintypes
 
-    from vz_core.platform._peer import PeerCredentials
-
     _PROCESS_QUERY_LIMITED_INFORMATION = 0x1000
     _TOKEN_QUERY = 0x0008
     _TOKEN_USER_CLASS = 1
@@ -90,8 +88,8 @@ if sys.platform == "win32":
         finally:
             _CloseHandle(process)
 
-    def pipe_client(handle: int) -> PeerCredentials:
-        """The client of the connected named pipe ``handle``: its pid and its user's SID (``uid``/``gid`` -1)."""
+    def pipe_client(handle: int) -> tuple[int, str]:
+        """(pid, user SID) of the client of the connected named pipe ``handle``."""
         pid = wintypes.ULONG()
         _check(_GetNamedPipeClientProcessId(handle, ctypes.byref(pid)))
-        return PeerCredentials(int(pid.value), -1, -1, process_sid(int(pid.value)))
+        return int(pid.value), process_sid(int(pid.value))

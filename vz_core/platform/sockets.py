@@ -31,7 +31,13 @@ def own_received(fds: list[int]) -> None:
             os.set_inheritable(fd, False)
 
 
-if sys.platform != "win32":
+if sys.platform == "linux":
+
+    def unix_socket(*, nonblocking: bool = False) -> socket.socket:
+        """A new Unix stream socket (close-on-exec; non-blocking from its creation with ``nonblocking``)."""
+        return socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | (socket.SOCK_NONBLOCK if nonblocking else 0))
+
+elif sys.platform != "win32":
 
     def unix_socket(*, nonblocking: bool = False) -> socket.socket:
         """A new Unix stream socket (close-on-exec)."""
