@@ -14,6 +14,7 @@ __all__ = [
     "long_socket_path",
     "memfd_sealed_copy",
     "nonblocking_pipe",
+    "open_directory",
     "seal_memfd",
     "set_pipe_size",
     "set_xattr",
@@ -34,6 +35,7 @@ def socket_path_in(dir_fd: int, path: str) -> str:
     if len(os.fsencode(path)) > SUN_PATH_MAX:
         return long_socket_path(dir_fd, name)
     return path
+
 
 PIPE_RESIZABLE = sys.platform == "linux"
 """Whether a pipe's buffer can be resized (``F_GETPIPE_SZ``/``F_SETPIPE_SZ``, Linux)."""
@@ -77,8 +79,13 @@ if sys.platform == "linux":
         )
 
     def set_xattr(path: str, name: str, value: bytes) -> None:
-        """Set the extended attribute ``name`` of ``path`` (not following a final symlink)."""
-        os.setxattr(path, name, value, follow_symlinks=False)
+        """Set the extended attribute ``name`` of ``path``."""
+        os.setxattr(path, name, value)
+
+    def open_directory(path: str | os.PathLike[str]) -> int:
+        """A descriptor of the directory ``path`` for reaching names inside it (``O_PATH``: no read permission
+        needed)."""
+        return os.open(path, os.O_PATH | os.O_DIRECTORY)
 
     def long_socket_path(dir_fd: int, name: str) -> str:
         """A path that reaches ``name`` inside the directory open at ``dir_fd`` whatever the directory's path
@@ -114,6 +121,10 @@ else:
         """Extended attributes of image layers are Linux file capabilities: ``OSError`` elsewhere (the caller
         runs without them, as on a filesystem without xattrs)."""
         raise OSError(f"extended attribute {name} is not applied on {sys.platform}")
+
+    def open_directory(path: str | os.PathLike[str]) -> int:
+        """A descriptor of the directory ``path`` (read-only: there is no ``O_PATH`` here)."""
+        return os.open(path, os.O_RDONLY | os.O_DIRECTORY)
 
     def long_socket_path(dir_fd: int, name: str) -> str:
         """There is no ``/proc/self/fd`` here: ``OSError`` naming the limit (keep the path short: VZ_HOME)."""

@@ -29,7 +29,6 @@ import tempfile
 from collections.abc import Mapping
 from typing import Any
 
-from vz_core.platform.sockets import unix_socket
 from vz_core._driver import Driver, check_local_stdio
 from vz_core._types import ExecExit, ExecSpec
 from vz_core.errors import (
@@ -40,6 +39,7 @@ from vz_core.errors import (
     UnavailableError,
     UnknownRuntimeError,
 )
+from vz_core.platform.sockets import unix_socket
 from vz_core.redact import Redactor
 from vz_core.rpc._fdpass import KIND_JSON, FramingError, peer_credentials, recv_message, send_json
 from vz_core.rpc._frames import MAX_EXEC_START
