@@ -255,7 +255,7 @@ def load_manifest(path: str | os.PathLike[str]) -> Manifest:
     """Read and validate a manifest file (``TrustError`` for anything wrong, the file included)."""
     p = Path(path)
     try:
-        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
         with os.fdopen(fd, "rb") as f:
             if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
                 raise TrustError(f"manifest {p} is not a regular file")
@@ -322,7 +322,7 @@ def _open_checked(path: Path, driver_dir: Path | None) -> tuple[int, str, os.sta
             f"driver binary {path} resolves to {real}, outside its driver directory {home}; "
             "symlinks may only point inside the driver directory"
         )
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
     try:
         fd = os.open(real, flags)
     except FileNotFoundError:

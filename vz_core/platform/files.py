@@ -15,11 +15,22 @@ __all__ = [
     "memfd_sealed_copy",
     "nonblocking_pipe",
     "open_directory",
+    "open_path_nofollow",
     "seal_memfd",
     "set_pipe_size",
     "set_xattr",
     "socket_path_in",
+    "status_flags",
 ]
+
+if sys.platform != "win32":
+
+    def status_flags(fd: int) -> int:
+        """The file status flags of ``fd`` (``F_GETFL``: access mode, ``O_APPEND``, ``O_NONBLOCK``, ...)."""
+        import fcntl
+
+        return int(fcntl.fcntl(fd, fcntl.F_GETFL))
+
 
 SUN_PATH_MAX = 107 if sys.platform == "linux" else 103
 """The longest socket path ``bind``/``connect`` take (``sun_path`` less its terminating NUL)."""
@@ -82,6 +93,11 @@ if sys.platform == "linux":
         """Set the extended attribute ``name`` of ``path``."""
         os.setxattr(path, name, value)
 
+    def open_path_nofollow(path: str | os.PathLike[str]) -> int | None:
+        """An ``O_PATH | O_NOFOLLOW`` descriptor of ``path`` itself (a socket or a link is opened, not followed:
+        ``fstat`` tells which, and ``long_socket_path(fd, "")`` reaches exactly that inode)."""
+        return os.open(path, os.O_PATH | os.O_NOFOLLOW)
+
     def open_directory(path: str | os.PathLike[str]) -> int:
         """A descriptor of the directory ``path`` for reaching names inside it (``O_PATH``: no read permission
         needed)."""
@@ -121,6 +137,10 @@ else:
         """Extended attributes of image layers are Linux file capabilities: ``OSError`` elsewhere (the caller
         runs without them, as on a filesystem without xattrs)."""
         raise OSError(f"extended attribute {name} is not applied on {sys.platform}")
+
+    def open_path_nofollow(path: str | os.PathLike[str]) -> int | None:
+        """None: there is no ``O_PATH`` here (the caller checks with ``lstat`` and connects by path)."""
+        return None
 
     def open_directory(path: str | os.PathLike[str]) -> int:
         """A descriptor of the directory ``path`` (read-only: there is no ``O_PATH`` here)."""

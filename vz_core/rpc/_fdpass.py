@@ -5,7 +5,7 @@ The framing is the daemon's local wire's (docs/daemon.md): a message is a 4-byte
 object; kind ``B`` (0x42): a stream byte and raw data. Descriptors ride as SCM_RIGHTS on the ``sendmsg``
 carrying a message's first header byte and belong to that message (at most ``MAX_FDS``).
 
-Received descriptors are close-on-exec (``vz_core.platform.sockets.own_received``); the receiver owns and closes
+Received descriptors are close-on-exec (``vz_core.platform.fdpass.own_received``); the receiver owns and closes
 them. Reads take exactly the bytes of one message, never more, so descriptors are never attributed to the wrong message.
 Sockets given to these helpers must be non-blocking.
 """
@@ -20,8 +20,8 @@ import socket
 import struct
 from typing import Any
 
+from vz_core.platform.fdpass import RECVMSG_FLAGS, own_received
 from vz_core.platform.peer import peer_credentials as _peer_credentials
-from vz_core.platform.sockets import RECVMSG_FLAGS, own_received
 
 __all__ = [
     "KIND_BYTES",

@@ -204,7 +204,7 @@ class _Unpacker:
         self.remove_any(target)
         self.created.add(target)
         if member.isreg():
-            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
             with os.fdopen(fd, "wb") as out:
                 src = tf.extractfile(member)
                 assert src is not None

@@ -18,6 +18,7 @@ import struct
 from pathlib import Path
 
 from vz_core.errors import UnavailableError
+from vz_core.platform.files import open_path_nofollow
 from vz_core.platform.peer import peer_credentials
 
 __all__ = ["open_agent_socket", "peer_pid"]
@@ -35,12 +36,12 @@ def peer_pid(sock: socket.socket) -> int:
 
 
 def _connect_nofollow(path: Path) -> socket.socket:
-    if not hasattr(os, "O_PATH"):
-        return _connect_checked(path)
     try:
-        fd = os.open(path, os.O_PATH | os.O_NOFOLLOW)
+        fd = open_path_nofollow(path)
     except OSError as exc:
         raise UnavailableError(f"the agent channel {path} cannot be opened: {exc.strerror or exc}") from None
+    if fd is None:
+        return _connect_checked(path)
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISSOCK(mode):
