@@ -110,13 +110,6 @@ if sys.platform == "linux":
 
 else:
 
-    def nonblocking_pipe() -> tuple[int, int]:
-        """A pipe whose two ends are non-blocking (and close-on-exec, PEP 446)."""
-        read_end, write_end = os.pipe()
-        os.set_blocking(read_end, False)
-        os.set_blocking(write_end, False)
-        return read_end, write_end
-
     def get_pipe_size(fd: int) -> int | None:
         """None: pipes here have a fixed buffer."""
         return None
@@ -142,10 +135,19 @@ else:
         """None: there is no ``O_PATH`` here (the caller checks with ``lstat`` and connects by path)."""
         return None
 
-    def open_directory(path: str | os.PathLike[str]) -> int:
-        """A descriptor of the directory ``path`` (read-only: there is no ``O_PATH`` here)."""
-        return os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-
     def long_socket_path(dir_fd: int, name: str) -> str:
         """There is no ``/proc/self/fd`` here: ``OSError`` naming the limit (keep the path short: VZ_HOME)."""
         raise OSError(f"the socket path of {name!r} is longer than this host's sun_path allows; use a shorter VZ_HOME")
+
+    if sys.platform != "win32":  # POSIX without Linux's extras (macOS)
+
+        def nonblocking_pipe() -> tuple[int, int]:
+            """A pipe whose two ends are non-blocking (and close-on-exec, PEP 446)."""
+            read_end, write_end = os.pipe()
+            os.set_blocking(read_end, False)
+            os.set_blocking(write_end, False)
+            return read_end, write_end
+
+        def open_directory(path: str | os.PathLike[str]) -> int:
+            """A descriptor of the directory ``path`` (read-only: there is no ``O_PATH`` here)."""
+            return os.open(path, os.O_RDONLY | os.O_DIRECTORY)

@@ -14,7 +14,24 @@ import struct
 import sys
 from typing import Any
 
-__all__ = ["WINDOW_SIGNAL", "RawTerminal", "set_window_size"]
+__all__ = ["WINDOW_SIGNAL", "RawTerminal", "raw_console_modes", "set_window_size"]
+
+
+_ENABLE_PROCESSED_INPUT = 0x0001
+_ENABLE_LINE_INPUT = 0x0002
+_ENABLE_ECHO_INPUT = 0x0004
+_ENABLE_VIRTUAL_TERMINAL_INPUT = 0x0200
+_ENABLE_PROCESSED_OUTPUT = 0x0001
+_ENABLE_VIRTUAL_TERMINAL_PROCESSING = 0x0004
+
+
+def raw_console_modes(input_mode: int, output_mode: int) -> tuple[int, int]:
+    """The console modes of a raw session, from the current ones (pure logic, tested on every host)."""
+    raw_in = (input_mode & ~(_ENABLE_LINE_INPUT | _ENABLE_ECHO_INPUT | _ENABLE_PROCESSED_INPUT)) | (
+        _ENABLE_VIRTUAL_TERMINAL_INPUT
+    )
+    raw_out = output_mode | _ENABLE_PROCESSED_OUTPUT | _ENABLE_VIRTUAL_TERMINAL_PROCESSING
+    return raw_in, raw_out
 
 
 if sys.platform == "win32":
@@ -24,12 +41,6 @@ if sys.platform == "win32":
 
     WINDOW_SIGNAL: int | None = None
 
-    _ENABLE_PROCESSED_INPUT = 0x0001
-    _ENABLE_LINE_INPUT = 0x0002
-    _ENABLE_ECHO_INPUT = 0x0004
-    _ENABLE_VIRTUAL_TERMINAL_INPUT = 0x0200
-    _ENABLE_PROCESSED_OUTPUT = 0x0001
-    _ENABLE_VIRTUAL_TERMINAL_PROCESSING = 0x0004
     _kernel32 = ctypes.WinDLL("kernel32", use_last_error=True)
     _GetConsoleMode = _kernel32.GetConsoleMode
     _GetConsoleMode.argtypes = [wintypes.HANDLE, ctypes.POINTER(wintypes.DWORD)]
@@ -47,14 +58,6 @@ if sys.platform == "win32":
     def _set(handle: int, mode: int) -> None:
         if not _SetConsoleMode(handle, mode):
             raise ctypes.WinError(ctypes.get_last_error())
-
-    def raw_console_modes(input_mode: int, output_mode: int) -> tuple[int, int]:
-        """The console modes of a raw session, from the current ones (pure logic, tested on every host)."""
-        raw_in = (input_mode & ~(_ENABLE_LINE_INPUT | _ENABLE_ECHO_INPUT | _ENABLE_PROCESSED_INPUT)) | (
-            _ENABLE_VIRTUAL_TERMINAL_INPUT
-        )
-        raw_out = output_mode | _ENABLE_PROCESSED_OUTPUT | _ENABLE_VIRTUAL_TERMINAL_PROCESSING
-        return raw_in, raw_out
 
     class RawTerminal:
         """The console of ``fd`` (standard input) in raw mode; ``restore()`` (idempotent) puts both modes back."""
