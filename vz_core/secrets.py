@@ -6,8 +6,9 @@ in the kernel's keyring of the driver's user (Linux ``user`` keys in the user ke
 user only), so that a driver process started later (a new `vz` command, a relaunched plugin) can start the
 Machine again with them. Kernel keys are memory only: they are gone after the host restarts, and a Machine
 started then has to be recreated (``vz up --recreate``) to receive its values again. Where the keyring is not
-available (other kernels, a seccomp filter that forbids it, the user's key quota exhausted), the values live
-only in the driver process's memory and a Start from another process is refused with the same advice.
+available (macOS and Windows hosts, other kernels, a seccomp filter that forbids it, the user's key quota
+exhausted; ``vz_core.platform.keyring``), the values live only in the driver process's memory and a Start from
+another process is refused with the same advice.
 """
 
 from __future__ import annotations

@@ -14,7 +14,6 @@ import asyncio
 import os
 import socket
 import stat
-import struct
 from pathlib import Path
 
 from vz_core.errors import UnavailableError
@@ -22,12 +21,6 @@ from vz_core.platform.files import open_path_nofollow
 from vz_core.platform.peer import peer_credentials
 
 __all__ = ["open_agent_socket", "peer_pid"]
-
-_UCRED = struct.Struct("3i")
-
-
-_SOL_LOCAL = 0
-_LOCAL_PEERPID = 2
 
 
 def peer_pid(sock: socket.socket) -> int:
