@@ -257,7 +257,7 @@ class _Endpoint:
         self._kind = "inline"
         mode = os.fstat(fd).st_mode
         if stat.S_ISFIFO(mode):
-            flags = (os.O_WRONLY if write else os.O_RDONLY) | os.O_NONBLOCK | os.O_CLOEXEC
+            flags = (os.O_WRONLY if write else os.O_RDONLY) | os.O_NONBLOCK
             try:
                 self._own = os.open(f"/proc/self/fd/{fd}", flags)
                 self._kind = "poll"

@@ -154,7 +154,7 @@ class ManifestStore:
             return None
         path = self.root / file_name
         try:
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
             with os.fdopen(fd, "rb") as f:
                 data = f.read(_MAX_RECORD + 1)
             if len(data) > _MAX_RECORD:
@@ -378,7 +378,7 @@ def _source_sha256(path: Path) -> str:
     import stat
 
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     except OSError as exc:
         raise TrustError(f"cannot read {path}: {exc.strerror}") from None
     with os.fdopen(fd, "rb") as f:

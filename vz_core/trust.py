@@ -55,6 +55,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from vz_core.errors import TrustError
+from vz_core.platform.files import SEALED_MEMFD, memfd_sealed_copy, seal_memfd
 from vz_core.registry import DRIVER_NAME_PATTERN
 
 __all__ = [
@@ -255,7 +256,7 @@ def load_manifest(path: str | os.PathLike[str]) -> Manifest:
     """Read and validate a manifest file (``TrustError`` for anything wrong, the file included)."""
     p = Path(path)
     try:
-        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
         with os.fdopen(fd, "rb") as f:
             if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
                 raise TrustError(f"manifest {p} is not a regular file")
@@ -304,7 +305,7 @@ def _within(child: str, parent: str) -> bool:
 
 
 def _memfd_exec_allowed() -> bool:
-    if not hasattr(os, "memfd_create"):
+    if not SEALED_MEMFD:
         return False
     try:
         return Path("/proc/sys/vm/memfd_noexec").read_text().strip() != "2"
@@ -322,7 +323,7 @@ def _open_checked(path: Path, driver_dir: Path | None) -> tuple[int, str, os.sta
             f"driver binary {path} resolves to {real}, outside its driver directory {home}; "
             "symlinks may only point inside the driver directory"
         )
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
     try:
         fd = os.open(real, flags)
     except FileNotFoundError:
@@ -378,10 +379,10 @@ def verify_binary(
     copy_dir: str | None = None
     copy_path: str | None = None
     try:
-        if sys.platform.startswith("linux") and _memfd_exec_allowed():
+        if SEALED_MEMFD and _memfd_exec_allowed():
             # Close-on-exec here; the launcher passes it on explicitly (pass_fds), and there it stays open across
             # exec so that a "#!" script can be read back by its interpreter through /proc/self/fd/N.
-            copy_fd = os.memfd_create(f"vz-driver-{name}", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+            copy_fd = memfd_sealed_copy(f"vz-driver-{name}")
             out_fd = copy_fd
         else:
             copy_dir = tempfile.mkdtemp(prefix="vz-driver-")
@@ -397,13 +398,7 @@ def verify_binary(
             size += len(chunk)
         actual = digest.hexdigest()
         if copy_fd is not None:
-            import fcntl
-
-            fcntl.fcntl(
-                copy_fd,
-                fcntl.F_ADD_SEALS,  # type: ignore[attr-defined,unused-ignore]
-                fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE,  # type: ignore[attr-defined,unused-ignore]
-            )
+            seal_memfd(copy_fd)
         else:
             os.close(out_fd)
             os.chmod(copy_path, 0o500)  # type: ignore[arg-type]

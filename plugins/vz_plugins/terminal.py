@@ -28,18 +28,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import fcntl
 import functools
 import os
 import shutil
 import signal
-import struct
 import subprocess
 import sys
-import termios
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 
 from vz_core import MAX_CHUNK, ExecExit, TerminalData, TerminalEvent, TerminalInput, TerminalOutput, TerminalResize
+from vz_core.platform.process import ExitWatch
+from vz_core.platform.terminal import set_window_size as _set_window_size
 
 __all__ = ["host_terminal", "kill_session", "set_window_size"]
 
@@ -49,7 +48,7 @@ _DRAIN = 2.0
 
 def set_window_size(fd: int, rows: int, cols: int) -> None:
     """Set the window size of the terminal ``fd`` refers to (either side of a pair)."""
-    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+    _set_window_size(fd, rows, cols)
 
 
 def _session_members(sid: int) -> list[int]:
@@ -136,20 +135,14 @@ def _settle(future: asyncio.Future[None]) -> None:
 
 
 async def _wait_exit(proc: subprocess.Popen[bytes]) -> int:
-    loop = asyncio.get_running_loop()
     try:
-        pidfd = os.pidfd_open(proc.pid)
-    except (AttributeError, OSError):
+        watch = ExitWatch(proc.pid)  # a pidfd, a kqueue or a process handle
+    except OSError:
         return await asyncio.to_thread(proc.wait)
     try:
-        exited = loop.create_future()
-        loop.add_reader(pidfd, _settle, exited)
-        try:
-            await exited
-        finally:
-            loop.remove_reader(pidfd)
+        await watch.wait()
     finally:
-        os.close(pidfd)
+        watch.close()
     return proc.wait()
 
 

@@ -26,6 +26,8 @@ TYPE_CHECKING = False  # `typing` costs milliseconds on this path
 if TYPE_CHECKING:
     import signal as _signal
     from typing import Any, Protocol
+
+    from vz_core.platform.terminal import RawTerminal
 else:  # not `signal`: it builds enums (milliseconds here); `signal` is imported where a name is needed
     import _signal
 
@@ -126,15 +128,12 @@ def enlarge_pipe(fd: int) -> int | None:
     processes at either end (``cat`` of 256 MiB: about twice the throughput of the default 64 KiB here). A
     refusal (EPERM once the user's pipe buffers exceed ``pipe-user-pages-soft``, EBUSY) leaves the pipe as it was.
     """
-    import fcntl
+    from vz_core.platform.files import PIPE_RESIZABLE, get_pipe_size, set_pipe_size
 
-    get_size = getattr(fcntl, "F_GETPIPE_SZ", None)
-    set_size = getattr(fcntl, "F_SETPIPE_SZ", None)
-    if get_size is None or set_size is None:
+    if not PIPE_RESIZABLE:
         return None
-    try:
-        current = int(fcntl.fcntl(fd, get_size))
-    except OSError:
+    current = get_pipe_size(fd)
+    if current is None:
         return None
     try:
         with open(_PIPE_MAX_SIZE, "rb") as f:
@@ -144,31 +143,9 @@ def enlarge_pipe(fd: int) -> int | None:
     if target <= current:
         return current
     try:
-        return int(fcntl.fcntl(fd, set_size, target))
+        return set_pipe_size(fd, target)
     except OSError:
         return current
-
-
-class _RawMode:
-    """Our terminal (fd 0) in raw mode for the session; ``restore()`` (idempotent) puts every setting back."""
-
-    def __init__(self, fd: int) -> None:
-        import termios
-        import tty
-
-        self._fd = fd
-        self._saved: list[Any] | None = termios.tcgetattr(fd)
-        tty.setraw(fd, termios.TCSANOW)
-
-    def restore(self) -> None:
-        import termios
-
-        saved, self._saved = self._saved, None
-        if saved is not None:
-            try:
-                termios.tcsetattr(self._fd, termios.TCSADRAIN, saved)
-            except (OSError, termios.error):  # a hung-up terminal has no settings left
-                pass
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -206,7 +183,7 @@ def run_exec(
             if _passable(fd):
                 stdio[fd] = fd
             elif not _isatty(fd):  # closed: the command gets /dev/null there
-                null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+                null = os.open(os.devnull, os.O_RDWR)
                 opened.append(null)
                 stdio[fd] = null
     size = _window((0, 1, 2)) or (TERMINAL_ROWS, TERMINAL_COLS)
@@ -256,7 +233,9 @@ class _Loop:
         """Catch SIGINT, SIGTERM and SIGHUP (only the last two for `-it`: Ctrl-C goes to the Machine) for the
         loop, and SIGWINCH with a terminal; each wakes the loop. ``__exit__`` puts the earlier handlers back."""
         cancelling = (_signal.SIGTERM, _signal.SIGHUP) if self.tty and self.interactive else _CANCELLING
-        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        from vz_core.platform.files import nonblocking_pipe
+
+        self._wake_r, self._wake_w = nonblocking_pipe()
         try:
             self._old_wakeup = _signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
             for sig in cancelling:
@@ -286,10 +265,12 @@ class _Loop:
 
         self.call = call
         wake_r = self._wake_r
-        raw: _RawMode | None = None
+        raw: RawTerminal | None = None
         try:
             if self.tty and self.interactive:
-                raw = _RawMode(0)
+                from vz_core.platform.terminal import RawTerminal
+
+                raw = RawTerminal(0)  # restored on every way out
             if self.tty and not self.interactive:
                 self.call.close_stdin()
             poller = select.poll()

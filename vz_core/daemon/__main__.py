@@ -33,8 +33,9 @@ def _parse(argv: list[str]) -> tuple[bool, int | None]:
 def main(argv: list[str] | None = None) -> int:
     """Run the daemon; the exit status."""
     detach, ready_fd = _parse(sys.argv[1:] if argv is None else argv)
-    if detach and os.fork() != 0:
-        os._exit(0)
+    if detach and sys.platform != "win32":  # Windows: the client started it detached already (no fork there)
+        if os.fork() != 0:
+            os._exit(0)
     from vz_core.daemon._server import run_daemon
 
     return run_daemon(ready_fd=ready_fd, stdio_to_log=detach)

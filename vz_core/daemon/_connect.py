@@ -30,6 +30,7 @@ import time
 from vz_core.daemon._identity import PROTOCOL, compare_versions, fingerprint, version
 from vz_core.daemon._paths import DaemonPaths, check_private_dir, daemon_paths, ensure_private_dir
 from vz_core.daemon._wire import Channel, DaemonError, WireError, close_fds
+from vz_core.platform.peer import peer_credentials
 
 TYPE_CHECKING = False  # `typing` itself costs milliseconds on the CLI's hot path
 if TYPE_CHECKING:
@@ -172,14 +173,16 @@ def _open_socket(paths: DaemonPaths) -> _socket.socket | None:
     """A socket connected to the listener, or None when there is none (no file, or nobody listening)."""
     if not check_private_dir(paths.socket_dir):
         return None
-    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)  # close-on-exec (PEP 446)
     try:
         if len(os.fsencode(paths.socket)) <= _SUN_PATH_MAX:
             sock.connect(paths.socket)
         else:  # too long for sun_path: through a descriptor of its (checked) directory
-            dir_fd = os.open(paths.socket_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            from vz_core.platform.files import long_socket_path
+
+            dir_fd = os.open(paths.socket_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
             try:
-                sock.connect(f"/proc/self/fd/{dir_fd}/{os.path.basename(paths.socket)}")
+                sock.connect(long_socket_path(dir_fd, os.path.basename(paths.socket)))
             finally:
                 os.close(dir_fd)
     except (FileNotFoundError, ConnectionRefusedError):
@@ -188,8 +191,7 @@ def _open_socket(paths: DaemonPaths) -> _socket.socket | None:
     except BaseException:
         sock.close()
         raise
-    creds = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, 12)  # struct ucred: pid, uid, gid (ints)
-    peer_pid, peer_uid = (int.from_bytes(creds[i : i + 4], sys.byteorder, signed=True) for i in (0, 4))
+    peer_pid, peer_uid, _gid = peer_credentials(sock)
     if peer_uid != os.geteuid():
         sock.close()
         raise DaemonError(
@@ -274,16 +276,15 @@ class _StartLock:
         self.fd = -1
 
     def __enter__(self) -> _StartLock:
-        import fcntl
+        from vz_core.platform.locks import lock_file
 
         ensure_private_dir(self.paths.directory)
-        self.fd = os.open(self.paths.start_lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        self.fd = os.open(self.paths.start_lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         deadline = time.monotonic() + self.timeout
         while True:
-            try:
-                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if lock_file(self.fd, blocking=False):
                 return self
-            except BlockingIOError:
+            else:
                 if time.monotonic() > deadline:
                     os.close(self.fd)
                     raise DaemonError(
@@ -318,12 +319,14 @@ def _spawn(paths: DaemonPaths, environ: Mapping[str, str], timeout: float) -> No
     import select
     import subprocess
 
+    from vz_core.platform.detach import detach_options
+
     env = dict(environ)
     env["VZ_HOME"] = paths.home
     root = _package_root()  # the daemon runs the same vz_core as this client
     env["PYTHONPATH"] = os.pathsep.join([root, *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
-    read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
-    log_fd = os.open(paths.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    read_fd, write_fd = os.pipe()
+    log_fd = os.open(paths.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
     try:
         proc = subprocess.Popen(
             [sys.executable, "-m", "vz_core.daemon", "--detach", "--ready-fd", str(write_fd)],
@@ -331,7 +334,7 @@ def _spawn(paths: DaemonPaths, environ: Mapping[str, str], timeout: float) -> No
             stdout=log_fd,
             stderr=log_fd,
             pass_fds=(write_fd,),
-            start_new_session=True,
+            **detach_options(),
             close_fds=True,
             cwd="/",
             env=env,

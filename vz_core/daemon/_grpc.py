@@ -444,14 +444,13 @@ class GrpcFront:
 
 
 def _peer_pid(sock: socket.socket) -> int | None:
-    """The process id of the connection's peer (SO_PEERCRED), or None where it cannot be read."""
-    import struct
+    """The process id of the connection's peer (``vz_core.platform.peer``), or None where it cannot be read."""
+    from vz_core.platform.peer import peer_credentials
 
     try:
-        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    except (AttributeError, OSError):
+        pid = peer_credentials(sock)[0]
+    except OSError:
         return None
-    pid: int = struct.unpack("3i", raw)[0]
     return pid or None
 
 

@@ -24,7 +24,7 @@ LOGGER = "vz.daemon"
 
 def open_log(path: str) -> int:
     """An append descriptor on the log file (mode 0600), for a daemon's stdio."""
-    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
 
 
 class RedactingFilter(logging.Filter):

@@ -179,7 +179,7 @@ def ensure_private_dir(path: str) -> None:
     except FileExistsError:
         pass
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     except OSError:  # ELOOP (a symbolic link) or ENOTDIR: lstat says which
         _check_stat(path, os.lstat(path), fix_fd=None)
         raise
@@ -251,7 +251,7 @@ def write_pid_file(paths: DaemonPaths, record: Mapping[str, Any]) -> None:
     import json
 
     tmp = f"{paths.pid_file}.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump(dict(record), f, indent=1, sort_keys=True)

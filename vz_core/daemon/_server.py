@@ -24,7 +24,6 @@ import logging
 import os
 import signal
 import socket
-import struct
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import UTC, datetime
@@ -41,6 +40,10 @@ from vz_core.daemon._paths import (
     write_pid_file,
 )
 from vz_core.daemon._wire import AsyncChannel, DaemonError, Message, WireError, close_fds
+from vz_core.platform.files import socket_path_in
+from vz_core.platform.locks import lock_file
+from vz_core.platform.peer import peer_credentials
+from vz_core.platform.sockets import unix_socket
 
 __all__ = [
     "DEFAULT_IDLE_TIMEOUT",
@@ -228,9 +231,7 @@ def _encode_error(exc: BaseException) -> dict[str, Any]:
 
 
 def _peer(sock: socket.socket) -> tuple[int, int, int]:
-    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    pid, uid, gid = struct.unpack("3i", creds)
-    return pid, uid, gid
+    return peer_credentials(sock)
 
 
 class Daemon:
@@ -511,12 +512,12 @@ class Daemon:
             ensure_private_dir(self.paths.socket_dir)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.paths.socket)  # stale: the caller holds daemon.lock, no other daemon lives
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        sock = unix_socket()
         try:
-            dir_fd = os.open(self.paths.socket_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            dir_fd = os.open(self.paths.socket_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
             try:
-                # Through the checked directory's descriptor: no path race, and no 108-byte sun_path limit.
-                sock.bind(f"/proc/self/fd/{dir_fd}/{os.path.basename(self.paths.socket)}")
+                # Linux: through the checked directory's descriptor (no path race, no 108-byte sun_path limit).
+                sock.bind(socket_path_in(dir_fd, self.paths.socket))
             finally:
                 os.close(dir_fd)
             os.chmod(self.paths.socket, 0o600)
@@ -669,15 +670,12 @@ LOCK_WAIT = 15.0
 
 
 def _take_lifetime_lock(paths: DaemonPaths) -> int:
-    import fcntl
-
-    fd = os.open(paths.lock_file, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    fd = os.open(paths.lock_file, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     deadline = time.monotonic() + LOCK_WAIT
     while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if lock_file(fd, blocking=False):
             return fd
-        except BlockingIOError:
+        else:
             if time.monotonic() > deadline:
                 os.close(fd)
                 raise DaemonError(

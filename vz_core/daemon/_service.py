@@ -869,7 +869,7 @@ class Service:
                     continue
                 if stdio[stream]:
                     caller_stderr = next(given)
-                read_end, write_end = os.pipe2(os.O_CLOEXEC)
+                read_end, write_end = os.pipe()
                 ours += [read_end, write_end]
                 if stream == 0:
                     command[0], stdin = read_end, write_end

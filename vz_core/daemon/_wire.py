@@ -28,6 +28,8 @@ import _socket  # not `socket`: its enums (and `selectors`) cost milliseconds `v
 import os
 import sys
 
+from vz_core.platform.fdpass import RECVMSG_FLAGS, own_received
+
 TYPE_CHECKING = False  # `typing` itself costs milliseconds on the CLI's hot path
 if TYPE_CHECKING:
     import asyncio
@@ -289,6 +291,7 @@ def _fds_from(ancdata: list[tuple[int, int, bytes]], flags: int) -> list[int]:
                 int.from_bytes(data[i : i + _INT], sys.byteorder, signed=True)
                 for i in range(0, len(data) - _INT + 1, _INT)
             )
+    own_received(fds)
     if flags & _socket.MSG_CTRUNC or len(fds) > MAX_FDS:
         close_fds(fds)
         raise WireError(f"a message carried more than {MAX_FDS} file descriptors")
@@ -320,7 +323,7 @@ def _header_part(
     return header + data
 
 
-_RECV_FLAGS = getattr(_socket, "MSG_CMSG_CLOEXEC", 0)
+_RECV_FLAGS = RECVMSG_FLAGS
 
 
 class Channel:

@@ -9,12 +9,13 @@ for. Exec never takes a lock.
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import hashlib
 import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
+
+from vz_core.platform.locks import lock_file
 
 __all__ = ["FileLock", "env_lock_path", "project_lock_path"]
 
@@ -50,7 +51,7 @@ class FileLock:
         return self._fd is not None
 
     def _open(self) -> int:
-        return os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        return os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
 
     def try_acquire(self, holder: str = "") -> bool:
         """Take the lock if it is free; never blocks."""
@@ -58,10 +59,9 @@ class FileLock:
             raise RuntimeError(f"{self.path} is already held by this object")
         fd = self._open()
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            return False
+            if not lock_file(fd, blocking=False):
+                os.close(fd)
+                return False
         except BaseException:
             os.close(fd)
             raise
@@ -86,7 +86,7 @@ class FileLock:
 
         def wait() -> None:
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
+                lock_file(fd)
             except OSError as exc:
                 os.close(fd)
                 if not abandoned.is_set():

@@ -12,6 +12,7 @@ the first mutation.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -367,6 +368,11 @@ async def _ensure_route_domain(
         attaching = attaching or _attaches(facts)
     if not attaching:
         return None
+    if sys.platform != "linux":  # route domains are Linux-only (vz_core.network): refused before anything exists
+        raise UserError(
+            f"this Environment's networks need route domains, which exist only on Linux hosts ({sys.platform} "
+            "has none); run it on a Linux host, or remove its `networks` to use it here"
+        )
     from vz_core.env._topology import compile_topology
     from vz_core.network import ensure_domain, ensure_egress
 

@@ -47,6 +47,7 @@ import logging
 import os
 import re
 import socket
+import sys
 import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -477,6 +478,8 @@ _RTMGRP_LINK, _RTMGRP_IPV4_IFADDR, _RTMGRP_IPV4_ROUTE = 0x1, 0x10, 0x40
 
 
 def _netlink_socket() -> socket.socket:
+    if sys.platform != "linux":  # vz_core.network is Linux-only: never reached elsewhere
+        raise OSError("rtnetlink exists only on Linux")
     sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, socket.NETLINK_ROUTE)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)

@@ -769,18 +769,14 @@ def _widen_pipes(stdio: tuple[int, int, int]) -> None:
     """Before copying over wide frames: a pipe among stdin and stdout gets a buffer of ``MAX_WIDE_CHUNK`` bytes
     (best effort, Linux; the kernel caps it at fs.pipe-max-size), so each read and write moves a wide chunk
     rather than the 64 KiB a default pipe holds. Nothing else about the pipe changes."""
-    try:
-        import fcntl
-    except ImportError:  # not a POSIX host
-        return
-    setsize = getattr(fcntl, "F_SETPIPE_SZ", None)
-    getsize = getattr(fcntl, "F_GETPIPE_SZ", None)
-    if setsize is None or getsize is None:
+    from vz_core.platform.files import PIPE_RESIZABLE, get_pipe_size, set_pipe_size
+
+    if not PIPE_RESIZABLE:
         return
     for fd in stdio[:2]:
         with contextlib.suppress(OSError):
-            if stat.S_ISFIFO(os.fstat(fd).st_mode) and fcntl.fcntl(fd, getsize) < MAX_WIDE_CHUNK:
-                fcntl.fcntl(fd, setsize, MAX_WIDE_CHUNK)
+            if stat.S_ISFIFO(os.fstat(fd).st_mode) and (get_pipe_size(fd) or MAX_WIDE_CHUNK) < MAX_WIDE_CHUNK:
+                set_pipe_size(fd, MAX_WIDE_CHUNK)
 
 
 def _made_up(err: grpc.RpcError) -> bool:

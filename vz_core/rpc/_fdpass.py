@@ -5,8 +5,8 @@ The framing is the daemon's local wire's (docs/daemon.md): a message is a 4-byte
 object; kind ``B`` (0x42): a stream byte and raw data. Descriptors ride as SCM_RIGHTS on the ``sendmsg``
 carrying a message's first header byte and belong to that message (at most ``MAX_FDS``).
 
-Received descriptors are close-on-exec (``MSG_CMSG_CLOEXEC``); the receiver owns and closes them. Reads take
-exactly the bytes of one message, never more, so descriptors are never attributed to the wrong message.
+Received descriptors are close-on-exec (``vz_core.platform.fdpass.own_received``); the receiver owns and closes
+them. Reads take exactly the bytes of one message, never more, so descriptors are never attributed to the wrong message.
 Sockets given to these helpers must be non-blocking.
 """
 
@@ -19,6 +19,9 @@ import os
 import socket
 import struct
 from typing import Any
+
+from vz_core.platform.fdpass import RECVMSG_FLAGS, own_received
+from vz_core.platform.peer import peer_credentials as _peer_credentials
 
 __all__ = [
     "KIND_BYTES",
@@ -40,7 +43,6 @@ MAX_FDS = 3
 """Most descriptors one message may carry."""
 
 _HEADER = struct.Struct(">IB")
-_UCRED = struct.Struct("3i")
 
 
 class FramingError(Exception):
@@ -48,9 +50,8 @@ class FramingError(Exception):
 
 
 def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
-    """(pid, uid, gid) of the peer of a connected Unix socket (``SO_PEERCRED``), in our pid namespace."""
-    pid, uid, gid = _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
-    return int(pid), int(uid), int(gid)
+    """(pid, uid, gid) of the peer of a connected Unix socket (``vz_core.platform.peer_credentials``)."""
+    return _peer_credentials(sock)
 
 
 async def _wait(sock: socket.socket, *, write: bool) -> None:
@@ -85,7 +86,7 @@ async def _recv_exactly(sock: socket.socket, n: int, fds: list[int], max_fds: in
     space = socket.CMSG_SPACE(max(max_fds, 1) * 4)
     while len(buf) < n:
         try:
-            data, ancillary, flags, _ = sock.recvmsg(n - len(buf), space, socket.MSG_CMSG_CLOEXEC)
+            data, ancillary, flags, _ = sock.recvmsg(n - len(buf), space, RECVMSG_FLAGS)
         except BlockingIOError:
             await _wait(sock, write=False)
             continue
@@ -93,6 +94,7 @@ async def _recv_exactly(sock: socket.socket, n: int, fds: list[int], max_fds: in
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                 got = array.array("i")
                 got.frombytes(raw[: len(raw) - len(raw) % got.itemsize])
+                own_received(list(got))
                 fds.extend(got)
         if flags & socket.MSG_CTRUNC or len(fds) > max_fds:
             raise FramingError(f"a message carried more than {max_fds} file descriptors")

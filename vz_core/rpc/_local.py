@@ -39,6 +39,7 @@ from vz_core.errors import (
     UnavailableError,
     UnknownRuntimeError,
 )
+from vz_core.platform.sockets import unix_socket
 from vz_core.redact import Redactor
 from vz_core.rpc._fdpass import KIND_JSON, FramingError, peer_credentials, recv_message, send_json
 from vz_core.rpc._frames import MAX_EXEC_START
@@ -124,7 +125,7 @@ class LocalExecServer:
             shutil.rmtree(self._dir, ignore_errors=True)
             raise OSError(f"the local exec socket path {path!r} is too long")
         # A raw listener, not asyncio's servers: their transports would read (and drop) the descriptors.
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK)
+        listener = unix_socket(nonblocking=True)
         try:
             listener.bind(path)
             os.chmod(path, 0o600)
@@ -275,7 +276,7 @@ async def local_exec(
     ``DriverError``), or ``UnavailableError`` when the socket is unusable or the plugin went away.
     """
     loop = asyncio.get_running_loop()
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK)
+    sock = unix_socket(nonblocking=True)
     try:
         try:
             await loop.sock_connect(sock, path)

@@ -133,30 +133,24 @@ class PluginProcess:
         proc = self._proc
         if proc.returncode is not None:
             return proc.returncode
-        pidfd = -1
-        if hasattr(os, "pidfd_open"):
-            try:
-                pidfd = os.pidfd_open(proc.pid)
-            except ProcessLookupError:
-                pidfd = -2  # already reaped by the child watcher: its report is on its way to the loop
-            except OSError:
-                pidfd = -1
-        if pidfd >= 0:
-            loop = asyncio.get_running_loop()
-            readable: asyncio.Future[None] = loop.create_future()
+        from vz_core.platform.process import ExitWatch
 
-            def ready() -> None:
-                if not readable.done():
-                    readable.set_result(None)
-
-            loop.add_reader(pidfd, ready)
+        state = -1
+        watch: ExitWatch | None = None
+        try:
+            watch = ExitWatch(proc.pid)  # a pidfd, a kqueue or a process handle
+            state = 0
+        except ProcessLookupError:
+            state = -2  # already reaped by the child watcher: its report is on its way to the loop
+        except OSError:
+            state = -1
+        if watch is not None:
             try:
-                await readable
+                await watch.wait()
             finally:
-                loop.remove_reader(pidfd)
-                os.close(pidfd)
-        elif pidfd == -1:
-            return await proc.wait()  # no pidfd on this system
+                watch.close()
+        elif state == -1:
+            return await proc.wait()  # no exit watch on this system
         # The child watcher reaps it and records the code right after; poll for that briefly.
         for _ in range(200):
             if proc.returncode is not None:

@@ -59,7 +59,7 @@ def _prctl(option: int, value: int) -> None:
         _flags_ = _ctypes.FUNCFLAG_CDECL | _ctypes.FUNCFLAG_USE_ERRNO
         _restype_ = _Int
 
-    prctl = _Func(_ctypes.dlsym(_ctypes.dlopen(None), "prctl"))  # type: ignore[arg-type]
+    prctl = _Func(_ctypes.dlsym(_ctypes.dlopen(None), "prctl"))  # type: ignore[arg-type,unused-ignore]
     if prctl(option, value, 0, 0, 0) != 0:
         _log(f"prctl({option}, {value}) failed")
 

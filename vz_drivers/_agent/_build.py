@@ -11,7 +11,6 @@ homes then share compiled packages, and a build for a new home only links), else
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import os
 import platform
@@ -23,6 +22,7 @@ from typing import Final
 
 from vz_core import paths
 from vz_core.errors import UnavailableError
+from vz_core.platform.locks import lock_file
 
 __all__ = ["agent_source_digest", "agent_source_dir", "ensure_agent_binary"]
 
@@ -98,7 +98,7 @@ def ensure_agent_binary(goarch: str | None = None, *, goos: str = "linux", cache
         )
     base.mkdir(parents=True, exist_ok=True)
     with open(base / ".build.lock", "a+b") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        lock_file(lock.fileno())
         if target.is_file():  # another process built it while we waited
             return target
         _build(go, goos, arch, base, target)

@@ -43,6 +43,7 @@ from vz_core.errors import (
     UnknownRuntimeError,
     UnsupportedError,
 )
+from vz_core.platform.files import long_socket_path, open_directory
 from vz_core.rpc import exec_output_limit
 from vz_drivers._agent import _protocol as p
 
@@ -144,9 +145,9 @@ async def _open_unix(path: str) -> tuple[asyncio.StreamReader, asyncio.StreamWri
         return await asyncio.open_unix_connection(path)
     # sun_path holds 108 bytes: reach a deeper socket through a descriptor of its directory.
     directory, name = os.path.split(path)
-    dirfd = os.open(directory or ".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    dirfd = open_directory(directory or ".")
     try:
-        return await asyncio.open_unix_connection(f"/proc/self/fd/{dirfd}/{name}")
+        return await asyncio.open_unix_connection(long_socket_path(dirfd, name))
     finally:
         os.close(dirfd)
 

@@ -9,11 +9,12 @@ that downloads and unpacking run on).
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+
+from vz_core.platform.locks import lock_file
 
 __all__ = ["file_lock"]
 
@@ -23,17 +24,12 @@ _MAX_BACKOFF = 0.1
 @asynccontextmanager
 async def file_lock(path: Path, *, shared: bool = False) -> AsyncIterator[None]:
     """Hold an exclusive (or shared) ``flock`` on ``path`` (created if missing) for the ``async with`` body."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        op = (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB
         delay = 0.001
-        while True:
-            try:
-                fcntl.flock(fd, op)
-                break
-            except BlockingIOError:
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, _MAX_BACKOFF)
+        while not lock_file(fd, exclusive=not shared, blocking=False):
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, _MAX_BACKOFF)
         yield
     finally:
         os.close(fd)  # closing the only descriptor releases the lock

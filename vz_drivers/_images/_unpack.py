@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import IO
 
 from vz_core.errors import InvalidArgumentError, RuntimeFailureError, UnsupportedError
+from vz_core.platform.files import set_xattr
 
 __all__ = ["BlobCorruptError", "UnpackStats", "unpack_layers"]
 
@@ -203,7 +204,7 @@ class _Unpacker:
         self.remove_any(target)
         self.created.add(target)
         if member.isreg():
-            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
             with os.fdopen(fd, "wb") as out:
                 src = tf.extractfile(member)
                 assert src is not None
@@ -240,7 +241,7 @@ class _Unpacker:
         for key, value in member.pax_headers.items():
             if key.startswith("SCHILY.xattr.security.capability"):
                 try:
-                    os.setxattr(path, key[len("SCHILY.xattr.") :], value.encode("utf-8", "surrogateescape"))
+                    set_xattr(path, key[len("SCHILY.xattr.") :], value.encode("utf-8", "surrogateescape"))
                 except OSError as exc:  # e.g. a filesystem without xattrs: run without file capabilities
                     _log.debug("could not set %s on %s: %s", key, path, exc)
 

@@ -206,12 +206,12 @@ class RecordBook(Generic[R, P]):
     @contextlib.contextmanager
     def locked(self, key: str) -> Iterator[None]:
         """Hold the cross-process lock ``key`` (blocking; callers run it in a thread)."""
-        import fcntl  # here, not at the top: the record book is imported on hosts without fcntl too
+        from vz_core.platform.locks import lock_file
 
         self.locks_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(self.locks_dir / f"{key}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fd = os.open(self.locks_dir / f"{key}.lock", os.O_RDWR | os.O_CREAT, 0o600)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            lock_file(fd)
             yield
         finally:
             os.close(fd)

@@ -14,42 +14,33 @@ import asyncio
 import os
 import socket
 import stat
-import struct
 from pathlib import Path
 
 from vz_core.errors import UnavailableError
+from vz_core.platform.files import open_path_nofollow
+from vz_core.platform.peer import peer_credentials
 
 __all__ = ["open_agent_socket", "peer_pid"]
-
-_UCRED = struct.Struct("3i")
-
-
-_SOL_LOCAL = 0
-_LOCAL_PEERPID = 2
 
 
 def peer_pid(sock: socket.socket) -> int:
     """The pid (in our pid namespace) of the process that listened on the other end of ``sock``."""
-    if hasattr(socket, "SO_PEERCRED"):
-        pid, _uid, _gid = _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
-        return int(pid)
-    # macOS: LOCAL_PEERPID at SOL_LOCAL.
-    return int.from_bytes(sock.getsockopt(_SOL_LOCAL, _LOCAL_PEERPID, 4), "little", signed=True)
+    return peer_credentials(sock)[0]
 
 
 def _connect_nofollow(path: Path) -> socket.socket:
-    if not hasattr(os, "O_PATH"):
-        return _connect_checked(path)
     try:
-        fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = open_path_nofollow(path)
     except OSError as exc:
         raise UnavailableError(f"the agent channel {path} cannot be opened: {exc.strerror or exc}") from None
+    if fd is None:
+        return _connect_checked(path)
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISSOCK(mode):
             kind = "a symbolic link" if stat.S_ISLNK(mode) else "not a socket"
             raise UnavailableError(f"the agent channel {path} is {kind}; refusing to use it")
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             # Connecting through the O_PATH descriptor reaches exactly the inode checked above.
             sock.connect(f"/proc/self/fd/{fd}")

@@ -76,7 +76,7 @@ def read_chunks_nofollow(path: Path, chunk: int = _CHUNK) -> Iterator[bytes]:
     read one of its own files, and a FIFO never blocks the host.
     """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY)
     except OSError:
         return
     try:

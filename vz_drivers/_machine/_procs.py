@@ -10,10 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import select
-import signal
-import sys
-from typing import Any
+
+from vz_core.platform.process import ExitWatch
 
 __all__ = ["kill_process", "proc_start_time", "wait_gone"]
 
@@ -48,48 +46,13 @@ def _psutil_start_time(pid: int) -> int | None:
         return None
 
 
-class _ExitWatch:
-    """A readable descriptor that becomes readable when one process exits: a pidfd, or a kqueue elsewhere."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self._kqueue: Any = None
-        if sys.platform == "linux":
-            self.fd = os.pidfd_open(pid)
-        else:
-            kq = select.kqueue()
-            try:
-                event = select.kevent(
-                    pid, filter=select.KQ_FILTER_PROC, flags=select.KQ_EV_ADD, fflags=select.KQ_NOTE_EXIT
-                )
-                kq.control([event], 0, 0)
-            except OSError:
-                kq.close()
-                raise ProcessLookupError(pid) from None
-            self._kqueue = kq
-            self.fd = kq.fileno()
-
-    def kill(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            if self._kqueue is None:
-                signal.pidfd_send_signal(self.fd, signal.SIGKILL)
-            else:
-                os.kill(self.pid, signal.SIGKILL)
-
-    def close(self) -> None:
-        if self._kqueue is None:
-            os.close(self.fd)
-        else:
-            self._kqueue.close()
-
-
-def _pidfd(pid: int, start: int) -> _ExitWatch | None:
+def _pidfd(pid: int, start: int) -> ExitWatch | None:
     """A pidfd of process ``pid`` if it still is the one started at ``start`` (it pins the process: a newcomer
     with the same pid can never be signalled through it); None when it is gone."""
     if not pid or proc_start_time(pid) != start:
         return None
     try:
-        watch = _ExitWatch(pid)
+        watch = ExitWatch(pid)
     except ProcessLookupError:
         return None
     if proc_start_time(pid) != start:
@@ -106,14 +69,7 @@ async def wait_gone(pid: int, start: int, *, limit: float | None = None) -> None
     watch = _pidfd(pid, start)
     if watch is None:
         return
-    loop = asyncio.get_running_loop()
-    done: asyncio.Future[None] = loop.create_future()
-
-    def _exited() -> None:
-        if not done.done():
-            done.set_result(None)
-
-    loop.add_reader(watch.fd, _exited)
+    done = asyncio.ensure_future(watch.wait())
     try:
         try:
             await asyncio.wait_for(asyncio.shield(done), limit)
@@ -121,7 +77,9 @@ async def wait_gone(pid: int, start: int, *, limit: float | None = None) -> None
             watch.kill()
             await asyncio.wait_for(asyncio.shield(done), 10)
     finally:
-        loop.remove_reader(watch.fd)
+        done.cancel()
+        with contextlib.suppress(BaseException):
+            await done
         watch.close()
 
 

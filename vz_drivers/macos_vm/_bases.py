@@ -229,6 +229,6 @@ def resolve_base(image: str, bases: BasesFile, policy: PinPolicy, env: Mapping[s
 
 def sha256_file(path: Path) -> str:
     """SHA-256 (lowercase hex) of a file, read once without following a final symlink."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     with os.fdopen(fd, "rb") as fh:
         return hashlib.file_digest(fh, "sha256").hexdigest()

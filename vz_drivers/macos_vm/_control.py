@@ -256,7 +256,7 @@ class VmController:
 
 def listen_private(path: Path) -> socket.socket:
     """A listening Unix socket at ``path`` created mode 0600 (only this user can connect)."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old = os.umask(0o177)
     try:
         sock.bind(str(path))

@@ -153,7 +153,7 @@ def _quick_verdict(kernel: Kernel, kvm_device: Path) -> Accelerator | None:
             "tcg", f"{kvm_device} does not exist (no hardware virtualization, or it is not exposed to this host)"
         )
     try:
-        fd = os.open(kvm_device, os.O_RDWR | os.O_CLOEXEC)
+        fd = os.open(kvm_device, os.O_RDWR)
     except OSError as exc:
         return Accelerator(
             "tcg", f"{kvm_device} cannot be opened ({exc.strerror}); add the user to the group owning it (kvm)"

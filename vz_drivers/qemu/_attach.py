@@ -136,14 +136,14 @@ def _create_tap(netns: str, ifname: str) -> int:
 
     def target() -> None:
         try:
-            ns = os.open(netns, os.O_RDONLY | os.O_CLOEXEC)
+            ns = os.open(netns, os.O_RDONLY)
             try:
                 if _libc.setns(ns, _CLONE_NEWNET) != 0:
                     err = ctypes.get_errno()
                     raise OSError(err, f"setns {netns}: {os.strerror(err)}")
             finally:
                 os.close(ns)
-            fd = os.open("/dev/net/tun", os.O_RDWR | os.O_CLOEXEC)
+            fd = os.open("/dev/net/tun", os.O_RDWR)
             try:
                 fcntl.ioctl(fd, _TUNSETIFF, struct.pack("16sH22x", ifname.encode(), _IFF_TAP | _IFF_NO_PI))
             except BaseException:

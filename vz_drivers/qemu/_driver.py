@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import functools
 import hashlib
 import os
@@ -33,6 +32,7 @@ from typing import Any
 from vz_core import ExecOutput, ExecSpec, RunImageRequest
 from vz_core.errors import DriverError, FailedPreconditionError, InvalidArgumentError, UnavailableError
 from vz_core.paths import cache_dir
+from vz_core.platform.locks import lock_file
 from vz_drivers._agent import AgentClient
 from vz_drivers._guest import (
     LOG_PATH,
@@ -413,10 +413,8 @@ class QemuBackend(Backend[QemuRecord, QemuPaths]):
         ports = int(record.extra.get("sessions", 1))
         what = f"Machine {record.workspace_id!r}"
         for port in range(ports):
-            fd = os.open(paths.port_lock(port), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
+            fd = os.open(paths.port_lock(port), os.O_RDWR | os.O_CREAT, 0o600)
+            if not lock_file(fd, blocking=False):
                 os.close(fd)
                 continue
             try:

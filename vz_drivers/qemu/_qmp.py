@@ -16,6 +16,7 @@ from types import TracebackType
 from typing import Any
 
 from vz_core.errors import UnavailableError
+from vz_core.platform.files import long_socket_path, open_directory
 
 __all__ = ["QmpClient", "QmpError", "open_unix"]
 
@@ -36,9 +37,9 @@ async def open_unix(path: Path, *, limit: int = 1 << 16) -> tuple[asyncio.Stream
     raw = os.fsencode(path)
     if len(raw) <= _SUN_PATH_MAX:
         return await asyncio.open_unix_connection(str(path), limit=limit)
-    dirfd = os.open(path.parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    dirfd = open_directory(path.parent)
     try:
-        return await asyncio.open_unix_connection(f"/proc/self/fd/{dirfd}/{path.name}", limit=limit)
+        return await asyncio.open_unix_connection(long_socket_path(dirfd, path.name), limit=limit)
     finally:
         os.close(dirfd)
 

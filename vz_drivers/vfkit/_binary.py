@@ -122,7 +122,7 @@ class VfkitBinary:
         """
         source = self.locate()
         try:
-            fd = os.open(source, os.O_RDONLY | os.O_CLOEXEC)
+            fd = os.open(source, os.O_RDONLY)
         except OSError as exc:
             raise UnavailableError(f"cannot open vfkit at {source}: {exc.strerror}; {INSTALL_HINT}") from None
         try:

@@ -30,6 +30,7 @@ from pathlib import Path
 import psutil
 
 from vz_core.errors import RuntimeFailureError, RuntimeTimeoutError
+from vz_core.platform.process import ExitWatch
 from vz_drivers.vfkit._rest import RestError, RestUnreachable, VfkitRest
 
 __all__ = [
@@ -180,10 +181,10 @@ def _exit_watch(pid: int) -> tuple[int, Callable[[], None]]:
             return -1, _noop
         return kq.fileno(), kq.close
     try:
-        pidfd = os.pidfd_open(pid)
+        watch = ExitWatch(pid)  # a pidfd (vfkit runs on macOS; Linux for the tests of this module)
     except ProcessLookupError:
         return -1, _noop
-    return pidfd, lambda: os.close(pidfd)
+    return watch.fd, watch.close
 
 
 def _noop() -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import hashlib
 import os
 import random
@@ -27,6 +26,7 @@ from vz_conformance._outcome import Outcome, Passed
 from vz_conformance._processes import Tree
 from vz_core import Driver, ExecExit, ExecSpec
 from vz_core.errors import DriverError
+from vz_core.platform.files import status_flags
 
 __all__ = [
     "CASES",
@@ -69,7 +69,7 @@ class _Descriptors:
         return read, write
 
     def file(self, path: Path | str, flags: int) -> int:
-        fd = os.open(path, flags | os.O_CLOEXEC, 0o600)
+        fd = os.open(path, flags, 0o600)
         self.open.add(fd)
         return fd
 
@@ -141,7 +141,7 @@ async def _write_all(fd: int, data: bytes, fds: _Descriptors) -> int:
 
 
 def _flags(fds: tuple[int, int, int]) -> tuple[int, ...]:
-    return tuple(fcntl.fcntl(fd, fcntl.F_GETFL) for fd in fds)
+    return tuple(status_flags(fd) for fd in fds)
 
 
 async def _exec_local(

@@ -25,6 +25,7 @@ from typing import IO, Literal
 
 from vz_core import MAX_CHUNK, ExecEvent, ExecExit, ExecOutput
 from vz_core.errors import InvalidArgumentError
+from vz_core.platform.process import ExitWatch
 
 __all__ = [
     "MINIMAL_PATH",
@@ -169,25 +170,14 @@ exit_event = ExecExit.from_returncode
 async def _wait_exit(proc: subprocess.Popen[bytes]) -> int:
     """Wait for ``proc`` to exit without blocking the loop, reap it and return its return code."""
     try:
-        pidfd = os.pidfd_open(proc.pid)
-    except (AttributeError, OSError):  # no pidfd (not Linux, or a kernel older than 5.3)
+        watch = ExitWatch(proc.pid)  # a pidfd, a kqueue or a process handle
+    except OSError:  # none here (a kernel older than 5.3)
         return await asyncio.to_thread(proc.wait)
-    loop = asyncio.get_running_loop()
     try:
-        exited: asyncio.Future[None] = loop.create_future()
-
-        def readable() -> None:
-            if not exited.done():
-                exited.set_result(None)
-
-        loop.add_reader(pidfd, readable)
-        try:
-            if proc.poll() is None:
-                await exited
-        finally:
-            loop.remove_reader(pidfd)
+        if proc.poll() is None:
+            await watch.wait()
     finally:
-        os.close(pidfd)
+        watch.close()
     return proc.wait()
 
 

@@ -55,7 +55,7 @@ def start_main_process(launch: Launch, machine_dir: Path, *, keep: int) -> MainP
         os.close(write_fd)
     # The process cannot be reaped before the copier thread starts, so its start time is still readable.
     identity = MainProcess(proc.pid, psutil.Process(proc.pid).create_time())
-    dir_fd = os.open(machine_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    dir_fd = os.open(machine_dir, os.O_RDONLY | os.O_DIRECTORY)
     threading.Thread(
         target=_copy_output, args=(proc, read_fd, dir_fd, keep), name=f"vz-fake-main-{proc.pid}", daemon=True
     ).start()
@@ -79,7 +79,7 @@ def stop_main_process(pid: int, create_time: float) -> None:
 
 def append_log(machine_dir: Path, text: str) -> None:
     """Append a line of the fake's own to the Machine's log."""
-    fd = os.open(machine_dir / LOG_NAME, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fd = os.open(machine_dir / LOG_NAME, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
         _write_all(fd, text.encode())
     finally:
@@ -127,12 +127,12 @@ def _copy_output(proc: subprocess.Popen[bytes], read_fd: int, dir_fd: int, keep:
 
 
 def _open_log(dir_fd: int) -> int:
-    return os.open(LOG_NAME, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
+    return os.open(LOG_NAME, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600, dir_fd=dir_fd)
 
 
 def _cut_to_tail(dir_fd: int, keep: int) -> int:
     """Replace the log by its last ``keep`` bytes (atomically); returns the new size."""
-    src = os.open(LOG_NAME, os.O_RDONLY | os.O_CLOEXEC, dir_fd=dir_fd)
+    src = os.open(LOG_NAME, os.O_RDONLY, dir_fd=dir_fd)
     try:
         size = os.fstat(src).st_size
         os.lseek(src, max(0, size - keep), os.SEEK_SET)
@@ -142,7 +142,7 @@ def _cut_to_tail(dir_fd: int, keep: int) -> int:
     finally:
         os.close(src)
     tmp = f".{LOG_NAME}.{secrets.token_hex(4)}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600, dir_fd=dir_fd)
     try:
         _write_all(fd, tail)
     finally:

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
-import fcntl
 import hashlib
 import json
 import os
@@ -32,6 +30,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from vz_core.errors import RuntimeFailureError, UnavailableError
+from vz_core.platform.locks import lock_file
 
 __all__ = ["MachineRecord", "MachineStore", "atomic_write"]
 
@@ -222,7 +221,7 @@ class MachineStore:
                 yield
                 return
             self._lock_dir.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self._lock_dir / f"{_sha256(key)}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fd = os.open(self._lock_dir / f"{_sha256(key)}.lock", os.O_RDWR | os.O_CREAT, 0o600)
             try:
                 await _flock(fd)
                 yield
@@ -236,12 +235,8 @@ async def _flock(fd: int) -> None:
     deadline = time.monotonic() + _LOCK_TIMEOUT
     delay = 0.001
     while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if lock_file(fd, blocking=False):
             return
-        except OSError as exc:
-            if exc.errno not in (errno.EAGAIN, errno.EACCES):
-                raise
         if time.monotonic() > deadline:
             raise UnavailableError(
                 f"another process has held the fake driver's state lock for {_LOCK_TIMEOUT:.0f} s; retry later"
@@ -253,7 +248,7 @@ async def _flock(fd: int) -> None:
 def atomic_write(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` atomically (temp file + os.replace, mode 0600)."""
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
