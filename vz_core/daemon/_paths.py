@@ -306,7 +306,7 @@ def secure_state_home(home: str) -> None:
     for name, wanted, directory in [(n, 0o700, True) for n in PRIVATE_CHILDREN] + [
         (n, 0o600, False) for n in STATE_FILES
     ]:
-        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_DIRECTORY if directory else os.O_NONBLOCK)
+        flags = os.O_RDONLY | os.O_NOFOLLOW | (os.O_DIRECTORY if directory else os.O_NONBLOCK)
         try:
             fd = os.open(os.path.join(home, name), flags)
         except OSError:

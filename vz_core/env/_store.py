@@ -387,7 +387,7 @@ def _make_private(path: Path) -> None:
         try:
             if not os.lstat(path.with_name(name)).st_mode & 0o077:
                 continue
-            fd = os.open(path.with_name(name), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+            fd = os.open(path.with_name(name), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except OSError:
             continue
         try:
@@ -443,7 +443,7 @@ class Store:
         temp = self.path.with_name(f".{self.path.name}.{os.getpid()}.new")
         try:
             # 0600 from the first byte: SQLite gives the -wal and -shm it creates the database file's mode.
-            os.close(os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
+            os.close(os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600))
             os.chmod(temp, 0o600)  # whatever the umask, and a leftover of a killed creator
             db = self._connect(temp)
             try:
