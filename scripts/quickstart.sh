@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set everything up on Debian 12 and run the main job on the embedded default example:
-# `vz up` then `vz exec` in examples/default (linux_native driver, image vz:default: nothing to download).
+# `vz up` then `vz exec` in examples/default (a version 2 vz.json: linux_native driver, image vz:default: nothing
+# to download; egress offline, the version 2 default).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh

@@ -8,6 +8,8 @@ Input is a topology plan in its JSON form (``vz_core.env`` compiles it from vz.j
   from the host pool, forwarding on its host end, the host table ``inet vz_<id12>`` masquerading it and
   dropping anything toward the host, its connected networks, link-local and the other uplinks);
   ``HostNetworkWatcher`` / ``refresh_host_networks()``: those tables follow the host's networks as they change;
+* ``ensure_direct_egress(subnet, links)`` / ``remove_direct_egress(subnet)``: the same host guard for version 1
+  Machines' own links on the host (linux_native's ``allow``), plus DNS to the host's resolvers;
 * ``attach_machine(plan, machine, netns)`` / ``detach_machine(plan, machine)``: a Machine's namespace joined to
   (or removed from) the domain through routed veth pairs;
 * ``remove_domain(environment_id)``: everything of that Environment, nothing of another;
@@ -46,6 +48,9 @@ from vz_core.network._egress import (
     POOL_ENV,
     HostNetworks,
     HostNetworkWatcher,
+    direct_egress_ruleset,
+    direct_table,
+    ensure_direct_egress,
     ensure_egress,
     host_egress_ruleset,
     host_networks_script,
@@ -53,6 +58,7 @@ from vz_core.network._egress import (
     needs_uplink,
     read_host_networks,
     refresh_host_networks,
+    remove_direct_egress,
     remove_host_egress,
 )
 from vz_core.network._host import Endpoint, NetworkHost
@@ -83,10 +89,13 @@ __all__ = [
     "Uplink",
     "attach_machine",
     "detach_machine",
+    "direct_egress_ruleset",
+    "direct_table",
     "dns_answer",
     "domain_exists",
     "domain_for",
     "domain_ruleset",
+    "ensure_direct_egress",
     "ensure_domain",
     "ensure_egress",
     "forwardable",
@@ -99,6 +108,7 @@ __all__ = [
     "needs_uplink",
     "read_host_networks",
     "refresh_host_networks",
+    "remove_direct_egress",
     "remove_domain",
     "remove_host_egress",
     "uplink_name",

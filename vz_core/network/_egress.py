@@ -54,7 +54,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vz_core.errors import FailedPreconditionError, InvalidArgumentError, RuntimeFailureError, UnavailableError
-from vz_core.network._dns import in_namespace
+from vz_core.network._dns import host_resolvers, in_namespace
 from vz_core.network._domain import NetworkTools, Uplink, _require_root, _run, ensure_domain, uplink_name
 from vz_core.network._rules import NEVER
 from vz_core.network._spec import DomainSpec, domain_for
@@ -64,6 +64,9 @@ __all__ = [
     "POOL_ENV",
     "HostNetworkWatcher",
     "HostNetworks",
+    "direct_egress_ruleset",
+    "direct_table",
+    "ensure_direct_egress",
     "ensure_egress",
     "host_egress_ruleset",
     "host_networks_script",
@@ -71,6 +74,7 @@ __all__ = [
     "needs_uplink",
     "read_host_networks",
     "refresh_host_networks",
+    "remove_direct_egress",
     "remove_host_egress",
 ]
 
@@ -79,6 +83,7 @@ log = logging.getLogger("vz.network")
 DEFAULT_POOL = "10.254.0.0/16"
 POOL_ENV = "VZ_NETWORK_UPLINK_POOL"
 _TABLE_RE = re.compile(r"vz_[0-9a-z]{12}")
+_DIRECT_TABLE_RE = re.compile(r"vz(?:_[0-9]{1,3}){4}_[0-9]{1,2}")  # version 1 Machine links (``direct_table``)
 _IFNAME_RE = re.compile(r"[A-Za-z0-9_.+@-]{1,15}")  # device names that may appear in a table's text
 _locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = weakref.WeakKeyDictionary()
 
@@ -152,6 +157,69 @@ class HostNetworks:
 _SET_TYPES = {"connected": "ipv4_addr\n    flags interval", "gateways": "ipv4_addr", "direct_out": "ifname"}
 
 
+def _never(*extra: ipaddress.IPv4Network | None) -> list[ipaddress.IPv4Network]:
+    """``NEVER`` and ``extra`` collapsed and sorted (the elements of an interval set)."""
+    nets = [*(ipaddress.IPv4Network(n) for n in NEVER), *(n for n in extra if n is not None)]
+    return sorted(ipaddress.collapse_addresses(nets), key=lambda n: (int(n.network_address), n.prefixlen))
+
+
+def _guard_ruleset(
+    table: str,
+    *,
+    dev: str,
+    source: str,
+    never: list[ipaddress.IPv4Network],
+    facts: HostNetworks,
+    masquerade: str,
+    extra_sets: str = "",
+    dns: bool = False,
+) -> str:
+    """The host table guarding the host from what arrives on the links ``dev`` (nft: ``"vzu…"`` or ``@links``):
+    the same rules for a version 2 uplink and for version 1 Machine links. ``source``: the condition (after
+    ``iifname {dev}``) a packet with a source it may not use matches; ``dns``: DNS to the host's resolvers (set
+    ``resolvers``) is admitted before the denials."""
+    sets = "".join(
+        f"  set {name} {{\n    type {_SET_TYPES[name]}\n"
+        + (f"    elements = {{ {items} }}\n" if items else "")
+        + "  }\n"
+        for name, items in facts.elements().items()
+    )
+    resolver = f"    iifname {dev} ip daddr @resolvers meta l4proto {{ tcp, udp }} th dport 53 accept\n" if dns else ""
+    return (
+        f"table inet {table} {{\n"
+        "  set never {\n"
+        "    type ipv4_addr\n"
+        "    flags interval\n"
+        f"    elements = {{ {', '.join(str(n) for n in never)} }}\n"
+        "  }\n"
+        f"{sets}{extra_sets}"
+        "  chain input {\n"
+        "    type filter hook input priority filter - 5; policy accept;\n"
+        f"{resolver}"
+        f"    iifname {dev} drop\n"
+        "  }\n"
+        "  chain forward {\n"
+        "    type filter hook forward priority filter - 5; policy accept;\n"
+        f"    iifname {dev} meta nfproto != ipv4 drop\n"
+        f"    iifname {dev} {source} drop\n"
+        f"{resolver}"
+        f'    iifname {dev} oifname "vzu*" drop\n'
+        f"    iifname {dev} ip daddr @never drop\n"
+        # Directly connected destinations, decided by the route the kernel chose (exact, whatever the lists say):
+        f"    iifname {dev} ip daddr @gateways drop\n"
+        f"    iifname {dev} oifname != @direct_out rt ip nexthop != @gateways drop\n"
+        f"    iifname {dev} ip daddr @connected drop\n"
+        f"    oifname {dev} ct state established,related accept\n"
+        f"    oifname {dev} drop\n"
+        "  }\n"
+        "  chain postrouting {\n"
+        "    type nat hook postrouting priority srcnat; policy accept;\n"
+        f"    {masquerade} masquerade\n"
+        "  }\n"
+        "}\n"
+    )
+
+
 def host_egress_ruleset(
     environment_id: str,
     uplink: Uplink,
@@ -161,53 +229,102 @@ def host_egress_ruleset(
     """The host table ``inet vz_<id12>`` for the Environment's uplink (pure); ``pool`` (every uplink's range)
     joins the destinations never forwarded to. ``connected``: the host's networks (``HostNetworks``; a bare list
     of connected networks means a host with no gateway: nothing but the uplink's replies is forwarded)."""
-    table = host_table(environment_id)
-    dev = uplink_name(environment_id)
-    never = sorted(
-        ipaddress.collapse_addresses(
-            [*(ipaddress.IPv4Network(n) for n in NEVER), uplink.network, *([pool] if pool is not None else [])]
-        ),
-        key=lambda n: (int(n.network_address), n.prefixlen),
-    )
     facts = connected if isinstance(connected, HostNetworks) else HostNetworks.of(connected)
-    sets = "".join(
-        f"  set {name} {{\n    type {_SET_TYPES[name]}\n"
-        + (f"    elements = {{ {items} }}\n" if items else "")
-        + "  }\n"
-        for name, items in facts.elements().items()
+    return _guard_ruleset(
+        host_table(environment_id),
+        dev=f'"{uplink_name(environment_id)}"',
+        source=f"ip saddr != {uplink.domain_address}",
+        never=_never(uplink.network, pool),
+        facts=facts,
+        masquerade=f'ip saddr {uplink.domain_address} oifname != "vzu*"',
     )
 
-    return (
-        f"table inet {table} {{\n"
-        "  set never {\n"
-        "    type ipv4_addr\n"
-        "    flags interval\n"
-        f"    elements = {{ {', '.join(str(n) for n in never)} }}\n"
-        "  }\n"
-        f"{sets}"
-        "  chain input {\n"
-        "    type filter hook input priority filter - 5; policy accept;\n"
-        f'    iifname "{dev}" drop\n'
-        "  }\n"
-        "  chain forward {\n"
-        "    type filter hook forward priority filter - 5; policy accept;\n"
-        f'    iifname "{dev}" meta nfproto != ipv4 drop\n'
-        f'    iifname "{dev}" ip saddr != {uplink.domain_address} drop\n'
-        f'    iifname "{dev}" oifname "vzu*" drop\n'
-        f'    iifname "{dev}" ip daddr @never drop\n'
-        # Directly connected destinations, decided by the route the kernel chose (exact, whatever the lists say):
-        f'    iifname "{dev}" ip daddr @gateways drop\n'
-        f'    iifname "{dev}" oifname != @direct_out rt ip nexthop != @gateways drop\n'
-        f'    iifname "{dev}" ip daddr @connected drop\n'
-        f'    oifname "{dev}" ct state established,related accept\n'
-        f'    oifname "{dev}" drop\n'
-        "  }\n"
-        "  chain postrouting {\n"
-        "    type nat hook postrouting priority srcnat; policy accept;\n"
-        f'    ip saddr {uplink.domain_address} oifname != "vzu*" masquerade\n'
-        "  }\n"
-        "}\n"
+
+# --- version 1 Machines: their own links on the host, the same guard ------------------------------------------
+
+
+def direct_table(subnet: ipaddress.IPv4Network) -> str:
+    """The host table guarding the version 1 Machine links of ``subnet`` (``vz_10_231_0_0_16``)."""
+    return "vz_" + str(subnet).replace(".", "_").replace("/", "_")
+
+
+def direct_egress_ruleset(
+    subnet: ipaddress.IPv4Network,
+    links: Mapping[str, ipaddress.IPv4Address],
+    facts: HostNetworks,
+    *,
+    resolvers: Iterable[ipaddress.IPv4Address] = (),
+    pool: ipaddress.IPv4Network | None = None,
+) -> str:
+    """The host table ``inet vz_<subnet>`` of version 1 Machines (pure): ``links`` maps each Machine's host end
+    (``vz<key12>``) to the Machine's address on it. The rules are an uplink's (``host_egress_ruleset``): nothing
+    to the host (any address, whatever listens on 0.0.0.0), to another Machine or uplink (``subnet`` and the
+    ``pool`` are never forwarded to), link-local, or the host's directly connected networks; only IPv4 from the
+    Machine's own address on its own link; masqueraded on the way out. The one addition: DNS (tcp and udp 53)
+    to the host's ``resolvers`` (the ``nameserver`` lines its Machines' resolv.conf copies), which are often the
+    LAN's router or the host itself."""
+    for name in links:
+        if not _IFNAME_RE.fullmatch(name):
+            raise InvalidArgumentError(f"{name!r} is not a link name")
+    names = ", ".join(f'"{n}"' for n in sorted(links))
+    pairs = ", ".join(f'"{n}" . {links[n]}' for n in sorted(links))
+    found = sorted({ipaddress.IPv4Address(a) for a in resolvers if not ipaddress.IPv4Address(a).is_loopback}, key=int)
+    extra = (
+        "  set links {\n    type ifname\n" + (f"    elements = {{ {names} }}\n" if names else "") + "  }\n"
+        "  set sources {\n    type ifname . ipv4_addr\n"
+        + (f"    elements = {{ {pairs} }}\n" if pairs else "")
+        + "  }\n"
+        "  set resolvers {\n    type ipv4_addr\n"
+        + (f"    elements = {{ {', '.join(str(a) for a in found)} }}\n" if found else "")
+        + "  }\n"
     )
+    return _guard_ruleset(
+        direct_table(subnet),
+        dev="@links",
+        source="iifname . ip saddr != @sources",
+        never=_never(subnet, pool),
+        facts=facts,
+        masquerade=f"ip saddr {subnet} ip daddr != {subnet}",
+        extra_sets=extra,
+        dns=True,
+    )
+
+
+async def ensure_direct_egress(
+    subnet: ipaddress.IPv4Network, links: Mapping[str, ipaddress.IPv4Address], *, tools: NetworkTools | None = None
+) -> None:
+    """Write the host table of the version 1 Machine links ``links`` of ``subnet`` (``direct_egress_ruleset``)
+    in one nft transaction, from the host's networks and resolvers now (the daemon's ``HostNetworkWatcher``
+    keeps its host networks current as it does an uplink's); a masquerade-only table of an earlier vz (family
+    ``ip``, same name) is removed in the same transaction. The caller serializes the writers of one subnet."""
+    _require_root()
+    tools = tools or NetworkTools.find()
+    table = direct_table(subnet)
+    resolvers = [ipaddress.IPv4Address(a) for a, _ in host_resolvers()]
+    async with _lock():
+        facts = await read_host_networks(tools=tools)
+        script = (
+            f"table ip {table}\ndelete table ip {table}\n"
+            f"table inet {table}\ndelete table inet {table}\n"
+            + direct_egress_ruleset(subnet, links, facts, resolvers=resolvers, pool=_pool_or_none())
+        )
+        await _run([tools.nft, "-f", "-"], script.encode(), what=f"nft table {table}")
+
+
+async def remove_direct_egress(subnet: ipaddress.IPv4Network, *, tools: NetworkTools | None = None) -> None:
+    """Remove the host table of ``subnet``'s version 1 Machine links (and an earlier vz's ``ip`` one)."""
+    _require_root()
+    tools = tools or NetworkTools.find()
+    table = direct_table(subnet)
+    script = f"table ip {table}\ndelete table ip {table}\ntable inet {table}\ndelete table inet {table}\n"
+    await _run([tools.nft, "-f", "-"], script.encode(), what=f"remove the nft table {table}")
+
+
+def _pool_or_none() -> ipaddress.IPv4Network | None:
+    try:
+        return pool_network()
+    except InvalidArgumentError:
+        return None
 
 
 async def _json(tools: NetworkTools, *argv: str) -> list[dict[str, Any]]:
@@ -322,12 +439,20 @@ async def _allocate(environment_id: str, pool: ipaddress.IPv4Network, tools: Net
     )
 
 
-async def _host_tables(tools: NetworkTools) -> list[str]:
+async def _host_tables(tools: NetworkTools, *, direct: bool = False) -> list[str]:
+    """The Environments' host tables (``vz_<id12>``), and with ``direct`` the version 1 Machine links' too."""
     data = json.loads(await _run([tools.nft, "-j", "list", "tables", "inet"], what="list nft tables") or "{}")
     names = []
     for item in data.get("nftables", []) if isinstance(data, dict) else []:
         table = item.get("table") if isinstance(item, dict) else None
-        if isinstance(table, dict) and table.get("family") == "inet" and _TABLE_RE.fullmatch(str(table.get("name"))):
+        if (
+            isinstance(table, dict)
+            and table.get("family") == "inet"
+            and (
+                _TABLE_RE.fullmatch(str(table.get("name")))
+                or (direct and _DIRECT_TABLE_RE.fullmatch(str(table.get("name"))))
+            )
+        ):
             names.append(str(table["name"]))
     return names
 
@@ -434,13 +559,13 @@ async def _has_connected_set(tools: NetworkTools, table: str) -> bool:
 
 
 async def refresh_host_networks(*, tools: NetworkTools | None = None) -> list[str]:
-    """Rewrite the host's networks in every Environment's host table (``inet vz_<id12>``) from the host's
-    routing now; the tables written. One transaction for all; should it fail (a table removed meanwhile), each
-    table on its own, those still there."""
+    """Rewrite the host's networks in every Environment's host table (``inet vz_<id12>``, and in the version 1
+    Machine links' tables, ``direct_table``) from the host's routing now; the tables written. One transaction
+    for all; should it fail (a table removed meanwhile), each table on its own, those still there."""
     _require_root()
     tools = tools or NetworkTools.find()
     async with _lock():
-        tables = await _host_tables(tools)
+        tables = await _host_tables(tools, direct=True)
         if not tables:
             return []
         facts = await read_host_networks(tools=tools)
@@ -451,7 +576,7 @@ async def refresh_host_networks(*, tools: NetworkTools | None = None) -> list[st
             pass
         done, failed = [], []
         error = RuntimeFailureError("no attempt")
-        for table in await _host_tables(tools):
+        for table in await _host_tables(tools, direct=True):
             # A table of an earlier vz has the ``connected`` set only: that one is still kept current.
             for script in (
                 host_networks_script([table], facts),
@@ -465,7 +590,7 @@ async def refresh_host_networks(*, tools: NetworkTools | None = None) -> list[st
                 done.append(table)
                 break
             else:
-                if table in await _host_tables(tools) and await _has_connected_set(tools, table):
+                if table in await _host_tables(tools, direct=True) and await _has_connected_set(tools, table):
                     failed.append(f"{table}: {error.message}")
                 # else: removed meanwhile, or a table with no such set (not written by vz): nothing to keep
         if failed:

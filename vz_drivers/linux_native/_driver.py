@@ -143,7 +143,10 @@ class LinuxNativeBackend(Backend[LinuxNativeRecord, LinuxNativePaths]):
             "root_layer": "overlayfs" if self.facts.overlayfs else "unavailable",
             "memory_view": "/proc/meminfo generated from the memory limit",
             "cpu_view": "cpuset plus /sys/devices/system/cpu/online generated from the CPU count",
-            "egress_allow": f"veth + masquerade from {self.net.subnet}, IPv4 forwarding enabled on the host",
+            "egress_allow": (
+                f"veth + masquerade from {self.net.subnet}, IPv4 forwarding enabled on the host; never the host's "
+                "addresses, its directly connected networks, link-local or another Machine (docs/network.md)"
+            ),
             "egress_deny": "namespace with no link to the host; nftables rejects all but loopback",
             "seccomp": "Docker-style default filter, no user namespaces (developer: seccomp=unconfined opts out)",
             "state_dir": str(self.book.root),

@@ -4,9 +4,13 @@ This is the networking of Machines without a route domain (version 1 definitions
 without the ``vz.network`` label); a Machine with the label is attached to its Environment's route domain
 instead (``_attach.py``) and never touches the host-wide pool or masquerade table below.
 
-* ``allow``: a veth pair, host end ``vz<key[:12]>`` with ``<subnet>.4i+1/30``, Machine end ``eth0`` with
-  ``.4i+2/30`` and a default route via the host end. The host masquerades Machine traffic leaving the
-  subnet (nftables table ``ip vz_<subnet>``) and forwards IPv4. Anything the host can reach, the Machine can.
+* ``allow``: a veth pair, host end ``vz<key[:12]>`` with ``<subnet>.4i+1/30`` (IPv6 off), Machine end ``eth0``
+  with ``.4i+2/30`` and a default route via the host end. The host forwards IPv4 and guards the host from these
+  links with the rules a version 2 uplink gets (``vz_core.network.ensure_direct_egress``: the table
+  ``inet vz_<subnet>``): nothing reaches any address of the host (the host end included, whatever listens on
+  0.0.0.0), another Machine or Environment, link-local addresses or the host's directly connected networks;
+  only the Machine's own address leaves its link, masqueraded; DNS to the host's resolvers is admitted. What
+  the host reaches through a gateway (the internet, routed private networks), the Machine can.
 * ``deny``: the namespace is never connected to the host. A veth pair with both ends inside it carries a
   default route so that connects fail fast, and an nftables ``output`` chain inside the namespace rejects
   everything but loopback (TCP reset / ICMP), so outbound connections are refused and no packet leaves.
@@ -24,6 +28,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from vz_core.errors import RuntimeFailureError, UnavailableError
+from vz_core.network import NetworkTools, direct_table, ensure_direct_egress, remove_direct_egress
 
 __all__ = [
     "NetworkConfig",
@@ -130,7 +135,8 @@ def check_subnet(subnet: ipaddress.IPv4Network, routes: list[tuple[str, ipaddres
 
 
 def host_table_name(subnet: ipaddress.IPv4Network) -> str:
-    return "vz_" + str(subnet).replace(".", "_").replace("/", "_")
+    """The host table of the subnet's Machine links (``inet vz_10_231_0_0_16``)."""
+    return direct_table(subnet)
 
 
 async def _run(argv: list[str], stdin: bytes = b"", what: str = "") -> None:
@@ -153,24 +159,18 @@ def _write_sysctl(path: str, value: str) -> None:
         p.write_text(value)
 
 
-async def ensure_host_nat(cfg: NetworkConfig) -> None:
-    """Forwarding on and the masquerade table for the subnet present (idempotent)."""
+def _tools(cfg: NetworkConfig) -> NetworkTools:
+    return NetworkTools(ip=cfg.ip, nft=cfg.nft, nsenter=cfg.nsenter, sysctl="")
+
+
+async def ensure_host_guard(cfg: NetworkConfig) -> None:
+    """Forwarding on and the subnet's host table written for the Machine links there now (under the host lock)."""
     try:
         _write_sysctl("/proc/sys/net/ipv4/ip_forward", "1")
     except OSError as exc:
         raise UnavailableError(f"cannot enable IPv4 forwarding for egress: {exc.strerror}") from None
-    table = host_table_name(cfg.subnet)
-    rules = (
-        f"table ip {table} {{\n"
-        "  chain postrouting {\n"
-        "    type nat hook postrouting priority srcnat; policy accept;\n"
-        f"    ip saddr {cfg.subnet} ip daddr != {cfg.subnet} masquerade\n"
-        "  }\n"
-        "}\n"
-    )
-    # Re-created as one transaction so that repeated starts never stack duplicate rules.
-    script = f"table ip {table}\ndelete table ip {table}\n{rules}"
-    await _run([cfg.nft, "-f", "-"], script.encode(), what="nftables masquerade table")
+    links = {name: ipaddress.IPv4Address(int(host) + 1) for name, (_, host) in (await _links(cfg)).items()}
+    await ensure_direct_egress(cfg.subnet, links, tools=_tools(cfg))
 
 
 async def remove_host_table(cfg: NetworkConfig) -> None:
@@ -183,15 +183,17 @@ async def remove_host_table(cfg: NetworkConfig) -> None:
         return
     table = host_table_name(cfg.subnet)
     async with _host_lock():
-        if await _used_slots(cfg) or not await _table_exists(cfg, table):
+        if await _used_slots(cfg) or not (
+            await _table_exists(cfg, "inet", table) or await _table_exists(cfg, "ip", table)
+        ):
             return
         with contextlib.suppress(RuntimeFailureError):
-            await _run([cfg.nft, "-f", "-"], f"table ip {table}\ndelete table ip {table}\n".encode())
+            await remove_direct_egress(cfg.subnet, tools=_tools(cfg))
 
 
-async def _table_exists(cfg: NetworkConfig, table: str) -> bool:
+async def _table_exists(cfg: NetworkConfig, family: str, table: str) -> bool:
     proc = await asyncio.create_subprocess_exec(
-        cfg.nft, "list", "table", "ip", table, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL
+        cfg.nft, "list", "table", family, table, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL
     )
     return await proc.wait() == 0
 
@@ -227,20 +229,25 @@ async def _host_lock() -> AsyncIterator[None]:
         os.close(fd)
 
 
-async def _used_slots(cfg: NetworkConfig) -> set[int]:
+async def _links(cfg: NetworkConfig) -> dict[str, tuple[int, ipaddress.IPv4Address]]:
+    """The host's links holding an address of the subnet: name -> (slot, that address: the host end's)."""
     proc = await asyncio.create_subprocess_exec(
         cfg.ip, "-o", "-4", "addr", "show", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL
     )
     out, _ = await proc.communicate()
-    used: set[int] = set()
+    found: dict[str, tuple[int, ipaddress.IPv4Address]] = {}
     base = int(cfg.subnet.network_address)
     for line in out.decode(errors="replace").splitlines():
         parts = line.split()
-        if "inet" in parts:
+        if "inet" in parts and len(parts) > 1:
             addr = ipaddress.IPv4Interface(parts[parts.index("inet") + 1]).ip
             if addr in cfg.subnet:
-                used.add((int(addr) - base) // 4 - 1)
-    return used
+                found[parts[1].split("@")[0]] = ((int(addr) - base) // 4 - 1, addr)
+    return found
+
+
+async def _used_slots(cfg: NetworkConfig) -> set[int]:
+    return {slot for slot, _ in (await _links(cfg)).values()}
 
 
 async def setup_network(cfg: NetworkConfig, *, pid: int, key: str, egress: str) -> None:
@@ -268,20 +275,22 @@ async def setup_network(cfg: NetworkConfig, *, pid: int, key: str, egress: str) 
         with contextlib.suppress(RuntimeFailureError):
             await _run([cfg.ip, "link", "del", host_if])
     async with _host_lock():
-        # Under the lock that removal takes too: the table exists whenever a Machine holds a slot.
-        await ensure_host_nat(cfg)
+        # Under the lock that removal takes too: the table exists whenever a Machine holds a slot, and lists the
+        # new link before the Machine's process runs (it starts after this returns).
         used = await _used_slots(cfg)
         index = next((i for i in range(cfg.slots) if i not in used), None)
         if index is None:
             raise UnavailableError(f"no free address left in {cfg.subnet} for another Machine with egress allowed")
         host_addr, machine_addr = cfg.addresses(index)
-        host_batch = (
-            f"link add {host_if} type veth peer name eth0 netns {pid}\n"
-            f"addr add {host_addr}/30 dev {host_if}\n"
-            f"link set {host_if} up\n"
+        await _run(
+            [cfg.ip, "link", "add", host_if, "type", "veth", "peer", "name", "eth0", "netns", str(pid)],
+            what="veth pair",
         )
+        for name, value in (("ipv6/conf/{}/disable_ipv6", "1"), ("ipv4/conf/{}/forwarding", "1")):
+            with contextlib.suppress(OSError):
+                _write_sysctl("/proc/sys/net/" + name.format(host_if), value)
+        host_batch = f"addr add {host_addr}/30 dev {host_if}\nlink set {host_if} up\n"
         await _run([cfg.ip, "-batch", "-"], host_batch.encode(), what="veth pair")
-    with contextlib.suppress(OSError):
-        _write_sysctl(f"/proc/sys/net/ipv4/conf/{host_if}/forwarding", "1")
+        await ensure_host_guard(cfg)
     inner = f"addr add {machine_addr}/30 dev eth0\nlink set eth0 up\nroute add default via {host_addr}\n"
     await _run([*inside, cfg.ip, "-batch", "-"], inner.encode(), what="Machine interface")

@@ -38,7 +38,10 @@ async def driver(state_dir: Path, image_dir: Path, agent_binary: str) -> AsyncIt
 def netns_destination() -> Iterator[tuple[str, str]]:
     """A TCP listener in a test-made network namespace reachable from the host through a veth pair.
 
-    Yields (address, netns name); an nftables counter in the namespace counts TCP packets to port 8080.
+    Yields (address, netns name); an nftables counter in the namespace counts TCP packets to port 8080. The
+    address (198.18.251.2, of the benchmarking range) is routed by the host through the namespace's end of the
+    veth (172.31.251.2, a gateway): a Machine's egress reaches what the host routes through a gateway, never a
+    directly connected network (docs/network.md).
     """
     name = f"vzt-dst-{os.getpid()}"
     host_if, peer_if = f"vzt{os.getpid() % 100000}h", f"vzt{os.getpid() % 100000}p"
@@ -50,6 +53,8 @@ def netns_destination() -> Iterator[tuple[str, str]]:
         ["ip", "-n", name, "addr", "add", "172.31.251.2/30", "dev", peer_if],
         ["ip", "-n", name, "link", "set", peer_if, "up"],
         ["ip", "-n", name, "link", "set", "lo", "up"],
+        ["ip", "-n", name, "addr", "add", "198.18.251.2/32", "dev", "lo"],
+        ["ip", "route", "add", "198.18.251.2/32", "via", "172.31.251.2", "dev", host_if],
     ]
     counter = (
         b"table inet vztest {\n chain input {\n type filter hook input priority 0;\n tcp dport 8080 counter\n }\n}\n"
@@ -58,7 +63,7 @@ def netns_destination() -> Iterator[tuple[str, str]]:
         for cmd in cmds:
             subprocess.run(cmd, check=True, capture_output=True)
         subprocess.run(["ip", "netns", "exec", name, "nft", "-f", "-"], input=counter, check=True, capture_output=True)
-        yield "172.31.251.2", name
+        yield "198.18.251.2", name
     finally:
         subprocess.run(["ip", "link", "del", host_if], capture_output=True)
         subprocess.run(["ip", "netns", "del", name], capture_output=True)
