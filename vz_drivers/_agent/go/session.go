@@ -337,6 +337,8 @@ type helloRequest struct {
 	Nonce    string `json:"nonce"`
 	// MaxData: the largest data frame the host would like to use (optional; absent = maxData).
 	MaxData int64 `json:"max_data"`
+	// Challenge: a fresh host nonce the agent answers with "proof" (identity.go).
+	Challenge string `json:"challenge"`
 }
 
 func (s *session) handleHello(payload []byte) {
@@ -384,6 +386,11 @@ func (s *session) handleHello(payload []byte) {
 	reply["max_data"] = agreed
 	reply["version"] = protocolVersion
 	reply["nonce"] = req.Nonce
+	if req.Challenge != "" {
+		if proof := identityProof(s.ag.key, req.Challenge); proof != "" {
+			reply["proof"] = proof
+		}
+	}
 	if s.streamMode {
 		reply["mode"] = "stream"
 	} else {
