@@ -178,7 +178,10 @@ def _start_agent(tmp_path: Path, agent_binary: str, key: bytes | None) -> tuple[
     proc = subprocess.Popen(args, stdin=ready_w.fileno(), stderr=subprocess.PIPE)
     ready_w.close()
     try:
-        assert ready_r.recv(16) == b"ready\n", proc.stderr.read() if proc.stderr else b""
+        assert ready_r.recv(16) == b"ready\n", "the agent did not start"
+    except BaseException:
+        _stop(proc)
+        raise
     finally:
         ready_r.close()
     return sock, proc
@@ -322,3 +325,50 @@ async def test_status_and_stop_of_a_machine_whose_agent_fails_the_check(
     assert sent == []
     found = await driver.find("t")
     assert found is not None and found.state.status == "stopped" and IDENTITY_ERROR in found.state.error
+
+
+# ------------------------------------------------------------------------------------------------ qemu guests
+
+QEMU_REFUSED = (
+    "ptrace_attach",
+    "ptrace_seize",
+    "process_vm_readv",
+    "process_vm_writev",
+    "proc_mem_write",
+    "pidfd_getfd",
+)
+"""What Yama's scope 3 refuses a VM guest's root (read-mode access, /proc/1/fd, /proc/1/environ and kcmp, stays
+open to it: it holds CAP_SYS_PTRACE in its own kernel; docs/security.md says so)."""
+
+
+def _has_guest_kernel() -> bool:
+    return any(Path("/boot").glob("vmlinuz-*"))
+
+
+@pytest.mark.slow
+async def test_a_qemu_guests_root_cannot_attach_to_or_reach_into_its_agent(
+    tmp_path: Path, agent_binary: str, probe: Path
+) -> None:
+    if shutil.which("qemu-system-x86_64") is None or not await asyncio.to_thread(_has_guest_kernel):
+        pytest.fail("the qemu part needs qemu-system-x86_64 and a guest kernel in /boot")
+    from vz_drivers.qemu import QemuDriver
+    from vz_drivers.qemu import cleanup_state as qemu_cleanup
+
+    state, images = tmp_path / "qemu-state", tmp_path / "images"
+    drv = QemuDriver(state_dir=state, image_dir=images, agent_binary=agent_binary, stop_timeout=5)
+    try:
+        await drv.run_image(request("vm"))
+        scope = await sh(drv, "vm", "cat /proc/sys/kernel/yama/ptrace_scope")
+        assert scope.stdout == b"3\n", scope
+        data = await asyncio.to_thread(probe.read_bytes)
+        assert (await sh(drv, "vm", "cat > /probe && chmod 755 /probe", stdin=data)).exit.success
+        got = _results((await sh(drv, "vm", "/probe")).stdout)
+        for what in QEMU_REFUSED:
+            assert got.get(what) in REFUSED, f"{what}: {got.get(what)!r}; all: {got}"
+        assert (await sh(drv, "vm", "grep TracerPid /proc/1/status")).stdout.split() == [b"TracerPid:", b"0"]
+        await drv.stop("vm")
+        found = await drv.find("vm")
+        assert found is not None and found.state.status == "stopped"
+    finally:
+        await drv.close()
+        await qemu_cleanup(str(state), image_dir=str(images), agent_binary=agent_binary)
