@@ -366,9 +366,21 @@ async def test_a_qemu_guests_root_cannot_attach_to_or_reach_into_its_agent(
         for what in QEMU_REFUSED:
             assert got.get(what) in REFUSED, f"{what}: {got.get(what)!r}; all: {got}"
         assert (await sh(drv, "vm", "grep TracerPid /proc/1/status")).stdout.split() == [b"TracerPid:", b"0"]
-        await drv.stop("vm")
+        # The PID-1 agent took the boot's key in the first HELLO on its virtio-serial port and proves it on a new
+        # connection; when the host expects another key, the VM is killed and reported stopped with the error.
+        record = drv._backend.book.load(machine_key("vm"))
+        assert record is not None and drv._backend.agent_keys is not None
+        await drv._drop_link(record.key)
+        assert (await sh(drv, "vm", "echo proven")).stdout == b"proven\n"
+        drv._backend.agent_keys._keeper.put(
+            record.key, record.machine_id + drv._backend.agent_keys._SUFFIX, {"key": secrets.token_hex(32)}
+        )
+        await drv._drop_link(record.key)
+        with pytest.raises(FailedPreconditionError, match=IDENTITY_ERROR):
+            await sh(drv, "vm", "echo should not run")
         found = await drv.find("vm")
-        assert found is not None and found.state.status == "stopped"
+        assert found is not None and found.state.status == "stopped" and IDENTITY_ERROR in found.state.error
+        assert proc_start_time(record.pid) != record.pid_start, "the VM still runs"
     finally:
         await drv.close()
         await qemu_cleanup(str(state), image_dir=str(images), agent_binary=agent_binary)

@@ -392,6 +392,7 @@ class AgentClient:
         timeout: float | None = None,  # noqa: ASYNC109 - bounds the handshake only, not the client's life
         window: int = p.OUTPUT_WINDOW,
         identity_key: bytes | None = None,
+        hand_over_key: bool = False,
     ) -> AgentClient:
         """Run the handshake over an already open stream pair and return a ready client.
 
@@ -403,11 +404,13 @@ class AgentClient:
 
         ``identity_key`` is the key the host gave this boot of the agent: the HELLO then carries a fresh challenge
         and the agent must answer it with the key's proof, else ``AgentIdentityError`` (the process on the
-        channel is not the agent the host started).
+        channel is not the agent the host started). ``hand_over_key`` also sends the key in that HELLO, for an agent
+        started with ``--key-from-host`` on a channel only the host writes to (a VM's virtio-serial port, at boot):
+        the agent keeps the first key it is given.
         """
         client = cls(reader, writer, stream_mode=wait_ready, window=window)
         try:
-            await client._handshake(timeout, identity_key)
+            await client._handshake(timeout, identity_key, hand_over_key)
         except BaseException:
             _close_streams(reader, writer)
             raise
@@ -856,12 +859,14 @@ class AgentClient:
             if not st.finished:
                 st.queue.put_nowait(("stdin_failed", exc))
 
-    async def _handshake(self, limit: float | None, identity_key: bytes | None = None) -> None:
+    async def _handshake(self, limit: float | None, identity_key: bytes | None = None, hand_over: bool = False) -> None:
         nonce = secrets.token_hex(8)
         offer: dict[str, Any] = {"versions": list(p.SUPPORTED_VERSIONS), "nonce": nonce, "max_data": p.MAX_WIDE_DATA}
-        challenge = secrets.token_hex(32) if identity_key is not None else ""
-        if challenge:
-            offer["challenge"] = challenge
+        challenge = ""
+        if identity_key is not None:
+            challenge = offer["challenge"] = secrets.token_hex(32)
+            if hand_over:
+                offer["key"] = identity_key.hex()
         hello = p.frame(p.T_HELLO, 0, json.dumps(offer).encode())
         resend: asyncio.Task[None] | None = None
         try:

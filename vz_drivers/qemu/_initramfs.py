@@ -252,7 +252,7 @@ vz_agent() {
 	dev=$(vz_port "$1") || die "no virtio-serial port named $1"
 	shift
 	cd /
-	exec /sbin/vz-agent serve --device "$dev" --root /mnt/root --prepare-root "$@"
+	exec /sbin/vz-agent serve --device "$dev" --root /mnt/root --prepare-root --key-from-host "$@"
 }
 
 # vz_agent_vsock PORT READYPORT ARGS...: become the guest agent (PID 1) serving AF_VSOCK PORT (one session per

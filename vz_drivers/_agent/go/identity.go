@@ -72,3 +72,24 @@ func identityProof(key []byte, challenge string) string {
 	mac.Write([]byte(challenge))
 	return hex.EncodeToString(mac.Sum(nil))
 }
+
+// takeKey keeps the first key a host hands over on the device port (--key-from-host); later ones are
+// ignored, so a key can be set once per boot and never replaced.
+func (ag *agent) takeKey(hexKey string) {
+	key, err := hex.DecodeString(hexKey)
+	if err != nil || len(key) < minKeyBytes {
+		logf("ignoring a malformed identity key from the host")
+		return
+	}
+	ag.mu.Lock()
+	defer ag.mu.Unlock()
+	if ag.key == nil {
+		ag.key = key
+	}
+}
+
+func (ag *agent) identityKey() []byte {
+	ag.mu.Lock()
+	defer ag.mu.Unlock()
+	return ag.key
+}

@@ -49,6 +49,7 @@ type options struct {
 	readyVsock  string
 	poweroff    bool
 	keyFd       int
+	keyFromHost bool
 }
 
 func usage(fs *flag.FlagSet) {
@@ -102,6 +103,7 @@ func main() {
 	fs.BoolVar(&o.poweroff, "poweroff", false, "run as a VM's init: mount /proc, /sys, /dev if missing; on exit unmount everything and power off")
 	fs.IntVar(&o.readyFd, "ready-fd", -1, "write \"ready\\n\" to the inherited file descriptor `N` and close it once serving")
 	fs.IntVar(&o.keyFd, "key-fd", -1, "read the per-boot identity key (one line of hex) from the inherited file descriptor `N` at start")
+	fs.BoolVar(&o.keyFromHost, "key-from-host", false, "take the identity key from the first HELLO that carries one on the --device port (only the host writes there)")
 	fs.StringVar(&o.readyVsock, "ready-vsock", "", "connect to the vsock address `CID:PORT` and write \"ready\\n\" once serving")
 	if err := fs.Parse(os.Args[2:]); err != nil {
 		os.Exit(2)
@@ -136,6 +138,10 @@ func main() {
 			fmt.Fprintf(os.Stderr, "vz-agent: --ready-vsock %v\n", err)
 			os.Exit(2)
 		}
+	}
+	if o.keyFromHost && (o.device == "" || o.keyFd >= 0) {
+		fmt.Fprintln(os.Stderr, "vz-agent: --key-from-host needs --device (a channel only the host writes to) and no --key-fd")
+		os.Exit(2)
 	}
 	if msg := platformRefusal(o); msg != "" {
 		fmt.Fprintf(os.Stderr, "vz-agent: %s\n", msg)
@@ -199,7 +205,7 @@ type agent struct {
 	mounts   []string // mounted by --prepare-root, unmounted on exit
 	listener net.Listener
 	sockPath string
-	key      []byte // the per-boot identity key (--key-fd); nil when the host gave none
+	key      []byte // the per-boot identity key (--key-fd, --key-from-host); nil when the host gave none; under mu
 
 	mu       sync.Mutex
 	sessions map[*session]bool

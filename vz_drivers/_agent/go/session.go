@@ -339,6 +339,8 @@ type helloRequest struct {
 	MaxData int64 `json:"max_data"`
 	// Challenge: a fresh host nonce the agent answers with "proof" (identity.go).
 	Challenge string `json:"challenge"`
+	// Key: the boot's identity key, taken once with --key-from-host on the device port (identity.go).
+	Key string `json:"key"`
 }
 
 func (s *session) handleHello(payload []byte) {
@@ -386,8 +388,11 @@ func (s *session) handleHello(payload []byte) {
 	reply["max_data"] = agreed
 	reply["version"] = protocolVersion
 	reply["nonce"] = req.Nonce
+	if req.Key != "" && s.ag.o.keyFromHost && s.streamMode {
+		s.ag.takeKey(req.Key)
+	}
 	if req.Challenge != "" {
-		if proof := identityProof(s.ag.key, req.Challenge); proof != "" {
+		if proof := identityProof(s.ag.identityKey(), req.Challenge); proof != "" {
 			reply["proof"] = proof
 		}
 	}
