@@ -74,9 +74,23 @@ int main(void) {
     fd = open("/proc/1/environ", O_RDONLY);
     report("proc_environ", fd, errno);
     if (fd >= 0) close(fd);
-    fd = open("/proc/1/fd/0", O_RDONLY);
-    report("proc_fd", fd, errno);
-    if (fd >= 0) close(fd);
+    /* Re-open what the agent holds open (its main log, pipes, /dev/null; sockets answer ENXIO either way): "ok"
+     * when any of them opens, else a refusal if one was refused, else the first other error. */
+    int opened = 0, refused = 0, other = 0;
+    for (int target = 0; target < 64 && !opened; target++) {
+        char path[32];
+        snprintf(path, sizeof path, "/proc/1/fd/%d", target);
+        fd = open(path, O_RDONLY | O_NONBLOCK);
+        if (fd >= 0) {
+            opened = 1;
+            close(fd);
+        } else if (errno == EACCES || errno == EPERM) {
+            refused = refused ? refused : errno;
+        } else if (errno != ENOENT && errno != ENXIO) {
+            other = other ? other : errno;
+        }
+    }
+    report("proc_fd", opened ? 0 : -1, refused ? refused : (other ? other : ENOENT));
 
     long pidfd = syscall(SYS_pidfd_open, 1, 0);
     report("pidfd_open", pidfd, errno);
