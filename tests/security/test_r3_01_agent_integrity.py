@@ -11,7 +11,9 @@ without CAP_SYS_PTRACE, which linux_native refuses to grant), and every handshak
 an HMAC over a fresh challenge, that it holds the boot's identity key the host handed it on a descriptor the
 Machine never sees. The black-box tests run a real static program inside real Machines through the real `vz`
 and daemon; the handshake tests talk to real agent processes, and to a real Machine whose agent does not hold
-the key the host expects.
+the key the host expects. A qemu guest (its root owns the guest kernel) gets Yama's ptrace_scope=3 and its
+PID-1 agent the boot's key over its virtio-serial port: attach-mode access is refused there too, and an agent
+without the expected key is refused and its VM killed.
 """
 
 from __future__ import annotations
