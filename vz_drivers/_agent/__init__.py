@@ -9,13 +9,15 @@ running agent through ``AgentClient``, whose ``exec`` has ``vz_core.Driver.exec`
 from __future__ import annotations
 
 from vz_drivers._agent._build import agent_source_digest, agent_source_dir, ensure_agent_binary
-from vz_drivers._agent._client import AgentClient, AgentInfo, AgentStatus
+from vz_drivers._agent._client import AgentClient, AgentIdentityError, AgentInfo, AgentStatus, identity_proof
 
 __all__ = [
     "AgentClient",
+    "AgentIdentityError",
     "AgentInfo",
     "AgentStatus",
     "agent_source_digest",
     "agent_source_dir",
     "ensure_agent_binary",
+    "identity_proof",
 ]

@@ -12,6 +12,8 @@ from __future__ import annotations
 import array
 import asyncio
 import contextlib
+import hashlib
+import hmac
 import json
 import os
 import secrets
@@ -37,6 +39,7 @@ from vz_core import (
 from vz_core.errors import (
     CATEGORY_TABLE,
     DriverError,
+    FailedPreconditionError,
     IncompatibleVersionError,
     InvalidArgumentError,
     UnavailableError,
@@ -47,7 +50,7 @@ from vz_core.platform.files import long_socket_path, open_directory
 from vz_core.rpc import exec_output_limit
 from vz_drivers._agent import _protocol as p
 
-__all__ = ["AgentClient", "AgentInfo", "AgentStatus"]
+__all__ = ["AgentClient", "AgentIdentityError", "AgentInfo", "AgentStatus", "identity_proof"]
 
 _HELLO_RESEND: Final = 1.0  # seconds between HELLO retries on a single-stream transport
 _KILL_CONFIRM: Final = 5.0  # how long a cancelled exec waits for the agent to confirm the kill
@@ -56,6 +59,18 @@ _SUN_PATH_MAX: Final = 107
 _READ_SIZE: Final = 1 << 20
 _WIDE_SOCKET_BUFFER: Final = 2 << 20
 _WHOLE_READ: Final = 1 << 16  # a frame at least this large still incomplete is read on its own (no re-joining)
+_IDENTITY_LABEL: Final = b"vz-agent identity v1\n"
+
+
+class AgentIdentityError(FailedPreconditionError):
+    """The process answering on a Machine's agent channel could not prove it is the agent the host started (it
+    does not hold that boot's identity key): something in the Machine replaced it. The Machine is not to be
+    trusted any more; the driver stops it by the kernel's means."""
+
+
+def identity_proof(key: bytes, challenge: str) -> str:
+    """What an agent holding ``key`` answers to ``challenge`` (HMAC-SHA256, hex; see docs/agent-protocol.md)."""
+    return hmac.new(key, _IDENTITY_LABEL + challenge.encode(), hashlib.sha256).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -138,6 +153,21 @@ def _error_from_payload(payload: bytes) -> DriverError:
 
 class _ProtocolError(Exception):
     pass
+
+
+def _check_identity(doc: dict[str, Any], key: bytes, challenge: str) -> None:
+    proof = doc.get("proof")
+    if not isinstance(proof, str) or not proof:
+        reason = "it answered the challenge with no proof (it does not hold this boot's identity key)"
+    elif not hmac.compare_digest(proof.encode(), identity_proof(key, challenge).encode()):
+        reason = "its proof does not match this boot's identity key"
+    else:
+        return
+    raise AgentIdentityError(
+        f"the Machine's agent failed its identity check: {reason}; something in the Machine replaced its agent, "
+        "recreate the Machine",
+        details={"agent_identity": "failed"},
+    )
 
 
 async def _open_unix(path: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
@@ -332,6 +362,7 @@ class AgentClient:
         timeout: float | None = 10.0,  # noqa: ASYNC109 - bounds connect + handshake, which run as one step
         *,
         window: int = p.OUTPUT_WINDOW,
+        identity_key: bytes | None = None,
     ) -> AgentClient:
         """Connect to ``vz-agent serve --listen unix:PATH`` and complete the handshake within ``timeout``.
 
@@ -348,7 +379,9 @@ class AgentClient:
             raise UnavailableError(
                 f"cannot connect to the guest agent at {spath}: {exc.strerror or exc}; is the Machine running?"
             ) from None
-        return await cls.from_streams(reader, writer, wait_ready=False, timeout=timeout, window=window)
+        return await cls.from_streams(
+            reader, writer, wait_ready=False, timeout=timeout, window=window, identity_key=identity_key
+        )
 
     @classmethod
     async def from_streams(
@@ -359,6 +392,8 @@ class AgentClient:
         wait_ready: bool = False,
         timeout: float | None = None,  # noqa: ASYNC109 - bounds the handshake only, not the client's life
         window: int = p.OUTPUT_WINDOW,
+        identity_key: bytes | None = None,
+        hand_over_key: bool = False,
     ) -> AgentClient:
         """Run the handshake over an already open stream pair and return a ready client.
 
@@ -367,10 +402,16 @@ class AgentClient:
         HELLO every second, skips READY frames and garbage, and accepts only the reply carrying its own nonce.
         Without it, the first frame must be the HELLO reply. ``timeout`` bounds the whole handshake
         (``None`` = wait as long as the caller does). On failure the streams are closed.
+
+        ``identity_key`` is the key the host gave this boot of the agent: the HELLO then carries a fresh challenge
+        and the agent must answer it with the key's proof, else ``AgentIdentityError`` (the process on the
+        channel is not the agent the host started). ``hand_over_key`` also sends the key in that HELLO, for an agent
+        started with ``--key-from-host`` on a channel only the host writes to (a VM's virtio-serial port, at boot):
+        the agent keeps the first key it is given.
         """
         client = cls(reader, writer, stream_mode=wait_ready, window=window)
         try:
-            await client._handshake(timeout)
+            await client._handshake(timeout, identity_key, hand_over_key)
         except BaseException:
             _close_streams(reader, writer)
             raise
@@ -819,9 +860,14 @@ class AgentClient:
             if not st.finished:
                 st.queue.put_nowait(("stdin_failed", exc))
 
-    async def _handshake(self, limit: float | None) -> None:
+    async def _handshake(self, limit: float | None, identity_key: bytes | None = None, hand_over: bool = False) -> None:
         nonce = secrets.token_hex(8)
-        offer = {"versions": list(p.SUPPORTED_VERSIONS), "nonce": nonce, "max_data": p.MAX_WIDE_DATA}
+        offer: dict[str, Any] = {"versions": list(p.SUPPORTED_VERSIONS), "nonce": nonce, "max_data": p.MAX_WIDE_DATA}
+        challenge = ""
+        if identity_key is not None:
+            challenge = offer["challenge"] = secrets.token_hex(32)
+            if hand_over:
+                offer["key"] = identity_key.hex()
         hello = p.frame(p.T_HELLO, 0, json.dumps(offer).encode())
         resend: asyncio.Task[None] | None = None
         try:
@@ -845,6 +891,8 @@ class AgentClient:
                 f"the guest agent speaks protocol version {version}, this host speaks {list(p.SUPPORTED_VERSIONS)};"
                 " rebuild or update the agent"
             )
+        if identity_key is not None:
+            _check_identity(doc, identity_key, challenge)
         try:
             agreed = int(doc.get("max_data", p.MAX_DATA))
         except (TypeError, ValueError):

@@ -66,6 +66,12 @@ die() {
 }
 
 $bb mount -t proc proc /proc
+# Yama, where the guest kernel has it: no process may ptrace another (scope 3 also binds CAP_SYS_PTRACE and cannot
+# be lowered until the VM reboots), so nothing of the Machine attaches to the agent (PID 1), reads or writes its
+# memory (process_vm_*, /proc/1/mem) or takes its descriptors (pidfd_getfd). Set before any Machine process runs.
+if [ -e /proc/sys/kernel/yama/ptrace_scope ]; then
+	echo 3 >/proc/sys/kernel/yama/ptrace_scope || die "cannot set kernel.yama.ptrace_scope=3"
+fi
 $bb mount -t sysfs sysfs /sys
 $bb mount -t devtmpfs devtmpfs /dev
 $bb mkdir -p /run/vz/cfg /mnt/root /dev/pts /dev/shm
@@ -273,7 +279,7 @@ vz_agent() {
 	dev=$(vz_port "$1") || die "no virtio-serial port named $1"
 	shift
 	cd /
-	exec /sbin/vz-agent serve --device "$dev" --root /mnt/root --prepare-root "$@"
+	exec /sbin/vz-agent serve --device "$dev" --root /mnt/root --prepare-root --key-from-host "$@"
 }
 
 # vz_agent_vsock PORT READYPORT ARGS...: become the guest agent (PID 1) serving AF_VSOCK PORT (one session per

@@ -26,6 +26,7 @@ from vz_drivers._machine._book import (
 )
 from vz_drivers._machine._channel import open_agent_socket, peer_pid
 from vz_drivers._machine._driver import (
+    AgentKeys,
     AgentLink,
     AgentMachineDriver,
     Backend,
@@ -57,6 +58,7 @@ __all__ = [
     "KNOWN_PROFILES",
     "RESERVED_TARGETS",
     "SOCKET_LIMIT",
+    "AgentKeys",
     "AgentLink",
     "AgentMachineDriver",
     "Backend",

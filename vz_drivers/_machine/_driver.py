@@ -20,6 +20,7 @@ import datetime
 import errno
 import functools
 import os
+import secrets
 import shutil
 import subprocess
 import uuid
@@ -74,6 +75,7 @@ if TYPE_CHECKING:
     from vz_drivers._agent import AgentClient
 
 __all__ = [
+    "AgentKeys",
     "AgentLink",
     "AgentMachineDriver",
     "Backend",
@@ -289,6 +291,10 @@ class Backend(abc.ABC, Generic[R, P]):
     workspace_snapshots: bool = False
     """Whether the ``snapshot`` workspace projection (label ``vz.workspace=snapshot``) is offered: the driver
     copies the worktree into the Machine's directory when it is created (``Extensions.snapshots``)."""
+    verify_on_find: bool = False
+    """Whether Find of a running Machine checks its agent's identity (a connection and handshake: backends whose
+    channel takes any number of connections), so that status never reports a Machine whose agent was replaced
+    as running."""
     keep_log_on_stop: bool = False
     """Whether a graceful Stop copies the main log through the agent to ``MachinePaths.kept_log`` (backends
     whose log lives only inside the Machine)."""
@@ -312,6 +318,30 @@ class Backend(abc.ABC, Generic[R, P]):
             self.stop_timeout = opts.stop_timeout
         self._agent_option: str = opts.get("agent_binary", "")
         self._agent_path: Path | None = None
+        self.agent_keys: AgentKeys | None = None
+        """Set by ``AgentMachineDriver``: where the per-boot identity keys of this backend's agents are kept."""
+
+    def new_identity_key(self, record: R) -> bytes:
+        """A fresh identity key for this boot of ``record``'s agent (kept in memory and the kernel keyring, never
+        on disk). The backend hands it to the agent where the Machine cannot read it."""
+        assert self.agent_keys is not None, "the backend is not attached to a driver"
+        return self.agent_keys.new(record)
+
+    def identity_key(self, record: R) -> bytes:
+        """The identity key of the running boot of ``record``'s agent, for ``AgentClient``'s handshake.
+
+        ``FailedPreconditionError`` when it is gone (the keyring is not available to this process): the agent
+        cannot be told from an impostor, so nothing is sent to it; a stop kills the Machine promptly.
+        """
+        key = self.agent_keys.get(record) if self.agent_keys is not None else None
+        if key is None:
+            raise FailedPreconditionError(
+                f"Machine {record.workspace_id!r}: its agent's identity key is kept in memory only and is not "
+                "available to this process (no kernel keyring), so its agent cannot be verified; stop the Machine "
+                "and start it again (`vz stop`, `vz up`)",
+                details={"workspace_id": record.workspace_id},
+            )
+        return key
 
     async def agent_binary(self) -> Path:
         """The guest agent binary: the ``agent_binary`` option checked, or the bundled sources built once."""
@@ -432,6 +462,37 @@ class Backend(abc.ABC, Generic[R, P]):
         """Remove what the backend holds on the host besides Machine directories and volumes (tests, uninstall)."""
 
 
+class AgentKeys:
+    """The per-boot identity keys of agents (docs/agent-protocol.md, HELLO ``challenge``): random, one per start,
+    kept like environment values (``SecretKeeper``: this process's memory and the kernel keyring of the driver's
+    user, never a file), under the Machine's key and id so that a recreated Machine never inherits one."""
+
+    _SUFFIX = ".agent-identity"
+
+    def __init__(self, keeper: SecretKeeper) -> None:
+        self._keeper = keeper
+
+    def new(self, record: MachineRecord) -> bytes:
+        key = secrets.token_bytes(32)
+        self._keeper.put(record.key, record.machine_id + self._SUFFIX, {"key": key.hex()})
+        return key
+
+    def get(self, record: MachineRecord) -> bytes | None:
+        kept = self._keeper.get(record.key, record.machine_id + self._SUFFIX)
+        try:
+            return bytes.fromhex(kept["key"]) if kept else None
+        except (KeyError, ValueError):
+            return None
+
+    def drop(self, record: MachineRecord) -> None:
+        self._keeper.drop(record.key, record.machine_id + self._SUFFIX)
+
+
+def _identity_failed(exc: BaseException) -> bool:
+    """Whether ``exc`` is the client's ``AgentIdentityError`` (it may have crossed a process boundary)."""
+    return isinstance(exc, FailedPreconditionError) and exc.details.get("agent_identity") == "failed"
+
+
 @dataclass
 class _LoopState:
     links: dict[str, AgentLink] = field(default_factory=dict)
@@ -450,6 +511,7 @@ class AgentMachineDriver(Driver, Generic[R, P]):
         self._backend = backend
         self._store: RecordBook[R, P] = backend.book
         self._secrets = SecretKeeper(self._store.root)
+        backend.agent_keys = AgentKeys(self._secrets)
         # Agent connections and locks belong to one event loop; a driver object may outlive a loop.
         self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = weakref.WeakKeyDictionary()
 
@@ -558,6 +620,8 @@ class AgentMachineDriver(Driver, Generic[R, P]):
         if record is None:
             return None
         alive = self._alive(record)
+        if alive and self._backend.verify_on_find:
+            record, alive = await self._verify(record)
         state = MachineState(
             status="running" if alive else "stopped",
             started_at=record.started_at,
@@ -689,6 +753,7 @@ class AgentMachineDriver(Driver, Generic[R, P]):
 
     def _remove_machine_dir(self, record: R) -> None:
         self._secrets.drop(record.key, record.machine_id)
+        AgentKeys(self._secrets).drop(record)
         paths = self._store.paths(record.key)
         with contextlib.suppress(FileNotFoundError):
             paths.record.unlink()
@@ -800,6 +865,38 @@ class AgentMachineDriver(Driver, Generic[R, P]):
             state.links[record.key] = link
             return link
 
+    async def _checked_link(self, record: R) -> AgentLink:
+        """``_link``, and when the process on the channel fails the agent's identity check: the Machine is
+        stopped by the kernel's means (``Backend.kill``), its record says why, and the error is raised."""
+        try:
+            return await self._link(record)
+        except DriverError as exc:
+            if _identity_failed(exc):
+                await self._condemn(record, exc)
+            raise
+
+    async def _verify(self, record: R) -> tuple[R, bool]:
+        """Find's check of a running Machine's agent: (the record as it is now, whether it runs). Only a failed
+        identity check changes the answer; an agent that is busy or unreachable right now is still running."""
+        try:
+            async with asyncio.timeout(5.0):
+                await self._checked_link(record)
+        except DriverError as exc:
+            if _identity_failed(exc):
+                return self._load(record.workspace_id) or record, False
+        except TimeoutError:
+            pass
+        return record, True
+
+    async def _condemn(self, record: R, exc: DriverError) -> None:
+        """Kill a Machine whose agent was replaced (nothing more is sent to the impostor) and record why."""
+        async with self._locked(record.key):
+            current = self._load(record.workspace_id)
+            if current is None or current.pid != record.pid or current.pid_start != record.pid_start:
+                return  # already stopped or restarted meanwhile
+            current.error = exc.message
+            await self._halt(current, graceful=False)  # kills, releases, saves the record with the error
+
     @staticmethod
     def _current(link: AgentLink, record: MachineRecord) -> bool:
         return link.pid == record.pid and link.pid_start == record.pid_start and not link.client.closed
@@ -865,7 +962,10 @@ class AgentMachineDriver(Driver, Generic[R, P]):
                     await self._keep_log(record, link)
                 await self._backend.shutdown(record, link)
                 await self._backend.wait_gone(record)
-        except (DriverError, TimeoutError):
+        except DriverError as exc:
+            if _identity_failed(exc):
+                record.error = exc.message  # the impostor is told nothing: _halt kills the Machine now
+        except TimeoutError:
             pass
         finally:
             await self._drop_link(record.key)
@@ -888,7 +988,7 @@ class AgentMachineDriver(Driver, Generic[R, P]):
                 f"{self._backend.display} does not run tty execs (the extension service does not advertise tty)"
             )
         record = self._require_running(spec.workspace_id)
-        link = await self._link(record)
+        link = await self._checked_link(record)
         full = replace(spec, user=spec.user or record.user, workdir=spec.workdir or record.working_dir)
         # aclosing: a caller that stops early (cancellation) kills the command now, not at garbage collection.
         async with contextlib.aclosing(link.client.exec(full, stdin)) as events:
@@ -907,7 +1007,7 @@ class AgentMachineDriver(Driver, Generic[R, P]):
         if spec.tty:
             raise InvalidArgumentError("exec_local runs commands without a terminal (tty=False); use terminal()")
         record = self._require_running(machine_id)
-        link = await self._link(record)
+        link = await self._checked_link(record)
         if "exec_fds" not in link.client.info.features:
             return await super().exec_local(machine_id, spec, stdio)
         full = replace(
@@ -920,7 +1020,7 @@ class AgentMachineDriver(Driver, Generic[R, P]):
         if not spec.argv:
             raise InvalidArgumentError("a terminal session needs a non-empty argv", details={"field": "argv"})
         record = self._require_running(spec.workspace_id)
-        link = await self._link(record)
+        link = await self._checked_link(record)
         full = replace(spec, user=spec.user or record.user, workdir=spec.workdir or record.working_dir)
         async with contextlib.aclosing(link.client.terminal(full, input)) as events:
             async for event in events:
@@ -934,7 +1034,7 @@ class AgentMachineDriver(Driver, Generic[R, P]):
             for chunk in await asyncio.to_thread(lambda: list(read_chunks_nofollow(path))):
                 yield chunk
             return
-        link = await self._link(record)
+        link = await self._checked_link(record)
         async with contextlib.aclosing(self._backend.read_log(record, link)) as chunks:
             async for chunk in chunks:
                 yield chunk

@@ -5,8 +5,13 @@ image's main process (output to a bounded log on the host) and serves execs over
 never spawns runc: the driver talks to the agent over that socket and the agent forks the command inside the
 Machine's namespaces and cgroup.
 
-The agent binds its socket in ``/.vz/run`` (a host directory bind-mounted into the Machine), tells the host it
-serves through its stdin (a pipe the host holds, never stored anywhere), and the host then moves the socket
+The agent's stdin is one end of a socket pair whose other end only the host holds (never stored anywhere). The
+host writes the boot's identity key there before the Machine exists; the agent reads it first thing and keeps
+it only in its memory, which no process of the Machine can read (the agent is not dumpable, the seccomp filter
+refuses ptrace and process_vm_*, no Machine holds CAP_SYS_PTRACE). Every handshake then asks the agent to
+prove it holds the key (docs/agent-protocol.md), so a program exec'd in its place is refused and the Machine
+stopped. The agent binds its socket in ``/.vz/run`` (a host directory bind-mounted into the Machine), tells
+the host it serves through the same stdin, and the host then moves the socket
 into the Machine's ``chan/`` directory, which the Machine cannot see. Every connection checks, before it sends
 anything, that the socket's listener is the Machine's init (``SO_PEERCRED``), so a socket or link a Machine
 plants never receives a command meant for it or for another Machine.
@@ -27,6 +32,7 @@ import contextlib
 import json
 import os
 import shutil
+import socket
 import stat
 from collections.abc import Mapping
 from pathlib import Path
@@ -86,6 +92,7 @@ class LinuxNativeBackend(Backend[LinuxNativeRecord, LinuxNativePaths]):
     boot_timeout = 30.0
     """Seconds a container start may take until the agent answers (not an option: a container starts in well
     under a second; the bound only catches a wedged runc)."""
+    verify_on_find = True
     workspace_snapshots = True
     shares_host_kernel = True
     book: LinuxNativeBook
@@ -221,9 +228,18 @@ class LinuxNativeBackend(Backend[LinuxNativeRecord, LinuxNativePaths]):
         await self.release(record)
         await asyncio.to_thread(self._prepare_start, record, paths, agent)
         stderr_fd = os.open(paths.agent_stderr, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        # The agent's stdin is a pipe: it writes "ready" there once it serves. Nothing of it is stored.
-        ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
-        self._ready[record.key] = ready_r
+        # The agent's stdin is a socket pair: the host writes the boot's identity key into it now (read by the agent
+        # before anything runs in the Machine), the agent writes "ready" back once it serves. Nothing is stored.
+        ready_r, ready_w = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._ready[record.key] = ready_r.detach()
+        ready_w_fd = ready_w.detach()
+        key = self.new_identity_key(record)
+        line = key.hex().encode() + b"\n"
+        try:
+            os.write(self._ready[record.key], line)
+        except BaseException:
+            os.close(ready_w_fd)
+            raise
         pid_file = paths.bundle / "init.pid"
         with contextlib.suppress(FileNotFoundError):
             pid_file.unlink()
@@ -237,7 +253,7 @@ class LinuxNativeBackend(Backend[LinuxNativeRecord, LinuxNativePaths]):
                     str(pid_file),
                     record.container_id,
                     what=f"creating Machine {record.workspace_id!r}",
-                    stdin=ready_w,
+                    stdin=ready_w_fd,
                     stdout=stderr_fd,
                     stderr=stderr_fd,
                     log=paths.runc_log,
@@ -246,7 +262,7 @@ class LinuxNativeBackend(Backend[LinuxNativeRecord, LinuxNativePaths]):
                 )
         finally:
             os.close(stderr_fd)
-            os.close(ready_w)
+            os.close(ready_w_fd)
             self._unpublish_spec(record.key, paths)
         pid = int(pid_file.read_text().strip())
         start_time = proc_start_time(pid)
@@ -372,8 +388,9 @@ class LinuxNativeBackend(Backend[LinuxNativeRecord, LinuxNativePaths]):
             await self._agent_ready(record)
             await asyncio.to_thread(self._take_socket, paths)
         what = f"Machine {record.workspace_id!r}"
+        key = self.identity_key(record)
         reader, writer = await open_agent_socket(paths.socket, record.pid, what=what)
-        client = await AgentClient.from_streams(reader, writer, timeout=10)
+        client = await AgentClient.from_streams(reader, writer, timeout=10, identity_key=key)
         return AgentLink(client=client, pid=record.pid, pid_start=record.pid_start)
 
     def diagnose(self, record: LinuxNativeRecord) -> tuple[str, str]:
@@ -440,6 +457,8 @@ def _agent_args(record: LinuxNativeRecord, stop_timeout: float) -> list[str]:
         "serve",
         "--listen",
         f"unix:{RUN_DIR}/agent.sock",
+        "--key-fd",
+        "0",
         "--ready-fd",
         "0",
         "--init",

@@ -6,7 +6,9 @@ are allowed only when the Machine holds the capability that makes them meaningfu
 granted by linux_native, so ``mount``, ``unshare``, ``setns``, ``bpf``, namespace flags of ``clone`` and the
 new mount API stay blocked); ``clone3`` answers ENOSYS so that C libraries fall back to ``clone``, whose
 namespace flags the filter can see. Key management (``keyctl``, ``add_key``, ``request_key``), kernel modules,
-``kexec``, ``reboot``, ``swapon``, ``userfaultfd``, ``perf_event_open`` and AF_VSOCK sockets are not on the list.
+``kexec``, ``reboot``, ``swapon``, ``userfaultfd``, ``perf_event_open`` and AF_VSOCK sockets are not on the list;
+neither are ``ptrace``, ``process_vm_readv``/``writev``, ``kcmp``, ``pidfd_getfd`` and ``process_madvise`` (they
+reach into another process, and PID 1 is the guest agent: see ``_DEBUG``).
 
 The result: no user namespace can be created (``unshare -U`` / ``clone(CLONE_NEWUSER)`` fail with EPERM),
 whatever the capabilities.
@@ -80,7 +82,15 @@ recvmsg recvmmsg recvmmsg_time64 ipc msgget msgsnd msgrcv msgctl semget semop se
 semctl shmget shmat shmdt shmctl mq_open mq_unlink mq_timedsend mq_timedsend_time64 mq_timedreceive
 mq_timedreceive_time64 mq_notify mq_getsetattr
 """
-# Allowed since Linux 4.8 made seccomp run before ptrace can change a call (as Docker does).
+# Not allowed, in both profiles: ptrace, process_vm_readv and process_vm_writev. Docker's default profile allows
+# them on Linux >= 4.8 (seccomp can no longer be bypassed by a tracer changing a call) and leaves the target's
+# protection to the kernel's ptrace access checks. A Machine's PID 1 is the vz guest agent, which holds the
+# boot's identity key and the host's channel: a Machine's root that could trace it could replace it (as an
+# attack on an earlier version did), so the filter refuses the calls outright and the kernel's checks (the
+# agent is not dumpable, no Machine holds CAP_SYS_PTRACE) are the second wall, not the only one. gVisor, the
+# other reference, implements ptrace inside its own kernel and never hands it to the host. A filter on the pid
+# argument cannot protect the agent (every thread of it has its own id), so debuggers need
+# `security_opt: ["seccomp=unconfined"]` (developer profile), where the kernel's checks still hold.
 _DEBUG = "ptrace process_vm_readv process_vm_writev"
 
 _BY_CAPABILITY: dict[str, str] = {
@@ -94,7 +104,8 @@ _BY_CAPABILITY: dict[str, str] = {
     "CAP_SYS_CHROOT": "chroot",
     "CAP_SYS_MODULE": "delete_module init_module finit_module",
     "CAP_SYS_PACCT": "acct",
-    "CAP_SYS_PTRACE": "kcmp pidfd_getfd process_madvise",
+    # As in Docker's profile; linux_native refuses cap_add CAP_SYS_PTRACE (it would defeat the agent's protection).
+    "CAP_SYS_PTRACE": "kcmp pidfd_getfd process_madvise " + _DEBUG,
     "CAP_SYS_RAWIO": "iopl ioperm",
     "CAP_SYS_TIME": "settimeofday stime clock_settime clock_settime64",
     "CAP_SYS_TTY_CONFIG": "vhangup",
@@ -120,7 +131,7 @@ def _names(*groups: str) -> list[str]:
 def seccomp_profile(capabilities: list[str] | tuple[str, ...]) -> dict[str, Any]:
     """The OCI ``linux.seccomp`` object for a Machine holding ``capabilities`` (bounding set)."""
     caps = set(capabilities)
-    allowed = set(_names(_FILES, _MEMORY, _PROCESSES, _SIGNALS_TIME, _POLL_IPC_NET, _DEBUG))
+    allowed = set(_names(_FILES, _MEMORY, _PROCESSES, _SIGNALS_TIME, _POLL_IPC_NET))
     for cap, names in _BY_CAPABILITY.items():
         if cap in caps:
             allowed.update(names.split())

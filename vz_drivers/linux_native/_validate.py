@@ -82,6 +82,13 @@ def validate_request(request: RunImageRequest, facts: HostFacts, key: str) -> Va
                 "remount host filesystems); add narrower capabilities",
                 details={"field": "cap_add"},
             )
+        if norm == "CAP_SYS_PTRACE":
+            raise UnsupportedError(
+                f"cap_add {cap!r} is not supported by linux_native (CAP_SYS_PTRACE would let the Machine's root read "
+                "and replace its guest agent); debuggers trace processes of their own user without it: give them "
+                'security_opt ["seccomp=unconfined"] (developer profile)',
+                details={"field": "cap_add"},
+            )
         caps.append(norm)
     hardened = common.profile == "hardened"
     no_new_privs = hardened

@@ -398,6 +398,7 @@ class QemuBackend(Backend[QemuRecord, QemuPaths]):
             sessions=int(record.extra.get("sessions", 1)),
             network=parse_network_label(record.labels),
         )
+        self.new_identity_key(record)  # handed to the PID-1 agent in the first HELLO on port 0 (connect)
         record.pid, record.pid_start = await launch(host.qemu.path, spec, paths.run)
         record.accelerator = host.accel.name
 
@@ -418,9 +419,18 @@ class QemuBackend(Backend[QemuRecord, QemuPaths]):
                 os.close(fd)
                 continue
             try:
+                # Port 0 is the PID-1 agent: it takes the boot's identity key in the first HELLO of the booting
+                # connection (only the host writes to a virtio-serial port, and the agent holds the guest end) and
+                # proves it on every later connection. The session agents of other ports hold no key.
+                key = self.identity_key(record) if port == 0 else None
                 reader, writer = await open_agent_socket(paths.agent_socket(port), record.pid, what=what)
                 client = await AgentClient.from_streams(
-                    reader, writer, wait_ready=True, timeout=None if booting else 30.0
+                    reader,
+                    writer,
+                    wait_ready=True,
+                    timeout=None if booting else 30.0,
+                    identity_key=key,
+                    hand_over_key=booting,
                 )
             except BaseException:
                 os.close(fd)

@@ -48,6 +48,8 @@ type options struct {
 	readyFd     int
 	readyVsock  string
 	poweroff    bool
+	keyFd       int
+	keyFromHost bool
 }
 
 func usage(fs *flag.FlagSet) {
@@ -72,6 +74,11 @@ func main() {
 		fmt.Printf("vz-agent %s (protocol %d)\n", agentVersion, protocolVersion)
 		return
 	case "serve":
+		// First of all, before anything can reach the agent: no process of the Machine may trace it.
+		if err := protectSelf(); err != nil {
+			fmt.Fprintf(os.Stderr, "vz-agent: cannot make itself non-dumpable: %v\n", err)
+			os.Exit(1)
+		}
 	default:
 		fmt.Fprintf(os.Stderr, "vz-agent: unknown command %q; use serve or version\n", os.Args[1])
 		os.Exit(2)
@@ -95,6 +102,8 @@ func main() {
 	fs.BoolVar(&o.exitMain, "exit-with-main", false, "stop the agent (and the Machine) when the main process exits")
 	fs.BoolVar(&o.poweroff, "poweroff", false, "run as a VM's init: mount /proc, /sys, /dev if missing; on exit unmount everything and power off")
 	fs.IntVar(&o.readyFd, "ready-fd", -1, "write \"ready\\n\" to the inherited file descriptor `N` and close it once serving")
+	fs.IntVar(&o.keyFd, "key-fd", -1, "read the per-boot identity key (one line of hex) from the inherited file descriptor `N` at start")
+	fs.BoolVar(&o.keyFromHost, "key-from-host", false, "take the identity key from the first HELLO that carries one on the --device port (only the host writes there)")
 	fs.StringVar(&o.readyVsock, "ready-vsock", "", "connect to the vsock address `CID:PORT` and write \"ready\\n\" once serving")
 	if err := fs.Parse(os.Args[2:]); err != nil {
 		os.Exit(2)
@@ -130,6 +139,10 @@ func main() {
 			os.Exit(2)
 		}
 	}
+	if o.keyFromHost && (o.device == "" || o.keyFd >= 0) {
+		fmt.Fprintln(os.Stderr, "vz-agent: --key-from-host needs --device (a channel only the host writes to) and no --key-fd")
+		os.Exit(2)
+	}
 	if msg := platformRefusal(o); msg != "" {
 		fmt.Fprintf(os.Stderr, "vz-agent: %s\n", msg)
 		os.Exit(2)
@@ -144,7 +157,22 @@ func main() {
 			os.Exit(2)
 		}
 	}
+	var key []byte
+	if o.keyFd >= 0 {
+		k, err := readIdentityKey(o.keyFd)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "vz-agent: --key-fd %d: %v\n", o.keyFd, err)
+			os.Exit(2)
+		}
+		key = k
+		if o.keyFd != o.readyFd {
+			syscall.Close(o.keyFd)
+		}
+	}
 	ag, err := newAgent(o)
+	if err == nil {
+		ag.key = key
+	}
 	if err != nil {
 		logf("%v", err)
 		if o.poweroff {
@@ -177,6 +205,7 @@ type agent struct {
 	mounts   []string // mounted by --prepare-root, unmounted on exit
 	listener net.Listener
 	sockPath string
+	key      []byte // the per-boot identity key (--key-fd, --key-from-host); nil when the host gave none; under mu
 
 	mu       sync.Mutex
 	sessions map[*session]bool

@@ -58,6 +58,9 @@ func (r *reaper) start(argv0 string, argv []string, attr *syscall.ProcAttr) (int
 	r.forking++
 	r.mu.Unlock()
 	pid, err := syscall.ForkExec(argv0, argv, attr)
+	// The child shares the agent's address space until it execs (vfork), and a credential change there resets
+	// the space's dumpable flag to fs.suid_dumpable: clear it again (only suid_dumpable=1 would have set it).
+	protectSelf()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.forking--

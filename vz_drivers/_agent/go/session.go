@@ -337,6 +337,10 @@ type helloRequest struct {
 	Nonce    string `json:"nonce"`
 	// MaxData: the largest data frame the host would like to use (optional; absent = maxData).
 	MaxData int64 `json:"max_data"`
+	// Challenge: a fresh host nonce the agent answers with "proof" (identity.go).
+	Challenge string `json:"challenge"`
+	// Key: the boot's identity key, taken once with --key-from-host on the device port (identity.go).
+	Key string `json:"key"`
 }
 
 func (s *session) handleHello(payload []byte) {
@@ -384,6 +388,14 @@ func (s *session) handleHello(payload []byte) {
 	reply["max_data"] = agreed
 	reply["version"] = protocolVersion
 	reply["nonce"] = req.Nonce
+	if req.Key != "" && s.ag.o.keyFromHost && s.streamMode {
+		s.ag.takeKey(req.Key)
+	}
+	if req.Challenge != "" {
+		if proof := identityProof(s.ag.identityKey(), req.Challenge); proof != "" {
+			reply["proof"] = proof
+		}
+	}
 	if s.streamMode {
 		reply["mode"] = "stream"
 	} else {

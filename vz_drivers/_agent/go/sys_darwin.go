@@ -69,3 +69,6 @@ func isTerminalFd(fd int) bool {
 
 // setPipeSize: macOS pipes grow on their own; nothing to ask for.
 func setPipeSize(f *os.File, n int) {}
+
+// protectSelf: macOS has no dumpable flag; its task ports need the debugger entitlement or root.
+func protectSelf() error { return nil }

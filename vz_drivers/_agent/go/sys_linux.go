@@ -173,3 +173,16 @@ func setPipeSize(f *os.File, n int) {
 		syscall.Syscall(syscall.SYS_FCNTL, fd, fSetPipeSz, uintptr(n))
 	})
 }
+
+const prSetDumpable = 4
+
+// protectSelf makes the agent not dumpable: the kernel then refuses ptrace attach, process_vm_readv/
+// writev, /proc/PID/mem, /proc/PID/fd, pidfd_getfd and kcmp on it to every process without
+// CAP_SYS_PTRACE (which no linux_native Machine holds), whatever its uid. The flag belongs to the
+// address space, so it covers every thread; execve resets it, which is why the agent sets it itself.
+func protectSelf() error {
+	if _, _, errno := syscall.RawSyscall(syscall.SYS_PRCTL, prSetDumpable, 0, 0); errno != 0 {
+		return errno
+	}
+	return nil
+}
