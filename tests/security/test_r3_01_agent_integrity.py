@@ -386,3 +386,19 @@ async def test_a_qemu_guests_root_cannot_attach_to_or_reach_into_its_agent(
     finally:
         await drv.close()
         await qemu_cleanup(str(state), image_dir=str(images), agent_binary=agent_binary)
+
+
+@pytest.mark.parametrize(
+    "cap",
+    ["SYS_MODULE", "CAP_DAC_READ_SEARCH", "sys_rawio", "SYS_BOOT", "SYS_TIME", "BPF", "PERFMON", "SYSLOG", "MAC_ADMIN"],
+)
+def test_capabilities_that_act_on_the_host_are_refused(cap: str) -> None:
+    """A Machine's root is the host's root in the host's kernel: capabilities that act on the host itself (a
+    kernel module, open_by_handle_at, raw I/O, the clock, BPF...) would reach past every namespace."""
+    from vz_core import RunImageRequest
+    from vz_drivers.linux_native._host import host_facts
+    from vz_drivers.linux_native._validate import validate_request
+
+    req = RunImageRequest(workspace_id="w", image="vz:default", cap_add=(cap,))
+    with pytest.raises(UnsupportedError, match="is the host's root in the host's kernel"):
+        validate_request(req, host_facts(), machine_key("w"))

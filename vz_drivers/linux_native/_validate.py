@@ -54,6 +54,26 @@ def _cpuset(cpus: int, host: tuple[int, ...], key: str) -> str:
     return ",".join(str(c) for c in chosen)
 
 
+_HOST_REACHING = {
+    "CAP_SYS_MODULE": "loads code into the host's kernel",
+    "CAP_DAC_READ_SEARCH": "opens any host file by handle (open_by_handle_at)",
+    "CAP_SYS_RAWIO": "reaches host memory and devices (iopl, /dev/mem)",
+    "CAP_SYS_BOOT": "reboots the host or loads a new kernel (kexec)",
+    "CAP_SYS_TIME": "sets the host's clock",
+    "CAP_BPF": "loads BPF programs into the host's kernel",
+    "CAP_PERFMON": "observes every process of the host (perf_event_open)",
+    "CAP_SYSLOG": "reads the host kernel's log and addresses",
+    "CAP_MAC_ADMIN": "changes the host's mandatory access control policy",
+    "CAP_MAC_OVERRIDE": "overrides the host's mandatory access control",
+    "CAP_AUDIT_CONTROL": "changes the host's audit rules",
+    "CAP_AUDIT_READ": "reads the host's audit log",
+    "CAP_WAKE_ALARM": "sets host wake alarms",
+    "CAP_BLOCK_SUSPEND": "keeps the host from suspending",
+}
+"""Capabilities that act on the host itself, whatever namespaces the Machine has: refused (a hostile vz.json
+must not reach the host through ``cap_add``; Docker allows them on request, vz does not)."""
+
+
 def validate_request(request: RunImageRequest, facts: HostFacts, key: str) -> ValidRequest:
     """Check everything that needs no image; raise InvalidArgumentError/UnsupportedError naming the field."""
     common = validate_common(request, rules_for(facts))
@@ -80,6 +100,12 @@ def validate_request(request: RunImageRequest, facts: HostFacts, key: str) -> Va
             raise UnsupportedError(
                 f"cap_add {cap!r} is not supported by linux_native (CAP_SYS_ADMIN would let the Machine's init "
                 "remount host filesystems); add narrower capabilities",
+                details={"field": "cap_add"},
+            )
+        if norm in _HOST_REACHING:
+            raise UnsupportedError(
+                f"cap_add {cap!r} is not supported by linux_native ({norm} {_HOST_REACHING[norm]}: a Machine's root "
+                "is the host's root in the host's kernel); use the qemu driver for a Machine that needs it",
                 details={"field": "cap_add"},
             )
         if norm == "CAP_SYS_PTRACE":
