@@ -335,6 +335,8 @@ class Extensions:
     terminal: bool = False
     """``Driver.terminal`` (the ``ExecPty`` terminal session) is served. ``tty`` is different: it says that
     the Runtime Protocol's own Exec accepts ``tty=True``, which vz drivers never do."""
+    pids_limits: bool = False
+    """The ``vz.pids`` label (the most tasks the Machine may have at once) is enforced by the host's kernel."""
 
 
 @dataclass(frozen=True)

@@ -4,19 +4,29 @@
   runtime: vz's own directory and the kernel's filesystems).
 * The pieces of the image reference grammar (docs/images.md): tag, repository path component, registry host,
   digest, and Docker's rule for when a reference's first component names a registry host.
+* The resource limits every Machine gets by default, and the bounds of ``resources.pids``
+  (docs/security.md, "Resource limits"): computed from this host's kernel settings at run time.
 """
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Final
 
 __all__ = [
+    "DEFAULT_PIDS",
     "DIGEST_RE",
     "HOST_RE",
+    "MAX_PIDS",
+    "MIN_PIDS",
     "PATH_COMPONENT_RE",
     "RESERVED_TARGETS",
     "TAG_RE",
+    "default_memory_bytes",
+    "default_pids",
+    "host_task_limit",
+    "max_pids",
     "names_registry_host",
     "reserved_target",
 ]
@@ -49,3 +59,45 @@ def reserved_target(norm: str) -> str | None:
         if norm == reserved or norm.startswith(reserved + "/"):
             return reserved
     return None
+
+
+MIN_PIDS: Final = 32
+"""The fewest tasks ``resources.pids`` may allow: the guest agent, a command and its shell need a few."""
+MAX_PIDS: Final = 4_194_304
+"""Linux's ``PID_MAX_LIMIT``: no host has more PIDs than this (the schema's upper bound)."""
+DEFAULT_PIDS: Final = 4096
+"""A Machine's pids limit when it declares none, unless an eighth of the host's task limit is smaller."""
+
+
+def host_task_limit(proc: Path = Path("/proc/sys/kernel")) -> int | None:
+    """How many tasks (processes and threads) this host can have at once: the smaller of ``kernel.pid_max`` and
+    ``kernel.threads-max``; None where neither can be read (not Linux)."""
+    values = []
+    for name in ("pid_max", "threads-max"):
+        try:
+            values.append(int((proc / name).read_text().strip()))
+        except (OSError, ValueError):
+            continue
+    return min(values) if values else None
+
+
+def default_pids(host_limit: int | None) -> int:
+    """A Machine's default pids limit: ``DEFAULT_PIDS``, or an eighth of the host's task limit when that is
+    smaller (at least ``MIN_PIDS``), so that a fork bomb in one Machine leaves the host seven eighths."""
+    if host_limit is None:
+        return DEFAULT_PIDS
+    return max(MIN_PIDS, min(DEFAULT_PIDS, host_limit // 8))
+
+
+def max_pids(host_limit: int | None) -> int:
+    """The most ``resources.pids`` may ask for on this host: half its task limit (``MAX_PIDS`` when unknown)."""
+    if host_limit is None:
+        return MAX_PIDS
+    return max(MIN_PIDS, host_limit // 2)
+
+
+def default_memory_bytes(host_memory: int) -> int:
+    """A Machine's default memory limit (swap included) when it declares none: half of the host's memory, in
+    whole MiB. It is a ceiling, not a reservation: what a Machine does not use stays the host's."""
+    mib = 1024 * 1024
+    return max(mib, (host_memory // 2) // mib * mib)

@@ -37,8 +37,11 @@ from vz_core.env._errors import DefinitionError
 from vz_core.env._ids import NAME_RE, PROJECT_ID_RE
 from vz_core.registry import DRIVER_NAME_PATTERN
 from vz_core.rules import (
+    DEFAULT_PIDS,
     DIGEST_RE,
     HOST_RE,
+    MAX_PIDS,
+    MIN_PIDS,
     PATH_COMPONENT_RE,
     TAG_RE,
     names_registry_host,
@@ -294,13 +297,28 @@ class Target(_Model):
 
 
 class Resources(_Model):
-    """Requested resources; omitted values are the driver's defaults."""
+    """Requested resources; omitted values are the driver's defaults (docs/security.md, "Resource limits")."""
 
     cpus: Annotated[int, Field(gt=0, le=1024)] | None = Field(default=None, description="number of CPUs")
-    memory: Size | None = Field(default=None, description="memory size")
+    memory: Size | None = Field(
+        default=None,
+        description=(
+            "memory size, swap included; default on linux_native: half of the host's memory; qemu: its VM size (512MiB)"
+        ),
+    )
     disk: Size | None = Field(default=None, description="root disk size")
+    pids: Annotated[int, Field(ge=MIN_PIDS, le=MAX_PIDS)] | None = Field(
+        default=None,
+        description=(
+            f"the most processes and threads the Machine may have at once ({MIN_PIDS} or more, at most half of "
+            f"the host's kernel.pid_max); default {DEFAULT_PIDS}, or an eighth of the host's pid_max when that "
+            "is smaller. Machines with their own kernel (qemu) do not take it: their processes never use the "
+            "host's PIDs"
+        ),
+    )
 
     def requested(self) -> bool:
+        """Whether any host requirement (CPUs, memory, disk) is declared; ``pids`` travels as a label."""
         return self.cpus is not None or self.memory is not None or self.disk is not None
 
 
@@ -748,6 +766,9 @@ class Machine(_Model):
         workspace = data.get("workspace")
         if isinstance(workspace, dict):
             workspace.pop("sharing", None)
+        resources = data.get("resources")
+        if isinstance(resources, dict) and resources.get("pids") is None:
+            resources.pop("pids", None)
         return data
 
 

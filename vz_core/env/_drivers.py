@@ -114,6 +114,7 @@ class DriverFacts:
                 "egress_policies": [p.name.lower() for p in ext.egress_policies],
                 "resource_limits": ext.resource_limits,
                 "storage_limits": ext.storage_limits,
+                "pids_limits": ext.pids_limits,
                 "facts": dict(ext.facts),
             },
             "accelerator": {

@@ -46,6 +46,7 @@ from vz_core.env._progress import Progress
 from vz_core.env._store import EnvironmentRecord, MachineRecord, Store
 from vz_core.errors import NotFoundError, RuntimeFailureError, UserError
 from vz_core.redact import Redactor
+from vz_core.rules import host_task_limit, max_pids
 
 if TYPE_CHECKING:
     from vz_core.env._definition import Machine, ProjectDefinition
@@ -158,8 +159,19 @@ def _check_machine(
         )
     if res.disk is not None and not (ext and ext.storage_limits):
         raise UserError(
-            f"{where}.resources.disk: {driver} cannot enforce a disk size (extensions.storage_limits is false); "
-            "remove it"
+            f"{where}.resources.disk: {driver} cannot enforce a disk size (extensions.storage_limits is false): a "
+            'Machine can fill the disk that holds VZ_HOME; remove resources.disk (docs/security.md, "Resource '
+            'limits")'
+        )
+    if res.pids is not None and not (ext and ext.pids_limits):
+        raise UserError(
+            f"{where}.resources.pids: {driver} does not enforce a pids limit (extensions.pids_limits is false"
+            + (
+                "; its Machines have their own kernel, so their processes never use the host's PIDs"
+                if ext and ext.accelerator not in ("", "none")
+                else ""
+            )
+            + "); remove resources.pids"
         )
 
 
@@ -193,6 +205,15 @@ def _check_host_resources(machine: Machine, where: str) -> None:
             f"{where}.resources.memory: {res.memory} bytes asked for, this host has {memory}; lower resources.memory "
             "or remove it"
         )
+    if res.pids is not None:
+        host_limit = host_task_limit()
+        most = max_pids(host_limit)
+        if res.pids > most:
+            raise UserError(
+                f"{where}.resources.pids: {res.pids} asked for, more than half of the {host_limit} tasks this host "
+                f"can have (kernel.pid_max, kernel.threads-max); lower resources.pids to at most {most}, or remove it "
+                "for the default"
+            )
 
 
 def _check_local_image(image: str, where: str) -> None:
@@ -286,6 +307,8 @@ def _run_request(
         labels.append(f"vz.egress={machine.egress}")
     if network is not None:
         labels.append(f"vz.network={network}")
+    if machine.resources.pids is not None:
+        labels.append(f"vz.pids={machine.resources.pids}")
     worktree = Path(env.worktree)
     workspace_mount = None
     projection = machine.workspace.projection

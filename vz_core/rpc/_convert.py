@@ -338,6 +338,7 @@ def extensions_to_pb(ext: Extensions) -> ext_pb.ExtensionsResponse:
         resource_limits=ext.resource_limits,
         storage_limits=ext.storage_limits,
         terminal=ext.terminal,
+        pids_limits=ext.pids_limits,
     )
 
 
@@ -356,6 +357,7 @@ def extensions_from_pb(msg: ext_pb.ExtensionsResponse) -> Extensions:
         resource_limits=msg.resource_limits,
         storage_limits=msg.storage_limits,
         terminal=msg.terminal,
+        pids_limits=msg.pids_limits,
     )
 
 

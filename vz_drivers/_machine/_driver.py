@@ -602,6 +602,7 @@ class AgentMachineDriver(Driver, Generic[R, P]):
             resource_limits=True,
             storage_limits=self._backend.storage_limits,
             terminal=self._backend.terminals,
+            pids_limits=self._backend.rules.pids_limits,
         )
 
     async def preflight(self, *, disable_auto_start: bool = False) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from vz_core import GpuRequirement, MountType, RunImageRequest
 from vz_core.errors import InvalidArgumentError, UnsupportedError
-from vz_core.rules import RESERVED_TARGETS, reserved_target
+from vz_core.rules import MAX_PIDS, MIN_PIDS, RESERVED_TARGETS, reserved_target
 from vz_drivers._machine._book import MountRecord
 from vz_drivers._machine._identity import check_user_syntax
 
@@ -62,6 +62,11 @@ class Rules:
     route_domains: bool = False
     """Whether a Machine can join an Environment's route domain (label ``vz.network``; the Extensions fact
     ``topology``). A backend that cannot refuses the label before anything is created."""
+    pids_limits: bool = False
+    """Whether the label ``vz.pids`` (the Machine's pids limit) is enforced (``Extensions.pids_limits``); a
+    backend that cannot refuses the label before anything is created."""
+    max_pids: int = MAX_PIDS
+    """The most ``vz.pids`` may ask for on this host (``vz_core.rules.max_pids``)."""
 
 
 @dataclass(frozen=True)
@@ -75,6 +80,8 @@ class CommonRequest:
     memory_bytes: int
     storage_bytes: int
     mounts: tuple[MountRecord, ...]
+    pids: int = 0
+    """The label ``vz.pids``; 0 = none given (the backend's default applies)."""
 
 
 def check_workspace_id(workspace_id: str) -> None:
@@ -148,6 +155,25 @@ def _check_resources(request: RunImageRequest, rules: Rules) -> tuple[int, int, 
             f"GPUs are not passed to {rules.display} Machines", details={"field": "host_requirements.gpu"}
         )
     return cpus, memory, storage
+
+
+def _check_pids(labels: dict[str, str], rules: Rules) -> int:
+    if "vz.pids" not in labels:
+        return 0
+    value = labels["vz.pids"]
+    if not rules.pids_limits:
+        raise UnsupportedError(
+            f"label vz.pids is not supported by {rules.display}: it does not enforce a pids limit; remove it",
+            details={"field": "labels", "label": "vz.pids"},
+        )
+    most = max(MIN_PIDS, rules.max_pids)
+    if not (value.isascii() and value.isdigit()) or not MIN_PIDS <= int(value) <= most:
+        raise InvalidArgumentError(
+            f"label vz.pids={value!r} must be a whole number from {MIN_PIDS} to {most} (half of this host's "
+            "kernel.pid_max)",
+            details={"field": "labels", "label": "vz.pids"},
+        )
+    return int(value)
 
 
 def _bind(mount_source: str, target: str, ro: bool, options: tuple[str, ...], field: str, rules: Rules) -> MountRecord:
@@ -247,6 +273,7 @@ def validate_common(request: RunImageRequest, rules: Rules) -> CommonRequest:
     check_user_syntax(request.user, field="user")
     check_user_syntax(request.remote_user, field="remote_user")
     cpus, memory, storage = _check_resources(request, rules)
+    pids = _check_pids(labels, rules)
     return CommonRequest(
         labels=labels,
         profile=profile,
@@ -255,4 +282,5 @@ def validate_common(request: RunImageRequest, rules: Rules) -> CommonRequest:
         memory_bytes=memory,
         storage_bytes=storage,
         mounts=_mounts(request, rules),
+        pids=pids,
     )

@@ -46,6 +46,7 @@ from vz_core.errors import (
     RuntimeFailureError,
     UnavailableError,
 )
+from vz_core.rules import default_memory_bytes, default_pids
 from vz_drivers._agent import AgentClient
 from vz_drivers._machine import (
     AgentLink,
@@ -134,6 +135,14 @@ class LinuxNativeBackend(Backend[LinuxNativeRecord, LinuxNativePaths]):
     def _cgroup_path(self, record: LinuxNativeRecord) -> str:
         return f"/{self.cgroup_parent}/{record.container_id}"
 
+    def limits(self, record: LinuxNativeRecord) -> tuple[int, int]:
+        """The memory limit (bytes, swap included) and pids limit of the Machine's cgroup at its next start: what
+        it asked for, else this host's defaults (``vz_core.rules``; a Machine recorded before the defaults existed
+        gets them too)."""
+        memory = record.memory_bytes or default_memory_bytes(self.facts.memory_bytes)
+        pids = record.pids or default_pids(self.facts.task_limit)
+        return memory, pids
+
     # ------------------------------------------------------------------ facts
 
     async def runtime_version(self) -> str:
@@ -205,6 +214,7 @@ class LinuxNativeBackend(Backend[LinuxNativeRecord, LinuxNativePaths]):
             privileged=valid.privileged,
             no_new_privileges=valid.no_new_privileges,
             seccomp=valid.seccomp,
+            pids=common.pids,
         )
         # Older records carry no workspace_target when there is no workspace mount.
         record.extra = {"workspace_target": ws_target} if ws_target else {}
@@ -294,8 +304,8 @@ class LinuxNativeBackend(Backend[LinuxNativeRecord, LinuxNativePaths]):
         )
         default_resolv = _resolv_conf() if record.egress == "allow" else ""
         atomic_write(paths.etc / "resolv.conf", resolv_conf_for(record.labels, default_resolv).encode(), 0o644)
-        if record.memory_bytes:
-            atomic_write(paths.etc / "meminfo", _meminfo(record.memory_bytes).encode(), 0o644)
+        memory, pids = self.limits(record)
+        atomic_write(paths.etc / "meminfo", _meminfo(memory).encode(), 0o644)
         if record.cpus:
             online = "0\n" if record.cpus == 1 else f"0-{record.cpus - 1}\n"
             atomic_write(paths.etc / "cpu-online", online.encode(), 0o644)
@@ -311,6 +321,8 @@ class LinuxNativeBackend(Backend[LinuxNativeRecord, LinuxNativePaths]):
             cgroups_path=self._cgroup_path(record),
             hostname=hostname,
             swap_limit=self.facts.swap_limit,
+            memory_bytes=memory,
+            pids=pids,
         )
         self._publish_spec(record.key, paths, json.dumps(spec, indent=1).encode())
 

@@ -8,6 +8,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from vz_core.rules import host_task_limit
+
 __all__ = ["HostFacts", "host_facts", "read_meminfo"]
 
 _ARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
@@ -61,6 +63,8 @@ class HostFacts:
     is_root: bool
     swap_limit: bool = True
     """The memory controller can limit swap (cgroup v2, or v1 with swap accounting)."""
+    task_limit: int | None = None
+    """How many tasks the host can have at once (``vz_core.rules.host_task_limit``; None if unknown)."""
 
 
 def host_facts() -> HostFacts:
@@ -77,6 +81,7 @@ def host_facts() -> HostFacts:
         nsenter=shutil.which("nsenter") or "",
         is_root=os.geteuid() == 0,
         swap_limit=_swap_limit(),
+        task_limit=host_task_limit(),
     )
 
 

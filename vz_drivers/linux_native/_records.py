@@ -42,6 +42,8 @@ class LinuxNativeRecord(MachineRecord):
     no_new_privileges: bool
     seccomp: bool = True
     """The seccomp filter applies (``security_opt: seccomp=unconfined`` turns it off in the developer profile)."""
+    pids: int = 0
+    """The pids limit asked for (label ``vz.pids``); 0 = the driver's default for the host (``limits``)."""
 
 
 @dataclass(frozen=True)

@@ -126,8 +126,13 @@ def build_spec(
     cgroups_path: str,
     hostname: str,
     swap_limit: bool = True,
+    memory_bytes: int = 0,
+    pids: int = 0,
 ) -> dict[str, Any]:
     """The complete OCI runtime spec for one start of ``record``.
+
+    ``memory_bytes`` and ``pids`` are the limits in force (the record's, or the driver's defaults for this host
+    when the record asks for none: docs/security.md, "Resource limits"); 0 leaves that controller unlimited.
 
     The container's process is the guest agent in init mode (PID 1: child subreaper, runs the main process
     with the Machine's user, logs its output to ``RUN_DIR/main.log``); it runs as root so that it can run
@@ -200,7 +205,7 @@ def build_spec(
             "options": ["rbind", "ro"],
         },
     ]
-    if record.memory_bytes:
+    if memory_bytes:
         mounts.append(
             {
                 "destination": "/proc/meminfo",
@@ -237,12 +242,13 @@ def build_spec(
     resources: dict[str, Any] = {"devices": [{"allow": False, "access": "rwm"}]}
     if record.cpuset:
         resources["cpu"] = {"cpus": record.cpuset}
-    if record.memory_bytes:
+    if memory_bytes:
         # Swap included in the limit (no swapping beyond it) where the controller can say so.
-        resources["memory"] = {"limit": record.memory_bytes}
+        resources["memory"] = {"limit": memory_bytes}
         if swap_limit:
-            resources["memory"]["swap"] = record.memory_bytes
-    resources["pids"] = {"limit": 32768}
+            resources["memory"]["swap"] = memory_bytes
+    if pids:
+        resources["pids"] = {"limit": pids}
     linux: dict[str, Any] = {
         "namespaces": [{"type": t} for t in ("pid", "network", "ipc", "uts", "mount")],
         "cgroupsPath": cgroups_path,

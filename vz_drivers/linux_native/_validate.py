@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from vz_core import RunImageRequest
 from vz_core.errors import InvalidArgumentError, UnsupportedError
+from vz_core.rules import max_pids
 from vz_drivers._machine import CommonRequest, Rules, validate_common
 from vz_drivers.linux_native._host import HostFacts
 from vz_drivers.linux_native._spec import normalize_capability
@@ -25,6 +26,8 @@ def rules_for(facts: HostFacts) -> Rules:
         memory_bytes=facts.memory_bytes,
         min_memory_bytes=MIN_MEMORY_BYTES,
         route_domains=True,
+        pids_limits=True,
+        max_pids=max_pids(facts.task_limit),
         min_memory_why="32 MiB",
         profiles=("developer", "hardened"),
         platform_hint=" on this host (use the qemu driver for other targets)",
@@ -79,8 +82,8 @@ def validate_request(request: RunImageRequest, facts: HostFacts, key: str) -> Va
     common = validate_common(request, rules_for(facts))
     if common.storage_bytes:
         raise UnsupportedError(
-            "host_requirements.storage_bytes cannot be enforced by linux_native (no per-Machine filesystem quota); "
-            "leave it 0 or use the qemu driver",
+            "host_requirements.storage_bytes cannot be enforced by linux_native (no per-Machine filesystem quota: a "
+            "Machine can fill the disk that holds its state directory); leave it 0 or use the qemu driver",
             details={"field": "host_requirements.storage_bytes"},
         )
     if request.privileged:

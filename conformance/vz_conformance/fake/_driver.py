@@ -1,7 +1,8 @@
 """The reference fake driver: Machines are directories, commands are host processes.
 
 It implements the whole Machine contract honestly except isolation: there is no container, so it advertises
-no mount types, no resource or storage limits and no egress policies, and refuses requests that need them. The
+no mount types, no resource, pids or storage limits and no egress policies, and refuses requests that need them
+(nothing bounds what its commands use: it is a reference for the protocol, not a place for untrusted code). The
 one exception is the network: a Machine given the ``vz.network`` label runs its processes in a network namespace
 joined to its Environment's route domain (``_network``; the Extensions fact ``topology``), as linux_native does.
 Fault modes (``FAULT_DESCRIPTIONS``) each break one rule on purpose so the conformance suite can prove that
@@ -522,6 +523,12 @@ class FakeDriver(Driver):
                 "egress policies are not supported by the fake driver (its extensions declare none); "
                 "remove the vz.egress label",
                 details={"field": "labels", "label": "vz.egress"},
+            )
+        if "vz.pids" in labels:
+            raise UnsupportedError(
+                "a pids limit is not supported by the fake driver: its Machines are plain host processes with no "
+                "cgroup of their own (its extensions declare pids_limits false); remove the vz.pids label",
+                details={"field": "labels", "label": "vz.pids"},
             )
         _network.validate(labels)
         user = resolve_user(request.user) if request.user else None

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1evz/machine/v1/extensions.proto\x12\rvz.machine.v1\"\x13\n\x11\x45xtensionsRequest\"\xbd\x03\n\x12\x45xtensionsResponse\x12\x1a\n\x12\x65xtensions_version\x18\x01 \x01(\r\x12\x11\n\ttarget_os\x18\x02 \x03(\t\x12\x10\n\x08profiles\x18\x03 \x03(\t\x12\x0b\n\x03tty\x18\x04 \x01(\x08\x12\x13\n\x0b\x61\x63\x63\x65lerator\x18\x05 \x01(\t\x12\x1a\n\x12\x61\x63\x63\x65lerator_reason\x18\x06 \x01(\t\x12\x11\n\tsnapshots\x18\x07 \x01(\x08\x12\x34\n\x0f\x65gress_policies\x18\x08 \x03(\x0e\x32\x1b.vz.machine.v1.EgressPolicy\x12;\n\x05\x66\x61\x63ts\x18\t \x03(\x0b\x32,.vz.machine.v1.ExtensionsResponse.FactsEntry\x12\x17\n\x0fresource_limits\x18\n \x01(\x08\x12\x16\n\x0estorage_limits\x18\x0b \x01(\x08\x12\x10\n\x08terminal\x18\x0c \x01(\x08\x12\x19\n\x11local_exec_socket\x18\r \x01(\t\x12\x16\n\x0evolume_removal\x18\x0e \x01(\x08\x1a,\n\nFactsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"#\n\x13\x44\x65leteVolumeRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x16\n\x14\x44\x65leteVolumeResponse\"\xea\x01\n\x08PtyStart\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x0c\n\x04\x61rgv\x18\x02 \x03(\t\x12\x0c\n\x04user\x18\x03 \x01(\t\x12\x0f\n\x07workdir\x18\x04 \x01(\t\x12=\n\x0b\x65nvironment\x18\x05 \x03(\x0b\x32(.vz.machine.v1.PtyStart.EnvironmentEntry\x12\x0c\n\x04rows\x18\x06 \x01(\r\x12\x0c\n\x04\x63ols\x18\x07 \x01(\r\x12\x0c\n\x04term\x18\x08 \x01(\t\x1a\x32\n\x10\x45nvironmentEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\'\n\tPtyResize\x12\x0c\n\x04rows\x18\x01 \x01(\r\x12\x0c\n\x04\x63ols\x18\x02 \x01(\r\"\xb9\x01\n\x10PtyClientMessage\x12(\n\x05start\x18\x01 \x01(\x0b\x32\x17.vz.machine.v1.PtyStartH\x00\x12\x0f\n\x05stdin\x18\x02 \x01(\x0cH\x00\x12*\n\x06resize\x18\x03 \x01(\x0b\x32\x18.vz.machine.v1.PtyResizeH\x00\x12\x33\n\x0b\x63lose_stdin\x18\x04 \x01(\x0b\x32\x1c.vz.machine.v1.PtyCloseStdinH\x00\x42\t\n\x07payload\"\x0f\n\rPtyCloseStdin\",\n\x07PtyExit\x12\x11\n\texit_code\x18\x01 \x01(\x05\x12\x0e\n\x06signal\x18\x02 \x01(\t\"W\n\x10PtyServerMessage\x12\x10\n\x06output\x18\x01 \x01(\x0cH\x00\x12&\n\x04\x65xit\x18\x02 \x01(\x0b\x32\x16.vz.machine.v1.PtyExitH\x00\x42\t\n\x07payload*^\n\x0c\x45gressPolicy\x12\x1d\n\x19\x45GRESS_POLICY_UNSPECIFIED\x10\x00\x12\x17\n\x13\x45GRESS_POLICY_ALLOW\x10\x01\x12\x16\n\x12\x45GRESS_POLICY_DENY\x10\x02\x32\x90\x02\n\x11MachineExtensions\x12Q\n\nExtensions\x12 .vz.machine.v1.ExtensionsRequest\x1a!.vz.machine.v1.ExtensionsResponse\x12O\n\x07\x45xecPty\x12\x1f.vz.machine.v1.PtyClientMessage\x1a\x1f.vz.machine.v1.PtyServerMessage(\x01\x30\x01\x12W\n\x0c\x44\x65leteVolume\x12\".vz.machine.v1.DeleteVolumeRequest\x1a#.vz.machine.v1.DeleteVolumeResponseB)Z\'vz.dev/protocol/vz/machine/v1;machinev1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1evz/machine/v1/extensions.proto\x12\rvz.machine.v1\"\x13\n\x11\x45xtensionsRequest\"\xd2\x03\n\x12\x45xtensionsResponse\x12\x1a\n\x12\x65xtensions_version\x18\x01 \x01(\r\x12\x11\n\ttarget_os\x18\x02 \x03(\t\x12\x10\n\x08profiles\x18\x03 \x03(\t\x12\x0b\n\x03tty\x18\x04 \x01(\x08\x12\x13\n\x0b\x61\x63\x63\x65lerator\x18\x05 \x01(\t\x12\x1a\n\x12\x61\x63\x63\x65lerator_reason\x18\x06 \x01(\t\x12\x11\n\tsnapshots\x18\x07 \x01(\x08\x12\x34\n\x0f\x65gress_policies\x18\x08 \x03(\x0e\x32\x1b.vz.machine.v1.EgressPolicy\x12;\n\x05\x66\x61\x63ts\x18\t \x03(\x0b\x32,.vz.machine.v1.ExtensionsResponse.FactsEntry\x12\x17\n\x0fresource_limits\x18\n \x01(\x08\x12\x16\n\x0estorage_limits\x18\x0b \x01(\x08\x12\x10\n\x08terminal\x18\x0c \x01(\x08\x12\x19\n\x11local_exec_socket\x18\r \x01(\t\x12\x16\n\x0evolume_removal\x18\x0e \x01(\x08\x12\x13\n\x0bpids_limits\x18\x0f \x01(\x08\x1a,\n\nFactsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"#\n\x13\x44\x65leteVolumeRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x16\n\x14\x44\x65leteVolumeResponse\"\xea\x01\n\x08PtyStart\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x0c\n\x04\x61rgv\x18\x02 \x03(\t\x12\x0c\n\x04user\x18\x03 \x01(\t\x12\x0f\n\x07workdir\x18\x04 \x01(\t\x12=\n\x0b\x65nvironment\x18\x05 \x03(\x0b\x32(.vz.machine.v1.PtyStart.EnvironmentEntry\x12\x0c\n\x04rows\x18\x06 \x01(\r\x12\x0c\n\x04\x63ols\x18\x07 \x01(\r\x12\x0c\n\x04term\x18\x08 \x01(\t\x1a\x32\n\x10\x45nvironmentEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\'\n\tPtyResize\x12\x0c\n\x04rows\x18\x01 \x01(\r\x12\x0c\n\x04\x63ols\x18\x02 \x01(\r\"\xb9\x01\n\x10PtyClientMessage\x12(\n\x05start\x18\x01 \x01(\x0b\x32\x17.vz.machine.v1.PtyStartH\x00\x12\x0f\n\x05stdin\x18\x02 \x01(\x0cH\x00\x12*\n\x06resize\x18\x03 \x01(\x0b\x32\x18.vz.machine.v1.PtyResizeH\x00\x12\x33\n\x0b\x63lose_stdin\x18\x04 \x01(\x0b\x32\x1c.vz.machine.v1.PtyCloseStdinH\x00\x42\t\n\x07payload\"\x0f\n\rPtyCloseStdin\",\n\x07PtyExit\x12\x11\n\texit_code\x18\x01 \x01(\x05\x12\x0e\n\x06signal\x18\x02 \x01(\t\"W\n\x10PtyServerMessage\x12\x10\n\x06output\x18\x01 \x01(\x0cH\x00\x12&\n\x04\x65xit\x18\x02 \x01(\x0b\x32\x16.vz.machine.v1.PtyExitH\x00\x42\t\n\x07payload*^\n\x0c\x45gressPolicy\x12\x1d\n\x19\x45GRESS_POLICY_UNSPECIFIED\x10\x00\x12\x17\n\x13\x45GRESS_POLICY_ALLOW\x10\x01\x12\x16\n\x12\x45GRESS_POLICY_DENY\x10\x02\x32\x90\x02\n\x11MachineExtensions\x12Q\n\nExtensions\x12 .vz.machine.v1.ExtensionsRequest\x1a!.vz.machine.v1.ExtensionsResponse\x12O\n\x07\x45xecPty\x12\x1f.vz.machine.v1.PtyClientMessage\x1a\x1f.vz.machine.v1.PtyServerMessage(\x01\x30\x01\x12W\n\x0c\x44\x65leteVolume\x12\".vz.machine.v1.DeleteVolumeRequest\x1a#.vz.machine.v1.DeleteVolumeResponseB)Z\'vz.dev/protocol/vz/machine/v1;machinev1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,32 +37,32 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_EXTENSIONSRESPONSE_FACTSENTRY']._serialized_options = b'8\001'
   _globals['_PTYSTART_ENVIRONMENTENTRY']._loaded_options = None
   _globals['_PTYSTART_ENVIRONMENTENTRY']._serialized_options = b'8\001'
-  _globals['_EGRESSPOLICY']._serialized_start=1197
-  _globals['_EGRESSPOLICY']._serialized_end=1291
+  _globals['_EGRESSPOLICY']._serialized_start=1218
+  _globals['_EGRESSPOLICY']._serialized_end=1312
   _globals['_EXTENSIONSREQUEST']._serialized_start=49
   _globals['_EXTENSIONSREQUEST']._serialized_end=68
   _globals['_EXTENSIONSRESPONSE']._serialized_start=71
-  _globals['_EXTENSIONSRESPONSE']._serialized_end=516
-  _globals['_EXTENSIONSRESPONSE_FACTSENTRY']._serialized_start=472
-  _globals['_EXTENSIONSRESPONSE_FACTSENTRY']._serialized_end=516
-  _globals['_DELETEVOLUMEREQUEST']._serialized_start=518
-  _globals['_DELETEVOLUMEREQUEST']._serialized_end=553
-  _globals['_DELETEVOLUMERESPONSE']._serialized_start=555
-  _globals['_DELETEVOLUMERESPONSE']._serialized_end=577
-  _globals['_PTYSTART']._serialized_start=580
-  _globals['_PTYSTART']._serialized_end=814
-  _globals['_PTYSTART_ENVIRONMENTENTRY']._serialized_start=764
-  _globals['_PTYSTART_ENVIRONMENTENTRY']._serialized_end=814
-  _globals['_PTYRESIZE']._serialized_start=816
-  _globals['_PTYRESIZE']._serialized_end=855
-  _globals['_PTYCLIENTMESSAGE']._serialized_start=858
-  _globals['_PTYCLIENTMESSAGE']._serialized_end=1043
-  _globals['_PTYCLOSESTDIN']._serialized_start=1045
-  _globals['_PTYCLOSESTDIN']._serialized_end=1060
-  _globals['_PTYEXIT']._serialized_start=1062
-  _globals['_PTYEXIT']._serialized_end=1106
-  _globals['_PTYSERVERMESSAGE']._serialized_start=1108
-  _globals['_PTYSERVERMESSAGE']._serialized_end=1195
-  _globals['_MACHINEEXTENSIONS']._serialized_start=1294
-  _globals['_MACHINEEXTENSIONS']._serialized_end=1566
+  _globals['_EXTENSIONSRESPONSE']._serialized_end=537
+  _globals['_EXTENSIONSRESPONSE_FACTSENTRY']._serialized_start=493
+  _globals['_EXTENSIONSRESPONSE_FACTSENTRY']._serialized_end=537
+  _globals['_DELETEVOLUMEREQUEST']._serialized_start=539
+  _globals['_DELETEVOLUMEREQUEST']._serialized_end=574
+  _globals['_DELETEVOLUMERESPONSE']._serialized_start=576
+  _globals['_DELETEVOLUMERESPONSE']._serialized_end=598
+  _globals['_PTYSTART']._serialized_start=601
+  _globals['_PTYSTART']._serialized_end=835
+  _globals['_PTYSTART_ENVIRONMENTENTRY']._serialized_start=785
+  _globals['_PTYSTART_ENVIRONMENTENTRY']._serialized_end=835
+  _globals['_PTYRESIZE']._serialized_start=837
+  _globals['_PTYRESIZE']._serialized_end=876
+  _globals['_PTYCLIENTMESSAGE']._serialized_start=879
+  _globals['_PTYCLIENTMESSAGE']._serialized_end=1064
+  _globals['_PTYCLOSESTDIN']._serialized_start=1066
+  _globals['_PTYCLOSESTDIN']._serialized_end=1081
+  _globals['_PTYEXIT']._serialized_start=1083
+  _globals['_PTYEXIT']._serialized_end=1127
+  _globals['_PTYSERVERMESSAGE']._serialized_start=1129
+  _globals['_PTYSERVERMESSAGE']._serialized_end=1216
+  _globals['_MACHINEEXTENSIONS']._serialized_start=1315
+  _globals['_MACHINEEXTENSIONS']._serialized_end=1587
 # @@protoc_insertion_point(module_scope)

@@ -22,7 +22,7 @@ class ExtensionsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ExtensionsResponse(_message.Message):
-    __slots__ = ("extensions_version", "target_os", "profiles", "tty", "accelerator", "accelerator_reason", "snapshots", "egress_policies", "facts", "resource_limits", "storage_limits", "terminal", "local_exec_socket", "volume_removal")
+    __slots__ = ("extensions_version", "target_os", "profiles", "tty", "accelerator", "accelerator_reason", "snapshots", "egress_policies", "facts", "resource_limits", "storage_limits", "terminal", "local_exec_socket", "volume_removal", "pids_limits")
     class FactsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -44,6 +44,7 @@ class ExtensionsResponse(_message.Message):
     TERMINAL_FIELD_NUMBER: _ClassVar[int]
     LOCAL_EXEC_SOCKET_FIELD_NUMBER: _ClassVar[int]
     VOLUME_REMOVAL_FIELD_NUMBER: _ClassVar[int]
+    PIDS_LIMITS_FIELD_NUMBER: _ClassVar[int]
     extensions_version: int
     target_os: _containers.RepeatedScalarFieldContainer[str]
     profiles: _containers.RepeatedScalarFieldContainer[str]
@@ -58,7 +59,8 @@ class ExtensionsResponse(_message.Message):
     terminal: bool
     local_exec_socket: str
     volume_removal: bool
-    def __init__(self, extensions_version: _Optional[int] = ..., target_os: _Optional[_Iterable[str]] = ..., profiles: _Optional[_Iterable[str]] = ..., tty: _Optional[bool] = ..., accelerator: _Optional[str] = ..., accelerator_reason: _Optional[str] = ..., snapshots: _Optional[bool] = ..., egress_policies: _Optional[_Iterable[_Union[EgressPolicy, str]]] = ..., facts: _Optional[_Mapping[str, str]] = ..., resource_limits: _Optional[bool] = ..., storage_limits: _Optional[bool] = ..., terminal: _Optional[bool] = ..., local_exec_socket: _Optional[str] = ..., volume_removal: _Optional[bool] = ...) -> None: ...
+    pids_limits: bool
+    def __init__(self, extensions_version: _Optional[int] = ..., target_os: _Optional[_Iterable[str]] = ..., profiles: _Optional[_Iterable[str]] = ..., tty: _Optional[bool] = ..., accelerator: _Optional[str] = ..., accelerator_reason: _Optional[str] = ..., snapshots: _Optional[bool] = ..., egress_policies: _Optional[_Iterable[_Union[EgressPolicy, str]]] = ..., facts: _Optional[_Mapping[str, str]] = ..., resource_limits: _Optional[bool] = ..., storage_limits: _Optional[bool] = ..., terminal: _Optional[bool] = ..., local_exec_socket: _Optional[str] = ..., volume_removal: _Optional[bool] = ..., pids_limits: _Optional[bool] = ...) -> None: ...
 
 class DeleteVolumeRequest(_message.Message):
     __slots__ = ("name",)
