@@ -322,4 +322,5 @@ def test_local_exec_socket_is_field_13_of_extensions_response() -> None:
 
     assert _fields("ExtensionsResponse")["local_exec_socket"] == (13, F.TYPE_STRING)
     assert _fields("ExtensionsResponse")["volume_removal"] == (14, F.TYPE_BOOL)
-    assert max(number for number, _ in _fields("ExtensionsResponse").values()) == 14
+    assert _fields("ExtensionsResponse")["pids_limits"] == (15, F.TYPE_BOOL)
+    assert max(number for number, _ in _fields("ExtensionsResponse").values()) == 15
