@@ -15,7 +15,6 @@ that a later layer replaces or deletes is removed at once.
 from __future__ import annotations
 
 import base64
-import contextlib
 import itertools
 import shutil
 import tarfile
@@ -23,16 +22,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vz_core.errors import InvalidArgumentError
-from vz_drivers._images._unpack import (
-    _CHUNK,
-    _TAR_ERRORS,
-    _corrupt,
-    _HashingReader,
-    _LayerError,
-    _norm,
-    _open_layer,
-)
+from vz_drivers._images._unpack import _CHUNK, _LayerError, _norm, read_layers
 
 __all__ = ["Inode", "LayerTree", "merge_layers"]
 
@@ -293,31 +283,5 @@ def merge_layers(layers: Sequence[tuple[str, Path]], spool: Path) -> LayerTree:
     UnsupportedError for compressions not handled, BlobCorruptError when a blob no longer matches its digest.
     """
     tree = LayerTree(spool)
-    for digest, blob in layers:
-        tree.start_layer()
-        with blob.open("rb") as fh:
-            reader = _HashingReader(fh)
-            try:
-                with _open_layer(reader, digest) as tf:
-                    for member in tf:
-                        tree.apply(tf, member)
-                reader.drain()
-            except _LayerError as exc:
-                raise InvalidArgumentError(
-                    f"layer {digest} is unsafe or malformed: {exc}; refusing to use it",
-                    details={"layer": digest},
-                ) from None
-            except _TAR_ERRORS as exc:
-                with contextlib.suppress(OSError):
-                    reader.drain()
-                actual = "sha256:" + reader.hash.hexdigest()
-                if actual != digest:  # the blob rotted in the store: say so rather than blaming the image
-                    raise _corrupt(digest, actual) from None
-                raise InvalidArgumentError(
-                    f"layer {digest} is not a valid (gzip) tar archive: {exc}; re-create or re-pull the image",
-                    details={"layer": digest},
-                ) from exc
-            actual = "sha256:" + reader.hash.hexdigest()
-            if actual != digest:
-                raise _corrupt(digest, actual)
+    read_layers(layers, tree.start_layer, tree.apply, "use")
     return tree

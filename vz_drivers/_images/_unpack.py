@@ -23,7 +23,7 @@ import shutil
 import stat
 import tarfile
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -283,26 +283,28 @@ def _corrupt(digest: str, actual: str) -> BlobCorruptError:
     )
 
 
-def unpack_layers(layers: Sequence[tuple[str, Path]], dest: Path) -> UnpackStats:
-    """Apply ``(digest, blob path)`` layers bottom-up into the existing empty directory ``dest``.
-
-    Raises InvalidArgumentError for malformed or malicious layer content (naming the layer and member),
-    UnsupportedError for compressions not handled, BlobCorruptError when a blob no longer matches its digest.
-    ``dest`` is left in an undefined state on error (callers unpack into a temporary directory).
-    """
-    unpacker = _Unpacker(dest)
+def read_layers(
+    layers: Sequence[tuple[str, Path]],
+    start_layer: Callable[[], None],
+    apply: Callable[[tarfile.TarFile, tarfile.TarInfo], None],
+    verb: str,
+) -> None:
+    """Read ``(digest, blob path)`` layers bottom-up, calling ``start_layer()`` before each and ``apply(tar,
+    member)`` for each member, re-hashing every blob as it is read. ``apply`` raises ``_LayerError`` for unsafe
+    content; the errors name the layer (``verb``: what was refused, e.g. "unpack"), and a blob that no longer
+    matches its digest is BlobCorruptError rather than blamed on the image."""
     for digest, blob in layers:
-        unpacker.created.clear()  # opaque markers hide what the layers below made, not this layer's entries
+        start_layer()
         with blob.open("rb") as fh:
             reader = _HashingReader(fh)
             try:
                 with _open_layer(reader, digest) as tf:
                     for member in tf:
-                        unpacker.apply(tf, member)
+                        apply(tf, member)
                 reader.drain()
             except _LayerError as exc:
                 raise InvalidArgumentError(
-                    f"layer {digest} is unsafe or malformed: {exc}; refusing to unpack it",
+                    f"layer {digest} is unsafe or malformed: {exc}; refusing to {verb} it",
                     details={"layer": digest},
                 ) from None
             except _TAR_ERRORS as exc:
@@ -318,5 +320,17 @@ def unpack_layers(layers: Sequence[tuple[str, Path]], dest: Path) -> UnpackStats
             actual = "sha256:" + reader.hash.hexdigest()
             if actual != digest:
                 raise _corrupt(digest, actual)
+
+
+def unpack_layers(layers: Sequence[tuple[str, Path]], dest: Path) -> UnpackStats:
+    """Apply ``(digest, blob path)`` layers bottom-up into the existing empty directory ``dest``.
+
+    Raises InvalidArgumentError for malformed or malicious layer content (naming the layer and member),
+    UnsupportedError for compressions not handled, BlobCorruptError when a blob no longer matches its digest.
+    ``dest`` is left in an undefined state on error (callers unpack into a temporary directory).
+    """
+    unpacker = _Unpacker(dest)
+    # opaque markers hide what the layers below made, not this layer's entries
+    read_layers(layers, unpacker.created.clear, unpacker.apply, "unpack")
     unpacker.finish()
     return unpacker.stats

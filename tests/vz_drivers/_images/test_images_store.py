@@ -23,6 +23,7 @@ def test_public_api_is_curated() -> None:
             "DefaultRef",
             "Descriptor",
             "DockerArchiveRef",
+            "E2FSPROGS_HINT",  # the ext4 writer of root disks (layers to ext4), used by the shared guest builder
             "Image",
             "ImageConfig",
             "ImageReference",
@@ -35,10 +36,12 @@ def test_public_api_is_curated() -> None:
             "build_docker_archive",
             "build_oci_layout",
             "default_store_root",
-            "file_lock",  # the polled cross-process flock, also used by linux_native's cgroup parent
+            "file_lock",
+            "find_e2fs_tool",  # the polled cross-process flock, also used by linux_native's cgroup parent
             "host_platform",
             "layer_tar",
             "parse_reference",
+            "write_ext4",
         ]
     )
     for name in images.__all__:
