@@ -42,6 +42,7 @@ __all__ = [
     "Options",
     "Scope",
     "parse_options",
+    "timeout",
 ]
 
 Scope = Literal["project", "host"]
@@ -460,3 +461,8 @@ def parse_options(driver: str, declared: Mapping[str, Option], given: Mapping[st
         if option is not None:
             values[key] = option.parse(given[key])
     return Options(driver, values, frozenset(k for k in given if k in declared))
+
+
+def timeout(name: str, help: str, default: float, *, scope: Scope = "project") -> Option:
+    """A driver's timeout: a number of seconds in (0, 3600] (an hour bounds every wait a user can set)."""
+    return Option(name, help, default, "duration", scope, minimum=0, exclusive_minimum=True, maximum=3600)

@@ -6,6 +6,7 @@ and capability-matrix rows are all generated from ``DECLARATION``.
 
 from __future__ import annotations
 
+from vz_core.options import timeout
 from vz_core.registry import DriverDeclaration, MatrixRow, Option, hookimpl
 
 __all__ = ["DECLARATION", "build_parser", "main", "vz_builtin_drivers"]
@@ -46,24 +47,8 @@ DECLARATION = DriverDeclaration(
         ),
         Option("guest_sha256", "SHA-256 the bundle's manifest.json must have", scope="host", default_text="none"),
         Option("powershell", "Windows PowerShell", "powershell.exe", "path", "host"),
-        Option(
-            "stop_timeout",
-            "seconds a graceful Stop-VM may take before the VM is turned off",
-            10.0,
-            "duration",
-            minimum=0,
-            exclusive_minimum=True,
-            maximum=3600,
-        ),
-        Option(
-            "boot_timeout",
-            "seconds a boot may take until the guest agent answers",
-            180.0,
-            "duration",
-            minimum=0,
-            exclusive_minimum=True,
-            maximum=3600,
-        ),
+        timeout("stop_timeout", "seconds a graceful Stop-VM may take before the VM is turned off", 10.0),
+        timeout("boot_timeout", "seconds a boot may take until the guest agent answers", 180.0),
         Option("insecure_registries", "registry hosts reached over plain HTTP (comma-separated)", (), "list"),
     ),
     matrix=(

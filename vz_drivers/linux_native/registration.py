@@ -6,6 +6,7 @@ all generated from ``DECLARATION``.
 
 from __future__ import annotations
 
+from vz_core.options import timeout
 from vz_core.registry import DriverDeclaration, MatrixRow, Option, hookimpl
 
 __all__ = ["DECLARATION", "build_parser", "main", "vz_builtin_drivers"]
@@ -29,15 +30,7 @@ DECLARATION = DriverDeclaration(
         Option("runc_sha256", "pinned SHA-256 of runc", scope="host", default_text="trust on first use"),
         Option("cgroup_parent", "cgroup directory of all Machines", "vz", scope="host"),
         Option("subnet", "IPv4 range for Machines with egress allowed", "10.231.0.0/16", scope="host"),
-        Option(
-            "stop_timeout",
-            "seconds between SIGTERM and SIGKILL on Stop",
-            10.0,
-            "duration",
-            minimum=0,
-            exclusive_minimum=True,
-            maximum=3600,
-        ),
+        timeout("stop_timeout", "seconds between SIGTERM and SIGKILL on Stop", 10.0),
         Option("insecure_registries", "registry hosts reached over plain HTTP (comma-separated)", (), "list"),
         Option(
             "agent_binary",

@@ -6,6 +6,7 @@ generated from ``DECLARATION``. macOS guests run only on Apple hardware, so the 
 
 from __future__ import annotations
 
+from vz_core.options import timeout
 from vz_core.registry import DriverDeclaration, MatrixRow, Option, hookimpl
 
 __all__ = ["DECLARATION", "build_parser", "main", "vz_builtin_drivers"]
@@ -71,24 +72,8 @@ DECLARATION = DriverDeclaration(
             "choice",
             choices=("shutdown", "save"),
         ),
-        Option(
-            "stop_timeout",
-            "seconds the guest gets to power off before the VM is stopped",
-            30.0,
-            "duration",
-            minimum=0,
-            exclusive_minimum=True,
-            maximum=3600,
-        ),
-        Option(
-            "boot_timeout",
-            "seconds a boot may take until the guest agent answers",
-            300.0,
-            "duration",
-            minimum=0,
-            exclusive_minimum=True,
-            maximum=3600,
-        ),
+        timeout("stop_timeout", "seconds the guest gets to power off before the VM is stopped", 30.0),
+        timeout("boot_timeout", "seconds a boot may take until the guest agent answers", 300.0),
     ),
     matrix=(
         MatrixRow(

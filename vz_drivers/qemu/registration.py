@@ -6,6 +6,7 @@ generated from ``DECLARATION``.
 
 from __future__ import annotations
 
+from vz_core.options import timeout
 from vz_core.registry import DriverDeclaration, MatrixRow, Option, hookimpl
 
 __all__ = ["DECLARATION", "build_parser", "main", "vz_builtin_drivers"]
@@ -58,24 +59,8 @@ DECLARATION = DriverDeclaration(
             minimum=1,
             maximum=7,
         ),
-        Option(
-            "stop_timeout",
-            "seconds between SIGTERM and SIGKILL of the main process on Stop",
-            10.0,
-            "duration",
-            minimum=0,
-            exclusive_minimum=True,
-            maximum=3600,
-        ),
-        Option(
-            "boot_timeout",
-            "seconds a boot may take until the guest agent answers (TCG is slow)",
-            300.0,
-            "duration",
-            minimum=0,
-            exclusive_minimum=True,
-            maximum=3600,
-        ),
+        timeout("stop_timeout", "seconds between SIGTERM and SIGKILL of the main process on Stop", 10.0),
+        timeout("boot_timeout", "seconds a boot may take until the guest agent answers (TCG is slow)", 300.0),
         Option("insecure_registries", "registry hosts reached over plain HTTP (comma-separated)", (), "list"),
         Option(
             "agent_binary",

@@ -7,6 +7,7 @@ against that interface, not yet verified on a Mac (the macOS CI lane turns it AC
 
 from __future__ import annotations
 
+from vz_core.options import timeout
 from vz_core.registry import DriverDeclaration, MatrixRow, Option, hookimpl
 
 __all__ = ["DECLARATION", "build_parser", "main", "vz_builtin_drivers"]
@@ -51,24 +52,8 @@ DECLARATION = DriverDeclaration(
             choices=("auto", "on", "off"),
         ),
         Option("nested", "nested virtualization (macOS 15+, M3 or newer, vfkit 0.6.2+); on/off", False, "bool", "host"),
-        Option(
-            "stop_timeout",
-            "seconds the main process gets after SIGTERM on Stop, then HardStop",
-            30.0,
-            "duration",
-            minimum=0,
-            exclusive_minimum=True,
-            maximum=3600,
-        ),
-        Option(
-            "boot_timeout",
-            "seconds a boot may take until the guest agent reports ready",
-            120.0,
-            "duration",
-            minimum=0,
-            exclusive_minimum=True,
-            maximum=3600,
-        ),
+        timeout("stop_timeout", "seconds the main process gets after SIGTERM on Stop, then HardStop", 30.0),
+        timeout("boot_timeout", "seconds a boot may take until the guest agent reports ready", 120.0),
         Option("insecure_registries", "registry hosts reached over plain HTTP (comma-separated)", (), "list"),
     ),
     matrix=(
