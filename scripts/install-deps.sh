@@ -8,6 +8,8 @@ cd "$(dirname "$0")/.."
 APT_PACKAGES=(
   # Python toolchain for the virtualenv (Debian's python3 is 3.11 on Debian 12)
   python3 python3-venv python3-dev gcc
+  # static C programs the security tests run inside Machines (tests/security/agent_probe: gcc -static)
+  libc6-dev
   # linux_native: OCI runtime, network namespaces/egress rules, embedded default image
   runc iproute2 nftables busybox-static
   # images: local OCI registry for tests, image tools
