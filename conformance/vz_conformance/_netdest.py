@@ -1,7 +1,10 @@
 """A test destination for the egress cases: a TCP listener in a network namespace the suite creates.
 
-The namespace is reached from the host through a veth pair with a private /30; IPv6 is disabled on both ends
-so the packet counter of the namespace side only moves when something really sends to it. Needs root and
+The namespace is reached from the host through a veth pair with a private /30, and the listener's address
+(198.18.x.2, of the benchmarking range) is routed by the host through the namespace's end of that pair, as an
+outside destination is routed through a gateway: vz's egress never reaches a network directly connected to the
+host (docs/network.md), so a directly connected listener would not stand for "the internet". IPv6 is disabled on
+both ends so the packet counter of the namespace side only moves when something really sends to it. Needs root and
 ``ip`` (iproute2); everything is removed on exit.
 """
 
@@ -70,7 +73,7 @@ def _free_subnet() -> int:
     used = _ip("-4", "addr")
     for _ in range(200):
         third = random.randrange(0, 256)
-        if f"10.251.{third}." not in used:
+        if f"10.251.{third}." not in used and f"198.18.{third}." not in used:
             return third
     raise RuntimeError("no free 10.251.x.0/30 subnet for the egress test destination")
 
@@ -83,7 +86,7 @@ async def destination() -> AsyncIterator[Destination]:
     tag = secrets.token_hex(3)
     namespace, host_if, peer_if = f"vzc-{tag}", f"vzch{tag}", f"vzcp{tag}"
     third = _free_subnet()
-    host_ip, peer_ip = f"10.251.{third}.1", f"10.251.{third}.2"
+    host_ip, peer_ip, listen_ip = f"10.251.{third}.1", f"10.251.{third}.2", f"198.18.{third}.2"
     listener: asyncio.subprocess.Process | None = None
     reader: asyncio.Task[None] | None = None
     try:
@@ -99,6 +102,8 @@ async def destination() -> AsyncIterator[Destination]:
         _ip("-n", namespace, "addr", "add", f"{peer_ip}/30", "dev", peer_if)
         _ip("-n", namespace, "link", "set", peer_if, "up")
         _ip("-n", namespace, "link", "set", "lo", "up")
+        _ip("-n", namespace, "addr", "add", f"{listen_ip}/32", "dev", "lo")
+        _ip("route", "add", f"{listen_ip}/32", "via", peer_ip, "dev", host_if)
         listener = await asyncio.create_subprocess_exec(
             "ip",
             "netns",
@@ -107,7 +112,7 @@ async def destination() -> AsyncIterator[Destination]:
             sys.executable,
             "-c",
             _LISTENER,
-            peer_ip,
+            listen_ip,
             stdout=asyncio.subprocess.PIPE,
             stdin=asyncio.subprocess.DEVNULL,
         )
@@ -116,7 +121,7 @@ async def destination() -> AsyncIterator[Destination]:
         parts = first.decode().split()
         if len(parts) != 2 or parts[0] != "listening":
             raise RuntimeError(f"the egress test listener did not start: {first!r}")
-        dest = Destination(peer_ip, int(parts[1]), namespace, peer_if)
+        dest = Destination(listen_ip, int(parts[1]), namespace, peer_if)
 
         async def read_lines() -> None:
             assert listener is not None and listener.stdout is not None
