@@ -438,7 +438,7 @@ class DriverCapabilities(_message.Message):
     def __init__(self, mount_types: _Optional[_Iterable[str]] = ..., requires_mount_streaming: _Optional[bool] = ..., requires_workspace_chown: _Optional[bool] = ..., recreate_mode: _Optional[str] = ..., provisioning_preflight: _Optional[bool] = ..., reprovision: _Optional[bool] = ..., logs: _Optional[bool] = ..., reuse_preflight: _Optional[bool] = ...) -> None: ...
 
 class DriverExtensions(_message.Message):
-    __slots__ = ("version", "target_os", "profiles", "tty", "snapshots", "egress_policies", "resource_limits", "storage_limits", "facts")
+    __slots__ = ("version", "target_os", "profiles", "tty", "snapshots", "egress_policies", "resource_limits", "storage_limits", "facts", "pids_limits")
     class FactsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -455,6 +455,7 @@ class DriverExtensions(_message.Message):
     RESOURCE_LIMITS_FIELD_NUMBER: _ClassVar[int]
     STORAGE_LIMITS_FIELD_NUMBER: _ClassVar[int]
     FACTS_FIELD_NUMBER: _ClassVar[int]
+    PIDS_LIMITS_FIELD_NUMBER: _ClassVar[int]
     version: int
     target_os: _containers.RepeatedScalarFieldContainer[str]
     profiles: _containers.RepeatedScalarFieldContainer[str]
@@ -464,7 +465,8 @@ class DriverExtensions(_message.Message):
     resource_limits: bool
     storage_limits: bool
     facts: _containers.ScalarMap[str, str]
-    def __init__(self, version: _Optional[int] = ..., target_os: _Optional[_Iterable[str]] = ..., profiles: _Optional[_Iterable[str]] = ..., tty: _Optional[bool] = ..., snapshots: _Optional[bool] = ..., egress_policies: _Optional[_Iterable[str]] = ..., resource_limits: _Optional[bool] = ..., storage_limits: _Optional[bool] = ..., facts: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    pids_limits: bool
+    def __init__(self, version: _Optional[int] = ..., target_os: _Optional[_Iterable[str]] = ..., profiles: _Optional[_Iterable[str]] = ..., tty: _Optional[bool] = ..., snapshots: _Optional[bool] = ..., egress_policies: _Optional[_Iterable[str]] = ..., resource_limits: _Optional[bool] = ..., storage_limits: _Optional[bool] = ..., facts: _Optional[_Mapping[str, str]] = ..., pids_limits: _Optional[bool] = ...) -> None: ...
 
 class Accelerator(_message.Message):
     __slots__ = ("name", "reason")
