@@ -26,10 +26,13 @@ import hashlib
 import ipaddress
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from vz_core.env._definition import EgressPolicy, NetworkPath, ProjectDefinition, Service
 from vz_core.env._ids import ENV_ID_RE
+
+if TYPE_CHECKING:
+    from vz_core.env._definition import ProjectDefinition
+    from vz_core.env._machines import EgressPolicy, NetworkPath, Service
 
 __all__ = [
     "DEFAULT_POOL",
