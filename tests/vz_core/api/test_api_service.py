@@ -145,3 +145,51 @@ async def test_a_terminal_session_over_both_transports(transport: str, tmp_path:
         output, result = await asyncio.to_thread(run)
     assert result == {"exit_code": 2, "signal": None}
     assert b"got:typed" in output and (b"30 100" in output or b"31 101" in output)
+
+
+def _raw_exec(paths: DaemonPaths, project: Path, script: str, inputs: list[bytes]) -> tuple[bytes, Any]:
+    """Machines.Exec as a plain grpcio client writes it: a finite request iterator (start, the input, then the
+    iterator ends, which half-closes the call), reading output until the result."""
+    import grpc
+
+    spec = pb.method("Machines.Exec")
+    start = api.ExecRequest(argv=["sh", "-c", script], stdio=[False, False, False])
+    start.context.cwd = str(project)
+
+    def requests() -> Any:
+        yield api.ExecClientMessage(start=start)
+        for data in inputs:
+            yield api.ExecClientMessage(input=api.Chunk(stream=0, data=data))
+
+    with grpc.insecure_channel("unix:" + paths.socket) as channel:
+        stub = channel.stream_stream(
+            spec.path, request_serializer=spec.request.SerializeToString, response_deserializer=spec.response.FromString
+        )
+        output = bytearray()
+        for message in stub(requests(), timeout=120):
+            if message.WhichOneof("message") == "result":
+                return bytes(output), pb.to_wire(message.result)
+            output.extend(message.output.data)
+    raise AssertionError("the Exec stream ended without a result")
+
+
+async def test_a_half_closed_exec_is_stdin_eof_and_still_delivers_its_result(tmp_path: Path, project: Path) -> None:
+    """Half-closing the client side of Exec (the end of the request iterator) ends the command's input; the command
+    keeps running, its output and its result arrive (it is not cancelled)."""
+    async with daemon(tmp_path / "home") as paths:
+
+        def run() -> list[tuple[bytes, Any]]:
+            context: dict[str, Any] = {"cwd": str(project), "environ": {}, "definition_file": None}
+            with Client(paths.home, autostart=False, transport="grpc", context=context) as client:
+                client.up().result()
+                try:
+                    return [
+                        _raw_exec(paths, project, "cat; echo done; exit 5", [b"hello\n"]),
+                        _raw_exec(paths, project, "sleep 1; echo late", []),
+                    ]
+                finally:
+                    client.delete().result()
+
+        (cat, first), (late, second) = await asyncio.to_thread(run)
+    assert (cat, first) == (b"hello\ndone\n", {"exit_code": 5, "signal": None})
+    assert (late, second) == (b"late\n", {"exit_code": 0, "signal": None})
