@@ -40,6 +40,7 @@ import grpc
 from google.protobuf.message import Message as ProtoMessage
 
 from vz_core.api import pb
+from vz_core.daemon._errors import cancelled_message
 from vz_core.daemon._wire import DaemonError
 
 __all__ = ["GRPC_SOCKET", "Dispatch", "GrpcCall", "GrpcFront"]
@@ -87,6 +88,8 @@ class GrpcCall:
         self.fds: list[int] = []
         self.peer_pid: int | None = None
         self.cancelled = asyncio.Event()
+        self.cancel_reason: str | None = None
+        """Why ``cancelled`` was set by this front (an Exec ``cancel`` message), or None for a hangup."""
         self.started = time.time()
         self._spec = spec
         self._context = context
@@ -221,14 +224,15 @@ class GrpcFront:
         self._server = server
 
     async def close(self, grace: float = 1.0) -> None:
-        """Stop serving: running calls are cancelled after ``grace`` seconds; the socket is removed."""
+        """Stop serving: running calls are cancelled after ``grace`` seconds (a watch ended by the service's
+        ``stopping`` delivers its result first); the socket is removed."""
+        if self._server is not None:
+            await self._server.stop(grace)
+            self._server = None
         for task in list(self._proxies):
             task.cancel()
         if self._proxies:
             await asyncio.wait(list(self._proxies), timeout=2.0)
-        if self._server is not None:
-            await self._server.stop(grace)
-            self._server = None
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.socket_path)
         if self._own_dir is not None:
@@ -356,6 +360,7 @@ class GrpcFront:
                     await task
                 raise
             error = _encode(asyncio.CancelledError())
+            error["message"] = cancelled_message(call.method, call.cancel_reason)
         except Exception as exc:
             if not isinstance(exc, DaemonError):
                 log.info("%s failed: %s", call.method, exc)
@@ -493,7 +498,8 @@ async def _read_client(call: GrpcCall, context: grpc.aio.ServicerContext[Any, An
                     await call._inbox.put({"stdin_close": {}})
                 return
             converted = _client_message(message)
-            if converted == "cancel":
+            if converted == "cancel":  # the command is killed; the call ends CANCELLED
+                call.cancel_reason = "cancelled by the client"
                 call.cancelled.set()
                 task.cancel()
                 return

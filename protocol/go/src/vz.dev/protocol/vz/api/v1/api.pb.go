@@ -3164,7 +3164,7 @@ type WatchResponse_Event struct {
 }
 
 type WatchResponse_Result struct {
-	// The end (only when the daemon ends the watch, e.g. at shutdown), last.
+	// The end, last: sent when the daemon stops (the last revision returned; resume from it).
 	Result *EventsResult `protobuf:"bytes,2,opt,name=result,proto3,oneof"`
 }
 
@@ -5506,7 +5506,7 @@ type EventsResponse_Event struct {
 }
 
 type EventsResponse_Result struct {
-	// Without follow: the end, last.
+	// The end, last: without follow after the kept events; with follow when the daemon stops.
 	Result *EventsResult `protobuf:"bytes,2,opt,name=result,proto3,oneof"`
 }
 
@@ -5514,7 +5514,7 @@ func (*EventsResponse_Event) isEventsResponse_Message() {}
 
 func (*EventsResponse_Result) isEventsResponse_Message() {}
 
-// The end of System.Events without follow.
+// The end of an event stream (System.Events, Environments.Watch, Machines.Watch).
 type EventsResult struct {
 	state         protoimpl.MessageState
 	sizeCache     protoimpl.SizeCache
