@@ -228,9 +228,7 @@ async def test_a_cancelled_exec_says_the_command_was_killed(transport: str, tmp_
 
 
 @pytest.mark.parametrize("transport", ["local", "grpc"])
-async def test_a_watch_ends_with_its_result_at_shutdown(
-    transport: str, tmp_path: Path, project: Path
-) -> None:
+async def test_a_watch_ends_with_its_result_at_shutdown(transport: str, tmp_path: Path, project: Path) -> None:
     """WatchResponse.result: at shutdown every watch ends with the last revision it returned, not an error."""
     async with daemon_server(tmp_path / "home") as (paths, server):
         context: dict[str, Any] = {"cwd": str(project), "environ": {}, "definition_file": None}
