@@ -27,6 +27,9 @@ Other:
   version  print the vz version
   help     this text, or `vz help <command>` for a command's options
 
+Options the commands share may also come before the command: --json, --environment NAME|ID,
+-f/--file PATH (`vz --json status`, `vz --environment feat exec -- sh`).
+
 Selecting an Environment: --environment NAME|ID, else $VZ_ENVIRONMENT_ID, else this worktree's binding;
 `vz up` creates "default" only when the project has none. A worktree bound to none of the project's
 Environments fails and lists them; `vz up --environment NAME` binds it.

@@ -47,6 +47,39 @@ class _UsageError(Exception):
     pass
 
 
+GLOBAL_OPTIONS = {"--json": False, "--environment": True, "-f": True, "--file": True}
+"""Options that may come before the command (`vz --json status`, `vz --environment feat exec -- sh`):
+name → whether it takes a value. They are moved after the command, where the command's parser reads them."""
+
+
+def _hoist_global_options(args: list[str]) -> list[str] | str:
+    """``args`` with the global options before the command moved after it; a message for a mistake."""
+    leading: list[str] = []
+    i = 0
+    while i < len(args) and args[i].startswith("-"):
+        arg = args[i]
+        name, eq, _ = arg.partition("=")
+        if name not in GLOBAL_OPTIONS:
+            known = ", ".join(GLOBAL_OPTIONS)
+            return f"unknown option {arg!r} before the command; options allowed there: {known} (see `vz --help`)"
+        if GLOBAL_OPTIONS[name] and not eq:
+            if i + 1 >= len(args):
+                return f"{name} needs a value (see `vz --help`)"
+            leading += [arg, args[i + 1]]
+            i += 2
+            continue
+        if not GLOBAL_OPTIONS[name] and eq:
+            return f"{name} takes no value (see `vz --help`)"
+        leading.append(arg)
+        i += 1
+    if i >= len(args):
+        return f"no command after {' '.join(leading)}; commands: {', '.join(COMMANDS)} (see `vz --help`)"
+    command, rest = args[i], args[i + 1 :]
+    if command == "exec":  # before its `--` (everything after the command's name may be the command)
+        return [command, *leading, *rest]
+    return [command, *rest, *leading]  # after sub-commands (`vz --json daemon status`)
+
+
 def _legacy(command: str, rest: list[str]) -> int:
     """A removed 0.3 command: exit 2 with a structured ``legacy_command_removed`` error and migration guidance."""
     import json
@@ -130,6 +163,12 @@ def _parser(command: str) -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `vz` console script; returns the process exit status."""
     args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0].startswith("-") and args[0] not in ("-h", "--help", "-V", "--version"):
+        hoisted = _hoist_global_options(args)
+        if isinstance(hoisted, str):
+            sys.stderr.write(f"vz: error: {hoisted}\n")
+            return 2
+        args = hoisted
     if not args or args[0] in ("-h", "--help"):
         sys.stdout.write(TOP_HELP)
         return 0
