@@ -11,7 +11,8 @@ usage: vz <command> [options]
 
 Environments (made from the nearest vz.json upward from here):
   up       create or reconcile an Environment and its Machines
-  exec     run a command in a Machine:  vz exec [--environment E] [--machine M] -- CMD...
+  exec     run a command in a Machine:  vz exec [--environment E] [--machine M] [-e K=V] [-u U] [-w DIR]
+           [-d] [-it] -- CMD...
   status   show Environments, Machines, drivers, state and drift
   stop     stop every Machine of an Environment
   delete   delete an Environment and everything it owns (Machines, volumes unless --keep-volumes, bindings)

@@ -142,7 +142,31 @@ def _parser(command: str) -> argparse.ArgumentParser:
         parser.add_argument("--dry-run", action="store_true", help="print the plan and change nothing")
     if command == "exec":
         parser.add_argument("--machine", metavar="NAME|ID", help="the Machine (name or id)")
-        parser.add_argument("--workdir", metavar="DIR", help="working directory inside the Machine")
+        parser.add_argument("-w", "--workdir", metavar="DIR", help="working directory inside the Machine")
+        parser.add_argument(
+            "-e",
+            "--env",
+            action="append",
+            default=[],
+            metavar="KEY[=VALUE]",
+            help="set a variable for the command (KEY alone: its value here, when set); repeatable",
+        )
+        parser.add_argument(
+            "--env-file",
+            action="append",
+            default=[],
+            metavar="PATH",
+            help="read KEY=VALUE lines (# comments, blank lines; KEY alone as for -e); -e wins; repeatable",
+        )
+        parser.add_argument(
+            "-u", "--user", metavar="USER[:GROUP]", help="run as this user (name or uid) and group (name or gid)"
+        )
+        parser.add_argument(
+            "-d",
+            "--detach",
+            action="store_true",
+            help="start the command in the background and return (no input, output discarded)",
+        )
         parser.add_argument(
             "-i", "--interactive", action="store_true", help="with -t: send what you type (stdin must be a terminal)"
         )
@@ -308,14 +332,20 @@ class _ExecArgs:
         self.file: str | None = None
         self.machine: str | None = None
         self.workdir: str | None = None
+        self.user: str | None = None
+        self.env: list[str] = []
+        self.env_file: list[str] = []
         self.interactive = False
         self.tty = False
+        self.detach = False
         self.argv: list[str] = []
 
 
 _EXEC_VALUES = {"--environment": "environment", "-f": "file", "--file": "file", "--machine": "machine"}
-_EXEC_VALUES["--workdir"] = "workdir"
+_EXEC_VALUES.update({"--workdir": "workdir", "-w": "workdir", "--user": "user", "-u": "user"})
+_EXEC_LISTS = {"-e": "env", "--env": "env", "--env-file": "env_file"}
 _EXEC_FLAGS = {"-i": "i", "--interactive": "i", "-t": "t", "--tty": "t", "-it": "it", "-ti": "it"}
+_EXEC_FLAGS.update({"-d": "d", "--detach": "d"})
 
 
 def _quick_exec_args(rest: list[str]) -> _ExecArgs | None:
@@ -334,17 +364,21 @@ def _quick_exec_args(rest: list[str]) -> _ExecArgs | None:
             parsed.argv = rest[i:]
             return parsed
         name, eq, value = arg.partition("=")
-        if name in _EXEC_VALUES:
+        if name in _EXEC_VALUES or name in _EXEC_LISTS:
             if not eq:
                 if i + 1 >= len(rest) or rest[i + 1].startswith("-"):
                     return None
                 value = rest[i + 1]
                 i += 1
-            setattr(parsed, _EXEC_VALUES[name], value)
+            if name in _EXEC_LISTS:
+                getattr(parsed, _EXEC_LISTS[name]).append(value)
+            else:
+                setattr(parsed, _EXEC_VALUES[name], value)
         elif arg in _EXEC_FLAGS:
             flags = _EXEC_FLAGS[arg]
             parsed.interactive = parsed.interactive or "i" in flags
             parsed.tty = parsed.tty or "t" in flags
+            parsed.detach = parsed.detach or "d" in flags
         else:
             return None
         i += 1
@@ -373,6 +407,14 @@ def _exec_args(rest: list[str]) -> Any:
 
 def _exec(rest: list[str]) -> int:
     parsed = _exec_args(rest)
+    variables: dict[str, str] = {}
+    if parsed.env or parsed.env_file or parsed.user is not None or parsed.detach:
+        from vz_core.cli._exec_options import check_exec_options
+
+        try:
+            variables = check_exec_options(parsed)
+        except ValueError as exc:
+            raise _UsageError(str(exc)) from None
     from vz_core.api import ApiError, Client
     from vz_core.cli._exec import run_exec
     from vz_core.cli._remote import call_context
@@ -387,6 +429,9 @@ def _exec(rest: list[str]) -> int:
             workdir=parsed.workdir,
             tty=parsed.tty,
             interactive=parsed.interactive,
+            env=variables,
+            user=parsed.user,
+            detach=parsed.detach,
         )
     except ApiError as exc:  # already masked by the daemon with the secrets of the Environment it selected
         from vz_core.cli._output import Output
