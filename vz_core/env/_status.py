@@ -58,7 +58,7 @@ async def status(
             definition = load_definition(project.header.path)
         except DefinitionError as exc:
             definition_error = str(exc)
-    pool = DriverPool(ctx.redactor)
+    pool = DriverPool(ctx.redactor, ctx.drivers)
     store = open_store(ctx)
     try:
         if all_environments:
