@@ -1,12 +1,13 @@
-"""B12: writing an ext4 root disk from image layers (``vz_drivers._images._ext4.write_ext4``).
+"""B12: writing an ext4 root disk from image layers (``write_ext4`` in ``vz_drivers/_images/_ext4.py``).
 
-The layers are made here (one uncompressed tar, files of a few bytes): ``flat`` puts N files in one directory,
-``spread`` the same N files in N/100 directories of 100, ``image`` a tree shaped like a large Debian image
-(about 76k entries: many directories of tens of files and a few of several thousand). A case is timed end to
-end (merge of the layers, mke2fs, debugfs and, with large directories, e2fsck) and its CPU time is the
-processes' own (this one's plus its children's user + system), which the shared machine's load moves less than
-the wall clock; both are reported. The scaling figure is ``flat`` at N and 2N: linear is a ratio of about 2, a
-writer quadratic per directory about 4.
+The writer is the one the VM drivers use (``vz_drivers.guest.create_root_disk``). The layers are made here
+(one uncompressed tar, files of a few bytes): ``flat`` puts N files in one directory, ``spread`` the same N files
+in N/100 directories of 100, ``image`` a tree shaped like a large Debian image (about 78k entries: many
+directories of tens of files and a few of several thousand). A case is timed end to end (merge of the layers,
+mke2fs, debugfs and, with large directories, e2fsck) and its CPU time is the processes' own (this one's plus
+its children's user + system), which the shared machine's load moves less than the wall clock; both are
+reported. The scaling figure is ``flat`` at N and 2N: linear is a ratio of about 2, a writer quadratic per
+directory about 4.
 
 Run alone: ``python -m benchmarks.b12_rootdisk_ext4 [--smoke]``.
 """
@@ -72,7 +73,7 @@ def _cpu() -> float:
 
 
 def _case(workdir: Path, name: str, dirs: dict[str, int]) -> dict[str, Any]:
-    from vz_drivers._images._ext4 import write_ext4
+    from vz_drivers.guest import create_root_disk
 
     where = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=workdir))
     layers = _layer(where, dirs)
@@ -80,7 +81,7 @@ def _case(workdir: Path, name: str, dirs: dict[str, int]) -> dict[str, Any]:
     size = max(256 << 20, entries * 8192)
     load = os.getloadavg()[0]
     c0, t0 = _cpu(), time.perf_counter()
-    write_ext4(layers, where / "disk.img", size, image=name)
+    asyncio.run(create_root_disk(layers, where / "disk.img", size, image=name))
     wall, cpu = time.perf_counter() - t0, _cpu() - c0
     for path in where.iterdir():
         path.unlink()
