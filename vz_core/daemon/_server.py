@@ -84,9 +84,9 @@ REPLY_TIMEOUT = 5.0
 SOCKET_CHECK_INTERVAL = 5.0
 """How often the daemon checks that its socket file is still the one it bound (else nobody can reach it)."""
 CALL_TIMEOUT = 60.0
+"""A connection that said hello but sent no call by then is closed (it would keep the daemon from idling)."""
 WATCH_END_SECONDS = 2.0
 """At shutdown, how long Watch-class calls may take to send their result before they are cancelled."""
-"""A connection that said hello but sent no call by then is closed (it would keep the daemon from idling)."""
 _SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _RECEIVE_BUFFER = 4 * 1024 * 1024  # client bytes queued for a handler that is not reading; then reading pauses
 
@@ -354,7 +354,8 @@ class Daemon:
         try:
             if call.method == SHUTDOWN_METHOD:
                 self.request_shutdown(f"System.Shutdown from pid {call.peer_pid}")
-                return {"pid": self.pid, "operations": len(self.operations)}
+                operations = len(self.operations)
+                return {"pid": self.pid, "operations": operations, "stopping": True, "busy": operations > 0}
             if call.method == DRIVER_CONNECT_METHOD:
                 from vz_core.daemon._sessions import serve_driver_connect
 
