@@ -87,9 +87,9 @@ REPLY_TIMEOUT = 5.0
 SOCKET_CHECK_INTERVAL = 5.0
 """How often the daemon checks that its socket file is still the one it bound (else nobody can reach it)."""
 CALL_TIMEOUT = 60.0
+"""A connection that said hello but sent no call by then is closed (it would keep the daemon from idling)."""
 WATCH_END_SECONDS = 2.0
 """At shutdown, how long Watch-class calls may take to send their result before they are cancelled."""
-"""A connection that said hello but sent no call by then is closed (it would keep the daemon from idling)."""
 if sys.platform == "win32":  # no SIGHUP; a detached daemon has no console to get the others from either
     _SIGNALS: tuple[int, ...] = ()
 else:
@@ -362,7 +362,8 @@ class Daemon:
         try:
             if call.method == SHUTDOWN_METHOD:
                 self.request_shutdown(f"System.Shutdown from pid {call.peer_pid}")
-                return {"pid": self.pid, "operations": len(self.operations)}
+                operations = len(self.operations)
+                return {"pid": self.pid, "operations": operations, "stopping": True, "busy": operations > 0}
             if call.method == DRIVER_CONNECT_METHOD:
                 from vz_core.daemon._sessions import serve_driver_connect
 
