@@ -37,7 +37,7 @@ Environments fails and lists them; `vz up --environment NAME` binds it.
 
 Exit codes: 0 ok, 1 backend failure, 2 user error, 3 not found, 4 conflict (ambiguous, busy, needs
 --recreate), 69 no vz daemon available, 130 interrupted; `vz exec` exits with the command's code
-(128+N when killed by signal N).
+(128+N when killed by signal N), 125 when vz itself failed, 126 command not executable, 127 not found.
 
 Start here:  vz up && vz exec -- echo hello
 """
