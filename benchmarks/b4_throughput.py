@@ -1,8 +1,9 @@
 """B4: ``cat`` of 256 MiB into a linux_native Machine and back, SHA-256 checked, on each path bytes can take.
 
 * ``fast path``: the real ``vz exec --pass-pipes -- cat`` process with the daemon warm, its stdin and stdout
-  pipes of this process (``--pass-pipes``: an output pipe is otherwise copied, docs/cli.md): the CLI passes both descriptors to the daemon, the daemon to the driver's plugin, the plugin to the
-  guest agent, so ``cat`` in the Machine reads and writes this process's pipes (no copy on the host);
+  pipes of this process (``--pass-pipes``: an output pipe is otherwise copied, docs/cli.md): the CLI passes
+  both descriptors to the daemon, the daemon to the driver's plugin, the plugin to the guest agent, so ``cat``
+  in the Machine reads and writes this process's pipes (no copy on the host);
 * ``gRPC frames``: the linux_native plugin launched directly (``RemoteDriver(local_exec=False)``, as a host
   that is not vz talks to a plugin), ``RemoteDriver.exec`` with the input in 1 MiB stdin frames and the output
   consumed as ExecOutput events; and ``exec_local`` over the same frames (the copying default a host uses for
