@@ -31,7 +31,8 @@ COMMANDS = ("up", "exec", "status", "stop", "delete", "volume", "driver", "daemo
 LEGACY_COMMANDS: dict[str, str] = {
     "run": "declare the Machine in vz.json, then `vz up` and `vz exec -- CMD`",
     "shell": "`vz exec -- sh` (or any shell) in the Machine of this worktree's Environment",
-    "logs": "`vz exec -- <command that shows the logs>`; `vz status` shows each Machine's state and errors",
+    "logs": "`vz status --logs [--machine M] [--follow] [--tail N]` (a Machine's log); `vz status` shows each "
+    "Machine's state and errors",
     "stack": "an Environment is the stack: list its Machines in vz.json, then `vz up` / `vz stop` / `vz delete`",
     "vm": "a VM is a Machine with a VM driver (qemu, vfkit, hyperv, macos_vm) in vz.json; `vz up` creates it",
     "init": "write vz.json by hand (docs/user-guide.md; schema: schemas/vz.schema.json), then `vz up`",
@@ -189,6 +190,17 @@ def _parser(command: str) -> argparse.ArgumentParser:
     if command == "status":
         parser.add_argument("--all", action="store_true", help="every Environment of the project")
         parser.add_argument("--machine", metavar="NAME|ID", help="only this Machine")
+        parser.add_argument(
+            "--logs",
+            action="store_true",
+            help="print the Machine's log (its main process's output) instead: the default Machine, or --machine",
+        )
+        parser.add_argument(
+            "--follow", action="store_true", help="with --logs: keep printing what is added (Ctrl-C ends)"
+        )
+        parser.add_argument(
+            "--tail", type=int, metavar="N", help="with --logs: start with the last N lines of what is there now"
+        )
     if command == "driver":
         from vz_core.cli._driver_cmd import add_driver_arguments
 
