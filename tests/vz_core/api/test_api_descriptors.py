@@ -182,6 +182,7 @@ def test_stream_messages_are_one_oneof(message: str) -> None:
 
 def test_machine_status_carries_its_services_as_field_17() -> None:
     field = api_pb2.DESCRIPTOR.message_types_by_name["MachineStatus"].fields_by_name["services"]
+    assert field.message_type is not None
     assert (field.number, field.is_repeated, field.message_type.full_name) == (17, True, "vz.api.v1.ServiceStatus")
 
 
