@@ -124,6 +124,17 @@ FIELDS: dict[str, dict[str, tuple[int, int, str | None]]] = {
         "connections": (11, I32, None),
         "idle_timeout": (12, D, None),
     },
+    "ServiceStatus": {
+        "name": (1, S, None),
+        "state": (2, S, None),
+        "health": (3, S, None),
+        "pid": (4, I64, None),
+        "restarts": (5, I64, None),
+        "last_exit_code": (6, I64, None),
+        "last_signal": (7, S, None),
+        "last_error": (8, S, None),
+        "started_at": (9, S, None),
+    },
 }
 
 
@@ -180,6 +191,12 @@ def test_stream_messages_are_one_oneof(message: str) -> None:
     descriptor = api_pb2.DESCRIPTOR.message_types_by_name[message]
     assert [o.name for o in descriptor.oneofs] == ["message"]
     assert {f.name for f in descriptor.oneofs[0].fields} == {f.name for f in descriptor.fields}
+
+
+def test_machine_status_carries_its_services_as_field_17() -> None:
+    field = api_pb2.DESCRIPTOR.message_types_by_name["MachineStatus"].fields_by_name["services"]
+    assert field.message_type is not None
+    assert (field.number, field.is_repeated, field.message_type.full_name) == (17, True, "vz.api.v1.ServiceStatus")
 
 
 def test_wire_options() -> None:

@@ -314,7 +314,7 @@ class EnvironmentHealth(_message.Message):
     def __init__(self, source: _Optional[str] = ..., state: _Optional[str] = ..., checked_at: _Optional[str] = ...) -> None: ...
 
 class MachineStatus(_message.Message):
-    __slots__ = ("id", "name", "workspace_id", "default", "target", "profile", "image", "workspace", "driver", "state", "recorded_state", "find", "error", "drift", "health", "environment")
+    __slots__ = ("id", "name", "workspace_id", "default", "target", "profile", "image", "workspace", "driver", "state", "recorded_state", "find", "error", "drift", "health", "environment", "services")
     ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     WORKSPACE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -331,6 +331,7 @@ class MachineStatus(_message.Message):
     DRIFT_FIELD_NUMBER: _ClassVar[int]
     HEALTH_FIELD_NUMBER: _ClassVar[int]
     ENVIRONMENT_FIELD_NUMBER: _ClassVar[int]
+    SERVICES_FIELD_NUMBER: _ClassVar[int]
     id: str
     name: str
     workspace_id: str
@@ -347,7 +348,30 @@ class MachineStatus(_message.Message):
     drift: MachineDrift
     health: MachineHealth
     environment: EnvironmentName
-    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., workspace_id: _Optional[str] = ..., default: _Optional[bool] = ..., target: _Optional[_Union[Target, _Mapping]] = ..., profile: _Optional[str] = ..., image: _Optional[str] = ..., workspace: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., driver: _Optional[_Union[Driver, _Mapping]] = ..., state: _Optional[str] = ..., recorded_state: _Optional[str] = ..., find: _Optional[_Union[FindResult, _Mapping]] = ..., error: _Optional[str] = ..., drift: _Optional[_Union[MachineDrift, _Mapping]] = ..., health: _Optional[_Union[MachineHealth, _Mapping]] = ..., environment: _Optional[_Union[EnvironmentName, _Mapping]] = ...) -> None: ...
+    services: _containers.RepeatedCompositeFieldContainer[ServiceStatus]
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., workspace_id: _Optional[str] = ..., default: _Optional[bool] = ..., target: _Optional[_Union[Target, _Mapping]] = ..., profile: _Optional[str] = ..., image: _Optional[str] = ..., workspace: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., driver: _Optional[_Union[Driver, _Mapping]] = ..., state: _Optional[str] = ..., recorded_state: _Optional[str] = ..., find: _Optional[_Union[FindResult, _Mapping]] = ..., error: _Optional[str] = ..., drift: _Optional[_Union[MachineDrift, _Mapping]] = ..., health: _Optional[_Union[MachineHealth, _Mapping]] = ..., environment: _Optional[_Union[EnvironmentName, _Mapping]] = ..., services: _Optional[_Iterable[_Union[ServiceStatus, _Mapping]]] = ...) -> None: ...
+
+class ServiceStatus(_message.Message):
+    __slots__ = ("name", "state", "health", "pid", "restarts", "last_exit_code", "last_signal", "last_error", "started_at")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    LAST_EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    LAST_SIGNAL_FIELD_NUMBER: _ClassVar[int]
+    LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
+    STARTED_AT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    state: str
+    health: str
+    pid: int
+    restarts: int
+    last_exit_code: int
+    last_signal: str
+    last_error: str
+    started_at: str
+    def __init__(self, name: _Optional[str] = ..., state: _Optional[str] = ..., health: _Optional[str] = ..., pid: _Optional[int] = ..., restarts: _Optional[int] = ..., last_exit_code: _Optional[int] = ..., last_signal: _Optional[str] = ..., last_error: _Optional[str] = ..., started_at: _Optional[str] = ...) -> None: ...
 
 class EnvironmentName(_message.Message):
     __slots__ = ("id", "name")
