@@ -378,7 +378,7 @@ def add_url(
             kept = f"; version {previous.manifest.version} stays installed" if previous is not None else ""
             raise TrustError(
                 f"driver {name!r} version {manifest.version} was downloaded and verified but did not start and "
-                f"negotiate: {exc}{kept}"
+                f"negotiate{kept}: {exc}"
             ) from None
     row = drivers.add_manifest(manifest_path, registry=registry, store=store, origin="url", source=url)
     row["changes"] = changes

@@ -103,5 +103,3 @@ def test_the_documented_commands(provider: Provider, tmp_path: Path) -> None:
     assert f"signed by Acme Inc ({kid})" in run("driver", "list").stdout
     assert run("driver", "remove", "acme").returncode == 0
     assert "acme" not in run("driver", "list").stdout
-
-
