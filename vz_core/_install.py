@@ -339,6 +339,8 @@ def add_url(
     binary_url = urllib.parse.urljoin(final, entry.url)
     check_url(binary_url, what="binary URL")
 
+    installs_root().mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(installs_root(), 0o700)
     base = installs_root() / name
     staging = base / ".staging"
     staging.mkdir(parents=True, exist_ok=True, mode=0o700)
