@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from driverhub import Provider, plugin_binary, publish
 
@@ -105,7 +107,9 @@ def test_the_documented_commands(provider: Provider, tmp_path: Path) -> None:
     assert "acme" not in run("driver", "list").stdout
 
 
-def test_the_guides_signing_script_signs_what_vz_verifies(provider: Provider, tmp_path: Path, monkeypatch) -> None:
+def test_the_guides_signing_script_signs_what_vz_verifies(
+    provider: Provider, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The Python snippet of docs/driver-authors.md "Publishing your driver", run as written."""
     import re
 

@@ -165,13 +165,30 @@ def run_exec(
     workdir: str | None,
     tty: bool = False,
     interactive: bool = False,
+    env: dict[str, str] | None = None,
+    user: str | None = None,
+    detach: bool = False,
 ) -> int:
     """Run ``argv`` in the selected Machine through the daemon, wired to this process's stdio; the exit status.
 
     With ``tty`` (`vz exec -t`) and ``interactive`` (`-it`) stdin must be a terminal (else
-    ``UserError(NOT_A_TTY)``, before the daemon is asked anything). Errors of the daemon raise
+    ``UserError(NOT_A_TTY)``, before the daemon is asked anything). ``env``: variables added for the command;
+    ``user``: USER[:GROUP] to run as; ``detach``: see ``run_detached``. Errors of the daemon raise
     ``vz_core.api.ApiError``.
     """
+    if detach:
+        from vz_core.cli._detach import run_detached
+
+        return run_detached(
+            client,
+            context=context,
+            argv=argv,
+            environment=environment,
+            machine=machine,
+            workdir=workdir,
+            env=env,
+            user=user,
+        )
     if tty and interactive and not _isatty(0):
         from vz_core.errors import UserError
 
@@ -203,6 +220,8 @@ def run_exec(
                 rows=size[0],
                 cols=size[1],
                 term=os.environ.get("TERM", "") if tty else None,
+                env=env,
+                user=user,
             )
         finally:
             for fd in opened:

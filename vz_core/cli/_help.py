@@ -11,7 +11,8 @@ usage: vz <command> [options]
 
 Environments (made from the nearest vz.json upward from here):
   up       create or reconcile an Environment and its Machines
-  exec     run a command in a Machine:  vz exec [--environment E] [--machine M] -- CMD...
+  exec     run a command in a Machine:  vz exec [--environment E] [--machine M] [-e K=V] [-u U] [-w DIR]
+           [-d] [-it] -- CMD...
   status   show Environments, Machines, drivers, state and drift
   stop     stop every Machine of an Environment
   delete   delete an Environment and everything it owns (Machines, volumes unless --keep-volumes, bindings)
@@ -26,6 +27,9 @@ Other:
            vz guest build --arch A --format F --out DIR | verify DIR | fetch DIR|URL
   version  print the vz version
   help     this text, or `vz help <command>` for a command's options
+
+Options the commands share may also come before the command: --json, --environment NAME|ID,
+-f/--file PATH (`vz --json status`, `vz --environment feat exec -- sh`).
 
 Selecting an Environment: --environment NAME|ID, else $VZ_ENVIRONMENT_ID, else this worktree's binding;
 `vz up` creates "default" only when the project has none. A worktree bound to none of the project's

@@ -47,6 +47,39 @@ class _UsageError(Exception):
     pass
 
 
+GLOBAL_OPTIONS = {"--json": False, "--environment": True, "-f": True, "--file": True}
+"""Options that may come before the command (`vz --json status`, `vz --environment feat exec -- sh`):
+name → whether it takes a value. They are moved after the command, where the command's parser reads them."""
+
+
+def _hoist_global_options(args: list[str]) -> list[str] | str:
+    """``args`` with the global options before the command moved after it; a message for a mistake."""
+    leading: list[str] = []
+    i = 0
+    while i < len(args) and args[i].startswith("-"):
+        arg = args[i]
+        name, eq, _ = arg.partition("=")
+        if name not in GLOBAL_OPTIONS:
+            known = ", ".join(GLOBAL_OPTIONS)
+            return f"unknown option {arg!r} before the command; options allowed there: {known} (see `vz --help`)"
+        if GLOBAL_OPTIONS[name] and not eq:
+            if i + 1 >= len(args):
+                return f"{name} needs a value (see `vz --help`)"
+            leading += [arg, args[i + 1]]
+            i += 2
+            continue
+        if not GLOBAL_OPTIONS[name] and eq:
+            return f"{name} takes no value (see `vz --help`)"
+        leading.append(arg)
+        i += 1
+    if i >= len(args):
+        return f"no command after {' '.join(leading)}; commands: {', '.join(COMMANDS)} (see `vz --help`)"
+    command, rest = args[i], args[i + 1 :]
+    if command == "exec":  # before its `--` (everything after the command's name may be the command)
+        return [command, *leading, *rest]
+    return [command, *rest, *leading]  # after sub-commands (`vz --json daemon status`)
+
+
 def _legacy(command: str, rest: list[str]) -> int:
     """A removed 0.3 command: exit 2 with a structured ``legacy_command_removed`` error and migration guidance."""
     import json
@@ -109,7 +142,31 @@ def _parser(command: str) -> argparse.ArgumentParser:
         parser.add_argument("--dry-run", action="store_true", help="print the plan and change nothing")
     if command == "exec":
         parser.add_argument("--machine", metavar="NAME|ID", help="the Machine (name or id)")
-        parser.add_argument("--workdir", metavar="DIR", help="working directory inside the Machine")
+        parser.add_argument("-w", "--workdir", metavar="DIR", help="working directory inside the Machine")
+        parser.add_argument(
+            "-e",
+            "--env",
+            action="append",
+            default=[],
+            metavar="KEY[=VALUE]",
+            help="set a variable for the command (KEY alone: its value here, when set); repeatable",
+        )
+        parser.add_argument(
+            "--env-file",
+            action="append",
+            default=[],
+            metavar="PATH",
+            help="read KEY=VALUE lines (# comments, blank lines; KEY alone as for -e); -e wins; repeatable",
+        )
+        parser.add_argument(
+            "-u", "--user", metavar="USER[:GROUP]", help="run as this user (name or uid) and group (name or gid)"
+        )
+        parser.add_argument(
+            "-d",
+            "--detach",
+            action="store_true",
+            help="start the command in the background and return (no input, output discarded)",
+        )
         parser.add_argument(
             "-i", "--interactive", action="store_true", help="with -t: send what you type (stdin must be a terminal)"
         )
@@ -130,6 +187,12 @@ def _parser(command: str) -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `vz` console script; returns the process exit status."""
     args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0].startswith("-") and args[0] not in ("-h", "--help", "-V", "--version"):
+        hoisted = _hoist_global_options(args)
+        if isinstance(hoisted, str):
+            sys.stderr.write(f"vz: error: {hoisted}\n")
+            return 2
+        args = hoisted
     if not args or args[0] in ("-h", "--help"):
         sys.stdout.write(TOP_HELP)
         return 0
@@ -269,14 +332,20 @@ class _ExecArgs:
         self.file: str | None = None
         self.machine: str | None = None
         self.workdir: str | None = None
+        self.user: str | None = None
+        self.env: list[str] = []
+        self.env_file: list[str] = []
         self.interactive = False
         self.tty = False
+        self.detach = False
         self.argv: list[str] = []
 
 
 _EXEC_VALUES = {"--environment": "environment", "-f": "file", "--file": "file", "--machine": "machine"}
-_EXEC_VALUES["--workdir"] = "workdir"
+_EXEC_VALUES.update({"--workdir": "workdir", "-w": "workdir", "--user": "user", "-u": "user"})
+_EXEC_LISTS = {"-e": "env", "--env": "env", "--env-file": "env_file"}
 _EXEC_FLAGS = {"-i": "i", "--interactive": "i", "-t": "t", "--tty": "t", "-it": "it", "-ti": "it"}
+_EXEC_FLAGS.update({"-d": "d", "--detach": "d"})
 
 
 def _quick_exec_args(rest: list[str]) -> _ExecArgs | None:
@@ -295,17 +364,21 @@ def _quick_exec_args(rest: list[str]) -> _ExecArgs | None:
             parsed.argv = rest[i:]
             return parsed
         name, eq, value = arg.partition("=")
-        if name in _EXEC_VALUES:
+        if name in _EXEC_VALUES or name in _EXEC_LISTS:
             if not eq:
                 if i + 1 >= len(rest) or rest[i + 1].startswith("-"):
                     return None
                 value = rest[i + 1]
                 i += 1
-            setattr(parsed, _EXEC_VALUES[name], value)
+            if name in _EXEC_LISTS:
+                getattr(parsed, _EXEC_LISTS[name]).append(value)
+            else:
+                setattr(parsed, _EXEC_VALUES[name], value)
         elif arg in _EXEC_FLAGS:
             flags = _EXEC_FLAGS[arg]
             parsed.interactive = parsed.interactive or "i" in flags
             parsed.tty = parsed.tty or "t" in flags
+            parsed.detach = parsed.detach or "d" in flags
         else:
             return None
         i += 1
@@ -334,6 +407,14 @@ def _exec_args(rest: list[str]) -> Any:
 
 def _exec(rest: list[str]) -> int:
     parsed = _exec_args(rest)
+    variables: dict[str, str] = {}
+    if parsed.env or parsed.env_file or parsed.user is not None or parsed.detach:
+        from vz_core.cli._exec_options import check_exec_options
+
+        try:
+            variables = check_exec_options(parsed)
+        except ValueError as exc:
+            raise _UsageError(str(exc)) from None
     from vz_core.api import ApiError, Client
     from vz_core.cli._exec import run_exec
     from vz_core.cli._remote import call_context
@@ -348,6 +429,9 @@ def _exec(rest: list[str]) -> int:
             workdir=parsed.workdir,
             tty=parsed.tty,
             interactive=parsed.interactive,
+            env=variables,
+            user=parsed.user,
+            detach=parsed.detach,
         )
     except ApiError as exc:  # already masked by the daemon with the secrets of the Environment it selected
         from vz_core.cli._output import Output

@@ -36,12 +36,12 @@ import os
 import signal as signals
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
 from vz_core.daemon._calls import MAX_WINDOW, Request, RequestError
-from vz_core.daemon._errors import CallFailed, encode_error
+from vz_core.daemon._errors import CallFailed, cancelled_message, encode_error
 from vz_core.daemon._progress import CallProgress
 from vz_core.redact import Redactor
 
@@ -313,6 +313,7 @@ class Service:
         self._store_path = store_path
         self._observed: dict[tuple[str, str], str] = {}
         self.shutdown_requested = asyncio.Event()
+        self._stopping = asyncio.Event()
         self._secrets = Redactor(short_tokens=True)
         self._methods: dict[str, Handler] = {
             "Environments.Up": self._up,
@@ -379,6 +380,11 @@ class Service:
 
     async def aclose(self) -> None:
         await self.close()
+
+    def stopping(self) -> None:
+        """The daemon is stopping: every watch (Environments.Watch, Machines.Watch, System.Events with follow)
+        ends now with its result, the last revision it returned (the client resumes from it)."""
+        self._stopping.set()
 
     @property
     def redactor(self) -> Redactor:
@@ -515,7 +521,7 @@ class Service:
         try:
             done, _ = await asyncio.wait({inner, *waiters}, return_when=asyncio.FIRST_COMPLETED)
             if inner not in done:
-                state.cancel_reason = state.cancel_reason or "the client closed the connection"
+                state.cancel_reason = self._reason(state)
                 await _stop(inner)
             result = inner.result()
             if state.progress is not None:
@@ -535,10 +541,7 @@ class Service:
                 with contextlib.suppress(Exception):
                     await state.progress.flush()
             error = encode_error(asyncio.CancelledError(), state.redactor)
-            if state.cancel_reason:
-                error["message"] = state.redactor.redact(
-                    f"interrupted: {state.cancel_reason}; run it again to converge"
-                )
+            error["message"] = state.redactor.redact(cancelled_message(call.method, self._reason(state)))
             raise CallFailed(error) from None
         except CallFailed:
             raise
@@ -550,6 +553,13 @@ class Service:
         finally:
             for waiter in waiters:
                 waiter.cancel()
+
+    @staticmethod
+    def _reason(state: _CallState) -> str:
+        """Why a call is being cancelled: what the service saw, what the front saw (``call.cancel_reason``: a
+        gRPC ``cancel`` message), else a hangup."""
+        front = getattr(state.call, "cancel_reason", None)
+        return state.cancel_reason or (front if isinstance(front, str) else None) or "the client closed the connection"
 
     async def _cancel_messages(self, state: _CallState) -> None:
         """Returns when the client asks to stop (``cancel``, ``signal``) or its connection ends."""
@@ -736,11 +746,29 @@ class Service:
         revision = request.integer("from_revision", default=None)
         if self._events is None:
             raise _unavailable("events are not recorded by this daemon (no event log)")
-        last = revision or 0
         start = revision if revision is not None else _latest(self._events)
-        async for event in self._events.follow(start, environment_id=environment_id, kinds=kinds):
-            last = int(event.get("revision") or last)
-            await state.call.event(state.redactor.redact_data(event))
+        last = start
+        events = aiter(self._events.follow(start, environment_id=environment_id, kinds=kinds))
+        stopping = asyncio.ensure_future(self._stopping.wait())
+        try:
+            while not stopping.done():
+                following = asyncio.ensure_future(anext(events))
+                await asyncio.wait({following, stopping}, return_when=asyncio.FIRST_COMPLETED)
+                if not following.done():
+                    await _stop(following)
+                    break
+                try:
+                    event = following.result()
+                except StopAsyncIteration:
+                    break
+                last = int(event.get("revision") or last)
+                await state.call.event(state.redactor.redact_data(event))
+        finally:
+            stopping.cancel()
+            closing = getattr(events, "aclose", None)
+            if closing is not None:
+                with contextlib.suppress(BaseException):
+                    await closing()
         return {"revision": last}
 
     async def _watch_environments(self, state: _CallState) -> dict[str, Any]:
@@ -797,7 +825,20 @@ class Service:
 
         request = self._request(
             state,
-            ("context", "environment", "machine", "argv", "workdir", "env", "tty", "rows", "cols", "term", "stdio"),
+            (
+                "context",
+                "environment",
+                "machine",
+                "argv",
+                "workdir",
+                "env",
+                "tty",
+                "rows",
+                "cols",
+                "term",
+                "stdio",
+                "user",
+            ),
         )
         environment = request.string("environment", empty=False)
         machine = request.string("machine", empty=False)
@@ -809,6 +850,7 @@ class Service:
         cols = request.integer("cols", default=None, low=1, high=MAX_WINDOW)
         term = request.string("term")
         stdio = request.flags("stdio", 3)
+        user = request.string("user", empty=False)
         fds = list(state.call.fds)
         if tty and any(stdio):
             raise RequestError(
@@ -831,6 +873,8 @@ class Service:
         for value in variables.values():
             ctx.redactor.add(value)
         target = prepare_exec(ctx, environment=environment, machine=machine)
+        if user is not None:  # `vz exec -u USER[:GROUP]`: instead of the Machine's remote_user
+            target = replace(target, user=user)
         state.operation.environment_id = target.environment.env_id
         # A command name or workdir holding a secret would be echoed by the Machine's own messages (the agent's
         # "no such file" line goes straight to the command's stderr): that stderr is then copied here, masked.
@@ -905,7 +949,7 @@ class Service:
             try:
                 await asyncio.wait({running, inputs, gone}, return_when=asyncio.FIRST_COMPLETED)
                 if not running.done():
-                    state.cancel_reason = state.cancel_reason or "the client closed the connection"
+                    state.cancel_reason = self._reason(state)
                     await _stop(running)
                     if state.signal is not None:
                         return _signalled(state.signal)
@@ -1046,7 +1090,7 @@ class Service:
         try:
             await asyncio.wait({running, inputs, gone}, return_when=asyncio.FIRST_COMPLETED)
             if not running.done():
-                state.cancel_reason = state.cancel_reason or "the client closed the connection"
+                state.cancel_reason = self._reason(state)
                 running.cancel()
                 with contextlib.suppress(BaseException):
                     await running

@@ -54,12 +54,13 @@ import logging
 import math
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from vz_core._driver import Driver
 from vz_core.errors import DriverError, NotFoundError, TrustError, UnsupportedError, UserError, VzError
 from vz_core.redact import MIN_SECRET_LENGTH, Redactor
+from vz_core.services import ServiceSpec, ServiceState
 from vz_core.transport import PluginLauncher
 
 if TYPE_CHECKING:
@@ -498,6 +499,19 @@ class SharedDriver(Driver):
         """A named volume's data removed by the plugin (``MachineExtensions.DeleteVolume``)."""
         with self._using():
             await self._remote.delete_volume(name)
+
+    async def set_services(self, workspace_id: str, specs: Sequence[ServiceSpec]) -> tuple[ServiceState, ...]:
+        """The Machine's service set replaced by the plugin (``MachineExtensions.SetServices``)."""
+        with self._using():
+            return await self._remote.set_services(workspace_id, specs)
+
+    async def service_states(self, workspace_id: str) -> tuple[ServiceState, ...]:
+        with self._using():
+            return await self._remote.service_states(workspace_id)
+
+    async def service_logs(self, workspace_id: str, name: str, tail_bytes: int = 0) -> bytes:
+        with self._using():
+            return await self._remote.service_logs(workspace_id, name, tail_bytes)
 
     async def logs(self, workspace_id: str) -> AsyncIterator[bytes]:
         with self._using():

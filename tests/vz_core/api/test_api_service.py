@@ -35,11 +35,18 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 @contextlib.asynccontextmanager
 async def daemon(home: Path) -> AsyncIterator[DaemonPaths]:
+    async with daemon_server(home) as (paths, _):
+        yield paths
+
+
+@contextlib.asynccontextmanager
+async def daemon_server(home: Path) -> AsyncIterator[tuple[DaemonPaths, Daemon]]:
     paths = DaemonPaths(str(home))
     server: Daemon | None = None
     service = Service(warm_sessions=False, daemon_status=lambda: server.status() if server else {})
     await service.start()
     server = Daemon(paths, service.dispatch, handle_signals=False, idle_timeout=0.0, on_shutdown=[service.close])
+    server.on_stopping.append(service.stopping)
     front = GrpcFront(server.dispatch, paths.directory)
     server.http2 = front.handle
     server.on_shutdown.insert(0, front.close)
@@ -52,7 +59,7 @@ async def daemon(home: Path) -> AsyncIterator[DaemonPaths]:
         serving.result()
     await front.start()
     try:
-        yield paths
+        yield paths, server
     finally:
         server.request_shutdown("test over")
         await asyncio.wait_for(serving, 60)
@@ -145,3 +152,98 @@ async def test_a_terminal_session_over_both_transports(transport: str, tmp_path:
         output, result = await asyncio.to_thread(run)
     assert result == {"exit_code": 2, "signal": None}
     assert b"got:typed" in output and (b"30 100" in output or b"31 101" in output)
+
+
+def _raw_exec(paths: DaemonPaths, project: Path, script: str, inputs: list[bytes]) -> tuple[bytes, Any]:
+    """Machines.Exec as a plain grpcio client writes it: a finite request iterator (start, the input, then the
+    iterator ends, which half-closes the call), reading output until the result."""
+    import grpc
+
+    spec = pb.method("Machines.Exec")
+    start = api.ExecRequest(argv=["sh", "-c", script], stdio=[False, False, False])
+    start.context.cwd = str(project)
+
+    def requests() -> Any:
+        yield api.ExecClientMessage(start=start)
+        for data in inputs:
+            yield api.ExecClientMessage(input=api.Chunk(stream=0, data=data))
+
+    with grpc.insecure_channel("unix:" + paths.socket) as channel:
+        stub = channel.stream_stream(
+            spec.path, request_serializer=spec.request.SerializeToString, response_deserializer=spec.response.FromString
+        )
+        output = bytearray()
+        for message in stub(requests(), timeout=120):
+            if message.WhichOneof("message") == "result":
+                return bytes(output), pb.to_wire(message.result)
+            output.extend(message.output.data)
+    raise AssertionError("the Exec stream ended without a result")
+
+
+async def test_a_half_closed_exec_is_stdin_eof_and_still_delivers_its_result(tmp_path: Path, project: Path) -> None:
+    """Half-closing the client side of Exec (the end of the request iterator) ends the command's input; the command
+    keeps running, its output and its result arrive (it is not cancelled)."""
+    async with daemon(tmp_path / "home") as paths:
+
+        def run() -> list[tuple[bytes, Any]]:
+            context: dict[str, Any] = {"cwd": str(project), "environ": {}, "definition_file": None}
+            with Client(paths.home, autostart=False, transport="grpc", context=context) as client:
+                client.up().result()
+                try:
+                    return [
+                        _raw_exec(paths, project, "cat; echo done; exit 5", [b"hello\n"]),
+                        _raw_exec(paths, project, "sleep 1; echo late", []),
+                    ]
+                finally:
+                    client.delete().result()
+
+        (cat, first), (late, second) = await asyncio.to_thread(run)
+    assert (cat, first) == (b"hello\ndone\n", {"exit_code": 5, "signal": None})
+    assert (late, second) == (b"late\n", {"exit_code": 0, "signal": None})
+
+
+@pytest.mark.parametrize("transport", ["local", "grpc"])
+async def test_a_cancelled_exec_says_the_command_was_killed(transport: str, tmp_path: Path, project: Path) -> None:
+    async with daemon(tmp_path / "home") as paths:
+
+        def run() -> tuple[Any, ApiError]:
+            context: dict[str, Any] = {"cwd": str(project), "environ": {}, "definition_file": None}
+            with Client(paths.home, autostart=False, transport=transport, context=context) as client:
+                client.up().result()
+                try:
+                    with client.open_exec(["sh", "-c", "echo started; exec sleep 600"]) as call:
+                        first = call.receive()
+                        call.cancel()
+                        with pytest.raises(ApiError) as info:
+                            while True:
+                                call.receive()
+                    return first, info.value
+                finally:
+                    client.delete().result()
+
+        first, error = await asyncio.to_thread(run)
+    assert first == ("output", 1, b"started\n")
+    assert (error.code, error.kind, error.exit_code) == ("CANCELLED", "interrupted", 130)
+    assert error.message == "the command was killed: cancelled by the client (the Machine keeps running)"
+
+
+@pytest.mark.parametrize("transport", ["local", "grpc"])
+async def test_a_watch_ends_with_its_result_at_shutdown(transport: str, tmp_path: Path, project: Path) -> None:
+    """WatchResponse.result: at shutdown every watch ends with the last revision it returned, not an error."""
+    async with daemon_server(tmp_path / "home") as (paths, server):
+        context: dict[str, Any] = {"cwd": str(project), "environ": {}, "definition_file": None}
+        loop = asyncio.get_running_loop()
+
+        def run() -> tuple[list[int], int, list[int], int]:
+            with Client(paths.home, autostart=False, transport=transport, context=context) as client:
+                client.up().result()
+                watch, machines = client.watch(0), client.watch_machines(0)
+                seen = [next(watch).revision]
+                seen_machines = [next(machines).revision]
+                loop.call_soon_threadsafe(server.request_shutdown, "test")
+                seen += [event.revision for event in watch]  # ends with the result, no ApiError
+                seen_machines += [event.revision for event in machines]
+                return seen, watch.last_revision, seen_machines, machines.last_revision
+
+        seen, last, seen_machines, last_machines = await asyncio.to_thread(run)
+    assert seen and last == seen[-1] and seen_machines and last_machines == seen_machines[-1]

@@ -693,7 +693,7 @@ class MachineList(_message.Message):
     def __init__(self, environment: _Optional[_Union[EnvironmentName, _Mapping]] = ..., machines: _Optional[_Iterable[_Union[MachineStatus, _Mapping]]] = ...) -> None: ...
 
 class ExecRequest(_message.Message):
-    __slots__ = ("context", "environment", "machine", "argv", "workdir", "env", "tty", "rows", "cols", "stdio", "term")
+    __slots__ = ("context", "environment", "machine", "argv", "workdir", "env", "tty", "rows", "cols", "stdio", "term", "user")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -712,6 +712,7 @@ class ExecRequest(_message.Message):
     COLS_FIELD_NUMBER: _ClassVar[int]
     STDIO_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
     context: Context
     environment: str
     machine: str
@@ -723,7 +724,8 @@ class ExecRequest(_message.Message):
     cols: int
     stdio: _containers.RepeatedScalarFieldContainer[bool]
     term: str
-    def __init__(self, context: _Optional[_Union[Context, _Mapping]] = ..., environment: _Optional[str] = ..., machine: _Optional[str] = ..., argv: _Optional[_Iterable[str]] = ..., workdir: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., tty: _Optional[bool] = ..., rows: _Optional[int] = ..., cols: _Optional[int] = ..., stdio: _Optional[_Iterable[bool]] = ..., term: _Optional[str] = ...) -> None: ...
+    user: str
+    def __init__(self, context: _Optional[_Union[Context, _Mapping]] = ..., environment: _Optional[str] = ..., machine: _Optional[str] = ..., argv: _Optional[_Iterable[str]] = ..., workdir: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., tty: _Optional[bool] = ..., rows: _Optional[int] = ..., cols: _Optional[int] = ..., stdio: _Optional[_Iterable[bool]] = ..., term: _Optional[str] = ..., user: _Optional[str] = ...) -> None: ...
 
 class Chunk(_message.Message):
     __slots__ = ("stream", "data")
