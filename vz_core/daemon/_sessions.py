@@ -308,6 +308,7 @@ class PluginSession:
             "crashes": self.stats.crashes,
             "last_crash": self.stats.last_crash,
             "last_launch_ms": self.stats.last_launch_ms,
+            "provenance": None,
         }
         if self.resolved.pinned is not None:
             row.update(script=str(self.resolved.pinned.script), sha256=self.resolved.pinned.sha256)
@@ -316,6 +317,9 @@ class PluginSession:
             with contextlib.suppress(VzError):
                 row["sha256"] = manifest.entry_for().sha256
                 row["script"] = str(manifest.binary_path(self.resolved.external.driver_dir))
+            from vz_core._install import provenance_of
+
+            row["provenance"] = provenance_of(self.name).get("provenance")
         return row
 
     @contextlib.contextmanager

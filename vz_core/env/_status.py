@@ -170,6 +170,9 @@ async def _machine_status(
     try:
         driver, facts = await pool.get(record.driver, record.driver_options, recorded=True)
         driver_json = facts.describe()
+        from vz_core._install import provenance_of
+
+        driver_json["provenance"] = provenance_of(record.driver).get("provenance")
         found = await driver.find(record.workspace_id)
         state = observed(found)
         find_json = _find_json(found)
