@@ -59,7 +59,7 @@ async def status(
             definition = load_definition(project.header.path)
         except DefinitionError as exc:
             definition_error = str(exc)
-    pool = DriverPool(ctx.redactor)
+    pool = DriverPool(ctx.redactor, ctx.drivers)
     store = open_store(ctx)
     try:
         if all_environments:
@@ -170,6 +170,9 @@ async def _machine_status(
     try:
         driver, facts = await pool.get(record.driver, record.driver_options, recorded=True)
         driver_json = facts.describe()
+        from vz_core._install import provenance_of
+
+        driver_json["provenance"] = provenance_of(record.driver).get("provenance")
         found = await driver.find(record.workspace_id)
         state = observed(found)
         find_json = _find_json(found)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from vz_core.drivers import driver_key
 from vz_core.env._context import (
     Context,
     Project,
@@ -125,7 +126,7 @@ async def _prepare(ctx: Context, pool: DriverPool) -> _Prepared:
             _, facts = await pool.get(machine.driver, machine.driver_options)
         except NotFoundError as exc:
             raise UserError(f"{where}.driver: {exc.message}") from None
-        key = (machine.driver, repr(sorted(machine.driver_options.items())))
+        key = driver_key(machine.driver, machine.driver_options)
         if key not in checked:
             with ctx.progress.step("preflight", f"checking driver {machine.driver}", driver=machine.driver):
                 await pool.preflight(machine.driver, machine.driver_options)
@@ -152,7 +153,7 @@ async def up(
     ctx: Context, *, environment: str | None = None, recreate: bool = False, dry_run: bool = False
 ) -> dict[str, Any]:
     """Create or reconcile the selected Environment; the result object of `vz up --json` (docs/cli.md)."""
-    pool = DriverPool(ctx.redactor)
+    pool = DriverPool(ctx.redactor, ctx.drivers)
     store: Store | None = None
     env_lock: FileLock | None = None
     try:
@@ -331,7 +332,7 @@ async def _preflight_plan(
     for step in plan.steps:
         if step.action in ("create", "recreate"):
             machine = definition.machine(step.machine)
-            key = (machine.driver, repr(sorted(machine.driver_options.items())))
+            key = driver_key(machine.driver, machine.driver_options)
             driver, facts = await pool.get(machine.driver, machine.driver_options)
             caps = facts.info.capabilities
             if key not in provisioned and caps is not None and caps.provisioning_preflight:
