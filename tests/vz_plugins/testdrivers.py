@@ -250,6 +250,20 @@ class SkewDriver(MiniDriver):
         )
 
 
+def _newer_info() -> None:
+    """Answer Info with a field this host does not know (field 900), as a plugin of a newer minor may."""
+    from vz_core.rpc import _server
+
+    served = _server.RuntimeServicer.Info
+
+    async def info(self: Any, request: Any, context: Any) -> Any:
+        reply = await served(self, request, context)
+        reply.MergeFromString(b"\xa0\x38\x01")
+        return reply
+
+    _server.RuntimeServicer.Info = info  # type: ignore[method-assign]
+
+
 def _newer_extensions() -> None:
     """Serve vz.machine.v1 Extensions with fields this host does not know (a plugin built against a newer
     extension set): an unknown bool (field 900) and an unknown string (field 901) in the reply."""
@@ -302,6 +316,8 @@ def main() -> None:
     elif kind == "hang":
         serve(HangDriver())
     elif kind in SKEW:
+        if SKEW[kind][1] > 3:
+            _newer_info()
         serve(SkewDriver(kind))
     elif kind == "ext-newer":
         _newer_extensions()
