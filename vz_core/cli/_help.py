@@ -13,7 +13,8 @@ Environments (made from the nearest vz.json upward from here):
   up       create or reconcile an Environment and its Machines
   exec     run a command in a Machine:  vz exec [--environment E] [--machine M] [-e K=V] [-u U] [-w DIR]
            [-d] [-it] -- CMD...
-  status   show Environments, Machines, drivers, state and drift
+  status   show Environments, Machines, drivers, state and drift; a Machine's log:
+           vz status --logs [--machine M] [--follow] [--tail N]
   stop     stop every Machine of an Environment
   delete   delete an Environment and everything it owns (Machines, volumes unless --keep-volumes, bindings)
   volume   list or remove kept volumes:  vz volume list | rm NAME
@@ -37,7 +38,7 @@ Environments fails and lists them; `vz up --environment NAME` binds it.
 
 Exit codes: 0 ok, 1 backend failure, 2 user error, 3 not found, 4 conflict (ambiguous, busy, needs
 --recreate), 69 no vz daemon available, 130 interrupted; `vz exec` exits with the command's code
-(128+N when killed by signal N).
+(128+N when killed by signal N), 125 when vz itself failed, 126 command not executable, 127 not found.
 
 Start here:  vz up && vz exec -- echo hello
 """

@@ -31,7 +31,8 @@ COMMANDS = ("up", "exec", "status", "stop", "delete", "volume", "driver", "daemo
 LEGACY_COMMANDS: dict[str, str] = {
     "run": "declare the Machine in vz.json, then `vz up` and `vz exec -- CMD`",
     "shell": "`vz exec -- sh` (or any shell) in the Machine of this worktree's Environment",
-    "logs": "`vz exec -- <command that shows the logs>`; `vz status` shows each Machine's state and errors",
+    "logs": "`vz status --logs [--machine M] [--follow] [--tail N]` (a Machine's log); `vz status` shows each "
+    "Machine's state and errors",
     "stack": "an Environment is the stack: list its Machines in vz.json, then `vz up` / `vz stop` / `vz delete`",
     "vm": "a VM is a Machine with a VM driver (qemu, vfkit, hyperv, macos_vm) in vz.json; `vz up` creates it",
     "init": "write vz.json by hand (docs/user-guide.md; schema: schemas/vz.schema.json), then `vz up`",
@@ -45,6 +46,12 @@ LEGACY_COMMANDS: dict[str, str] = {
 
 class _UsageError(Exception):
     pass
+
+
+EXEC_OWN_ERROR = 125
+"""`vz exec`'s exit status when vz itself failed (a usage mistake, a selection, the daemon, a driver), as
+`docker exec` reserves 125: the command's own 1-4 and 69 are then never mistaken for vz's. 126 (cannot
+invoke) and 127 (not found) come from the Machine, as the command's own status."""
 
 
 GLOBAL_OPTIONS = {"--json": False, "--environment": True, "-f": True, "--file": True}
@@ -168,6 +175,12 @@ def _parser(command: str) -> argparse.ArgumentParser:
             help="start the command in the background and return (no input, output discarded)",
         )
         parser.add_argument(
+            "--pass-pipes",
+            action="store_true",
+            help="hand stdout/stderr pipes to the command as they are (fastest; a reader of them then waits "
+            "until every process holding them, background ones too, has closed them)",
+        )
+        parser.add_argument(
             "-i", "--interactive", action="store_true", help="with -t: send what you type (stdin must be a terminal)"
         )
         parser.add_argument(
@@ -177,6 +190,17 @@ def _parser(command: str) -> argparse.ArgumentParser:
     if command == "status":
         parser.add_argument("--all", action="store_true", help="every Environment of the project")
         parser.add_argument("--machine", metavar="NAME|ID", help="only this Machine")
+        parser.add_argument(
+            "--logs",
+            action="store_true",
+            help="print the Machine's log (its main process's output) instead: the default Machine, or --machine",
+        )
+        parser.add_argument(
+            "--follow", action="store_true", help="with --logs: keep printing what is added (Ctrl-C ends)"
+        )
+        parser.add_argument(
+            "--tail", type=int, metavar="N", help="with --logs: start with the last N lines of what is there now"
+        )
     if command == "driver":
         from vz_core.cli._driver_cmd import add_driver_arguments
 
@@ -233,7 +257,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _environment_command(command, parsed)
     except _UsageError as exc:
         sys.stderr.write(f"vz {command}: error: {_local_redactor(rest).redact(str(exc))}\n")
-        return 2
+        return EXEC_OWN_ERROR if command == "exec" else 2
     except KeyboardInterrupt:
         sys.stderr.write(
             f"vz {command}: interrupted" + ("" if command == "exec" else "; run it again to converge") + "\n"
@@ -244,7 +268,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         if not isinstance(exc, VzError):
             raise  # a bug: let the traceback show
-        return _report(command, exc, json_mode, _local_redactor(rest))
+        code = _report(command, exc, json_mode, _local_redactor(rest))
+        return EXEC_OWN_ERROR if command == "exec" else code
 
 
 def _check_state_home() -> None:
@@ -338,6 +363,7 @@ class _ExecArgs:
         self.interactive = False
         self.tty = False
         self.detach = False
+        self.pass_pipes = False
         self.argv: list[str] = []
 
 
@@ -345,7 +371,7 @@ _EXEC_VALUES = {"--environment": "environment", "-f": "file", "--file": "file", 
 _EXEC_VALUES.update({"--workdir": "workdir", "-w": "workdir", "--user": "user", "-u": "user"})
 _EXEC_LISTS = {"-e": "env", "--env": "env", "--env-file": "env_file"}
 _EXEC_FLAGS = {"-i": "i", "--interactive": "i", "-t": "t", "--tty": "t", "-it": "it", "-ti": "it"}
-_EXEC_FLAGS.update({"-d": "d", "--detach": "d"})
+_EXEC_FLAGS.update({"-d": "d", "--detach": "d", "--pass-pipes": "p"})
 
 
 def _quick_exec_args(rest: list[str]) -> _ExecArgs | None:
@@ -379,6 +405,7 @@ def _quick_exec_args(rest: list[str]) -> _ExecArgs | None:
             parsed.interactive = parsed.interactive or "i" in flags
             parsed.tty = parsed.tty or "t" in flags
             parsed.detach = parsed.detach or "d" in flags
+            parsed.pass_pipes = parsed.pass_pipes or "p" in flags
         else:
             return None
         i += 1
@@ -419,10 +446,12 @@ def _exec(rest: list[str]) -> int:
     from vz_core.cli._exec import run_exec
     from vz_core.cli._remote import call_context
 
+    client = Client()
+    context = call_context(parsed.file)
     try:
-        return run_exec(
-            Client(),
-            context=call_context(parsed.file),
+        status = run_exec(
+            client,
+            context=context,
             argv=parsed.argv,
             environment=parsed.environment,
             machine=parsed.machine,
@@ -432,12 +461,34 @@ def _exec(rest: list[str]) -> int:
             env=variables,
             user=parsed.user,
             detach=parsed.detach,
+            pass_pipes=parsed.pass_pipes,
         )
     except ApiError as exc:  # already masked by the daemon with the secrets of the Environment it selected
         from vz_core.cli._output import Output
         from vz_core.cli._remote import report_api_error
 
-        return report_api_error(Output("plain", "exec"), exc)
+        report_api_error(Output("plain", "exec"), exc)
+        return EXEC_OWN_ERROR
+    if status == 127 and parsed.machine is None and "/" not in parsed.argv[0]:
+        _hint_positional_machine(client, context, parsed)
+    return status
+
+
+def _hint_positional_machine(client: Any, context: dict[str, Any], parsed: Any) -> None:
+    """`vz exec db -- true` (docker's `docker exec CONTAINER CMD`) ran a command named db: when db is a Machine
+    of the Environment, say how to name it. Asked only after a command was not found."""
+    from vz_core.api import ApiError
+
+    name = parsed.argv[0]
+    try:
+        machines = client.machines(parsed.environment, context=context)
+    except ApiError:
+        return
+    if any(name in (m.get("name"), m.get("id")) for m in machines):
+        import shlex
+
+        command = shlex.join(parsed.argv[2:] if parsed.argv[1:2] == ["--"] else parsed.argv[1:]) or "CMD"
+        sys.stderr.write(f"vz exec: {name} is a Machine: did you mean `vz exec --machine {name} -- {command}`?\n")
 
 
 def _environment_command(command: str, parsed: argparse.Namespace) -> int:

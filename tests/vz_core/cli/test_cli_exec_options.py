@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -56,14 +57,14 @@ def test_env_file_is_read_as_docker_reads_it_and_e_wins(vz: Vz, running: Path, t
     ],
 )
 def test_bad_options_exit_2_before_anything_runs(vz: Vz, running: Path, args: tuple[str, ...], fragment: str) -> None:
-    err = vz.fails(2, "exec", *args, "--", "sh", "-c", "echo ran", cwd=running)
+    err = vz.fails(125, "exec", *args, "--", "sh", "-c", "echo ran", cwd=running)
     assert fragment in err and "value-never-shown" not in err
 
 
 def test_bad_env_file_line_is_named(vz: Vz, running: Path, tmp_path: Path) -> None:
     bad = tmp_path / "bad.env"
     bad.write_text("OK=1\nNOT OK=secret-value\n")
-    err = vz.fails(2, "exec", "--env-file", str(bad), "--", "true", cwd=running)
+    err = vz.fails(125, "exec", "--env-file", str(bad), "--", "true", cwd=running)
     assert f"--env-file {bad} line 2: variable 'NOT OK' contains whitespace" in err and "secret-value" not in err
 
 
@@ -74,7 +75,7 @@ def test_user_and_group(vz: Vz, running: Path) -> None:
     )
     assert vz.ok("exec", "--", "id", "-u", cwd=running).strip() == str(os.getuid())
     assert "user 'no-such-user-vz' does not exist" in vz.fails(
-        2, "exec", "-u", "no-such-user-vz", "--", "true", cwd=running
+        125, "exec", "-u", "no-such-user-vz", "--", "true", cwd=running
     )
 
 
@@ -106,9 +107,9 @@ def test_detach_returns_while_the_command_runs_and_leaves_the_callers_pipes(
 
 
 def test_detach_refuses_an_unknown_or_stopped_machine(vz: Vz, running: Path) -> None:
-    assert "--machine nope" in vz.fails(3, "exec", "-d", "--machine", "nope", "--", "true", cwd=running)
+    assert "--machine nope" in vz.fails(125, "exec", "-d", "--machine", "nope", "--", "true", cwd=running)
     vz.ok("stop", cwd=running)
-    err = vz.fails(2, "exec", "--detach", "--", "true", cwd=running)
+    err = vz.fails(125, "exec", "--detach", "--", "true", cwd=running)
     assert "machine web is not running" in err and "vz up" in err
 
 
@@ -116,3 +117,26 @@ def test_new_options_are_in_exec_help(vz: Vz, tmp_path: Path) -> None:
     out = vz.ok("help", "exec", cwd=tmp_path)
     for flag in ("-e KEY[=VALUE], --env KEY[=VALUE]", "--env-file PATH", "-u USER[:GROUP]", "-w DIR", "-d, --detach"):
         assert flag in out, flag
+
+
+def test_exit_codes_tell_vz_from_the_command(vz: Vz, running: Path, tmp_path: Path) -> None:
+    """docker exec's convention: 125 vz itself failed, 126 cannot invoke, 127 not found; else the command's."""
+    assert vz.run("exec", "--", "sh", "-c", "exit 3", cwd=running).returncode == 3  # the command's own 3
+    assert "has no Machine with that name" in vz.fails(125, "exec", "--machine", "nope", "--", "true", cwd=running)
+    assert "unrecognized arguments" in vz.fails(125, "exec", "--bogus", "--", "true", cwd=running)
+    assert vz.run("exec", "--", "no-such-command-vz", cwd=running).returncode == 127
+    script = tmp_path / "not-executable.sh"
+    script.write_text("echo hi\n")
+    script.chmod(0o644)
+    assert vz.run("exec", "--", str(script), cwd=running).returncode == 126
+    # --json of the other commands keeps the error's own exit_code
+    proc = vz.run("status", "--json", "--machine", "nope", cwd=running)
+    assert proc.returncode == 3 and json.loads(proc.stdout.splitlines()[-1])["error"]["exit_code"] == 3
+
+
+def test_a_positional_machine_gets_a_hint(vz: Vz, running: Path) -> None:
+    proc = vz.run("exec", "db", "--", "echo", "a b", cwd=running)
+    assert proc.returncode == 127
+    assert b"vz exec: db is a Machine: did you mean `vz exec --machine db -- echo 'a b'`?" in proc.stderr
+    proc = vz.run("exec", "no-machine-vz", "--", "true", cwd=running)
+    assert proc.returncode == 127 and b"is a Machine" not in proc.stderr
