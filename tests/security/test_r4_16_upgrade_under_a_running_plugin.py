@@ -14,8 +14,13 @@ from driverhub import Provider, plugin_binary, publish
 
 from vz_core import ExecOutput, ExecSpec
 from vz_core._install import add_url, upgrade
-from vz_core.daemon._sessions import SessionPool, SharedDriver
-from vz_core.env import acquire_driver
+from vz_core.daemon._sessions import SessionPool, SharedDriver, running_pool
+from vz_core.env import acquire_driver as open_machine_driver
+
+
+def acquire_driver(name: str) -> object:
+    """The driver as a command in the daemon gets it: through the running pool."""
+    return open_machine_driver(name, {}, source=running_pool())
 
 
 async def _no_stdin() -> AsyncIterator[bytes]:
