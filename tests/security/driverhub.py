@@ -218,6 +218,7 @@ def manifest_for(
     url: str = "acme-bin",
     platform: str | None = None,
     sha256: str | None = None,
+    args: tuple[str, ...] = ("mini",),
 ) -> dict[str, Any]:
     return {
         "manifest_version": 1,
@@ -231,7 +232,7 @@ def manifest_for(
                 "sha256": sha256 or hashlib.sha256(binary).hexdigest(),
             }
         },
-        "args": ["mini"],
+        "args": list(args),
     }
 
 
