@@ -87,6 +87,7 @@ def test_status_json_shape(vz: Vz, running: Path) -> None:
         "extensions",
         "accelerator",
         "matrix",
+        "provenance",
     }
     assert web["driver"]["extensions"]["profiles"] == ["developer"]
     assert web["driver"]["matrix"]["status"] == "ACTIVE"
