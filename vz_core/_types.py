@@ -340,6 +340,11 @@ class Extensions:
     services: bool = False
     """The driver supervises services in its Machines (``set_services``, ``service_states``, ``service_logs``;
     ``vz_core.services``). The plugin server sets it when the driver has those methods."""
+    save_state: bool = False
+    """The driver saves a running Machine's state on stop and resumes it (``save_state``, ``restore_state``;
+    ``vz_core.savestate``). The plugin server answers false when the driver lacks those methods."""
+    save_state_reason: str = ""
+    """When ``save_state`` is false: why this driver cannot save a Machine's state; "" otherwise."""
 
 
 @dataclass(frozen=True)

@@ -225,6 +225,16 @@ class Adapter:
         )
         return ("sh", "-c", script, "sh", host, str(port))
 
+    def counter_main(self, name: str) -> tuple[str, tuple[str, ...]]:
+        """(entrypoint, args) of a main process that counts for ever, writing ``<token> <count>`` to the
+        Machine-local file ``name`` (replaced whole each time) about 20 times a second; ``token`` is random and
+        new at each start of the process, so a resumed process keeps it and a fresh boot changes it."""
+        script = (
+            f"d={self.local_dir}; mkdir -p \"$d\"; tok=$(od -An -N8 -tx8 /dev/urandom | tr -d ' '); i=0; "
+            'while :; do i=$((i+1)); echo "$tok $i" > "$d/$1.tmp"; mv "$d/$1.tmp" "$d/$1"; sleep 0.05; done'
+        )
+        return "sh", ("-c", script, "sh", name)
+
     def logs_main(self, out: str, err: str) -> tuple[str, tuple[str, ...]]:
         """(entrypoint, args) of a main process that writes ``out`` to stdout and ``err`` to stderr (each exactly,
         no newline added) and then keeps running."""

@@ -19,6 +19,7 @@ __all__ = [
     "RECREATE_ON_RUN",
     "RESOURCE_LIMITS",
     "REUSE_PREFLIGHT",
+    "SAVE_STATE",
     "STORAGE_LIMITS",
     "TERMINAL",
     "TOPOLOGY",
@@ -37,6 +38,7 @@ EGRESS = "extensions.egress_policies.deny"
 RESOURCE_LIMITS = "extensions.resource_limits"
 STORAGE_LIMITS = "extensions.storage_limits"
 TERMINAL = "extensions.terminal"
+SAVE_STATE = "extensions.save_state"
 TOPOLOGY = "extensions.facts.topology"
 """The Extensions fact ``topology``: the driver joins a Machine with the ``vz.network`` label to its route domain."""
 
@@ -53,6 +55,7 @@ ALL = (
     STORAGE_LIMITS,
     TERMINAL,
     TOPOLOGY,
+    SAVE_STATE,
 )
 
 _MOUNTS = {MountType.BIND: MOUNT_BIND, MountType.VOLUME: MOUNT_VOLUME, MountType.TMPFS: MOUNT_TMPFS}
@@ -88,6 +91,8 @@ def declared(
         return ext is not None and ext.storage_limits
     if name == TERMINAL:
         return ext is not None and ext.terminal
+    if name == SAVE_STATE:
+        return ext is not None and ext.save_state
     if name == TOPOLOGY:
         return ext is not None and bool(ext.facts.get("topology"))
     raise KeyError(f"unknown capability name {name!r}; known: {', '.join(ALL)}")

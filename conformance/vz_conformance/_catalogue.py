@@ -13,6 +13,7 @@ from vz_conformance import _capabilities as cap
 from vz_conformance._case import Case
 from vz_conformance._checks import (
     cancel,
+    checkpoint,
     crash,
     discovery,
     egress,
@@ -51,6 +52,7 @@ CATALOGUE: tuple[Case, ...] = (
     *egress.CASES,
     *network.CASES,
     *crash.CASES,
+    *checkpoint.CASES,
 )
 
 

@@ -21,4 +21,5 @@ LABELS: tuple[str, ...] = (
     "egress",
     "network",
     "crash",
+    "checkpoint",
 )

@@ -9,6 +9,9 @@ from __future__ import annotations
 from vz_conformance._checks.cancel import check_blocked_stdin as check_cancel_blocked_stdin
 from vz_conformance._checks.cancel import check_cancelled as check_cancel_cancelled
 from vz_conformance._checks.cancel import check_deadline as check_cancel_deadline
+from vz_conformance._checks.checkpoint import check_corrupt_refused as check_checkpoint_corrupt_refused
+from vz_conformance._checks.checkpoint import check_delete_removes_state as check_checkpoint_delete_removes_state
+from vz_conformance._checks.checkpoint import check_resume_keeps_process as check_checkpoint_resume_keeps_process
 from vz_conformance._checks.crash import check_after_handshake as check_crash_after_handshake
 from vz_conformance._checks.crash import check_before_handshake as check_crash_before_handshake
 from vz_conformance._checks.crash import check_checksum_changed as check_crash_checksum_changed
@@ -110,6 +113,9 @@ __all__ = [
     "check_cancel_blocked_stdin",
     "check_cancel_cancelled",
     "check_cancel_deadline",
+    "check_checkpoint_corrupt_refused",
+    "check_checkpoint_delete_removes_state",
+    "check_checkpoint_resume_keeps_process",
     "check_crash_after_handshake",
     "check_crash_before_handshake",
     "check_crash_checksum_changed",

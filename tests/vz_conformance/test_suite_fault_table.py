@@ -29,6 +29,9 @@ NEEDS_AN_EXIT = frozenset(
         "cancel.blocked_stdin",  # the follow-up command proving the Machine still runs
         "cancel.cancelled",
         "cancel.deadline",
+        "checkpoint.corrupt_refused",  # the counter is read through Exec
+        "checkpoint.delete_removes_state",
+        "checkpoint.resume_keeps_process",
         "exec.argv_verbatim",
         "exec.binary_roundtrip",
         "exec.duplex_backpressure",
@@ -109,6 +112,9 @@ BROKEN_BY_SHELL_REPARSING = frozenset(
         "cancel.blocked_stdin",
         "cancel.cancelled",
         "cancel.deadline",
+        "checkpoint.corrupt_refused",  # sh -c SCRIPT sh NAME reads the counter
+        "checkpoint.delete_removes_state",
+        "checkpoint.resume_keeps_process",
         "exec.argv_verbatim",
         "exec.duplex_backpressure",  # 'sh -c "tee /dev/stderr"' becomes 'sh -c tee' with $0=/dev/stderr
         "exec.local_cancelled",
@@ -143,6 +149,9 @@ PRINTS_BEFORE_ITS_END = frozenset(
     {
         "cancel.cancelled",
         "cancel.deadline",
+        "checkpoint.corrupt_refused",  # the counter's value
+        "checkpoint.delete_removes_state",
+        "checkpoint.resume_keeps_process",
         "crash.mid_exec",
         "exec.argv_verbatim",
         "exec.binary_roundtrip",
@@ -254,6 +263,9 @@ TABLE = (
     Row("logs-wrong-chunks", "in-process", frozenset({"logs.chunk_sizes"})),
     Row("logs-stopped-refused", "in-process", frozenset({"logs.kept_after_stop"})),
     Row("logs-starts-machine", "in-process", frozenset({"logs.kept_after_stop"})),
+    Row("save-fails", "in-process", frozenset({"checkpoint.resume_keeps_process"})),
+    Row("restore-fails", "in-process", frozenset({"checkpoint.resume_keeps_process"})),
+    Row("state-file-corrupt", "in-process", frozenset({"checkpoint.corrupt_refused"})),
     # Plugin-process faults: nothing in-process ...
     Row("crash-before-handshake", "in-process", frozenset()),
     Row("crash-after-handshake", "in-process", frozenset()),

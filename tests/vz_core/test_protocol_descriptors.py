@@ -275,6 +275,8 @@ def test_extension_service_lives_in_its_own_package() -> None:
         "SetServices",
         "ServiceStates",
         "ServiceLogs",
+        "SaveState",
+        "RestoreState",
     ]
     assert not any(d.startswith("devsy") for d in ext_pb.DESCRIPTOR.dependencies)
 
@@ -335,4 +337,11 @@ def test_local_exec_socket_is_field_13_of_extensions_response() -> None:
     assert _fields("ServiceSpec")["health"] == (8, F.TYPE_MESSAGE)
     assert _fields("ServiceState")["last_exit_code"] == (7, F.TYPE_INT32)
     assert _fields("ServiceLogsResponse")["data"] == (1, F.TYPE_BYTES)
-    assert max(number for number, _ in _fields("ExtensionsResponse").values()) == 16
+    assert _fields("ExtensionsResponse")["save_state"] == (17, F.TYPE_BOOL)
+    assert _fields("ExtensionsResponse")["save_state_reason"] == (18, F.TYPE_STRING)
+    assert _fields("SavedState")["size_bytes"] == (2, F.TYPE_UINT64)
+    assert _fields("SavedState")["path"] == (3, F.TYPE_STRING)
+    assert _fields("SaveStateResponse")["state"] == (1, F.TYPE_MESSAGE)
+    assert _fields("RestoreStateResponse")["restored"] == (1, F.TYPE_BOOL)
+    assert _fields("RestoreStateResponse")["reason"] == (2, F.TYPE_STRING)
+    assert max(number for number, _ in _fields("ExtensionsResponse").values()) == 18

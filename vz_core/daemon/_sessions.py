@@ -61,6 +61,7 @@ from typing import TYPE_CHECKING, Any
 from vz_core._driver import Driver
 from vz_core.errors import DriverError, NotFoundError, TrustError, UnsupportedError, UserError, VzError
 from vz_core.redact import MIN_SECRET_LENGTH, Redactor
+from vz_core.savestate import RestoreOutcome, SavedState
 from vz_core.services import ServiceSpec, ServiceState
 from vz_core.transport import PluginLauncher
 
@@ -514,6 +515,15 @@ class SharedDriver(Driver):
     async def service_logs(self, workspace_id: str, name: str, tail_bytes: int = 0) -> bytes:
         with self._using():
             return await self._remote.service_logs(workspace_id, name, tail_bytes)
+
+    async def save_state(self, workspace_id: str) -> SavedState:
+        """The Machine's running state saved by the plugin (``MachineExtensions.SaveState``)."""
+        with self._using():
+            return await self._remote.save_state(workspace_id)
+
+    async def restore_state(self, workspace_id: str) -> RestoreOutcome:
+        with self._using():
+            return await self._remote.restore_state(workspace_id)
 
     async def logs(self, workspace_id: str) -> AsyncIterator[bytes]:
         with self._using():

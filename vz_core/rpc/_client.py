@@ -101,6 +101,7 @@ from vz_core.rpc._frames import (
 from vz_core.rpc._heap import keep_freed_heap
 from vz_core.rpc._local import local_exec
 from vz_core.rpc._wire import error_from_rpc, runtime_errors_in
+from vz_core.savestate import RestoreOutcome, SavedState
 from vz_core.services import ServiceSpec, ServiceState
 
 if TYPE_CHECKING:
@@ -138,6 +139,8 @@ _OPERATIONS = (
     "SetServices",
     "ServiceStates",
     "ServiceLogs",
+    "SaveState",
+    "RestoreState",
 )
 
 
@@ -783,6 +786,29 @@ class RemoteDriver(Driver):
         request = ext_pb.ServiceLogsRequest(workspace_id=workspace_id, name=name, tail_bytes=tail_bytes)
         reply: ext_pb.ServiceLogsResponse = await self._services_rpc("ServiceLogs", request)
         return reply.data
+
+    async def save_state(self, workspace_id: str) -> SavedState:
+        """Save the running Machine's state and stop it (``MachineExtensions.SaveState``)."""
+        request = ext_pb.SaveStateRequest(workspace_id=workspace_id)
+        reply: ext_pb.SaveStateResponse = await self._state_rpc("SaveState", request)
+        return SavedState(saved_at=reply.state.saved_at, size_bytes=reply.state.size_bytes, path=reply.state.path)
+
+    async def restore_state(self, workspace_id: str) -> RestoreOutcome:
+        """Resume the stopped Machine from its saved state, or learn why not (``MachineExtensions.RestoreState``)."""
+        request = ext_pb.RestoreStateRequest(workspace_id=workspace_id)
+        reply: ext_pb.RestoreStateResponse = await self._state_rpc("RestoreState", request)
+        return RestoreOutcome(restored=reply.restored, reason=reply.reason)
+
+    async def _state_rpc(self, rpc: str, request: Any) -> Any:
+        async with self._session() as s:
+            try:
+                return await getattr(s.extensions, rpc)(request, timeout=self.operation_timeout)
+            except grpc.RpcError as exc:
+                if exc.code() == grpc.StatusCode.UNIMPLEMENTED and not runtime_errors_in(exc):
+                    raise UnsupportedError(
+                        f"driver {self.name!r} cannot save a Machine's running state (its plugin predates {rpc})"
+                    ) from None
+                raise await self._translate(exc, rpc, s.conn) from None
 
     async def _services_rpc(self, rpc: str, request: Any) -> Any:
         async with self._session() as s:

@@ -340,6 +340,8 @@ def extensions_to_pb(ext: Extensions) -> ext_pb.ExtensionsResponse:
         terminal=ext.terminal,
         pids_limits=ext.pids_limits,
         services=ext.services,
+        save_state=ext.save_state,
+        save_state_reason=ext.save_state_reason,
     )
 
 
@@ -360,6 +362,8 @@ def extensions_from_pb(msg: ext_pb.ExtensionsResponse) -> Extensions:
         terminal=msg.terminal,
         pids_limits=msg.pids_limits,
         services=msg.services,
+        save_state=msg.save_state,
+        save_state_reason=msg.save_state_reason,
     )
 
 

@@ -36,6 +36,7 @@ from vz_core.rpc._codec import decode_client, serialize
 from vz_core.rpc._frames import start_problem, terminal_start_problem, wide_chunk
 from vz_core.rpc._server_exec import DRAIN_TIMEOUT, ExecStream
 from vz_core.rpc._wire import error_to_status
+from vz_core.savestate import RestoreOutcome, SavedState, StateSaver
 
 __all__ = ["ExtensionsServicer", "RuntimeServicer", "add_servicers", "stop_server"]
 
@@ -276,7 +277,38 @@ class ExtensionsServicer(_Base, ext_grpc.MachineExtensionsServicer):
         reply.local_exec_socket = self.local_exec_socket
         reply.volume_removal = self._volume_removal() is not None
         reply.services = self._services_method("set_services") is not None
+        reply.save_state = ext.save_state and isinstance(self._driver, StateSaver)
+        if not reply.save_state and not reply.save_state_reason:
+            reply.save_state_reason = "this driver does not save Machines' running state"
         return reply
+
+    async def _saver(self, context: grpc.aio.ServicerContext[Any, Any], workspace_id: str) -> StateSaver:
+        ext = await self._call(context, "Extensions", self._driver_extensions)
+        if ext is None or not ext.save_state or not isinstance(self._driver, StateSaver):
+            reason = (ext.save_state_reason if ext is not None else "") or "it has no SaveState / RestoreState"
+            await _abort(context, UnsupportedError(f"this driver cannot save a Machine's running state: {reason}"))
+        if not workspace_id:
+            await _abort(context, InvalidArgumentError("a workspace_id is required"))
+        assert isinstance(self._driver, StateSaver)
+        return self._driver
+
+    async def SaveState(
+        self, request: ext_pb.SaveStateRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> ext_pb.SaveStateResponse:
+        saver = await self._saver(context, request.workspace_id)
+        state: SavedState = await self._call(context, "SaveState", lambda: saver.save_state(request.workspace_id))
+        return ext_pb.SaveStateResponse(
+            state=ext_pb.SavedState(saved_at=state.saved_at, size_bytes=state.size_bytes, path=state.path)
+        )
+
+    async def RestoreState(
+        self, request: ext_pb.RestoreStateRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> ext_pb.RestoreStateResponse:
+        saver = await self._saver(context, request.workspace_id)
+        outcome: RestoreOutcome = await self._call(
+            context, "RestoreState", lambda: saver.restore_state(request.workspace_id)
+        )
+        return ext_pb.RestoreStateResponse(restored=outcome.restored, reason=outcome.reason)
 
     def _services_method(self, name: str) -> Callable[..., Awaitable[Any]] | None:
         """The driver's optional service methods (``set_services``, ``service_states``, ``service_logs``;

@@ -63,9 +63,10 @@ from vz_core.errors import (
     UnsupportedError,
 )
 from vz_core.options import Options
+from vz_core.savestate import NO_SAVED_STATE, RestoreOutcome, SavedState
 from vz_core.secrets import SecretKeeper
 
-from . import _network
+from . import _network, _saved
 from ._exec import (
     MINIMAL_PATH,
     HostUser,
@@ -162,6 +163,7 @@ class FakeDriver(Driver):
             storage_limits=False,
             terminal=True,
             facts={_network.FACT_KEY: _network.FACT},
+            save_state=True,
         )
 
     async def preflight(self, *, disable_auto_start: bool = False) -> None:
@@ -260,6 +262,7 @@ class FakeDriver(Driver):
                     "(vz up --recreate)",
                     details={"workspace_id": workspace_id, "variables": names},
                 )
+            self._discard_state(key, record)
             await self._attach(key, record, start=True)
             record.status = "running"
             record.started_at = _now()
@@ -285,6 +288,90 @@ class FakeDriver(Driver):
             if "find-stale-status" in self.faults:
                 record.reported_status = "running"
             self._store.write(key, record)
+
+    # Saved state (vz.machine.v1 SaveState / RestoreState) ------------------------------------------------
+
+    async def save_state(self, workspace_id: str) -> SavedState:
+        """Freeze the running Machine's processes where they are and stop it (``_saved``)."""
+        async with self._locked_record(workspace_id, "SaveState") as (key, record):
+            if record is None:
+                raise _not_found(workspace_id, "SaveState")
+            if record.status != "running":
+                raise FailedPreconditionError(
+                    f"SaveState: the Machine for workspace {workspace_id!r} is stopped; only a running Machine's "
+                    "state can be saved (vz up, then vz stop --save)",
+                    details={"workspace_id": workspace_id},
+                )
+            machine_dir = self._store.machine_dir(key)
+            groups = [g for g in (_saved.identity(pid) for pid in self._groups(key, record)) if g is not None]
+            if "save-fails" in self.faults:
+                self._halt(key, record)  # the processes are lost, yet the save is reported
+            else:
+                _saved.freeze(groups)
+            saved_at = _now()
+            try:
+                path = _saved.write_state(machine_dir, record.id, saved_at, groups)
+            except OSError as exc:
+                _saved.thaw(groups)  # a save that fails leaves the Machine running
+                raise RuntimeFailureError(f"SaveState: cannot write the state file: {exc.strerror}") from exc
+            record.status = "stopped"
+            self._store.write(key, record)
+            return SavedState(saved_at=saved_at, size_bytes=path.stat().st_size, path=str(path))
+
+    async def restore_state(self, workspace_id: str) -> RestoreOutcome:
+        """Resume the Machine's frozen processes, or say why not (the state is then discarded)."""
+        async with self._locked_record(workspace_id, "RestoreState") as (key, record):
+            if record is None:
+                raise _not_found(workspace_id, "RestoreState")
+            if record.status == "running":
+                raise FailedPreconditionError(
+                    f"RestoreState: the Machine for workspace {workspace_id!r} is running; stop it with its "
+                    "state saved first (vz stop --save)",
+                    details={"workspace_id": workspace_id},
+                )
+            machine_dir = self._store.machine_dir(key)
+            try:
+                groups = _saved.read_state(machine_dir, record.id)
+            except _saved.StateProblem as problem:
+                if "state-file-corrupt" not in self.faults or str(problem) == NO_SAVED_STATE:
+                    self._discard_state(key, record)
+                    self._store.write(key, record)
+                    return RestoreOutcome(restored=False, reason=str(problem))
+                groups = []  # trusts an unreadable file: "resumes" nothing, the Machine boots fresh
+                self._discard_state(key, record)
+            if "restore-fails" in self.faults:
+                self._discard_state(key, record)  # the saved processes are lost, yet a resume is reported
+                groups = []
+            _saved.remove_state(machine_dir)
+            record.status = "running"
+            if groups:
+                _saved.thaw(groups)
+                self._store.write(key, record)
+            else:
+                values = self._values(key, record) or {}
+                await self._attach(key, record, start=True)
+                record.started_at = _now()
+                self._store.write(key, record)
+                self._start_main_process(key, record, values)
+            return RestoreOutcome(restored=True)
+
+    def _groups(self, key: str, record: MachineRecord) -> list[int]:
+        """The Machine's process groups: its main process and the execs this instance is running."""
+        main = [record.main_pid] if record.main_pid else []
+        return main + sorted(self._active.get(key, ()))
+
+    def _discard_state(self, key: str, record: MachineRecord) -> None:
+        """Drop a saved state: its frozen processes are ended and the state file removed."""
+        machine_dir = self._store.machine_dir(key)
+        if (machine_dir / _saved.STATE_NAME).exists():
+            # The record (not the state file, which may be corrupt) names the main process; the file may name
+            # frozen execs too (each checked against its start time before it is killed).
+            stop_main_process(record.main_pid, record.main_started)
+            _saved.kill_saved(_saved.raw_groups(machine_dir))
+            for pgid in self._active.get(key, ()):
+                kill_group(pgid)
+            _saved.remove_state(machine_dir)
+            record.main_pid, record.main_started = 0, 0.0
 
     async def delete(self, workspace_id: str) -> None:
         _require_id(workspace_id, "Delete")
@@ -460,9 +547,11 @@ class FakeDriver(Driver):
             await _network.release(key, record.labels)
 
     def _halt(self, key: str, record: MachineRecord | None) -> None:
-        """Kill everything running in the Machine: its main process and the execs this instance started."""
+        """Kill everything running in the Machine: its main process, the execs this instance started and the
+        processes of a saved state."""
         if record is not None:
             stop_main_process(record.main_pid, record.main_started)
+            _saved.kill_saved(_saved.raw_groups(self._store.machine_dir(key)))
         for pgid in self._active.get(key, ()):
             kill_group(pgid)
 

@@ -62,6 +62,12 @@ FAULT_DESCRIPTIONS: Mapping[str, str] = MappingProxyType(
         # Route-domain attachment (label vz.network).
         "network-no-resolv": "a Machine with the vz.network label gets no resolv.conf naming its DNS server",
         "network-not-reattached": "Start of a Machine with the vz.network label does not join it to its route domain",
+        # Saved state (SaveState / RestoreState).
+        "save-fails": "SaveState kills the Machine's processes instead of keeping them, and reports the save",
+        "restore-fails": "RestoreState discards the saved processes and boots the Machine fresh, reporting a resume",
+        "state-file-corrupt": (
+            "RestoreState trusts a state file that fails its checks: it boots the Machine fresh and reports a resume"
+        ),
         # Logs.
         "logs-wrong-chunks": "Logs chunks are up to 65536 bytes",
         "logs-stopped-refused": "Logs on a stopped Machine fails with FAILED_PRECONDITION instead of answering",

@@ -146,3 +146,38 @@ async def wait_logs(driver: FakeDriver, workspace_id: str, expected: bytes, with
         await asyncio.sleep(0.01)
     assert data.endswith(expected), f"logs never ended with {expected[-80:]!r}; they hold {data[-200:]!r}"
     return data
+
+
+# A main process counting in the Machine root's file ``c`` as ``<token> <count>``; the token is new at each start
+# (a resumed Machine keeps it, a fresh boot changes it).
+COUNTER = 'tok=$$-$(date +%s%N); i=0; while :; do i=$((i+1)); echo "$tok $i" > c.tmp; mv c.tmp c; sleep 0.05; done'
+
+
+def counter_request(workspace_id: str) -> RunImageRequest:
+    return request(workspace_id, entrypoint="sh", args=("-c", COUNTER))
+
+
+def read_counter(driver: FakeDriver, workspace_id: str) -> tuple[str, int] | None:
+    path = driver._store.root_dir(driver._store.key(workspace_id)) / "c"
+    try:
+        token, count = path.read_text().split()
+    except (FileNotFoundError, ValueError):
+        return None
+    return token, int(count)
+
+
+async def counted(
+    driver: FakeDriver, workspace_id: str, at_least: int, token: str | None = None, *, not_token: str = ""
+) -> tuple[str, int]:
+    """The counter once it reached ``at_least`` (with ``token``, or with any token but ``not_token``)."""
+    for _ in range(400):
+        value = read_counter(driver, workspace_id)
+        if (
+            value is not None
+            and value[1] >= at_least
+            and (token is None or value[0] == token)
+            and value[0] != not_token
+        ):
+            return value
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"the counter did not reach {at_least}: {read_counter(driver, workspace_id)}")

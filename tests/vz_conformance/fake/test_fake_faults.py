@@ -22,9 +22,12 @@ from fake_network_testlib import labelled
 from fake_network_testlib import machine as network_machine
 from fake_testlib import (
     alive,
+    counted,
+    counter_request,
     feed,
     identity,
     logs_of,
+    read_counter,
     request,
     run_exec,
     tree_with_marker,
@@ -625,6 +628,56 @@ async def _network_not_reattached(tmp_path: Path) -> None:
                 assert (b"eth0" in (await run_exec(driver, ws, ["ip", "-o", "link", "show"])).stdout) is attached
             finally:
                 await driver.delete(ws)
+
+
+async def _saved(driver: FakeDriver) -> tuple[str, tuple[str, int]]:
+    """A counting Machine whose state was just saved, and its counter at the save."""
+    ws = unique_id()
+    await driver.run_image(counter_request(ws))
+    await counted(driver, ws, 3)
+    await driver.save_state(ws)
+    frozen = read_counter(driver, ws)
+    assert frozen is not None
+    return ws, frozen
+
+
+@check("save-fails")
+async def _save_fails(tmp_path: Path) -> None:
+    for driver, kept in ((faulty(tmp_path, "save-fails"), False), (clean(tmp_path), True)):
+        ws, frozen = await _saved(driver)
+        try:
+            assert (await driver.restore_state(ws)).restored is kept
+            if kept:
+                await counted(driver, ws, frozen[1] + 1, token=frozen[0])
+        finally:
+            await driver.delete(ws)
+
+
+@check("restore-fails")
+async def _restore_fails(tmp_path: Path) -> None:
+    for driver, resumed in ((faulty(tmp_path, "restore-fails"), False), (clean(tmp_path), True)):
+        ws, frozen = await _saved(driver)
+        try:
+            assert (await driver.restore_state(ws)).restored  # both report a resume
+            if resumed:
+                await counted(driver, ws, frozen[1] + 1, token=frozen[0])
+            else:
+                await counted(driver, ws, 1, not_token=frozen[0])  # booted fresh
+        finally:
+            await driver.delete(ws)
+
+
+@check("state-file-corrupt")
+async def _state_file_corrupt(tmp_path: Path) -> None:
+    for driver, refused in ((faulty(tmp_path, "state-file-corrupt"), False), (clean(tmp_path), True)):
+        ws, _ = await _saved(driver)
+        try:
+            (driver._store.machine_dir(driver._store.key(ws)) / "saved-state.json").write_bytes(b"{ corrupt")
+            outcome = await driver.restore_state(ws)
+            assert outcome.restored is not refused
+            assert ("corrupt" in outcome.reason) is refused
+        finally:
+            await driver.delete(ws)
 
 
 def _sleeping(pid: int) -> bool:

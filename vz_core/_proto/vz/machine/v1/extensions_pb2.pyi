@@ -22,7 +22,7 @@ class ExtensionsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ExtensionsResponse(_message.Message):
-    __slots__ = ("extensions_version", "target_os", "profiles", "tty", "accelerator", "accelerator_reason", "snapshots", "egress_policies", "facts", "resource_limits", "storage_limits", "terminal", "local_exec_socket", "volume_removal", "pids_limits", "services")
+    __slots__ = ("extensions_version", "target_os", "profiles", "tty", "accelerator", "accelerator_reason", "snapshots", "egress_policies", "facts", "resource_limits", "storage_limits", "terminal", "local_exec_socket", "volume_removal", "pids_limits", "services", "save_state", "save_state_reason")
     class FactsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -46,6 +46,8 @@ class ExtensionsResponse(_message.Message):
     VOLUME_REMOVAL_FIELD_NUMBER: _ClassVar[int]
     PIDS_LIMITS_FIELD_NUMBER: _ClassVar[int]
     SERVICES_FIELD_NUMBER: _ClassVar[int]
+    SAVE_STATE_FIELD_NUMBER: _ClassVar[int]
+    SAVE_STATE_REASON_FIELD_NUMBER: _ClassVar[int]
     extensions_version: int
     target_os: _containers.RepeatedScalarFieldContainer[str]
     profiles: _containers.RepeatedScalarFieldContainer[str]
@@ -62,7 +64,45 @@ class ExtensionsResponse(_message.Message):
     volume_removal: bool
     pids_limits: bool
     services: bool
-    def __init__(self, extensions_version: _Optional[int] = ..., target_os: _Optional[_Iterable[str]] = ..., profiles: _Optional[_Iterable[str]] = ..., tty: _Optional[bool] = ..., accelerator: _Optional[str] = ..., accelerator_reason: _Optional[str] = ..., snapshots: _Optional[bool] = ..., egress_policies: _Optional[_Iterable[_Union[EgressPolicy, str]]] = ..., facts: _Optional[_Mapping[str, str]] = ..., resource_limits: _Optional[bool] = ..., storage_limits: _Optional[bool] = ..., terminal: _Optional[bool] = ..., local_exec_socket: _Optional[str] = ..., volume_removal: _Optional[bool] = ..., pids_limits: _Optional[bool] = ..., services: _Optional[bool] = ...) -> None: ...
+    save_state: bool
+    save_state_reason: str
+    def __init__(self, extensions_version: _Optional[int] = ..., target_os: _Optional[_Iterable[str]] = ..., profiles: _Optional[_Iterable[str]] = ..., tty: _Optional[bool] = ..., accelerator: _Optional[str] = ..., accelerator_reason: _Optional[str] = ..., snapshots: _Optional[bool] = ..., egress_policies: _Optional[_Iterable[_Union[EgressPolicy, str]]] = ..., facts: _Optional[_Mapping[str, str]] = ..., resource_limits: _Optional[bool] = ..., storage_limits: _Optional[bool] = ..., terminal: _Optional[bool] = ..., local_exec_socket: _Optional[str] = ..., volume_removal: _Optional[bool] = ..., pids_limits: _Optional[bool] = ..., services: _Optional[bool] = ..., save_state: _Optional[bool] = ..., save_state_reason: _Optional[str] = ...) -> None: ...
+
+class SaveStateRequest(_message.Message):
+    __slots__ = ("workspace_id",)
+    WORKSPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    workspace_id: str
+    def __init__(self, workspace_id: _Optional[str] = ...) -> None: ...
+
+class SavedState(_message.Message):
+    __slots__ = ("saved_at", "size_bytes", "path")
+    SAVED_AT_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    saved_at: str
+    size_bytes: int
+    path: str
+    def __init__(self, saved_at: _Optional[str] = ..., size_bytes: _Optional[int] = ..., path: _Optional[str] = ...) -> None: ...
+
+class SaveStateResponse(_message.Message):
+    __slots__ = ("state",)
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    state: SavedState
+    def __init__(self, state: _Optional[_Union[SavedState, _Mapping]] = ...) -> None: ...
+
+class RestoreStateRequest(_message.Message):
+    __slots__ = ("workspace_id",)
+    WORKSPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    workspace_id: str
+    def __init__(self, workspace_id: _Optional[str] = ...) -> None: ...
+
+class RestoreStateResponse(_message.Message):
+    __slots__ = ("restored", "reason")
+    RESTORED_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    restored: bool
+    reason: str
+    def __init__(self, restored: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class HealthCheck(_message.Message):
     __slots__ = ("argv", "tcp_port", "interval_seconds", "timeout_seconds", "retries", "start_period_seconds")

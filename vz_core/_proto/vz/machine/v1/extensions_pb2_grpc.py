@@ -65,6 +65,16 @@ class MachineExtensionsStub:
                 request_serializer=vz_dot_machine_dot_v1_dot_extensions__pb2.ServiceLogsRequest.SerializeToString,
                 response_deserializer=vz_dot_machine_dot_v1_dot_extensions__pb2.ServiceLogsResponse.FromString,
                 _registered_method=True)
+        self.SaveState = channel.unary_unary(
+                '/vz.machine.v1.MachineExtensions/SaveState',
+                request_serializer=vz_dot_machine_dot_v1_dot_extensions__pb2.SaveStateRequest.SerializeToString,
+                response_deserializer=vz_dot_machine_dot_v1_dot_extensions__pb2.SaveStateResponse.FromString,
+                _registered_method=True)
+        self.RestoreState = channel.unary_unary(
+                '/vz.machine.v1.MachineExtensions/RestoreState',
+                request_serializer=vz_dot_machine_dot_v1_dot_extensions__pb2.RestoreStateRequest.SerializeToString,
+                response_deserializer=vz_dot_machine_dot_v1_dot_extensions__pb2.RestoreStateResponse.FromString,
+                _registered_method=True)
 
 
 class MachineExtensionsServicer:
@@ -134,6 +144,35 @@ class MachineExtensionsServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SaveState(self, request, context):
+        """Save the running Machine's state (its processes, their memory and open
+        files) beside its disk, then stop it: Find reports it stopped. The disk
+        is kept consistent with the state (the driver does not let it change
+        after the save). A save that fails leaves the Machine running and keeps
+        no state (RUNTIME_FAILURE). Served when ExtensionsResponse.save_state is
+        true, otherwise UNSUPPORTED (UNIMPLEMENTED from a plugin that predates
+        it). NOT_FOUND for a missing Machine, FAILED_PRECONDITION for a stopped
+        one. Errors as for RuntimeDriver.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RestoreState(self, request, context):
+        """Resume a stopped Machine from its saved state: its processes continue
+        where they were. When the state cannot be used (none was saved; the file
+        is corrupt, foreign or from another driver version; the Machine changed
+        since) the driver says why in the response, discards the state and
+        leaves the Machine stopped with its disk kept, never half-restored; the
+        host then boots it fresh with Start. RuntimeDriver.Start and Delete also
+        discard a saved state (the disk moves on without it). Served as
+        SaveState; NOT_FOUND for a missing Machine, FAILED_PRECONDITION for a
+        running one.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MachineExtensionsServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -166,6 +205,16 @@ def add_MachineExtensionsServicer_to_server(servicer, server):
                     servicer.ServiceLogs,
                     request_deserializer=vz_dot_machine_dot_v1_dot_extensions__pb2.ServiceLogsRequest.FromString,
                     response_serializer=vz_dot_machine_dot_v1_dot_extensions__pb2.ServiceLogsResponse.SerializeToString,
+            ),
+            'SaveState': grpc.unary_unary_rpc_method_handler(
+                    servicer.SaveState,
+                    request_deserializer=vz_dot_machine_dot_v1_dot_extensions__pb2.SaveStateRequest.FromString,
+                    response_serializer=vz_dot_machine_dot_v1_dot_extensions__pb2.SaveStateResponse.SerializeToString,
+            ),
+            'RestoreState': grpc.unary_unary_rpc_method_handler(
+                    servicer.RestoreState,
+                    request_deserializer=vz_dot_machine_dot_v1_dot_extensions__pb2.RestoreStateRequest.FromString,
+                    response_serializer=vz_dot_machine_dot_v1_dot_extensions__pb2.RestoreStateResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -330,6 +379,60 @@ class MachineExtensions:
             '/vz.machine.v1.MachineExtensions/ServiceLogs',
             vz_dot_machine_dot_v1_dot_extensions__pb2.ServiceLogsRequest.SerializeToString,
             vz_dot_machine_dot_v1_dot_extensions__pb2.ServiceLogsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SaveState(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vz.machine.v1.MachineExtensions/SaveState',
+            vz_dot_machine_dot_v1_dot_extensions__pb2.SaveStateRequest.SerializeToString,
+            vz_dot_machine_dot_v1_dot_extensions__pb2.SaveStateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RestoreState(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vz.machine.v1.MachineExtensions/RestoreState',
+            vz_dot_machine_dot_v1_dot_extensions__pb2.RestoreStateRequest.SerializeToString,
+            vz_dot_machine_dot_v1_dot_extensions__pb2.RestoreStateResponse.FromString,
             options,
             channel_credentials,
             insecure,
