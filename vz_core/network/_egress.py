@@ -54,8 +54,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from vz_core.errors import FailedPreconditionError, InvalidArgumentError, RuntimeFailureError, UnavailableError
-from vz_core.network._dns import host_resolvers, in_namespace
-from vz_core.network._domain import NetworkTools, Uplink, _require_root, _run, ensure_domain, uplink_name
+from vz_core.network._dns import host_resolvers
+from vz_core.network._domain import Uplink, ensure_domain, uplink_name
+from vz_core.network._ns import NetworkTools, in_namespace
+from vz_core.network._ns import require_root as _require_root
+from vz_core.network._ns import run as _run
 from vz_core.network._rules import NEVER
 from vz_core.network._spec import DomainSpec, domain_for
 

@@ -15,6 +15,7 @@ when the process the record names listens on it.
 
 from __future__ import annotations
 
+from vz_drivers._files import atomic_write, host_write_error, read_chunks_nofollow
 from vz_drivers._machine._book import (
     MachinePaths,
     MachineRecord,
@@ -40,7 +41,6 @@ from vz_drivers._machine._driver import (
     record_fields,
     tail,
 )
-from vz_drivers._machine._files import atomic_write, host_write_error, read_chunks_nofollow
 from vz_drivers._machine._identity import ResolvedUser, check_user_syntax, resolve_user
 from vz_drivers._machine._network import (
     NetworkConfig,
