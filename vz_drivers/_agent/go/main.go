@@ -218,6 +218,7 @@ type agent struct {
 	sessions map[*session]bool
 	main     *mainState
 	stopping bool
+	services *supervisor
 
 	exitCode chan int
 	stopOnce sync.Once
@@ -225,6 +226,7 @@ type agent struct {
 
 func newAgent(o options) (*agent, error) {
 	ag := &agent{o: o, reaper: newReaper(), sessions: map[*session]bool{}, exitCode: make(chan int, 1)}
+	ag.services = newSupervisor(ag)
 	if o.root != "" {
 		abs, err := filepath.Abs(o.root)
 		if err != nil {
@@ -535,6 +537,8 @@ func (ag *agent) stopProcesses(grace time.Duration, keep *session) {
 			}
 		}
 	}
+	// Services first (dependents before what they depend on), each with its own stop timeout.
+	ag.services.stopEverything()
 	if m != nil {
 		select {
 		case <-m.done:
@@ -599,7 +603,8 @@ func (ag *agent) status() map[string]any {
 	for _, s := range all {
 		n += s.countExecs()
 	}
-	st := map[string]any{"execs": n, "sessions": sessions, "main_pid": 0, "main_running": false, "main_exited": false}
+	st := map[string]any{"execs": n, "sessions": sessions, "main_pid": 0, "main_running": false, "main_exited": false,
+		"services": len(ag.services.states())}
 	if m != nil {
 		st["main_pid"] = m.pid
 		select {
