@@ -86,6 +86,11 @@ _TABLE_RE = re.compile(r"vz_[0-9a-z]{12}")
 _DIRECT_TABLE_RE = re.compile(r"vz(?:_[0-9]{1,3}){4}_[0-9]{1,2}")  # version 1 Machine links (``direct_table``)
 _IFNAME_RE = re.compile(r"[A-Za-z0-9_.+@-]{1,15}")  # device names that may appear in a table's text
 _locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = weakref.WeakKeyDictionary()
+_written: dict[str, HostNetworks] = {}
+"""The host networks this process last wrote into each Environment's host table (``inet vz_<id12>``; under the
+lock): a refresh rewrites only the tables whose networks differ from the host's now. Without it every new
+Environment's uplink (a link, an address, a route of the host) made the watcher rewrite every table: O(N) nft work
+per Environment, O(N²) for N Environments coming up together, all under the lock each `vz up` also takes."""
 
 
 def host_table(environment_id: str) -> str:
@@ -463,6 +468,7 @@ async def remove_host_egress(environment_id: str, *, tools: NetworkTools | None 
     tools = tools or NetworkTools.find()
     table = host_table(environment_id)
     found = False
+    _written.pop(table, None)
     if table in await _host_tables(tools):
         await _run([tools.nft, "delete", "table", "inet", table], what=f"remove the nft table {table}")
         found = True
@@ -528,10 +534,12 @@ async def ensure_egress(
     )
     table = host_table(env_id)
     async with _lock():  # not between a watcher's read of the host's networks and its write of the sets
-        script = f"table inet {table}\ndelete table inet {table}\n" + host_egress_ruleset(
-            env_id, uplink, await read_host_networks(network, tools=tools), network
-        )
+        facts = await read_host_networks(network, tools=tools)
+        ruleset = host_egress_ruleset(env_id, uplink, facts, network)
+        script = f"table inet {table}\ndelete table inet {table}\n" + ruleset
+        _written.pop(table, None)
         await _run([tools.nft, "-f", "-"], script.encode(), what=f"nft table {table}")
+        _remember([table], facts)
     await _sweep(tools)
     return uplink
 
@@ -558,6 +566,12 @@ async def _has_connected_set(tools: NetworkTools, table: str) -> bool:
     return True
 
 
+def _remember(tables: Iterable[str], facts: HostNetworks) -> None:
+    for table in tables:
+        if _TABLE_RE.fullmatch(table):
+            _written[table] = facts
+
+
 async def refresh_host_networks(*, tools: NetworkTools | None = None) -> list[str]:
     """Rewrite the host's networks in every Environment's host table (``inet vz_<id12>``, and in the version 1
     Machine links' tables, ``direct_table``) from the host's routing now; the tables written. One transaction
@@ -565,12 +579,20 @@ async def refresh_host_networks(*, tools: NetworkTools | None = None) -> list[st
     _require_root()
     tools = tools or NetworkTools.find()
     async with _lock():
-        tables = await _host_tables(tools, direct=True)
-        if not tables:
+        listed = await _host_tables(tools, direct=True)
+        if not listed:
+            _written.clear()
             return []
         facts = await read_host_networks(tools=tools)
+        for gone in set(_written) - set(listed):
+            del _written[gone]
+        # A version 1 links' table is written by the driver's process too: always rewritten (one per subnet).
+        tables = [t for t in listed if _DIRECT_TABLE_RE.fullmatch(t) or _written.get(t) != facts]
+        if not tables:
+            return []
         try:
             await _run([tools.nft, "-f", "-"], host_networks_script(tables, facts).encode(), what="host networks")
+            _remember(tables, facts)
             return tables
         except RuntimeFailureError:
             pass
@@ -588,6 +610,7 @@ async def refresh_host_networks(*, tools: NetworkTools | None = None) -> list[st
                     error = exc
                     continue
                 done.append(table)
+                _remember([table] if script == host_networks_script([table], facts) else [], facts)
                 break
             else:
                 if table in await _host_tables(tools, direct=True) and await _has_connected_set(tools, table):
