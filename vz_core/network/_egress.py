@@ -86,6 +86,8 @@ _TABLE_RE = re.compile(r"vz_[0-9a-z]{12}")
 _DIRECT_TABLE_RE = re.compile(r"vz(?:_[0-9]{1,3}){4}_[0-9]{1,2}")  # version 1 Machine links (``direct_table``)
 _IFNAME_RE = re.compile(r"[A-Za-z0-9_.+@-]{1,15}")  # device names that may appear in a table's text
 _locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = weakref.WeakKeyDictionary()
+_reserved: dict[ipaddress.IPv4Network, str] = {}
+"""Uplink networks allocated by this process (to the Environment named) whose address is not on the host yet."""
 _written: dict[str, HostNetworks] = {}
 """The host networks this process last wrote into each Environment's host table (``inet vz_<id12>``; under the
 lock): a refresh rewrites only the tables whose networks differ from the host's now. Without it every new
@@ -408,14 +410,18 @@ def _resolvers() -> list[ipaddress.IPv4Network]:
 
 async def _allocate(environment_id: str, pool: ipaddress.IPv4Network, tools: NetworkTools) -> ipaddress.IPv4Network:
     dev = uplink_name(environment_id)
-    for item in await _json(tools, "addr", "show"):
+    addresses = await _json(tools, "addr", "show")
+    for item in addresses:
         if item.get("ifname") == dev:
             for a in item.get("addr_info", []):
                 if isinstance(a, dict) and a.get("family") == "inet":
                     net = ipaddress.IPv4Network(f"{a.get('local')}/{a.get('prefixlen')}", strict=False)
                     if net.prefixlen == 30 and net.subnet_of(pool):
                         return net  # what a previous `vz up` (or a killed one) allocated: kept
-    taken: list[ipaddress.IPv4Network] = [*_resolvers()]
+    taken: list[ipaddress.IPv4Network] = [
+        *_resolvers(),
+        *(n for n, owner in _reserved.items() if owner != environment_id),
+    ]
     for route in await _json(tools, "route", "show", "table", "all"):
         dst = route.get("dst")
         if dst in (None, "default") or route.get("dev") == dev:
@@ -424,7 +430,7 @@ async def _allocate(environment_id: str, pool: ipaddress.IPv4Network, tools: Net
             taken.append(ipaddress.IPv4Network(str(dst), strict=False))
         except ValueError:
             continue
-    for item in await _json(tools, "addr", "show"):
+    for item in addresses:
         if item.get("ifname") == dev:
             continue
         for a in item.get("addr_info", []):
@@ -525,8 +531,16 @@ async def ensure_egress(
             "`sysctl -w net.ipv4.ip_forward=1`, or give the Environment's Machines egress 'offline'"
         )
     async with _lock():
-        uplink = Uplink.of(f"/proc/{os.getpid()}/ns/net", str(await _allocate(env_id, network, tools)))
+        allocated = await _allocate(env_id, network, tools)
+        _reserved[allocated] = env_id
+    # Realized outside the lock (several ip and nft runs: under it, N Environments coming up together waited for
+    # each other's); until the uplink's address is on the host, the reservation keeps others from taking it.
+    try:
+        uplink = Uplink.of(f"/proc/{os.getpid()}/ns/net", str(allocated))
         await ensure_domain(plan, uplink=uplink, tools=tools)
+    finally:
+        if _reserved.get(allocated) == env_id:
+            del _reserved[allocated]
     dev = uplink_name(env_id)
     await _run(
         [tools.sysctl, "-q", "-w", f"net.ipv4.conf.{dev}.forwarding=1", f"net.ipv6.conf.{dev}.disable_ipv6=1"],
