@@ -117,7 +117,7 @@ def _request_iterator(first: Any, requests: queue.Queue[Any]) -> Iterator[Any]:
     yield first
     while True:
         item = requests.get()
-        if item is None:  # closed: ending the request stream is a hangup for the daemon
+        if item is None:  # closed (close() cancels the RPC itself; the end of this stream alone is stdin EOF)
             return
         yield item
 

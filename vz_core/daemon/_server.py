@@ -88,6 +88,8 @@ SOCKET_CHECK_INTERVAL = 5.0
 """How often the daemon checks that its socket file is still the one it bound (else nobody can reach it)."""
 CALL_TIMEOUT = 60.0
 """A connection that said hello but sent no call by then is closed (it would keep the daemon from idling)."""
+WATCH_END_SECONDS = 2.0
+"""At shutdown, how long Watch-class calls may take to send their result before they are cancelled."""
 if sys.platform == "win32":  # no SIGHUP; a detached daemon has no console to get the others from either
     _SIGNALS: tuple[int, ...] = ()
 else:
@@ -144,6 +146,8 @@ class Call:
         self.fds: list[int] = list(fds)
         self.peer_pid = peer_pid
         self.cancelled = asyncio.Event()
+        self.cancel_reason: str | None = None
+        """Why ``cancelled`` was set by the listener (a ``cancel`` message), or None for a hangup."""
         self.started = time.time()
         self.wire_error: WireError | None = None
         """Malformed input from the client during the call: the call is cancelled and this is its answer."""
@@ -270,6 +274,8 @@ class Daemon:
         self.idle_timeout = idle_timeout_from_env() if idle_timeout is None else idle_timeout
         self.shutdown_grace = shutdown_grace
         self.on_shutdown: list[Callable[[], Awaitable[None]]] = list(on_shutdown)
+        self.on_stopping: list[Callable[[], object]] = []
+        """Called first when the daemon stops, before any call is cancelled (the service ends its watches)."""
         self.http2 = http2
         self.version = daemon_version or version()
         self.fingerprint = daemon_fingerprint or fingerprint(of_version=self.version)
@@ -356,7 +362,8 @@ class Daemon:
         try:
             if call.method == SHUTDOWN_METHOD:
                 self.request_shutdown(f"System.Shutdown from pid {call.peer_pid}")
-                return {"pid": self.pid, "operations": len(self.operations)}
+                operations = len(self.operations)
+                return {"pid": self.pid, "operations": operations, "stopping": True, "busy": operations > 0}
             if call.method == DRIVER_CONNECT_METHOD:
                 from vz_core.daemon._sessions import serve_driver_connect
 
@@ -378,6 +385,7 @@ class Daemon:
                     close_fds(fds)
                     raise WireError("descriptors may only come with the call message")
                 if isinstance(message, dict) and "cancel" in message:
+                    call.cancel_reason = "cancelled by the client"
                     call.cancelled.set()
                     task.cancel()
                     continue
@@ -405,6 +413,9 @@ class Daemon:
                         await task
                     raise
                 reply: dict[str, Any] = {"error": _encode_error(asyncio.CancelledError())}
+                from vz_core.daemon._errors import cancelled_message
+
+                reply["error"]["message"] = cancelled_message(call.method, call.cancel_reason)
             except Exception as exc:
                 reply = {"error": _encode_error(exc)}
                 if isinstance(exc, DaemonError) or _is_vz_error(exc) or isinstance(getattr(exc, "error", None), dict):
@@ -734,9 +745,19 @@ class Daemon:
             return self._stop_reason
 
     async def _drain(self) -> None:
-        """Cancel Watch-class calls now, let operations finish within the grace period, then cancel the rest."""
+        """End Watch-class calls now (the ``on_stopping`` hooks let them send their result; those still running
+        after a moment are cancelled), let operations finish within the grace period, then cancel the rest."""
+        for stopping in self.on_stopping:
+            try:
+                stopping()
+            except Exception:
+                log.exception("a stopping hook failed")
+        watches = [t for c, t in self._call_tasks.items() if not c.is_operation]
+        if watches and self.on_stopping:
+            await asyncio.wait(watches, timeout=WATCH_END_SECONDS)
         for call, task in list(self._call_tasks.items()):
-            if not call.is_operation:
+            if not call.is_operation and not task.done():
+                call.cancel_reason = "the daemon is stopping"
                 call.cancelled.set()
                 task.cancel()
         if self.operations:
@@ -833,6 +854,7 @@ async def _install_service(daemon: Daemon) -> None:
         daemon.handler = service.dispatch
         daemon.redactor = lambda: getattr(service, "redactor", None)
         daemon.on_shutdown.append(service.close)
+        daemon.on_stopping.append(service.stopping)
     front = _LazyGrpcFront(daemon)
     daemon.http2 = front.handle
     daemon.on_shutdown.insert(0, front.close)
