@@ -32,7 +32,7 @@ from __future__ import annotations
 import os
 import stat
 
-from vz_core.daemon._wire import DaemonError
+from vz_core.wire._frames import DaemonError
 
 TYPE_CHECKING = False  # `typing` itself costs milliseconds on the CLI's hot path
 if TYPE_CHECKING:

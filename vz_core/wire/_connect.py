@@ -27,17 +27,17 @@ import os
 import sys
 import time
 
-from vz_core.daemon._identity import PROTOCOL, compare_versions, fingerprint, version
-from vz_core.daemon._paths import DaemonPaths, check_private_dir, daemon_paths, ensure_private_dir
-from vz_core.daemon._wire import Channel, DaemonError, WireError, close_fds
 from vz_core.platform.peer import peer_credentials
+from vz_core.wire._frames import Channel, DaemonError, WireError, close_fds
+from vz_core.wire._identity import PROTOCOL, compare_versions, fingerprint, version
+from vz_core.wire._paths import DaemonPaths, check_private_dir, daemon_paths, ensure_private_dir
 
 TYPE_CHECKING = False  # `typing` itself costs milliseconds on the CLI's hot path
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
     from typing import Any
 
-    from vz_core.daemon._wire import Message
+    from vz_core.wire._frames import Message
 
 __all__ = ["AUTOSTART_ENV", "START_TIMEOUT", "Connection", "autostart_enabled", "connect"]
 
@@ -169,7 +169,7 @@ def _unavailable(paths: DaemonPaths) -> DaemonError:
     )
 
 
-def _open_socket(paths: DaemonPaths) -> _socket.socket | None:
+def open_socket(paths: DaemonPaths) -> _socket.socket | None:
     """A socket connected to the listener, or None when there is none (no file, or nobody listening)."""
     if not check_private_dir(paths.socket_dir):
         return None
@@ -206,7 +206,7 @@ def _open_socket(paths: DaemonPaths) -> _socket.socket | None:
 
 def _hello(paths: DaemonPaths, environ: Mapping[str, str]) -> Connection | None:
     """Connect and exchange hellos; None when no daemon answers (none runs, or it is exiting)."""
-    sock = _open_socket(paths)
+    sock = open_socket(paths)
     if sock is None:
         return None
     channel = Channel(sock)
@@ -506,7 +506,7 @@ def stop_daemon(
     """
     import signal
 
-    from vz_core.daemon._paths import live_daemon
+    from vz_core.wire._paths import live_daemon
 
     env = os.environ if environ is None else environ
     paths = daemon_paths(home, env)
