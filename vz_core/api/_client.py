@@ -457,6 +457,7 @@ class Client(_Handle):
         stdio: tuple[int | None, int | None, int | None] = (None, None, None),
         context: Mapping[str, Any] | None = None,
         definition_file: str | os.PathLike[str] | None = None,
+        user: str | None = None,
     ) -> ExecCall:
         """Start a command in a Machine; the live handle (``ExecCall``).
 
@@ -488,6 +489,7 @@ class Client(_Handle):
             cols=cols or None,
             term=term,
             stdio=[fd is not None for fd in stdio],
+            **({} if user is None else {"user": user}),
         )
         return ExecCall(self.transport.start("Machines.Exec", request, fds))
 
@@ -505,6 +507,7 @@ class Client(_Handle):
         tty: bool = False,
         context: Mapping[str, Any] | None = None,
         definition_file: str | os.PathLike[str] | None = None,
+        user: str | None = None,
     ) -> ExecResult:
         """Run a command to its end. ``stdin``: a descriptor, bytes, or None (no input); ``stdout``/``stderr``:
         descriptors, or None to capture the stream in ``ExecResult.stdout``/``.stderr``.
@@ -524,6 +527,7 @@ class Client(_Handle):
             stdio=(in_fd, out_fd, err_fd),
             context=context,
             definition_file=definition_file,
+            user=user,
         )
         captured = {1: bytearray(), 2: bytearray(), 3: bytearray()}
         targets = {1: stdout, 2: stderr, 3: stdout}

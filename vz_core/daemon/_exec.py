@@ -88,9 +88,13 @@ async def exec_streams(
             else:
                 await call.write(stream, data)
 
+        # Set when the command's main process has exited: its output streams then end with what they hold,
+        # without waiting for a background process of the command that keeps them open (docker exec's end).
+        exited: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
         async def forward(stream: int, fd: int) -> None:
             cleaner = ctx.redactor.stream() if masked and stream == 2 else None
-            async for chunk in _pipe_chunks(fd):
+            async for chunk in _pipe_chunks(fd, exited):
                 await deliver(stream, cleaner.feed(chunk) if cleaner is not None else chunk)
             if cleaner is not None:
                 await deliver(stream, cleaner.flush())
@@ -119,8 +123,10 @@ async def exec_streams(
             inputs.cancel()
             gone.cancel()
             await stop_task(running)  # this call was cancelled: so is the command (killed by its driver)
-            # The command is over: our copies of its output ends close, so the output reaches end of file
-            # once the driver's copies are closed too.
+            # The command is over: what its output pipes hold is delivered, then they end (the driver wrote
+            # all the main process's output before it reported the exit).
+            if not exited.done():
+                exited.set_result(None)
             for stream, _ in outputs:
                 _close(command[stream])
                 ours.remove(command[stream])
@@ -284,12 +290,12 @@ def _signalled(name: str) -> dict[str, Any]:
     return {"exit_code": 128 + signals.Signals[name].value, "signal": name}
 
 
-async def _ready(fd: int, *, write: bool) -> None:
-    """Wait on the loop until our non-blocking pipe end ``fd`` can be read (or written)."""
+async def _ready(fd: int, *, write: bool, until: asyncio.Future[None] | None = None) -> None:
+    """Wait on the loop until our non-blocking pipe end ``fd`` can be read (or written), or ``until`` is done."""
     loop = asyncio.get_running_loop()
     ready: asyncio.Future[None] = loop.create_future()
 
-    def wake() -> None:
+    def wake(*_: object) -> None:
         if not ready.done():
             ready.set_result(None)
 
@@ -297,24 +303,31 @@ async def _ready(fd: int, *, write: bool) -> None:
         loop.add_writer(fd, wake)
     else:
         loop.add_reader(fd, wake)
+    if until is not None:
+        until.add_done_callback(wake)
     try:
         await ready
     finally:
+        if until is not None:
+            until.remove_done_callback(wake)
         if write:
             loop.remove_writer(fd)
         else:
             loop.remove_reader(fd)
 
 
-async def _pipe_chunks(fd: int) -> AsyncIterator[bytes]:
-    """What arrives on our non-blocking read end ``fd``, until end of file."""
+async def _pipe_chunks(fd: int, exited: asyncio.Future[None] | None = None) -> AsyncIterator[bytes]:
+    """What arrives on our non-blocking read end ``fd``, until end of file, or once ``exited`` is done, until
+    the pipe holds nothing more."""
     from vz_core._types import MAX_CHUNK
 
     while True:
         try:
             data = os.read(fd, MAX_CHUNK)
         except BlockingIOError:
-            await _ready(fd, write=False)
+            if exited is not None and exited.done():
+                return
+            await _ready(fd, write=False, until=exited)
             continue
         if not data:
             return

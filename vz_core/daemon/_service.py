@@ -35,7 +35,7 @@ import itertools
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -820,7 +820,20 @@ class Service:
 
         request = self._request(
             state,
-            ("context", "environment", "machine", "argv", "workdir", "env", "tty", "rows", "cols", "term", "stdio"),
+            (
+                "context",
+                "environment",
+                "machine",
+                "argv",
+                "workdir",
+                "env",
+                "tty",
+                "rows",
+                "cols",
+                "term",
+                "stdio",
+                "user",
+            ),
         )
         environment = request.string("environment", empty=False)
         machine = request.string("machine", empty=False)
@@ -832,6 +845,7 @@ class Service:
         cols = request.integer("cols", default=None, low=1, high=MAX_WINDOW)
         term = request.string("term")
         stdio = request.flags("stdio", 3)
+        user = request.string("user", empty=False)
         fds = list(state.call.fds)
         if tty and any(stdio):
             raise RequestError(
@@ -854,6 +868,8 @@ class Service:
         for value in variables.values():
             ctx.redactor.add(value)
         target = prepare_exec(ctx, environment=environment, machine=machine)
+        if user is not None:  # `vz exec -u USER[:GROUP]`: instead of the Machine's remote_user
+            target = replace(target, user=user)
         state.operation.environment_id = target.environment.env_id
         # A command name or workdir holding a secret would be echoed by the Machine's own messages (the agent's
         # "no such file" line goes straight to the command's stderr): that stderr is then copied here, masked.

@@ -22,7 +22,7 @@ from vz_core.env._context import (
 )
 from vz_core.env._drivers import DriverPool
 from vz_core.env._locks import FileLock, env_lock_path
-from vz_core.env._store import EnvironmentRecord, Store, VolumeRecord
+from vz_core.env._store import EnvironmentRecord, MachineRecord, Store, VolumeRecord
 from vz_core.env._volumes import remove_recorded_volume
 from vz_core.errors import NotFoundError, UnsupportedError
 
@@ -94,7 +94,7 @@ async def delete(ctx: Context, *, environment: str | None = None, keep_volumes: 
 async def _mutate(ctx: Context, environment: str | None, kind: str, *, keep_volumes: bool = False) -> dict[str, Any]:
     project = resolve_project(ctx, environment)
     assert project is not None
-    pool = DriverPool(ctx.redactor)
+    pool = DriverPool(ctx.redactor, ctx.drivers)
     store = open_store(ctx)
     lock: FileLock | None = None
     try:
@@ -116,33 +116,9 @@ async def _mutate(ctx: Context, environment: str | None, kind: str, *, keep_volu
         bindings = store.bindings_of(env.env_id)
         try:
             for record in machines:
-                fields = {
-                    "environment": env.name,
-                    "environment_id": env.env_id,
-                    "machine": record.name,
-                    "machine_id": record.machine_id,
-                }
                 with store.transaction() as db:
                     store.operation_step(db, op_id, f"{kind} {record.name}")
-                driver, _ = await pool.get(record.driver, record.driver_options, recorded=True)
-                verb = "stopping" if kind == "stop" else "deleting"
-                with ctx.progress.step(kind, f"{verb} machine {record.name}", **fields):
-                    if kind == "stop":
-                        try:
-                            await driver.stop(record.workspace_id)
-                            state = "stopped"
-                        except NotFoundError:
-                            state = "missing"
-                            ctx.progress.note(
-                                "missing", f"machine {record.name} no longer exists in its driver", **fields
-                            )
-                        with store.transaction() as db:
-                            store.set_machine_state(db, env.env_id, record.machine_id, state)
-                    else:
-                        await delete_owned(driver, record, env)
-                        state = "deleted"
-                        with store.transaction() as db:
-                            store.delete_machine(db, env.env_id, record.machine_id, with_volumes=False)
+                state = await _mutate_machine(ctx, store, pool, env, record, kind)
                 results.append({"id": record.machine_id, "name": record.name, "state": state})
             for volume in volume_records:
                 volumes.append(await _delete_volume(ctx, store, pool, env, op_id, volume, keep_volumes))
@@ -177,3 +153,33 @@ async def _mutate(ctx: Context, environment: str | None, kind: str, *, keep_volu
             lock.release()
         store.close()
         await pool.aclose()
+
+
+async def _mutate_machine(
+    ctx: Context, store: Store, pool: DriverPool, env: EnvironmentRecord, record: MachineRecord, kind: str
+) -> str:
+    """Stop or delete one recorded Machine; the state it is left in."""
+    fields = {
+        "environment": env.name,
+        "environment_id": env.env_id,
+        "machine": record.name,
+        "machine_id": record.machine_id,
+    }
+    driver, _ = await pool.get(record.driver, record.driver_options, recorded=True)
+    verb = "stopping" if kind == "stop" else "deleting"
+    with ctx.progress.step(kind, f"{verb} machine {record.name}", **fields):
+        if kind == "stop":
+            try:
+                await driver.stop(record.workspace_id)
+                state = "stopped"
+            except NotFoundError:
+                state = "missing"
+                ctx.progress.note("missing", f"machine {record.name} no longer exists in its driver", **fields)
+            with store.transaction() as db:
+                store.set_machine_state(db, env.env_id, record.machine_id, state)
+        else:
+            await delete_owned(driver, record, env)
+            state = "deleted"
+            with store.transaction() as db:
+                store.delete_machine(db, env.env_id, record.machine_id, with_volumes=False)
+    return state

@@ -33,12 +33,23 @@ import stat
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
 from vz_core.env._errors import ConflictError
 from vz_core.env._ids import new_operation_id
+from vz_core.env._migrations import MIGRATIONS, Migration
+from vz_core.env._records import (
+    BadRecord,
+    EnvironmentRecord,
+    MachineRecord,
+    OperationRecord,
+    VolumeRecord,
+    env_record,
+    machine_record,
+    operation_record,
+    volume_record,
+)
 from vz_core.errors import UserError
 
 __all__ = [
@@ -121,139 +132,6 @@ def _guarded(method: Callable[_P, _R]) -> Callable[_P, _R]:
     return wrapper
 
 
-@dataclass(frozen=True)
-class Migration:
-    """One schema step: applied once, in order, in one exclusive transaction."""
-
-    version: int
-    description: str
-    statements: tuple[str, ...]
-
-
-MIGRATIONS: tuple[Migration, ...] = (
-    Migration(
-        1,
-        "projects, environments, machines, volumes, bindings, operations",
-        (
-            """CREATE TABLE projects (
-                project_id TEXT PRIMARY KEY,
-                definition_path TEXT NOT NULL,
-                created_at TEXT NOT NULL,
-                updated_at TEXT NOT NULL)""",
-            """CREATE TABLE environments (
-                env_id TEXT PRIMARY KEY,
-                project_id TEXT NOT NULL REFERENCES projects(project_id),
-                name TEXT NOT NULL,
-                state TEXT NOT NULL,
-                worktree TEXT NOT NULL,
-                default_machine TEXT,
-                created_at TEXT NOT NULL,
-                updated_at TEXT NOT NULL,
-                UNIQUE (project_id, name))""",
-            """CREATE TABLE machines (
-                env_id TEXT NOT NULL REFERENCES environments(env_id) ON DELETE CASCADE,
-                machine_id TEXT NOT NULL UNIQUE,
-                name TEXT NOT NULL,
-                workspace_id TEXT NOT NULL UNIQUE,
-                driver TEXT NOT NULL,
-                spec TEXT NOT NULL,
-                state TEXT NOT NULL,
-                created_at TEXT NOT NULL,
-                updated_at TEXT NOT NULL,
-                PRIMARY KEY (env_id, machine_id),
-                UNIQUE (env_id, name))""",
-            """CREATE TABLE volumes (
-                env_id TEXT NOT NULL,
-                machine_id TEXT NOT NULL,
-                name TEXT NOT NULL,
-                backend_name TEXT NOT NULL UNIQUE,
-                created_at TEXT NOT NULL,
-                PRIMARY KEY (env_id, machine_id, name),
-                FOREIGN KEY (env_id, machine_id) REFERENCES machines(env_id, machine_id) ON DELETE CASCADE)""",
-            """CREATE TABLE bindings (
-                project_id TEXT NOT NULL,
-                worktree TEXT NOT NULL,
-                env_id TEXT NOT NULL REFERENCES environments(env_id) ON DELETE CASCADE,
-                created_at TEXT NOT NULL,
-                PRIMARY KEY (project_id, worktree))""",
-            """CREATE TABLE operations (
-                op_id TEXT PRIMARY KEY,
-                env_id TEXT NOT NULL,
-                project_id TEXT NOT NULL,
-                kind TEXT NOT NULL,
-                status TEXT NOT NULL,
-                pid INTEGER NOT NULL,
-                step TEXT NOT NULL DEFAULT '',
-                plan TEXT,
-                error TEXT NOT NULL DEFAULT '',
-                started_at TEXT NOT NULL,
-                finished_at TEXT)""",
-            "CREATE INDEX operations_env ON operations (env_id, started_at)",
-        ),
-    ),
-    Migration(
-        2,
-        "one worktree may own several Environments; volumes outlive their Machine's record (kept volumes)",
-        (
-            """CREATE TABLE bindings_v2 (
-                project_id TEXT NOT NULL,
-                worktree TEXT NOT NULL,
-                env_id TEXT NOT NULL REFERENCES environments(env_id) ON DELETE CASCADE,
-                created_at TEXT NOT NULL,
-                PRIMARY KEY (project_id, worktree, env_id))""",
-            "INSERT INTO bindings_v2 SELECT project_id, worktree, env_id, created_at FROM bindings",
-            "DROP TABLE bindings",
-            "ALTER TABLE bindings_v2 RENAME TO bindings",
-            """CREATE TABLE volumes_v2 (
-                env_id TEXT NOT NULL,
-                machine_id TEXT NOT NULL,
-                name TEXT NOT NULL,
-                backend_name TEXT NOT NULL UNIQUE,
-                created_at TEXT NOT NULL,
-                project_id TEXT NOT NULL DEFAULT '',
-                driver TEXT NOT NULL DEFAULT '',
-                driver_options TEXT NOT NULL DEFAULT '{}',
-                state TEXT NOT NULL DEFAULT 'attached',
-                PRIMARY KEY (env_id, machine_id, name))""",
-            """INSERT INTO volumes_v2 (env_id, machine_id, name, backend_name, created_at, project_id, driver,
-                    driver_options)
-                SELECT v.env_id, v.machine_id, v.name, v.backend_name, v.created_at, e.project_id, m.driver,
-                    COALESCE(json_extract(m.spec, '$.driver_options'), '{}')
-                FROM volumes v JOIN machines m ON m.env_id = v.env_id AND m.machine_id = v.machine_id
-                JOIN environments e ON e.env_id = v.env_id""",
-            "DROP TABLE volumes",
-            "ALTER TABLE volumes_v2 RENAME TO volumes",
-        ),
-    ),
-    Migration(
-        3,
-        "events: the daemon's numbered event log (vz_core.daemon._events)",
-        (
-            """CREATE TABLE events (
-                revision INTEGER PRIMARY KEY AUTOINCREMENT,
-                time TEXT NOT NULL,
-                kind TEXT NOT NULL,
-                environment_id TEXT,
-                machine_id TEXT,
-                data TEXT NOT NULL DEFAULT '{}')""",
-            "CREATE INDEX events_environment ON events (environment_id, revision)",
-        ),
-    ),
-    Migration(
-        4,
-        "environment_networks: the topology plan the daemon serves for a version 2 Environment, its export ports",
-        (
-            """CREATE TABLE environment_networks (
-                env_id TEXT PRIMARY KEY REFERENCES environments(env_id) ON DELETE CASCADE,
-                plan TEXT NOT NULL,
-                ports TEXT NOT NULL DEFAULT '[]',
-                updated_at TEXT NOT NULL)""",
-        ),
-    ),
-)
-"""Every schema migration, oldest first. Append new ones; never edit an applied one."""
-
-
 def default_store_path() -> Path:
     """``<state dir>/state.db`` (``$VZ_HOME/state.db`` when VZ_HOME is set)."""
     from vz_core.paths import state_dir
@@ -265,119 +143,6 @@ def utcnow() -> str:
     """The current UTC time, RFC 3339 with milliseconds."""
     now = time.time()
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
-
-
-@dataclass(frozen=True)
-class EnvironmentRecord:
-    env_id: str
-    project_id: str
-    name: str
-    state: str
-    """creating | running | stopped | deleting | failed"""
-    worktree: str
-    """The project directory the Environment was created from (its workspace source)."""
-    default_machine: str | None
-    created_at: str
-    updated_at: str
-
-    def label(self) -> str:
-        return f"{self.name} ({self.env_id})"
-
-
-@dataclass(frozen=True)
-class MachineRecord:
-    env_id: str
-    machine_id: str
-    name: str
-    workspace_id: str
-    driver: str
-    spec: dict[str, Any]
-    """The Machine's definition as last applied (secret references only)."""
-    state: str
-    """creating | running | stopped | deleting | failed"""
-    created_at: str
-    updated_at: str
-
-    def label(self) -> str:
-        return f"{self.name} ({self.machine_id})"
-
-    @property
-    def driver_options(self) -> dict[str, Any]:
-        options = self.spec.get("driver_options") or {}
-        return dict(options) if isinstance(options, dict) else {}
-
-
-@dataclass(frozen=True)
-class VolumeRecord:
-    env_id: str
-    machine_id: str
-    name: str
-    backend_name: str
-    """The volume's name in its driver (the Mount source vz sent)."""
-    created_at: str
-    project_id: str = ""
-    driver: str = ""
-    driver_options: dict[str, Any] = field(default_factory=dict)
-    state: str = "attached"
-    """attached (its Machine's record exists) | kept (its Environment or Machine was deleted without it)"""
-
-    def label(self) -> str:
-        return self.backend_name
-
-
-@dataclass(frozen=True)
-class OperationRecord:
-    op_id: str
-    env_id: str
-    project_id: str
-    kind: str
-    status: str
-    """running | succeeded | failed | interrupted"""
-    pid: int
-    step: str
-    plan: Any
-    error: str
-    started_at: str
-    finished_at: str | None
-
-
-def _env(row: sqlite3.Row) -> EnvironmentRecord:
-    return EnvironmentRecord(**{k: row[k] for k in row.keys()})
-
-
-class _BadRecord(Exception):
-    pass
-
-
-def _machine(row: sqlite3.Row) -> MachineRecord:
-    data = {k: row[k] for k in row.keys()}
-    try:
-        spec = json.loads(data["spec"])
-    except (TypeError, ValueError, RecursionError):
-        spec = None
-    if not isinstance(spec, dict):
-        raise _BadRecord(f"machine {data['name']!r} of Environment {data['env_id']}: its spec is not a JSON object")
-    data["spec"] = spec
-    return MachineRecord(**data)
-
-
-def _volume(row: sqlite3.Row) -> VolumeRecord:
-    data = {k: row[k] for k in row.keys()}
-    try:
-        options = json.loads(data.get("driver_options") or "{}")
-    except (TypeError, ValueError, RecursionError):
-        options = {}
-    data["driver_options"] = options if isinstance(options, dict) else {}
-    return VolumeRecord(**data)
-
-
-def _operation(row: sqlite3.Row) -> OperationRecord:
-    data = {k: row[k] for k in row.keys()}
-    try:
-        data["plan"] = json.loads(data["plan"]) if data["plan"] else None
-    except (TypeError, ValueError, RecursionError):
-        data["plan"] = None  # the plan is history for people; an unreadable one is shown as absent
-    return OperationRecord(**data)
 
 
 def _make_private(path: Path) -> None:
@@ -471,7 +236,7 @@ class Store:
             raise  # a constraint the caller checks for (unique names): not a broken database
         except sqlite3.Error as exc:
             raise _translate(self.path, exc) from None
-        except _BadRecord as exc:
+        except BadRecord as exc:
             raise StoreError(
                 f"the state database {self.path} holds an unreadable record ({exc}); restore the database from a "
                 "backup, or move it aside to start afresh (the Machines it recorded must then be removed through "
@@ -569,12 +334,12 @@ class Store:
             rows = self._db.execute(
                 "SELECT * FROM environments WHERE project_id = ? ORDER BY created_at, env_id", (project_id,)
             )
-        return [_env(r) for r in rows]
+        return [env_record(r) for r in rows]
 
     @_guarded
     def environment(self, env_id: str) -> EnvironmentRecord | None:
         row = self._db.execute("SELECT * FROM environments WHERE env_id = ?", (env_id,)).fetchone()
-        return _env(row) if row else None
+        return env_record(row) if row else None
 
     def create_environment(
         self,
@@ -664,14 +429,14 @@ class Store:
     @_guarded
     def machines(self, env_id: str) -> list[MachineRecord]:
         rows = self._db.execute("SELECT * FROM machines WHERE env_id = ? ORDER BY created_at, name", (env_id,))
-        return [_machine(r) for r in rows]
+        return [machine_record(r) for r in rows]
 
     @_guarded
     def machine(self, env_id: str, machine_id: str) -> MachineRecord | None:
         row = self._db.execute(
             "SELECT * FROM machines WHERE env_id = ? AND machine_id = ?", (env_id, machine_id)
         ).fetchone()
-        return _machine(row) if row else None
+        return machine_record(row) if row else None
 
     def put_machine(
         self,
@@ -720,7 +485,7 @@ class Store:
             rows = self._db.execute(
                 "SELECT * FROM volumes WHERE env_id = ? AND machine_id = ? ORDER BY name", (env_id, machine_id)
             )
-        return [_volume(r) for r in rows]
+        return [volume_record(r) for r in rows]
 
     @_guarded
     def kept_volumes(self, project_id: str | None = None) -> list[VolumeRecord]:
@@ -731,7 +496,7 @@ class Store:
             rows = self._db.execute(
                 "SELECT * FROM volumes WHERE state = 'kept' AND project_id = ? ORDER BY backend_name", (project_id,)
             )
-        return [_volume(r) for r in rows]
+        return [volume_record(r) for r in rows]
 
     def put_volume(
         self,
@@ -767,7 +532,7 @@ class Store:
     @_guarded
     def volume(self, backend_name: str) -> VolumeRecord | None:
         row = self._db.execute("SELECT * FROM volumes WHERE backend_name = ?", (backend_name,)).fetchone()
-        return _volume(row) if row else None
+        return volume_record(row) if row else None
 
     def keep_volume(self, db: sqlite3.Connection, backend_name: str) -> None:
         db.execute("UPDATE volumes SET state = 'kept' WHERE backend_name = ?", (backend_name,))
@@ -803,7 +568,7 @@ class Store:
     @_guarded
     def operation(self, op_id: str) -> OperationRecord | None:
         row = self._db.execute("SELECT * FROM operations WHERE op_id = ?", (op_id,)).fetchone()
-        return _operation(row) if row else None
+        return operation_record(row) if row else None
 
     @_guarded
     def operations(self, env_id: str, *, status: str | None = None) -> list[OperationRecord]:
@@ -814,4 +579,4 @@ class Store:
             rows = self._db.execute(
                 "SELECT * FROM operations WHERE env_id = ? AND status = ? ORDER BY started_at, rowid", (env_id, status)
             )
-        return [_operation(r) for r in rows]
+        return [operation_record(r) for r in rows]

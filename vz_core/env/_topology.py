@@ -26,10 +26,13 @@ import hashlib
 import ipaddress
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from vz_core.env._definition import EgressPolicy, NetworkPath, ProjectDefinition, Service
 from vz_core.env._ids import ENV_ID_RE
+
+if TYPE_CHECKING:
+    from vz_core.env._definition import ProjectDefinition
+    from vz_core.env._machines import EgressPolicy, Machine, NetworkPath, Service
 
 __all__ = [
     "DEFAULT_POOL",
@@ -285,6 +288,30 @@ def _host_ports(environment_id: str, machine: str, service: Service, declared: i
     return tuple(out)
 
 
+@dataclass
+class _Layout:
+    """Where each Machine sits: the networks' plans, each Machine's address and interface on each of its networks
+    (``address`` and ``ifnames`` keyed by (machine, network)), its networks in definition order, its attachments."""
+
+    networks: list[NetworkPlan]
+    address: dict[tuple[str, str], str]
+    ifnames: dict[tuple[str, str], str]
+    member_of: dict[str, list[str]]
+    attachments: dict[str, tuple[Attachment, ...]]
+
+    def shared(self, a: str, b: str) -> list[str]:
+        return [n for n in self.member_of[a] if n in self.member_of[b]]
+
+
+@dataclass
+class _Reach:
+    """What the declared paths allow: the forward rules, each service's sources, and whom each Machine reaches."""
+
+    forward: set[ForwardRule]
+    sources: dict[tuple[str, str, int], set[Source]]
+    reach: dict[str, dict[str, set[tuple[str, str, int]]]]
+
+
 def compile_topology(definition: ProjectDefinition, environment_id: str) -> TopologyPlan:
     """The topology plan of one Environment of ``definition`` (already validated by ``parse_definition``)."""
     domain = domain_name(environment_id)
@@ -293,7 +320,41 @@ def compile_topology(definition: ProjectDefinition, environment_id: str) -> Topo
             MachinePlan(m.name, (), None, (), (), (), _egress(m.egress_policy)) for m in definition.machines
         )
         return TopologyPlan(environment_id, definition.project_id, 1, None, (), machines, (), (), (), ())
+    layout = _layout(definition)
+    reach = _reach(definition, layout)
+    imports_of: dict[str, list[ImportPlan]] = {m.name: [] for m in definition.machines}
+    import_plans: list[ImportPlan] = []
+    for item in definition.imports:
+        plan = ImportPlan(
+            machine=item.machine,
+            protocol=item.protocol,
+            host_address=item.host_address,
+            host_port=item.host_port,
+            port=item.machine_port,
+            relay_addresses=tuple(a.gateway for a in layout.attachments[item.machine]),
+        )
+        imports_of[item.machine].append(plan)
+        import_plans.append(plan)
+    exported = {(e.machine, e.service) for e in definition.exports}
+    input_rules: set[InputRule] = set()
+    machine_plans = [
+        _machine_plan(m, layout, reach, imports_of[m.name], exported, input_rules) for m in definition.machines
+    ]
+    return TopologyPlan(
+        environment_id=environment_id,
+        project_id=definition.project_id,
+        definition_version=definition.version,
+        route_domain=domain,
+        networks=tuple(layout.networks),
+        machines=tuple(machine_plans),
+        forward=tuple(sorted(reach.forward, key=_rule_key)),
+        input=tuple(sorted(input_rules, key=lambda r: (r.ifname, r.protocol, r.port, r.purpose))),
+        exports=tuple(_export_plans(definition, layout, environment_id)),
+        imports=tuple(import_plans),
+    )
 
+
+def _layout(definition: ProjectDefinition) -> _Layout:
     networks = definition.effective_networks()
     subnets = _subnets(definition)
     net_plans: list[NetworkPlan] = []
@@ -310,7 +371,6 @@ def compile_topology(definition: ProjectDefinition, environment_id: str) -> Topo
     for net in networks:  # definition order: the first network is eth0 and carries the DNS server
         for name in net.machines:
             member_of[name].append(net.name)
-
     attachments: dict[str, tuple[Attachment, ...]] = {}
     for m in definition.machines:
         attachments[m.name] = tuple(
@@ -324,18 +384,17 @@ def compile_topology(definition: ProjectDefinition, environment_id: str) -> Topo
             )
             for i, net in enumerate(member_of[m.name])
         )
+    return _Layout(net_plans, address, ifnames, member_of, attachments)
 
-    def shared(a: str, b: str) -> list[str]:
-        return [n for n in member_of[a] if n in member_of[b]]
 
-    forward: set[ForwardRule] = set()
-    sources: dict[tuple[str, str, int], set[Source]] = {}
-    reach: dict[str, dict[str, set[tuple[str, str, int]]]] = {m.name: {} for m in definition.machines}
+def _reach(definition: ProjectDefinition, layout: _Layout) -> _Reach:
+    address, ifnames = layout.address, layout.ifnames
+    out = _Reach(set(), {}, {m.name: {} for m in definition.machines})
     for path in definition.paths:
         target = _target(definition, path)
-        for via in shared(path.source, path.to):
+        for via in layout.shared(path.source, path.to):
             src, dst = (path.source, via), (path.to, via)
-            forward.add(
+            out.forward.add(
                 ForwardRule(
                     path.source,
                     ifnames[src],
@@ -347,77 +406,70 @@ def compile_topology(definition: ProjectDefinition, environment_id: str) -> Topo
                     target.port,
                 )
             )
-            sources.setdefault((path.to, target.protocol, target.port), set()).add(
+            out.sources.setdefault((path.to, target.protocol, target.port), set()).add(
                 Source(path.source, via, address[src])
             )
-        reach[path.source].setdefault(path.to, set()).add((target.name, target.protocol, target.port))
+        out.reach[path.source].setdefault(path.to, set()).add((target.name, target.protocol, target.port))
+    return out
 
-    exported = {(e.machine, e.service) for e in definition.exports}
-    imports_of: dict[str, list[ImportPlan]] = {m.name: [] for m in definition.machines}
-    import_plans: list[ImportPlan] = []
-    for item in definition.imports:
-        plan = ImportPlan(
-            machine=item.machine,
-            protocol=item.protocol,
-            host_address=item.host_address,
-            host_port=item.host_port,
-            port=item.machine_port,
-            relay_addresses=tuple(a.gateway for a in attachments[item.machine]),
-        )
-        imports_of[item.machine].append(plan)
-        import_plans.append(plan)
 
-    input_rules: set[InputRule] = set()
-    machine_plans: list[MachinePlan] = []
-    for m in definition.machines:
-        own = attachments[m.name]
-        for att in own:
-            for proto in ("udp", "tcp"):
-                input_rules.add(InputRule(m.name, att.domain_ifname, att.address, att.gateway, proto, 53, "dns"))
-            for imp in imports_of[m.name]:
-                input_rules.add(
-                    InputRule(m.name, att.domain_ifname, att.address, att.gateway, imp.protocol, imp.port, "import")
-                )
-        records: list[DnsRecord] = []
-        if own:
-            records.append(DnsRecord(f"{m.name}.{DNS_ZONE}", "A", address=own[0].address))
-        for peer in sorted(reach[m.name]):
-            first_shared = shared(m.name, peer)[0]
-            fqdn = f"{peer}.{DNS_ZONE}"
-            records.append(DnsRecord(fqdn, "A", address=address[(peer, first_shared)]))
-            for svc_name, proto, port in sorted(reach[m.name][peer]):
-                records.append(DnsRecord(f"_{svc_name}._{proto}.{fqdn}", "SRV", port=port, target=fqdn))
-        if imports_of[m.name] and own:
-            records.extend(DnsRecord(name, "A", address=own[0].gateway) for name in HOST_NAMES)
-        inbound = tuple(
-            InboundService(
-                service=s.name,
-                protocol=s.protocol,
-                port=s.port,
-                sources=tuple(
-                    sorted(sources.get((m.name, s.protocol, s.port), set()), key=lambda x: (x.machine, x.network))
-                ),
-                exported=(m.name, s.name) in exported,
+def _machine_plan(
+    m: Machine,
+    layout: _Layout,
+    reach: _Reach,
+    imports: list[ImportPlan],
+    exported: set[tuple[str, str]],
+    input_rules: set[InputRule],
+) -> MachinePlan:
+    """One Machine's plan; its input rules (DNS, its imports' relays) are added to ``input_rules``."""
+    own = layout.attachments[m.name]
+    for att in own:
+        for proto in ("udp", "tcp"):
+            input_rules.add(InputRule(m.name, att.domain_ifname, att.address, att.gateway, proto, 53, "dns"))
+        for imp in imports:
+            input_rules.add(
+                InputRule(m.name, att.domain_ifname, att.address, att.gateway, imp.protocol, imp.port, "import")
             )
-            for s in m.services
+    records: list[DnsRecord] = []
+    if own:
+        records.append(DnsRecord(f"{m.name}.{DNS_ZONE}", "A", address=own[0].address))
+    for peer in sorted(reach.reach[m.name]):
+        first_shared = layout.shared(m.name, peer)[0]
+        fqdn = f"{peer}.{DNS_ZONE}"
+        records.append(DnsRecord(fqdn, "A", address=layout.address[(peer, first_shared)]))
+        for svc_name, proto, port in sorted(reach.reach[m.name][peer]):
+            records.append(DnsRecord(f"_{svc_name}._{proto}.{fqdn}", "SRV", port=port, target=fqdn))
+    if imports and own:
+        records.extend(DnsRecord(name, "A", address=own[0].gateway) for name in HOST_NAMES)
+    inbound = tuple(
+        InboundService(
+            service=s.name,
+            protocol=s.protocol,
+            port=s.port,
+            sources=tuple(
+                sorted(reach.sources.get((m.name, s.protocol, s.port), set()), key=lambda x: (x.machine, x.network))
+            ),
+            exported=(m.name, s.name) in exported,
         )
-        machine_plans.append(
-            MachinePlan(
-                name=m.name,
-                attachments=own,
-                dns_server=own[0].gateway if own else None,
-                search=(DNS_ZONE,) if own else (),
-                dns=tuple(records),
-                inbound=inbound,
-                egress=_egress(m.egress_policy),
-            )
-        )
+        for s in m.services
+    )
+    return MachinePlan(
+        name=m.name,
+        attachments=own,
+        dns_server=own[0].gateway if own else None,
+        search=(DNS_ZONE,) if own else (),
+        dns=tuple(records),
+        inbound=inbound,
+        egress=_egress(m.egress_policy),
+    )
 
+
+def _export_plans(definition: ProjectDefinition, layout: _Layout, environment_id: str) -> list[ExportPlan]:
     export_plans: list[ExportPlan] = []
     for export in definition.exports:
         owner = definition.machine(export.machine)
         svc = owner.service(export.service)
-        att = attachments[export.machine][0]
+        att = layout.attachments[export.machine][0]
         export_plans.append(
             ExportPlan(
                 machine=export.machine,
@@ -431,19 +483,7 @@ def compile_topology(definition: ProjectDefinition, environment_id: str) -> Topo
                 declared_host_port=export.host_port,
             )
         )
-
-    return TopologyPlan(
-        environment_id=environment_id,
-        project_id=definition.project_id,
-        definition_version=definition.version,
-        route_domain=domain,
-        networks=tuple(net_plans),
-        machines=tuple(machine_plans),
-        forward=tuple(sorted(forward, key=_rule_key)),
-        input=tuple(sorted(input_rules, key=lambda r: (r.ifname, r.protocol, r.port, r.purpose))),
-        exports=tuple(export_plans),
-        imports=tuple(import_plans),
-    )
+    return export_plans
 
 
 def _rule_key(rule: ForwardRule) -> tuple[str, str, str, int]:
