@@ -166,8 +166,8 @@ def autostart_enabled(environ: Mapping[str, str] | None = None) -> bool:
 
 def _unavailable(paths: DaemonPaths) -> DaemonError:
     return DaemonError(
-        f"no vz daemon runs for {paths.home}; start it with `vz daemon start` "
-        f"({AUTOSTART_ENV}=0 keeps commands from starting one)",
+        f"no vz daemon runs for {paths.home} (nothing listens on {paths.socket}); start it with "
+        f"`vz daemon start` ({AUTOSTART_ENV}=0 keeps commands from starting one)",
     )
 
 

@@ -321,7 +321,8 @@ def test_autostart_off_fails_fast_naming_the_command(home: Path) -> None:
     with pytest.raises(DaemonError) as exc:
         connect(environ=env)
     assert time.monotonic() - started < 1.0
-    assert str(exc.value).startswith(f"no vz daemon runs for {home}; start it with `vz daemon start`")
+    socket = daemon_paths(environ=env).socket
+    assert str(exc.value).startswith(f"no vz daemon runs for {home} (nothing listens on {socket}); start it with")
     assert (exc.value.code, exc.value.kind, exc.value.exit_code) == ("UNAVAILABLE", "unavailable", 69)
     assert not os.path.exists(daemon_paths(environ=env).pid_file)
     assert _daemon_pids(home) == []
