@@ -319,13 +319,13 @@ def test_drivers_connect_over_grpc_serves_the_same_session(home: Path, tmp_path:
     with connect(autostart=True):  # the daemon of this home runs
         pass
     spec = pb.method("Drivers.Connect")
-    request = spec.request(driver="fake")
+    request = pb.api_pb2.ConnectRequest(driver="fake")
     json_format.ParseDict({"state_dir": str(tmp_path / "grpc-state")}, request.options)
     with grpc.insecure_channel("unix:" + str(home / "daemon" / "vz.sock")) as channel:
         stub = channel.unary_stream(
             spec.path, request_serializer=spec.request.SerializeToString, response_deserializer=spec.response.FromString
         )
-        responses = stub(request, timeout=120)
+        responses: Any = stub(request, timeout=120)
         first = next(responses)
         session = pb.to_wire(first.progress)["driver"]
         socket_path = Path(session["socket"])
