@@ -12,10 +12,11 @@ import sys
 import time
 from typing import Any
 
+from vz_core.wire import NOT_FOUND
+
 __all__ = ["run_daemon_command"]
 
-UNAVAILABLE = 69
-NOT_RUNNING = 3
+NOT_RUNNING = NOT_FOUND
 
 
 class _Parser(argparse.ArgumentParser):
