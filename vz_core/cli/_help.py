@@ -26,6 +26,8 @@ Other:
            vz daemon start | stop | status | logs | run
   guest    the vz Linux guest for vfkit and hyperv hosts, as a verified bundle:
            vz guest build --arch A --format F --out DIR | verify DIR | fetch DIR|URL
+  completion  print a shell's completion script:  source <(vz completion bash|zsh), or
+           vz completion fish > ~/.config/fish/completions/vz.fish
   version  print the vz version
   help     this text, or `vz help <command>` for a command's options
 

@@ -25,7 +25,20 @@ if TYPE_CHECKING:
 
 __all__ = ["main"]
 
-COMMANDS = ("up", "exec", "status", "stop", "delete", "volume", "driver", "daemon", "guest", "version", "help")
+COMMANDS = (
+    "up",
+    "exec",
+    "status",
+    "stop",
+    "delete",
+    "volume",
+    "driver",
+    "daemon",
+    "guest",
+    "completion",
+    "version",
+    "help",
+)
 
 
 LEGACY_COMMANDS: dict[str, str] = {
@@ -228,6 +241,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _daemon(["--help"])
         if rest and rest[0] == "guest":
             return _guest(["--help"])
+        if rest and rest[0] == "completion":
+            return _completion(["--help"])
         if rest and rest[0] in COMMANDS and rest[0] not in ("help", "version"):
             _parser(rest[0]).print_help()
         else:
@@ -235,6 +250,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if command in LEGACY_COMMANDS:
         return _legacy(command, rest)
+    if command == "__complete":  # the completion scripts' question (not a command of its own)
+        from vz_core.cli._completion import complete_names
+
+        return complete_names(rest)
+    if command == "completion":
+        return _completion(rest)
     if command not in COMMANDS:
         sys.stderr.write(f"vz: unknown command {command!r}; commands: {', '.join(COMMANDS)} (see `vz --help`)\n")
         return 2
@@ -320,6 +341,24 @@ def _report(command: str, exc: Exception, json_mode: bool, redactor: Redactor | 
     code, kind = classify(exc)
     Output("json" if json_mode else "plain", command, redactor=redactor).error(code, kind, str(exc))
     return code
+
+
+def _completion(rest: list[str]) -> int:
+    from vz_core.cli._completion import SHELLS, completion_script
+
+    if rest in (["-h"], ["--help"]):
+        sys.stdout.write(
+            "usage: vz completion bash|zsh|fish\n\nPrint the shell's completion script for vz: commands, flags, "
+            "Environment and Machine names.\n  bash: source <(vz completion bash)\n  zsh:  source <(vz "
+            "completion zsh)\n  fish: vz completion fish > ~/.config/fish/completions/vz.fish\n"
+        )
+        return 0
+    if len(rest) != 1 or rest[0] not in SHELLS:
+        given = " ".join(rest) or "nothing"
+        sys.stderr.write(f"vz completion: error: which shell: bash, zsh or fish (got {given})\n")
+        return 2
+    sys.stdout.write(completion_script(rest[0]))
+    return 0
 
 
 def _version() -> int:
