@@ -339,6 +339,8 @@ def add_url(
     binary_url = urllib.parse.urljoin(final, entry.url)
     check_url(binary_url, what="binary URL")
 
+    installs_root().mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(installs_root(), 0o700)
     base = installs_root() / name
     staging = base / ".staging"
     staging.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -378,7 +380,7 @@ def add_url(
             kept = f"; version {previous.manifest.version} stays installed" if previous is not None else ""
             raise TrustError(
                 f"driver {name!r} version {manifest.version} was downloaded and verified but did not start and "
-                f"negotiate: {exc}{kept}"
+                f"negotiate{kept}: {exc}"
             ) from None
     row = drivers.add_manifest(manifest_path, registry=registry, store=store, origin="url", source=url)
     row["changes"] = changes

@@ -92,6 +92,8 @@ class Hub:
     stall: set[str] = field(default_factory=set)
     """Paths whose body stops after half of it until the test ends (the connection stays open)."""
     no_length: set[str] = field(default_factory=set)
+    ignore_range: set[str] = field(default_factory=set)
+    """Paths served whole (200) whatever ``Range`` asks for."""
     requests: list[tuple[str, str]] = field(default_factory=list)
     """(path, Range header or "")."""
     base: str = ""
@@ -128,7 +130,7 @@ def _handler(hub: Hub) -> type[http.server.BaseHTTPRequestHandler]:
                 self.end_headers()
                 return
             start = 0
-            if rng.startswith("bytes=") and rng.endswith("-") and rng[6:-1].isdigit():
+            if path not in hub.ignore_range and rng.startswith("bytes=") and rng.endswith("-") and rng[6:-1].isdigit():
                 start = int(rng[6:-1])
                 if start >= len(body):
                     self.send_response(416)

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from driverhub import Provider, plugin_binary, publish
 
@@ -103,3 +105,27 @@ def test_the_documented_commands(provider: Provider, tmp_path: Path) -> None:
     assert f"signed by Acme Inc ({kid})" in run("driver", "list").stdout
     assert run("driver", "remove", "acme").returncode == 0
     assert "acme" not in run("driver", "list").stdout
+
+
+def test_the_guides_signing_script_signs_what_vz_verifies(
+    provider: Provider, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Python snippet of docs/driver-authors.md "Publishing your driver", run as written."""
+    import re
+
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "driver-authors.md").read_text()
+    section = guide.split("## Publishing your driver", 1)[1].split("\n## ", 1)[0]
+    (script,) = re.findall(r"```python\n(.*?)```", section, re.S)
+    p = provider
+    publish(p.hub, plugin_binary(), None)
+    (tmp_path / "manifest.json").write_bytes(p.hub.files["/acme/manifest.json"])
+    from cryptography.hazmat.primitives import serialization
+
+    (tmp_path / "release.key").write_bytes(
+        p.key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    monkeypatch.chdir(tmp_path)
+    exec(compile(script, "driver-authors.md", "exec"), {})
+    p.hub.files["/acme/manifest.json"] = (tmp_path / "manifest.json").read_bytes()
+    row = _install.add_url(p.hub.url("/acme/manifest.json"), store=p.store, roots=p.roots)
+    assert row["provenance"]["signed"] is True and row["provenance"]["key_name"] == "acme"

@@ -127,9 +127,9 @@ def test_a_builtin_pinned_to_its_console_script_is_verified_at_every_launch(tmp_
 def test_a_console_script_differing_from_its_installation_record_is_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from vz_core import drivers
+    from vz_core.drivers import _pinning
 
-    monkeypatch.setattr(drivers, "_installed_hash", lambda script, module: "0" * 64)
+    monkeypatch.setattr(_pinning, "_installed_hash", lambda script, module: "0" * 64)
     with pytest.raises(TrustError, match="modified after installation; reinstall vz"):
         pin_builtin("fake")
     row = verify("fake")[0]

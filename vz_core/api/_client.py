@@ -402,9 +402,13 @@ class Client(_Handle):
         request = self._request(context, definition_file, all=all)
         return _typed.StatusReport(self._call("Environments.List", request)).environments
 
-    def watch(self, from_revision: int | None = 0) -> EventStream:
-        """Events about Environments (and their operations) after ``from_revision`` (None: from now), then live."""
-        return EventStream(self.transport.start("Environments.Watch", {"from_revision": from_revision}), from_revision)
+    def watch(self, from_revision: int | None = 0, *, environment_id: str | None = None) -> EventStream:
+        """Events about Environments (and their operations; of one Environment, by id) after ``from_revision``
+        (None: from now), then live."""
+        request: dict[str, Any] = {"from_revision": from_revision}
+        if environment_id is not None:
+            request["environment"] = environment_id
+        return EventStream(self.transport.start("Environments.Watch", request), from_revision)
 
     # --- Machines -------------------------------------------------------------------------------------------
 

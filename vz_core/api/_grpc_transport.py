@@ -9,6 +9,7 @@ converted back with ``to_wire``, so a caller sees the same objects on both trans
 from __future__ import annotations
 
 import queue
+import sys
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -121,6 +122,12 @@ def _request_iterator(first: Any, requests: queue.Queue[Any]) -> Iterator[Any]:
         yield item
 
 
+WINDOWS_UNSUPPORTED = (
+    "the typed API (vz.api.v1 over gRPC) is not served on Windows hosts: grpcio has no named-pipe transport "
+    'and the daemon opens no TCP port; use the local transport (transport="local", what the vz CLI uses)'
+)
+
+
 class GrpcTransport:
     """vz.api.v1 over gRPC on the daemon's socket (the daemon is started first, as for the local wire)."""
 
@@ -129,6 +136,8 @@ class GrpcTransport:
     def __init__(self, home: str | None = None, socket: str | None = None, autostart: bool | None = None) -> None:
         from vz_core.daemon import daemon_paths
 
+        if sys.platform == "win32":
+            raise ApiError("UNSUPPORTED", WINDOWS_UNSUPPORTED, "user_error", 2)
         self.given_socket = socket
         self.socket = socket or daemon_paths(home).socket
         self.home = home

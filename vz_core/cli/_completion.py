@@ -26,50 +26,71 @@ ASK_SECONDS = 0.5
 """How long a completion waits for the daemon before it answers from the cache."""
 SUBCOMMANDS: dict[str, tuple[str, ...]] = {
     "volume": ("list", "rm"),
-    "driver": ("list", "add", "verify", "configure"),
-    "daemon": ("start", "stop", "status", "logs", "run"),
     "guest": ("build", "verify", "fetch"),
     "completion": SHELLS,
 }
+"""Sub-commands argparse does not hold as sub-parsers (`vz driver` and `vz daemon` are read from theirs)."""
 _VALUE_FLAGS_FILES = ("-f", "--file", "--env-file")
 
 
 def _flags(parser: argparse.ArgumentParser) -> list[str]:
+    """Every option of ``parser`` and of its sub-parsers (argparse has no public list of them)."""
+    import argparse
+
     found: list[str] = []
-    for action in parser._actions:  # argparse has no public list of a parser's options
-        found += [o for o in action.option_strings if o not in ("-h",)]
+    for action in parser._actions:
+        found += [o for o in action.option_strings if o != "-h" and o not in found]
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                found += [o for o in _flags(sub) if o not in found]
     return found
 
 
-def _command_flags() -> dict[str, list[str]]:
+def _sub_commands(parser: argparse.ArgumentParser) -> tuple[str, ...]:
+    import argparse
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return tuple(action.choices)
+    return ()
+
+
+def _command_flags() -> tuple[dict[str, list[str]], dict[str, tuple[str, ...]]]:
+    """(flags of each command, "" for those before a command; sub-commands of each command that has some)."""
+    from vz_core.cli._daemon_cmd import daemon_parser
     from vz_core.cli._main import COMMANDS, GLOBAL_OPTIONS, _parser
 
     flags: dict[str, list[str]] = {}
+    subs = dict(SUBCOMMANDS)
     for command in COMMANDS:
-        if command in ("up", "exec", "status", "stop", "delete", "volume"):
-            flags[command] = _flags(_parser(command))
-        elif command in ("driver", "daemon", "guest", "completion", "version", "help"):
-            flags[command] = ["--json", "--help"] if command in ("driver", "daemon") else ["--help"]
+        if command in ("up", "exec", "status", "stop", "delete", "volume", "driver", "daemon"):
+            parser = daemon_parser() if command == "daemon" else _parser(command)
+            flags[command] = _flags(parser)
+            found = _sub_commands(parser)
+            if found:
+                subs[command] = found
+        else:
+            flags[command] = ["--help"]
     flags[""] = [*GLOBAL_OPTIONS, "--help", "--version"]
-    return flags
+    return flags, subs
 
 
 def completion_script(shell: str) -> str:
     """The completion script for ``shell`` (one of ``SHELLS``)."""
     from vz_core.cli._main import COMMANDS
 
-    flags = _command_flags()
-    render: dict[str, Callable[[list[str], dict[str, list[str]]], str]] = {
+    flags, subs = _command_flags()
+    render: dict[str, Callable[[list[str], dict[str, list[str]], dict[str, tuple[str, ...]]], str]] = {
         "bash": _bash,
         "zsh": _zsh,
         "fish": _fish,
     }
-    return render[shell](list(COMMANDS), flags)
+    return render[shell](list(COMMANDS), flags, subs)
 
 
-def _bash(commands: list[str], flags: dict[str, list[str]]) -> str:
+def _bash(commands: list[str], flags: dict[str, list[str]], sub_commands: dict[str, tuple[str, ...]]) -> str:
     cases = "\n".join(f"        {c}) opts={json.dumps(' '.join(flags.get(c, [])))} ;;" for c in commands)
-    subs = "\n".join(f"        {c}) subs={json.dumps(' '.join(s))} ;;" for c, s in SUBCOMMANDS.items())
+    subs = "\n".join(f"        {c}) subs={json.dumps(' '.join(s))} ;;" for c, s in sub_commands.items())
     files = "|".join(_VALUE_FLAGS_FILES)
     return f"""\
 # vz completion for bash: `source <(vz completion bash)` (or save it in
@@ -124,16 +145,16 @@ complete -o default -F _vz vz
 """
 
 
-def _zsh(commands: list[str], flags: dict[str, list[str]]) -> str:
+def _zsh(commands: list[str], flags: dict[str, list[str]], sub_commands: dict[str, tuple[str, ...]]) -> str:
     return (
         "# vz completion for zsh: `source <(vz completion zsh)` (runs the bash completion through zsh's\n"
         "# bashcompinit, which ships with zsh).\n"
         "autoload -U +X compinit && compinit\n"
-        "autoload -U +X bashcompinit && bashcompinit\n" + _bash(commands, flags)
+        "autoload -U +X bashcompinit && bashcompinit\n" + _bash(commands, flags, sub_commands)
     )
 
 
-def _fish(commands: list[str], flags: dict[str, list[str]]) -> str:
+def _fish(commands: list[str], flags: dict[str, list[str]], sub_commands: dict[str, tuple[str, ...]]) -> str:
     lines = [
         "# vz completion for fish: `vz completion fish > ~/.config/fish/completions/vz.fish`",
         "complete -c vz -e",
@@ -144,8 +165,8 @@ def _fish(commands: list[str], flags: dict[str, list[str]]) -> str:
     for command in commands:
         for option in flags.get(command, []):
             lines.append(f"complete -c vz -n '__fish_seen_subcommand_from {command}' {_fish_option(option)}")
-        if command in SUBCOMMANDS:
-            subs = " ".join(SUBCOMMANDS[command])
+        if command in sub_commands:
+            subs = " ".join(sub_commands[command])
             lines.append(f"complete -c vz -f -n '__fish_seen_subcommand_from {command}' -a '{subs}'")
     lines.append("complete -c vz -f -l environment -r -a '(vz __complete environments 2>/dev/null)'")
     lines.append("complete -c vz -f -l machine -r -a '(vz __complete machines 2>/dev/null)'")

@@ -12,7 +12,7 @@ import sys
 import time
 from typing import Any
 
-__all__ = ["run_daemon_command"]
+__all__ = ["daemon_parser", "run_daemon_command"]
 
 UNAVAILABLE = 69
 NOT_RUNNING = 3
@@ -25,6 +25,11 @@ class _Parser(argparse.ArgumentParser):
 
 class _Usage(Exception):
     pass
+
+
+def daemon_parser() -> argparse.ArgumentParser:
+    """The parser of `vz daemon` (its sub-commands and flags; shell completion reads them)."""
+    return _parser()
 
 
 def _parser() -> argparse.ArgumentParser:

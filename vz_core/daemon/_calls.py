@@ -171,7 +171,9 @@ def context_of(data: object, *, progress: Progress | None = None) -> Context:
             raise RequestError("request.context.definition_file", "must be a path (string) or null")
         _check_text("request.context.definition_file", definition)
         definition_file = Path(definition) if Path(definition).is_absolute() else path / definition
-    ctx = Context(cwd=path, environ=_Environ(environ), definition_file=definition_file)
+    from vz_core.daemon._sessions import running_pool
+
+    ctx = Context(cwd=path, environ=_Environ(environ), definition_file=definition_file, drivers=running_pool())
     if progress is not None:
         ctx.progress = progress
     return ctx

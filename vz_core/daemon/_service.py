@@ -417,12 +417,13 @@ class Service:
         self._operations[operation.number] = operation
         kind = OPERATIONS.get(call.method)
         started = time.monotonic()
+        started_revision: int | None = None
         if kind is not None:
             request = call.request if isinstance(call.request, dict) else {}
             selector = request.get("environment") if isinstance(request.get("environment"), str) else None
             selector = state.redactor.redact(selector) if selector is not None else None
             operation.environment = selector
-            self._publish(
+            started_revision = self._publish(
                 "operation.started",
                 None,
                 None,
@@ -471,6 +472,7 @@ class Service:
                         "operation_id": op_id,
                         "error": failure,
                         "seconds": round(time.monotonic() - started, 3),
+                        **({"started_revision": started_revision} if started_revision is not None else {}),
                     },
                 )
 
@@ -579,20 +581,25 @@ class Service:
 
     # --- helpers ------------------------------------------------------------------------------------------------
 
-    def _publish(self, kind: str, environment_id: str | None, machine_id: str | None, data: dict[str, Any]) -> None:
+    def _publish(
+        self, kind: str, environment_id: str | None, machine_id: str | None, data: dict[str, Any]
+    ) -> int | None:
+        """Record one event; its revision (None when there is no event log or it could not be stored)."""
         if self._events is None:
-            return
+            return None
         # Stored events hold no secret: every value is masked with every secret the daemon has learned (the
         # call's project's are merged in before its first event).
         data = self._secrets.redact_data(data)
+        revision: int | None = None
         with contextlib.suppress(Exception):  # an event that cannot be stored never fails an operation
-            self._events.append(kind, environment_id, machine_id, data)
+            revision = self._events.append(kind, environment_id, machine_id, data)
         if kind == "environment.updated" and data.get("change") == "deleted" and environment_id:
             # `vz delete` leaves nothing of the Environment on disk, its events included: live watchers get the
             # deletion first (they are woken by the append), then its events are dropped from the log.
             self._forget.add(environment_id)  # dropped at close() at the latest
             with contextlib.suppress(RuntimeError):  # no running loop: close() does it
                 asyncio.get_running_loop().call_later(FORGET_DELAY, self._forget_now, environment_id)
+        return revision
 
     def _forget_now(self, environment_id: str) -> None:
         if environment_id in self._forget and self._events is not None:
@@ -773,21 +780,44 @@ class Service:
 
     async def _watch_environments(self, state: _CallState) -> dict[str, Any]:
         request = self._request(state, ("from_revision", "environment"))
-        environment = request.string("environment", empty=False)
+        environment = self._watched_environment(request)
         return await self._follow(state, request, ("environment.", "operation."), environment)
 
     async def _watch_machines(self, state: _CallState) -> dict[str, Any]:
         request = self._request(state, ("from_revision", "environment"))
-        environment = request.string("environment", empty=False)
+        environment = self._watched_environment(request)
         return await self._follow(state, request, ("machine.",), environment)
+
+    def _watched_environment(self, request: Request) -> str | None:
+        """A watch's ``environment``: an Environment id the state store records or the event log still holds
+        events of; ``NotFoundError`` for any other (a typo would otherwise watch nothing, silently)."""
+        environment = request.string("environment", empty=False)
+        if environment is None:
+            return None
+        from vz_core.env import Store
+        from vz_core.errors import NotFoundError
+
+        with Store(self._store_path) as store:
+            if store.environment(environment) is not None:
+                return environment
+        knows = getattr(self._events, "knows_environment", None)
+        if knows is not None and knows(environment):
+            return environment
+        raise NotFoundError(
+            f"request.environment: no Environment has the id {environment!r} (a watch takes an Environment id, "
+            "as Environments.List reports it, not a name)",
+            details={"field": "environment"},
+        )
 
     async def _system_events(self, state: _CallState) -> dict[str, Any]:
         request = self._request(state, ("from_revision", "follow"))
         if request.boolean("follow", default=True):
             return await self._follow(state, request, (), None)
-        revision = request.integer("from_revision", default=0) or 0
+        revision = request.integer("from_revision", default=None)
         if self._events is None:
             raise _unavailable("events are not recorded by this daemon (no event log)")
+        if revision is None:  # from now on, and not following: nothing yet; the revision to start from later
+            return {"revision": _latest(self._events)}
         since = getattr(self._events, "since", None)
         last = revision
         while since is not None:

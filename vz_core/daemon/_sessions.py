@@ -1,7 +1,8 @@
 """Driver sessions of the vz daemon: every driver a supervised, checksum-verified plugin, kept warm and shared.
 
-``SessionPool`` is what ``vz_core.env.acquire_driver`` returns drivers from inside the daemon (``start()``
-installs it with ``vz_core.drivers.use_driver_source``; ``aclose()`` stops every plugin and uninstalls it).
+``SessionPool`` is what ``vz_core.env.acquire_driver`` returns drivers from inside the daemon: ``start()`` makes it
+the daemon's ``running_pool()``, which every command's ``Context.drivers`` carries (``vz_core.daemon._calls``);
+``aclose()`` stops every plugin and withdraws it.
 
 One door for every driver. A built-in has no manifest file: at ``start()`` the pool builds the equivalent
 record for its installed console script (``vz-driver-<name>``, i.e. ``<registration module>:main``) with
@@ -76,7 +77,7 @@ if TYPE_CHECKING:
         TerminalInput,
         TerminalSpec,
     )
-    from vz_core.drivers import DriverSource, HostConfig, ManifestStore, ResolvedDriver
+    from vz_core.drivers import HostConfig, ManifestStore, ResolvedDriver
     from vz_core.env import DriverFacts
     from vz_core.registry import DriverRegistry
     from vz_core.rpc import RemoteDriver
@@ -92,6 +93,7 @@ __all__ = [
     "SessionPool",
     "SharedDriver",
     "plugin_idle_seconds",
+    "running_pool",
     "serve_driver_connect",
 ]
 
@@ -306,6 +308,7 @@ class PluginSession:
             "crashes": self.stats.crashes,
             "last_crash": self.stats.last_crash,
             "last_launch_ms": self.stats.last_launch_ms,
+            "provenance": None,
         }
         if self.resolved.pinned is not None:
             row.update(script=str(self.resolved.pinned.script), sha256=self.resolved.pinned.sha256)
@@ -314,6 +317,9 @@ class PluginSession:
             with contextlib.suppress(VzError):
                 row["sha256"] = manifest.entry_for().sha256
                 row["script"] = str(manifest.binary_path(self.resolved.external.driver_dir))
+            from vz_core._install import provenance_of
+
+            row["provenance"] = provenance_of(self.name).get("provenance")
         return row
 
     @contextlib.contextmanager
@@ -583,7 +589,7 @@ class SessionPool:
         self._sessions: dict[tuple[str, str, str], PluginSession] = {}
         self._retired: set[asyncio.Task[None]] = set()
         self._retiring: set[PluginSession] = set()
-        self._previous: DriverSource | None = None
+        self._previous: SessionPool | None = None
         self._proxies: set[DriverProxy] = set()
         self._started = False
         self._closed = False
@@ -591,16 +597,15 @@ class SessionPool:
     # lifecycle ------------------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Pin every built-in's console script and make ``acquire_driver`` use this pool. Call once, at daemon
+        """Pin every built-in's console script and make this the ``running_pool()``. Call once, at daemon
         start, in the daemon's event loop. A built-in whose script cannot be pinned stays listed; launching it
         fails with the reason."""
-        from vz_core import drivers
-
+        global _running
         if self._started:
             return
         await asyncio.to_thread(self._pin_all)
         self._started = True
-        self._previous = drivers.use_driver_source(self)
+        self._previous, _running = _running, self
 
     def _pin_kwargs(self) -> dict[str, Any]:
         if self._launcher_dir is None:
@@ -621,14 +626,14 @@ class SessionPool:
                 log.warning("built-in driver %s cannot be launched: %s", name, exc)
 
     async def aclose(self) -> None:
-        """Stop every plugin (Machines keep running) and give ``acquire_driver`` back its in-process default."""
-        from vz_core import drivers
-
+        """Stop every plugin (Machines keep running) and withdraw this pool (``running_pool()`` gives the one
+        before it, usually None: commands then open their drivers in-process)."""
+        global _running
         if self._closed:
             return
         self._closed = True
-        if self._started and drivers.driver_source() is self:
-            drivers.use_driver_source(self._previous)
+        if self._started and _running is self:
+            _running = self._previous
         for task in list(self._retired):
             task.cancel()
         for proxy in list(self._proxies):
@@ -706,7 +711,7 @@ class SessionPool:
             recorded=recorded,
         )
         resolved = self._resolve(name)
-        key = (name, json.dumps(options, sort_keys=True, default=str), _identity(resolved))
+        key = (*drivers.driver_key(name, options), _identity(resolved))
         session = self._sessions.get(key)
         if session is None:
             session = PluginSession(self, resolved, options, key)
@@ -1042,6 +1047,15 @@ class _Relay:
         await context.abort(grpc_status.code, grpc_status.details, grpc_status.trailing_metadata)
 
 
+_running: SessionPool | None = None
+
+
+def running_pool() -> SessionPool | None:
+    """The daemon's started ``SessionPool`` (None outside a daemon, or before its start): what every command's
+    ``Context.drivers`` is (``vz_core.daemon._calls.context_of``)."""
+    return _running
+
+
 async def serve_driver_connect(call: Any) -> dict[str, Any]:
     """``Drivers.Connect {"driver": NAME, "options": {...}}``: the daemon's warm plugin session of that driver,
     for a client that speaks the Runtime Protocol itself (the conformance suite's ``--through-daemon``).
@@ -1054,10 +1068,8 @@ async def serve_driver_connect(call: Any) -> dict[str, Any]:
     this call). It is served until the client closes this connection (or cancels); the result is then ``{}``.
     The plugin stays warm afterwards, like any other session of the pool.
     """
-    from vz_core import drivers
-
-    pool = drivers.driver_source()
-    if not isinstance(pool, SessionPool):
+    pool = running_pool()
+    if pool is None:
         raise UserError("this vz daemon serves no driver sessions (it runs without its service)")
     request = call.request or {}
     name = request.get("driver")

@@ -10,7 +10,7 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vz_core._types import MachineDetails
 from vz_core.env._discover import DefinitionHeader, find_definition, load_json, read_header
@@ -23,6 +23,9 @@ from vz_core.env._select import ENV_VAR_ENVIRONMENT, EnvironmentChoice, select_e
 from vz_core.env._store import EnvironmentRecord, MachineRecord, OperationRecord, Store
 from vz_core.errors import FailedPreconditionError, OperationCancelledError
 from vz_core.redact import Redactor
+
+if TYPE_CHECKING:
+    from vz_core.drivers import DriverSource
 
 __all__ = [
     "DEVELOPER_IDENTITY",
@@ -86,6 +89,9 @@ class Context:
     """Every secret value of the Environments the command touches that can be resolved now (the definition's
     and the recorded Machines' secret references, read from ``environ``). Results and stored errors are cleaned
     with it; callers clean anything else they show with it."""
+    drivers: DriverSource | None = None
+    """Where the command's drivers come from: the vz daemon's session pool (shared, supervised plugin sessions);
+    None: ``vz_core.drivers.open_driver`` builds each one (built-ins in-process: tests and benchmarks)."""
 
 
 # --- secrets --------------------------------------------------------------------------------------------------

@@ -1,9 +1,9 @@
 """Getting a Driver for a Machine, and what it said about itself.
 
-``acquire_driver`` is the single place the Environment layer and the CLI obtain a driver. Inside the vz daemon
-a driver source is installed (``vz_core.drivers.use_driver_source(pool)``, the daemon's ``SessionPool``): every
+``acquire_driver`` is the single place the Environment layer and the CLI obtain a driver. A command's
+``Context.drivers`` names where drivers come from: inside the vz daemon it is the daemon's ``SessionPool`` (every
 driver, built-in ones included, is then a shared, supervised, checksum-verified plugin session, and the handle
-returned here does not stop it when closed. Without a source (tests, benchmarks) ``vz_core.drivers.open_driver``
+returned here does not stop it when closed). Without a source (tests, benchmarks) ``vz_core.drivers.open_driver``
 builds built-in drivers in-process and serves external ones out-of-process.
 
 ``DriverPool`` negotiates each driver once per command (Info with the 1.3 recreate opt-in, Extensions,
@@ -18,6 +18,7 @@ from typing import Any
 
 from vz_core._driver import Driver
 from vz_core._types import DriverInfo, Extensions, RecreateMode
+from vz_core.drivers import DriverSource, driver_key
 from vz_core.errors import NotFoundError, UnsupportedError
 from vz_core.redact import Redactor
 
@@ -38,25 +39,26 @@ def acquire_driver(
     where: str = "driver_options",
     recorded: bool = False,
     redactor: Redactor | None = None,
+    source: DriverSource | None = None,
 ) -> Driver:
     """A ready-to-use Driver named ``name`` for a Machine whose vz.json gave ``options`` (its ``driver_options``).
 
     ``vz_core.drivers.open_driver`` does the work: project options are validated (unknown and host-scoped keys
     refused naming ``where``), merged over the user's host configuration (``vz driver configure``); built-in
     drivers run in-process, external ones (``vz driver add``) out-of-process with their binary verified at each
-    launch. When a driver source is installed (the daemon's ``SessionPool``) it answers instead, with the same
-    validation: a handle on the shared plugin session for ``(name, effective options)``.
+    launch. When a driver ``source`` is given (a command's ``Context.drivers``: the daemon's ``SessionPool``) it
+    answers instead, with the same validation: a handle on the shared plugin session for ``(name, effective
+    options)``.
     ``recorded=True`` for options read from an existing Machine's record (an earlier vz may have accepted
     host-scoped keys there; they stay, so the Machine is found where it is). ``redactor`` masks what a plugin
     writes to stderr and its error texts. Raises ``NotFoundError`` for an unknown name (listing what is
     installed) and ``UserError`` for a bad name or options. The caller closes the driver (``await
     driver.close()``).
     """
-    from vz_core import drivers
-
-    source = drivers.driver_source()
     if source is not None:
         return source.driver(name, dict(options or {}), where=where, recorded=recorded, redactor=redactor)
+    from vz_core import drivers
+
     return drivers.open_driver(name, dict(options or {}), where=where, recorded=recorded, redactor=redactor)
 
 
@@ -109,7 +111,9 @@ class DriverFacts:
                 "version": ext.extensions_version,
                 "target_os": list(ext.target_os),
                 "profiles": list(ext.profiles),
-                "tty": ext.tty,
+                # Exec with tty=true works: the driver serves terminal sessions (ext.tty alone is the Runtime
+                # Protocol's own Exec tty, which vz drivers never accept).
+                "tty": ext.tty or ext.terminal,
                 "snapshots": ext.snapshots,
                 "egress_policies": [p.name.lower() for p in ext.egress_policies],
                 "resource_limits": ext.resource_limits,
@@ -124,17 +128,13 @@ class DriverFacts:
         }
 
 
-def _key(name: str, options: Mapping[str, Any]) -> tuple[str, str]:
-    import json
-
-    return name, json.dumps(dict(options), sort_keys=True, default=str)
-
-
 class DriverPool:
-    """The drivers one command uses, each acquired and negotiated once, all closed by ``aclose``."""
+    """The drivers one command uses, each acquired (from ``source`` when given) and negotiated once per
+    ``driver_key``, all closed by ``aclose``."""
 
-    def __init__(self, redactor: Redactor | None = None) -> None:
+    def __init__(self, redactor: Redactor | None = None, source: DriverSource | None = None) -> None:
         self._redactor = redactor
+        self._source = source
         self._drivers: dict[tuple[str, str], tuple[Driver, DriverFacts]] = {}
         self._preflighted: set[tuple[str, str]] = set()
 
@@ -143,9 +143,9 @@ class DriverPool:
     ) -> tuple[Driver, DriverFacts]:
         """The driver and its negotiated facts (Info, then Extensions); ``recorded`` as for ``acquire_driver``."""
         options = options or {}
-        key = _key(name, options)
+        key = driver_key(name, options)
         if key not in self._drivers:
-            driver = acquire_driver(name, options, recorded=recorded, redactor=self._redactor)
+            driver = acquire_driver(name, options, recorded=recorded, redactor=self._redactor, source=self._source)
             try:
                 facts = await _negotiate(name, driver)
             except BaseException:
@@ -157,7 +157,7 @@ class DriverPool:
     async def preflight(self, name: str, options: Mapping[str, Any] | None = None) -> None:
         """Preflight once per driver and command."""
         driver, _ = await self.get(name, options)
-        key = _key(name, options or {})
+        key = driver_key(name, options)
         if key not in self._preflighted:
             await driver.preflight()
             self._preflighted.add(key)

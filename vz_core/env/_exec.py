@@ -147,7 +147,9 @@ async def execute(
     the command and its descendants). An exception raised by ``output`` (e.g. ``BrokenPipeError``) ends the
     exec the same way and propagates. The driver is closed before this returns.
     """
-    driver = acquire_driver(target.machine.driver, target.machine.driver_options, recorded=True, redactor=ctx.redactor)
+    driver = acquire_driver(
+        target.machine.driver, target.machine.driver_options, recorded=True, redactor=ctx.redactor, source=ctx.drivers
+    )
     spec = _exec_spec(target, argv, workdir, environment)
     try:
         with _exec_errors(target):
@@ -188,7 +190,9 @@ async def execute_terminal(
     returns.
     """
     machine = target.machine
-    driver = acquire_driver(machine.driver, machine.driver_options, recorded=True, redactor=ctx.redactor)
+    driver = acquire_driver(
+        machine.driver, machine.driver_options, recorded=True, redactor=ctx.redactor, source=ctx.drivers
+    )
     spec = TerminalSpec(
         workspace_id=machine.workspace_id,
         argv=tuple(argv),
@@ -252,7 +256,9 @@ async def execute_local(
     they become the command's own), otherwise the driver's default copies between them and its exec stream.
     Errors, cancellation and closing are as for ``execute``.
     """
-    driver = acquire_driver(target.machine.driver, target.machine.driver_options, recorded=True, redactor=ctx.redactor)
+    driver = acquire_driver(
+        target.machine.driver, target.machine.driver_options, recorded=True, redactor=ctx.redactor, source=ctx.drivers
+    )
     spec = _exec_spec(target, argv, workdir, environment)
     try:
         with _exec_errors(target):
@@ -282,7 +288,9 @@ async def execute_logs(
     from vz_core._types import MAX_CHUNK
 
     machine = target.machine
-    driver = acquire_driver(machine.driver, machine.driver_options, recorded=True, redactor=ctx.redactor)
+    driver = acquire_driver(
+        machine.driver, machine.driver_options, recorded=True, redactor=ctx.redactor, source=ctx.drivers
+    )
     sent = 0
     first = True
     try:

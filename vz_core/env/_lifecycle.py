@@ -94,7 +94,7 @@ async def delete(ctx: Context, *, environment: str | None = None, keep_volumes: 
 async def _mutate(ctx: Context, environment: str | None, kind: str, *, keep_volumes: bool = False) -> dict[str, Any]:
     project = resolve_project(ctx, environment)
     assert project is not None
-    pool = DriverPool(ctx.redactor)
+    pool = DriverPool(ctx.redactor, ctx.drivers)
     store = open_store(ctx)
     lock: FileLock | None = None
     try:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from vz_core.drivers import driver_key
 from vz_core.env._context import (
     Context,
     Project,
@@ -49,6 +50,7 @@ from vz_core.env._up_checks import (
 )
 from vz_core.env._up_network import attaches, ensure_route_domain, network_label, reattach_if_changed
 from vz_core.env._up_request import run_request, volume_name
+from vz_core.env._workload import check_workload_support, start_workloads
 from vz_core.errors import NotFoundError, RuntimeFailureError, UserError
 from vz_core.redact import Redactor
 
@@ -124,7 +126,7 @@ async def _prepare(ctx: Context, pool: DriverPool) -> _Prepared:
             _, facts = await pool.get(machine.driver, machine.driver_options)
         except NotFoundError as exc:
             raise UserError(f"{where}.driver: {exc.message}") from None
-        key = (machine.driver, repr(sorted(machine.driver_options.items())))
+        key = driver_key(machine.driver, machine.driver_options)
         if key not in checked:
             with ctx.progress.step("preflight", f"checking driver {machine.driver}", driver=machine.driver):
                 await pool.preflight(machine.driver, machine.driver_options)
@@ -133,6 +135,7 @@ async def _prepare(ctx: Context, pool: DriverPool) -> _Prepared:
         # for TargetArchitecture before the Machine's workspace exists; the answer is checked after creation.
         native[machine.name] = host_arch
         check_machine(machine, facts, host_arch, path.parent, where, ctx.progress, definition.version)
+        check_workload_support(machine, facts, where)
         if attaches(facts):
             attaching.add(machine.name)
     # A path, export or import of a Machine whose driver cannot join it to the route domain would never connect.
@@ -150,7 +153,7 @@ async def up(
     ctx: Context, *, environment: str | None = None, recreate: bool = False, dry_run: bool = False
 ) -> dict[str, Any]:
     """Create or reconcile the selected Environment; the result object of `vz up --json` (docs/cli.md)."""
-    pool = DriverPool(ctx.redactor)
+    pool = DriverPool(ctx.redactor, ctx.drivers)
     store: Store | None = None
     env_lock: FileLock | None = None
     try:
@@ -303,6 +306,10 @@ async def _reconcile(
         for step in plan.steps:
             await _apply_step(ctx, store, pool, prepared, env, op_id, step, recorded, topology)
         with store.transaction() as db:
+            store.operation_step(db, op_id, "setup and services")
+        machines = {r.name: r for r in store.machines(env.env_id)}
+        await start_workloads(ctx, pool, definition, env, machines)
+        with store.transaction() as db:
             store.touch_project(db, project_id, str(prepared.path))
             store.set_environment(
                 db, env.env_id, state="running", default_machine=definition.effective_default_machine() or ""
@@ -325,7 +332,7 @@ async def _preflight_plan(
     for step in plan.steps:
         if step.action in ("create", "recreate"):
             machine = definition.machine(step.machine)
-            key = (machine.driver, repr(sorted(machine.driver_options.items())))
+            key = driver_key(machine.driver, machine.driver_options)
             driver, facts = await pool.get(machine.driver, machine.driver_options)
             caps = facts.info.capabilities
             if key not in provisioned and caps is not None and caps.provisioning_preflight:

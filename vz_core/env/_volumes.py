@@ -57,7 +57,7 @@ async def list_volumes(ctx: Context) -> dict[str, Any]:
 
 async def remove_volume(ctx: Context, name: str) -> dict[str, Any]:
     """Remove one kept volume (its data through its driver, then its record)."""
-    pool = DriverPool(ctx.redactor)
+    pool = DriverPool(ctx.redactor, ctx.drivers)
     store = open_store(ctx)
     try:
         volume = store.volume(name)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, NoReturn, TypeVar
 
 import grpc
@@ -185,14 +185,17 @@ class RuntimeServicer(_Base, pb_grpc.RuntimeDriverServicer):
     async def Logs(self, request: pb.LogsRequest, context: grpc.aio.ServicerContext[Any, Any]) -> None:
         await self._gate(context, "Logs", "logs")
         error: DriverError | None = None
-        chunks = self._driver.logs(request.workspace_id)
+        chunks: AsyncIterator[bytes] | None = None
         try:
+            # Inside the translation: a driver's logs() may raise before it returns its iterator.
+            chunks = self._driver.logs(request.workspace_id)
             async for chunk in chunks:
                 await context.write(pb.OutputChunk(data=chunk))
         except Exception as exc:
             error = self._error("Logs", exc)
         finally:
-            await _aclose(chunks)
+            if chunks is not None:
+                await _aclose(chunks)
         if error is not None:
             await _abort(context, error)
 

@@ -118,6 +118,8 @@ async def test_the_real_service_over_both_transports(transport: str, tmp_path: P
     exact(got["delete"], api.DeleteResult)
     assert got["up"].environment.state == "running" and got["status"].environments[0].machines[0].state == "running"
     assert got["machine"].name == "web" and [m.name for m in got["machines"]] == ["web"]
+    # The fake serves terminal sessions (test_a_terminal_session_over_both_transports): its tty says so.
+    assert got["machine"]["driver"]["extensions"]["tty"] is True
     assert (got["exec"].exit_code, got["exec"].stdout, got["exec"].stderr) == (7, b"in", b"err\n")
     assert got["capabilities"][0].name == "fake" and got["capabilities"][0].facts is not None
     assert got["daemon"].pid == os.getpid()
@@ -247,3 +249,50 @@ async def test_a_watch_ends_with_its_result_at_shutdown(transport: str, tmp_path
 
         seen, last, seen_machines, last_machines = await asyncio.to_thread(run)
     assert seen and last == seen[-1] and seen_machines and last_machines == seen_machines[-1]
+
+
+@pytest.mark.parametrize("transport", ["local", "grpc"])
+async def test_the_event_log_after_a_delete_and_typed_events(
+    transport: str, tmp_path: Path, project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a Delete, an operation's started and finished events leave the log together (a replay from 0 shows
+    no operation that never finishes); events carry their data typed (integers as integers); a watch of an
+    unknown Environment id is NOT_FOUND; System.Events from now (null) without follow returns no event."""
+    import vz_core.daemon._service as service_module
+
+    monkeypatch.setattr(service_module, "FORGET_DELAY", 0.05)
+    async with daemon(tmp_path / "home") as paths:
+        context: dict[str, Any] = {"cwd": str(project), "environ": {}, "definition_file": None}
+
+        def run() -> tuple[list[Any], list[Any], ApiError, ApiError, list[Any], int]:
+            with Client(paths.home, autostart=False, transport=transport, context=context) as client:
+                client.up().result()
+                with client.events(0) as stream:
+                    before = list(stream)
+                client.delete().result()
+                import time
+
+                time.sleep(0.5)  # the deleted Environment's events leave the log FORGET_DELAY after its deletion
+                with client.events(0) as stream:
+                    after = list(stream)
+                errors = []
+                for watch in (client.watch, client.watch_machines):
+                    with pytest.raises(ApiError) as info:
+                        next(watch(0, environment_id="env_no_such_one"))
+                    errors.append(info.value)
+                with client.events(None) as stream:
+                    now = list(stream)
+                return before, after, errors[0], errors[1], now, stream.last_revision
+
+        before, after, env_error, machine_error, now, latest = await asyncio.to_thread(run)
+    finished = [e for e in before if e.kind == "operation.finished"]
+    assert finished and all(e["operation_finished"]["call"] == e.data["call"] for e in finished)
+    assert all(type(e["operation_finished"]["call"]) is int for e in finished)
+    assert all(e["operation_finished"]["started_revision"] < e.revision for e in finished)
+    started = {e.data["call"] for e in after if e.kind == "operation.started"}
+    ended = {e.data["call"] for e in after if e.kind == "operation.finished"}
+    assert started == ended, f"operations that never finish in a replay: {started - ended}"
+    assert not [e for e in after if e.kind == "operation.started" and e.data["method"] == "Environments.Up"]
+    for error in (env_error, machine_error):
+        assert (error.code, error.exit_code) == ("NOT_FOUND", 3) and "env_no_such_one" in error.message
+    assert now == [] and latest >= max(e.revision for e in before)

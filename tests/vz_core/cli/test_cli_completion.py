@@ -46,6 +46,8 @@ def test_commands_flags_and_sub_commands(vz: Vz, script: Path, running: Path) ->
     assert _complete(vz, script, running, "vz status --lo") == ["--logs"]
     assert _complete(vz, script, running, "vz volume ") == ["list", "rm"]
     assert _complete(vz, script, running, "vz daemon st") == ["start", "status", "stop"]
+    assert {"list", "add", "verify", "configure"} <= set(_complete(vz, script, running, "vz driver "))
+    assert "--lines" in _complete(vz, script, running, "vz daemon logs --")
     assert _complete(vz, script, running, "vz completion ") == ["bash", "fish", "zsh"]
     assert _complete(vz, script, running, "vz exec -- ") == []  # the command's own words: bash's default
 

@@ -655,11 +655,11 @@ def test_every_method_is_served() -> None:
 
 @pytest.fixture(autouse=True)
 def _no_driver_source() -> Iterator[None]:
-    from vz_core.drivers import driver_source
+    from vz_core.daemon._sessions import running_pool
 
-    assert driver_source() is None
+    assert running_pool() is None
     yield
-    assert driver_source() is None
+    assert running_pool() is None
 
 
 def test_exec_stdin_as_messages_keeps_every_byte_in_order(project: Path) -> None:

@@ -23,7 +23,7 @@ import psutil
 import pytest
 from sessions_testlib import gone, nothing, run, until
 
-from vz_core import ExecExit, ExecSpec, RunImageRequest
+from vz_core import ExecExit, ExecSpec, RunImageRequest, env
 from vz_core.daemon._sessions import (
     DEFAULT_PLUGIN_IDLE,
     ENV_PLUGIN_IDLE,
@@ -31,14 +31,20 @@ from vz_core.daemon._sessions import (
     SessionPool,
     SharedDriver,
     plugin_idle_seconds,
+    running_pool,
 )
-from vz_core.drivers import HostConfig, driver_source
-from vz_core.env import DriverPool, acquire_driver
+from vz_core.drivers import HostConfig
+from vz_core.env import DriverPool
 from vz_core.errors import InvalidArgumentError, TrustError, UnavailableError, UserError
 from vz_core.redact import Redactor
 from vz_core.transport import PluginConnection
 
 FAKE_SCRIPT = Path(sys.executable).parent / "vz-driver-fake"
+
+
+def acquire_driver(name: str, options: Any = None, **kwargs: Any) -> Any:
+    """A driver as a command in this daemon gets it: its context carries the running pool (None: in-process)."""
+    return env.acquire_driver(name, options, source=running_pool(), **kwargs)
 
 
 @pytest.fixture
@@ -308,7 +314,7 @@ async def test_a_plugin_dying_during_a_call_fails_that_call_only(pool: SessionPo
 async def test_shutdown_stops_every_plugin_and_restores_in_process_drivers(home: Path, tmp_path: Path) -> None:
     pool = SessionPool(plugin_idle=0)
     await pool.start()
-    assert driver_source() is pool
+    assert running_pool() is pool
     try:
         one = acquire_driver("fake", {})
         two = acquire_driver("fake", {"state_dir": str(tmp_path / "two")}, recorded=True)
@@ -318,7 +324,7 @@ async def test_shutdown_stops_every_plugin_and_restores_in_process_drivers(home:
     finally:
         await pool.aclose()
     assert all(gone(pid) for pid in pids + supervisors)
-    assert driver_source() is None
+    assert running_pool() is None
     local = acquire_driver("fake", {})
     assert not isinstance(local, SharedDriver)
     await local.close()
@@ -331,12 +337,12 @@ DAEMON = textwrap.dedent(
     import asyncio, json, sys
     from vz_core import RunImageRequest
     from vz_core.daemon._sessions import SessionPool
-    from vz_core.env import acquire_driver
+    from vz_core import env
 
     async def main():
         pool = SessionPool(plugin_idle=0)
         await pool.start()
-        driver = acquire_driver("fake", {})
+        driver = env.acquire_driver("fake", {}, source=pool)
         await driver.run_image(RunImageRequest("ws-daemon", "img", args=("sleep", "1000")))
         found = await driver.find("ws-daemon")
         pid = driver.session.pid
@@ -437,7 +443,7 @@ async def test_capabilities_are_the_negotiated_facts(home: Path) -> None:
         taken = session.facts
         again = await pool.capabilities(["fake"])
         assert again[0]["facts"] == expected and session.stats.launches == 1 and session.facts is taken
-        command = DriverPool()
+        command = DriverPool(source=running_pool())
         try:
             _, facts = await command.get("fake")
             assert facts.describe() == expected and session.facts is taken
@@ -482,6 +488,7 @@ async def test_an_external_driver_is_shared_verified_and_picked_up_again_when_re
     session = pool.session("extfake")
     row = next(r for r in pool.status() if r["name"] == "extfake")
     assert row["origin"] == "external" and row["sha256"] == hashlib.sha256(script.read_bytes()).hexdigest()
+    assert row["provenance"]["source"] == str(scripts / "extfake.json") and row["provenance"]["signed"] is False
     # The binary changes: its next launch is refused (verified before every launch) ...
     os.kill(plugin_pid(one), signal.SIGKILL)
     await until(lambda: session.stats.crashes == 1)

@@ -16,18 +16,23 @@ import sys
 import textwrap
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sessions_testlib import gone, run, until
 
-from vz_core import RunImageRequest
-from vz_core.daemon._sessions import SessionPool, SharedDriver
+from vz_core import RunImageRequest, env
+from vz_core.daemon._sessions import SessionPool, SharedDriver, running_pool
 from vz_core.drivers import HostConfig
-from vz_core.env import acquire_driver
 
 pytestmark = pytest.mark.root
 
 SUBNET = "10.232.0.0/16"
+
+
+def acquire_driver(name: str, options: Any = None, **kwargs: Any) -> Any:
+    """A driver as a command in this daemon gets it: its context carries the running pool (None: in-process)."""
+    return env.acquire_driver(name, options, source=running_pool(), **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +115,7 @@ DAEMON = textwrap.dedent(
     import psutil
     from vz_core import ExecSpec, ExecOutput, RunImageRequest
     from vz_core.daemon._sessions import SessionPool
-    from vz_core.env import acquire_driver
+    from vz_core import env
 
     async def nothing():
         return
@@ -119,7 +124,7 @@ DAEMON = textwrap.dedent(
     async def main():
         pool = SessionPool(plugin_idle=0)
         await pool.start()
-        driver = acquire_driver("linux_native", {})
+        driver = env.acquire_driver("linux_native", {}, source=pool)
         await driver.run_image(RunImageRequest("ln-daemon", "vz:default", args=("sleep", "1000000")))
         async for _ in driver.exec(ExecSpec("ln-daemon", ("sh", "-c", "echo before > /var/tmp/f")), nothing()):
             pass
