@@ -17,7 +17,7 @@ Environments (made from the nearest vz.json upward from here):
            vz status --logs [--machine M] [--follow] [--tail N]
   stop     stop every Machine of an Environment
   delete   delete an Environment and everything it owns (Machines, volumes unless --keep-volumes, bindings)
-  volume   list or remove kept volumes:  vz volume list | rm NAME
+  volume   list volumes (in use and kept) or remove a kept one:  vz volume list | rm NAME
 
 Other:
   driver   list, add, verify or configure drivers (vz driver list | add MANIFEST | verify [NAME] |

@@ -54,7 +54,8 @@ LEGACY_COMMANDS: dict[str, str] = {
     "rm": "`vz delete` deletes the selected Environment and everything it owns",
     "ssh": "`vz exec -- CMD` runs a command in a Machine (no SSH needed)",
 }
-"""0.3 command families that no longer exist → what replaces them (docs/cli.md, "Removed commands")."""
+"""Command families of earlier vz releases that no longer exist → what replaces them (docs/cli.md, "Removed
+commands"). The message names no release: this vz's own version is what `vz version` prints."""
 
 
 class _UsageError(Exception):
@@ -101,11 +102,11 @@ def _hoist_global_options(args: list[str]) -> list[str] | str:
 
 
 def _legacy(command: str, rest: list[str]) -> int:
-    """A removed 0.3 command: exit 2 with a structured ``legacy_command_removed`` error and migration guidance."""
+    """A removed command: exit 2 with a structured ``legacy_command_removed`` error and migration guidance."""
     import json
 
     guidance = LEGACY_COMMANDS[command]
-    message = f'`vz {command}` was removed in vz 0.4; instead: {guidance} (see docs/cli.md, "Removed commands")'
+    message = f'`vz {command}` was removed; instead: {guidance} (see docs/cli.md, "Removed commands")'
     if "--json" in rest:
         error = {
             "kind": "legacy_command_removed",
@@ -134,7 +135,8 @@ def _parser(command: str) -> argparse.ArgumentParser:
         "stop": "Stop every Machine of an Environment (Machine-local data survives).",
         "delete": "Delete an Environment: its Machines and its records. Other Environments are untouched.",
         "driver": "List, add, verify or configure drivers.",
-        "volume": "List or remove named volumes kept after their Environment was deleted (vz delete --keep-volumes).",
+        "volume": "List named volumes (in use, or kept after their Environment was deleted: vz delete "
+        "--keep-volumes) or remove a kept one.",
     }
     parser = Parser(prog=f"vz {command}", description=summaries.get(command), allow_abbrev=False)
     if command in ("up", "exec", "status", "stop", "delete"):
@@ -151,7 +153,7 @@ def _parser(command: str) -> argparse.ArgumentParser:
             help="keep the Environment's named volumes (listed by `vz volume list`, removed by `vz volume rm`)",
         )
     if command == "volume":
-        parser.add_argument("action", choices=("list", "rm"), help="list kept volumes, or remove one")
+        parser.add_argument("action", choices=("list", "rm"), help="list volumes, or remove a kept one")
         parser.add_argument(
             "name", nargs="?", metavar="NAME", help="the volume to remove (as `vz volume list` names it)"
         )
