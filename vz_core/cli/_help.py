@@ -26,6 +26,7 @@ Other:
            vz daemon start | stop | status | logs | run
   guest    the vz Linux guest for vfkit and hyperv hosts, as a verified bundle:
            vz guest build --arch A --format F --out DIR | verify DIR | fetch DIR|URL
+           | fetch RELEASE/SHA256SUMS --arch A --format F
   completion  print a shell's completion script:  source <(vz completion bash|zsh), or
            vz completion fish > ~/.config/fish/completions/vz.fish
   version  print the vz version
