@@ -14,7 +14,7 @@ from typing import Any
 
 from vz_core.wire import NOT_FOUND
 
-__all__ = ["run_daemon_command"]
+__all__ = ["daemon_parser", "run_daemon_command"]
 
 NOT_RUNNING = NOT_FOUND
 
@@ -26,6 +26,11 @@ class _Parser(argparse.ArgumentParser):
 
 class _Usage(Exception):
     pass
+
+
+def daemon_parser() -> argparse.ArgumentParser:
+    """The parser of `vz daemon` (its sub-commands and flags; shell completion reads them)."""
+    return _parser()
 
 
 def _parser() -> argparse.ArgumentParser:

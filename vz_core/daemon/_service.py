@@ -865,8 +865,7 @@ class Service:
                     "Machine (send its bytes as messages, or use tty=true)",
                 )
         ctx = self._context(state, request)
-        for value in variables.values():
-            ctx.redactor.add(value)
+        ctx.redactor.add_environment(variables)
         target = prepare_exec(ctx, environment=environment, machine=machine)
         if user is not None:  # `vz exec -u USER[:GROUP]`: instead of the Machine's remote_user
             target = replace(target, user=user)

@@ -5788,7 +5788,7 @@ type Volume struct {
 	MachineId string `protobuf:"bytes,5,opt,name=machine_id,json=machineId,proto3" json:"machine_id,omitempty"`
 	// Its driver.
 	Driver string `protobuf:"bytes,6,opt,name=driver,proto3" json:"driver,omitempty"`
-	// kept or removed.
+	// attached (in use by its Machine), kept (outlived its Environment or Machine) or removed.
 	State string `protobuf:"bytes,7,opt,name=state,proto3" json:"state,omitempty"`
 	// RFC 3339 creation time.
 	CreatedAt string `protobuf:"bytes,8,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
