@@ -244,6 +244,9 @@ def complete_names(argv: list[str]) -> int:
     if isinstance(cached, list):
         sys.stdout.write("".join(f"{name}\n" for name in cached))
         sys.stdout.flush()
+        if sys.platform == "win32":  # no fork: the names are refreshed before returning, for the next time
+            _refresh(what, environment, path, key)
+            return 0
         if os.fork() != 0:
             os._exit(0)
         null = os.open(os.devnull, os.O_RDWR)
