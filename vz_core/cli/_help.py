@@ -26,6 +26,7 @@ Other:
            vz daemon start | stop | status | logs | run
   guest    the vz Linux guest for vfkit and hyperv hosts, as a verified bundle:
            vz guest build --arch A --format F --out DIR | verify DIR | fetch DIR|URL
+           | fetch RELEASE/SHA256SUMS --arch A --format F
   version  print the vz version
   help     this text, or `vz help <command>` for a command's options
 

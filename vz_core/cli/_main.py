@@ -120,7 +120,8 @@ def _parser(command: str) -> argparse.ArgumentParser:
         "status": "Show Environments, Machines, their drivers, observed state and drift from vz.json.",
         "stop": "Stop every Machine of an Environment (Machine-local data survives).",
         "delete": "Delete an Environment: its Machines and its records. Other Environments are untouched.",
-        "driver": "List, add, verify or configure drivers.",
+        "driver": "List, add (a manifest or an https URL), upgrade, roll back, remove, verify or configure drivers; "
+        "sign manifests; choose the keys you trust.",
         "volume": "List or remove named volumes kept after their Environment was deleted (vz delete --keep-volumes).",
     }
     parser = Parser(prog=f"vz {command}", description=summaries.get(command), allow_abbrev=False)

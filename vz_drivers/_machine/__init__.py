@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import sys
 
+from vz_drivers._files import atomic_write, host_write_error, read_chunks_nofollow
 from vz_drivers._machine._book import (
     MachinePaths,
     MachineRecord,
@@ -41,7 +42,6 @@ from vz_drivers._machine._driver import (
     record_fields,
     tail,
 )
-from vz_drivers._machine._files import atomic_write, host_write_error, read_chunks_nofollow
 from vz_drivers._machine._identity import ResolvedUser, check_user_syntax, resolve_user
 
 if sys.platform != "win32":  # network namespaces (Linux) and the Unix-socket agent channel: not on Windows

@@ -66,8 +66,8 @@ from vz_core.options import Options
 from vz_core.paths import state_dir as default_state_root
 from vz_core.secrets import SecretKeeper
 from vz_core.services import ServiceSpec, ServiceState
+from vz_drivers._files import STORAGE_ERRNOS, atomic_write, host_write_error, read_chunks_nofollow
 from vz_drivers._machine._book import MachinePaths, MachineRecord, MountRecord, RecordBook, machine_key
-from vz_drivers._machine._files import STORAGE_ERRNOS, atomic_write, host_write_error, read_chunks_nofollow
 from vz_drivers._machine._identity import ResolvedUser, resolve_user
 from vz_drivers._machine._procs import kill_process, proc_start_time, wait_gone
 from vz_drivers._machine._validate import CommonRequest, Rules, check_workspace_id

@@ -87,6 +87,7 @@ def test_status_json_shape(vz: Vz, running: Path) -> None:
         "extensions",
         "accelerator",
         "matrix",
+        "provenance",
     }
     assert web["driver"]["extensions"]["profiles"] == ["developer"]
     assert web["driver"]["matrix"]["status"] == "ACTIVE"
@@ -154,3 +155,71 @@ def test_status_table_shows_endpoints_when_the_daemon_lists_them() -> None:
     assert "endpoints" not in render_status(report)
     env["endpoints"] = [{"machine": "app", "service": "http", "protocol": "tcp", "host": "127.0.0.1", "port": 3000}]
     assert "  endpoints: app/http → 127.0.0.1:3000\n" in render_status(report)
+
+
+def test_status_table_shows_each_machines_services() -> None:
+    from vz_core.cli._render import render_status
+
+    machine = {
+        "id": "mch_000000000000",
+        "name": "app",
+        "default": True,
+        "state": "running",
+        "driver": {"name": "linux_native", "version": "1"},
+        "target": {"os": "linux", "arch": "amd64"},
+        "profile": "developer",
+        "drift": {"status": "in-sync"},
+        "services": [],
+    }
+    env = {
+        "id": "env_000000000000",
+        "name": "default",
+        "project_id": "demo",
+        "state": "running",
+        "bound_worktrees": [],
+        "interrupted_operations": [],
+        "drift": {"status": "in-sync", "not_created": [], "default_machine": None},
+        "machines": [machine],
+    }
+    report: dict[str, Any] = {"project": None, "environments": [env]}
+    assert "services:" not in render_status(report)
+    machine["services"] = [
+        {
+            "name": "http",
+            "state": "running",
+            "health": "healthy",
+            "pid": 12,
+            "restarts": 0,
+            "last_exit_code": None,
+            "last_signal": "",
+            "last_error": "",
+            "started_at": "",
+        },
+        {
+            "name": "jobs",
+            "state": "backoff",
+            "health": "",
+            "pid": 0,
+            "restarts": 3,
+            "last_exit_code": 137,
+            "last_signal": "SIGKILL",
+            "last_error": "",
+            "started_at": "",
+        },
+    ]
+    text = render_status(report)
+    lines = text.splitlines()
+    header = lines.index("  services:")
+    assert lines[header + 1].split() == [
+        "MACHINE",
+        "SERVICE",
+        "STATE",
+        "HEALTH",
+        "PID",
+        "RESTARTS",
+        "LAST",
+        "EXIT",
+        "NOTE",
+    ]
+    assert lines[header + 2].split() == ["app", "http", "running", "healthy", "12", "0", "-"]
+    assert lines[header + 3].split() == ["app", "jobs", "backoff", "-", "-", "3", "137", "SIGKILL"]

@@ -1,4 +1,6 @@
-"""Host files of a driver: atomic writes that fail with a clear error, and reads that never follow links.
+"""Host files of a driver: atomic writes that fail with a clear error, reads that never follow links, and
+``subpath`` (a path below an object's root, declared on its class). Below both the shared Machine layer
+(``vz_drivers._machine``) and the image store (``vz_drivers._images``), which both write host files with it.
 
 A full disk, a read-only filesystem or a permission problem while writing a record, a spec or an image index is
 a condition of the host, not a bug: it ends in ``UnavailableError`` naming the path and what to do, never in a
@@ -15,10 +17,11 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Protocol
 
 from vz_core.errors import UnavailableError
 
-__all__ = ["STORAGE_ERRNOS", "atomic_write", "host_write_error", "read_chunks_nofollow"]
+__all__ = ["STORAGE_ERRNOS", "atomic_write", "host_write_error", "read_chunks_nofollow", "subpath"]
 
 _CHUNK = 32768
 STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG})
@@ -95,3 +98,20 @@ def read_chunks_nofollow(path: Path, chunk: int = _CHUNK) -> Iterator[bytes]:
             yield data
     finally:
         os.close(fd)
+
+
+class _Rooted(Protocol):
+    @property
+    def root(self) -> Path: ...
+
+
+class subpath:
+    """A path below an object's ``root``, declared on its class like a property: ``disk = subpath("disk.img")``."""
+
+    def __init__(self, *parts: str) -> None:
+        self.parts = parts
+
+    def __get__(self, obj: _Rooted | None, owner: type | None = None) -> Path:
+        if obj is None:
+            raise AttributeError("subpath is read on an instance")
+        return obj.root.joinpath(*self.parts)
