@@ -12,6 +12,8 @@ APT_PACKAGES=(
   libc6-dev
   # linux_native: OCI runtime, network namespaces/egress rules, embedded default image
   runc iproute2 nftables busybox-static
+  # linux_native: CRIU, probed for checkpointing containers (Extensions.save_state_reason says what it found)
+  criu
   # images: local OCI registry for tests, image tools
   docker-registry skopeo umoci
   # qemu: VMs under TCG/KVM, root disks without loop devices, a stock guest kernel

@@ -382,6 +382,10 @@ class Backend(abc.ABC, Generic[R, P]):
         """``Extensions.snapshots``: by default whether the workspace snapshot projection is offered."""
         return self.workspace_snapshots
 
+    async def save_state_support(self) -> tuple[bool, str]:
+        """(``Extensions.save_state``, ``save_state_reason``): by default not offered."""
+        return False, "this driver does not save a Machine's running state yet"
+
     @abc.abstractmethod
     async def extension_facts(self) -> tuple[dict[str, str], str, str]:
         """Extensions facts: (free-form facts, accelerator name, why that accelerator); never raises."""
@@ -596,6 +600,7 @@ class AgentMachineDriver(Driver, Generic[R, P]):
 
     async def extensions(self) -> Extensions | None:
         facts, accelerator, reason = await self._backend.extension_facts()
+        save_state, save_state_reason = await self._backend.save_state_support()
         return Extensions(
             target_os=(self._backend.rules.target_os,),
             profiles=self._backend.rules.profiles,
@@ -610,6 +615,8 @@ class AgentMachineDriver(Driver, Generic[R, P]):
             terminal=self._backend.terminals,
             pids_limits=self._backend.rules.pids_limits,
             services=True,
+            save_state=save_state,
+            save_state_reason=save_state_reason,
         )
 
     async def preflight(self, *, disable_auto_start: bool = False) -> None:

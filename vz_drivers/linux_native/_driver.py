@@ -59,6 +59,7 @@ from vz_drivers._machine import (
     record_fields,
     tail,
 )
+from vz_drivers.linux_native import _criu
 from vz_drivers.linux_native._attach import (
     FACT,
     FACT_KEY,
@@ -150,6 +151,10 @@ class LinuxNativeBackend(Backend[LinuxNativeRecord, LinuxNativePaths]):
             return await self.runc.get_version()
         except DriverError:
             return ""
+
+    async def save_state_support(self) -> tuple[bool, str]:
+        usable, detail = await _criu.support()
+        return False, f"{_criu.NOT_BUILT} (CRIU here: {detail})" if usable else detail
 
     async def extension_facts(self) -> tuple[dict[str, str], str, str]:
         facts = {
