@@ -4,7 +4,8 @@ driver, and the example examples/api/lifecycle.go against a daemon started with 
 
 The committed Go package is exactly what ``protoc`` generates from protocol/ today; ``CloseSend()`` on Exec is the
 end of the command's input (the command finishes and its result arrives); the RPC's own cancel ends the call
-CANCELLED; a failed call carries both typed details (ErrorInfo, RuntimeError); the example fails at once naming
+CANCELLED; a failed call carries both typed details (ErrorInfo, RuntimeError); a watch resumed from its last
+revision loses and repeats nothing; the example fails at once naming
 a missing socket, then runs the whole lifecycle once the daemon is started."""
 
 from __future__ import annotations
@@ -159,7 +160,9 @@ async def daemon(home: Path) -> AsyncIterator[DaemonPaths]:
         await asyncio.wait_for(serving, 60)
 
 
-async def test_a_go_client_closesend_cancel_and_typed_errors(go_api: Path, tmp_path: Path, project: Path) -> None:
+async def test_a_go_client_closesend_cancel_typed_errors_and_watch_resume(
+    go_api: Path, tmp_path: Path, project: Path
+) -> None:
     from vz_core.api import Client
 
     async with daemon(tmp_path / "home") as paths:
@@ -170,7 +173,7 @@ async def test_a_go_client_closesend_cancel_and_typed_errors(go_api: Path, tmp_p
                 client.up().result()
                 try:
                     found = {}
-                    for scenario in ("closesend", "cancel", "error"):
+                    for scenario in ("closesend", "cancel", "error", "watch"):
                         done = subprocess.run(
                             [str(go_api), paths.socket, str(project), scenario],
                             capture_output=True,
@@ -196,5 +199,7 @@ async def test_a_go_client_closesend_cancel_and_typed_errors(go_api: Path, tmp_p
         "exit_code": 3,
         "runtime_code": "RUNTIME_ERROR_CODE_NOT_FOUND",
     }
+    watch = found["watch"]
+    assert len(watch["all"]) == 3 and watch["first"] == watch["all"][:2] and watch["resumed"] == watch["all"][2:]
     # The cancelled command is gone: no call of the Go client is still running in the daemon.
     assert [op for op in found["operations"] if op.method == "Machines.Exec"] == []

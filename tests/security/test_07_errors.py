@@ -168,10 +168,10 @@ def test_delete_with_the_state_disk_full_fails_clearly_then_works(tmp_path: Path
         proj = write_project(tmp_path / "p", fake_machine("web"))
         vz.ok("up", cwd=proj)
         filler = home / "filler"
-        with filler.open("wb") as fh, contextlib.suppress(OSError):
+        # Unbuffered: a write that fills the disk leaves nothing behind for close() to flush (and fail on).
+        with filler.open("wb", buffering=0) as fh, contextlib.suppress(OSError):
             while True:
                 fh.write(b"\0" * 65536)
-                fh.flush()
         for command in ("delete", "up", "stop"):
             line = _one_line(vz.fails(USAGE, command, cwd=proj))
             assert f"the state directory {home} is full" in line and "free space" in line
