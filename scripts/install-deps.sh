@@ -12,6 +12,8 @@ APT_PACKAGES=(
   libc6-dev
   # linux_native: OCI runtime, network namespaces/egress rules, embedded default image
   runc iproute2 nftables busybox-static
+  # the built-in image vz:developer (Debian 12 with a Docker engine), built from pinned packages
+  mmdebstrap
   # images: local OCI registry for tests, image tools
   docker-registry skopeo umoci
   # qemu: VMs under TCG/KVM, root disks without loop devices, a stock guest kernel
