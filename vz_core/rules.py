@@ -17,6 +17,8 @@ from typing import Final
 __all__ = [
     "DEFAULT_PIDS",
     "DIGEST_RE",
+    "DRIVER_NAME_PATTERN",
+    "EMBEDDED_IMAGES",
     "HOST_RE",
     "MAX_PIDS",
     "MIN_PIDS",
@@ -26,6 +28,7 @@ __all__ = [
     "default_memory_bytes",
     "default_pids",
     "host_task_limit",
+    "is_driver_name",
     "max_pids",
     "names_registry_host",
     "reserved_target",
@@ -34,6 +37,9 @@ __all__ = [
 RESERVED_TARGETS: Final = ("/.vz", "/proc", "/sys", "/dev")
 """Machine paths no workspace, mount or volume may cover (they belong to the Machine runtime)."""
 
+EMBEDDED_IMAGES: Final = ("default", "developer")
+"""The names of the images built into vz (``vz:NAME``, docs/images.md): every other ``vz:`` name is a mistake
+that the built-in drivers' image store refuses, and `vz up` refuses it before anything is compared or changed."""
 TAG_RE: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 """An image tag (use ``fullmatch``)."""
 PATH_COMPONENT_RE: Final = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*")
@@ -101,3 +107,14 @@ def default_memory_bytes(host_memory: int) -> int:
     whole MiB. It is a ceiling, not a reservation: what a Machine does not use stays the host's."""
     mib = 1024 * 1024
     return max(mib, (host_memory // 2) // mib * mib)
+
+
+DRIVER_NAME_PATTERN = "^[a-z][a-z0-9_-]{0,62}$"
+"""The one grammar of driver names (built-in, external, and a Machine's ``driver`` in vz.json), in JSON Schema
+(ECMA-262) syntax, where ``$`` matches only at the very end. Python code uses ``check_driver_name``."""
+_DRIVER_NAME = re.compile(r"[a-z][a-z0-9_-]{0,62}")
+
+
+def is_driver_name(name: object) -> bool:
+    """Whether ``name`` follows the driver-name grammar (``DRIVER_NAME_PATTERN``)."""
+    return isinstance(name, str) and _DRIVER_NAME.fullmatch(name) is not None
