@@ -22,6 +22,7 @@ __all__ = [
     "NO_ENGINE_IMAGES",
     "declare",
     "driver_refusal",
+    "engine_status",
     "image_refusal",
     "machine_refusal",
 ]
@@ -65,3 +66,30 @@ def image_refusal(image: str) -> str | None:
             "docker.io, containerd, runc and iptables (docs/images.md)"
         )
     return None
+
+
+def engine_status(
+    setting: str, profile: str, target_os: str, image: str, driver: str, facts: Mapping[str, str] | None
+) -> dict[str, str | None]:
+    """The ``docker`` row of a Machine in `vz status --json`: ``setting`` (from vz.json), ``state``, ``reason``,
+    ``socket`` and ``context``.
+
+    ``state`` is ``off`` (the Machine asked for none), ``none`` (it cannot have one: ``reason`` says why),
+    ``unknown`` (the driver could not be asked: ``facts`` is None) or ``unmanaged`` (the driver declares an
+    engine, but vz relays no engine socket and creates no Docker context yet, so ``socket`` and ``context`` are
+    None).
+    """
+    row: dict[str, str | None] = {"setting": setting, "state": "", "reason": None, "socket": None, "context": None}
+    if setting == "off":
+        row["state"] = "off"
+        return row
+    if facts is None:
+        row["state"], row["reason"] = "unknown", f"driver {driver!r} could not be asked"
+        return row
+    why = machine_refusal(profile, target_os) or driver_refusal(driver, facts) or image_refusal(image)
+    if why:
+        row["state"], row["reason"] = "none", why
+    else:
+        row["state"] = "unmanaged"
+        row["reason"] = f"driver {driver!r} declares an engine; vz relays no engine socket and makes no context yet"
+    return row

@@ -124,3 +124,32 @@ def test_the_default_docker_setting_leaves_the_recorded_machine_as_before(tmp_pa
     assert "docker" not in auto  # records made before the field stay in sync: no recreate on upgrade
     required = load_definition(project(tmp_path / "b", docker="required") / "vz.json").machines[0].recorded()
     assert required["docker"] == "required"
+
+
+@pytest.mark.parametrize(
+    ("engine", "state", "reason"),
+    [
+        pytest.param(
+            declare("no nesting here"), "none", "driver 'fake' runs no Docker engine: no nesting here", id="no"
+        ),
+        pytest.param(
+            "yes",
+            "unmanaged",
+            "driver 'fake' declares an engine; vz relays no engine socket and makes no context yet",
+            id="yes",
+        ),
+    ],
+)
+async def test_status_shows_the_machines_engine_state(
+    driver: type[Declaring], tmp_path: Path, engine: str, state: str, reason: str
+) -> None:
+    from vz_core.cli._render import render_status
+    from vz_core.env import status
+
+    driver.engine = engine
+    context = Context(cwd=project(tmp_path / "p"), environ={})
+    await up(context)
+    report = await status(context)
+    row = report["environments"][0]["machines"][0]
+    assert row["docker"] == {"setting": "auto", "state": state, "reason": reason, "socket": None, "context": None}
+    assert f"  dev: docker {state}: {reason}" in render_status(report).splitlines()
