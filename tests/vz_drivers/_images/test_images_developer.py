@@ -128,7 +128,7 @@ def test_developer_image_carries_a_docker_engine(built: tuple[ImageStore, Image,
     assert not (root / "etc/resolv.conf").exists()
     assert not any((root / "var/lib/apt/lists").glob("*Packages*"))
     out = subprocess.run(
-        ["chroot", str(root), "/usr/bin/dockerd", "--version"], capture_output=True, text=True, timeout=60, check=True
+        ["chroot", str(root), "/usr/sbin/dockerd", "--version"], capture_output=True, text=True, timeout=60, check=True
     )
     assert out.stdout.startswith("Docker version 20.10.24")
 
