@@ -14,6 +14,8 @@ APT_PACKAGES=(
   runc iproute2 nftables busybox-static
   # linux_native: CRIU, probed for checkpointing containers (Extensions.save_state_reason says what it found)
   criu
+  # the built-in image vz:developer (Debian 12 with a Docker engine), built from pinned packages
+  mmdebstrap
   # images: local OCI registry for tests, image tools
   docker-registry skopeo umoci
   # qemu: VMs under TCG/KVM, root disks without loop devices, a stock guest kernel

@@ -212,6 +212,7 @@ def host_ipv4_forwarding() -> Iterator[None]:
 # started last would run on alone after every other worker is done. Each entry is a test file, in the order to
 # start them; the rest keep their order after them.
 _LONGEST_FIRST = (
+    "tests/vz_drivers/_images/test_images_developer.py",
     "tests/vz_drivers/qemu/test_qemu_conformance.py",
     "tests/vz_conformance/test_suite_fault_table.py",
     "tests/vz_drivers/linux_native/test_linux_native_conformance.py",

@@ -37,7 +37,7 @@ __all__ = [
 RESERVED_TARGETS: Final = ("/.vz", "/proc", "/sys", "/dev")
 """Machine paths no workspace, mount or volume may cover (they belong to the Machine runtime)."""
 
-EMBEDDED_IMAGES: Final = ("default",)
+EMBEDDED_IMAGES: Final = ("default", "developer")
 """The names of the images built into vz (``vz:NAME``, docs/images.md): every other ``vz:`` name is a mistake
 that the built-in drivers' image store refuses, and `vz up` refuses it before anything is compared or changed."""
 TAG_RE: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")

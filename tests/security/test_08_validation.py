@@ -117,7 +117,9 @@ def test_valid_image_references_still_pass(image: str) -> None:
 
 
 def test_only_the_embedded_vz_images_exist() -> None:
-    with pytest.raises(ValueError, match=r"there is no embedded image 'vz:other'; the embedded images are: vz:default"):
+    with pytest.raises(
+        ValueError, match=r"there is no embedded image 'vz:other'; the embedded images are: vz:default, vz:developer"
+    ):
         check_image_reference("vz:other")
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from vz_core.docker_engine import ENGINE_IMAGES
+
 __all__ = ["render_delete", "render_status", "render_up", "render_volumes"]
 
 
@@ -73,6 +75,12 @@ def render_status(report: dict[str, Any]) -> str:
         for machine in env["machines"]:
             if machine.get("error"):
                 lines.append(f"  {machine['name']}: {machine['error']}")
+        for machine in env["machines"]:
+            docker = machine.get("docker") or {}
+            if docker.get("setting") == "required" or machine.get("image") in ENGINE_IMAGES:
+                lines.append(
+                    f"  {machine['name']}: docker {docker.get('state')}: {docker.get('reason') or ''}".rstrip()
+                )
         services = [["MACHINE", "SERVICE", "STATE", "HEALTH", "PID", "RESTARTS", "LAST EXIT", "NOTE"]]
         for machine in env["machines"]:
             for svc in machine.get("services") or []:

@@ -365,6 +365,13 @@ class Machine(Model):
     user: UserName | None = Field(
         default=None, description="the user the Machine's main process runs as (omitted: the image's user)"
     )
+    docker: Literal["auto", "required", "off"] = Field(
+        default="auto",
+        description=(
+            "the Machine's own Docker engine: auto (where profile, driver and image allow one), required "
+            "(`vz up` refuses the Machine when it cannot have one) or off"
+        ),
+    )
 
     @field_validator("environment")
     @classmethod
@@ -438,6 +445,8 @@ class Machine(Model):
         for key in ("remote_user", "user"):
             if data.get(key) is None:
                 data.pop(key, None)
+        if data.get("docker") == "auto":
+            data.pop("docker")
         # Services are Environment topology (docs/network.md), not a creation-time setting of the Machine; setup
         # steps are tracked inside the Machine by their hash (vz_core.env._workload).
         data.pop("services", None)

@@ -14,9 +14,11 @@ between or when one is missing, ``unknown`` when a driver could not be asked, ``
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from vz_core._types import MachineDetails
+from vz_core.docker_engine import engine_status
 from vz_core.env._context import (
     Context,
     explain_interrupted,
@@ -183,9 +185,11 @@ async def _machine_status(
                 error = f"its services could not be read: {exc}"
         if not target.get("arch"):
             target["arch"] = await driver.target_architecture(record.workspace_id)
+        engine_facts: Mapping[str, str] | None = facts.extensions.facts if facts.extensions else {}
     except VzError as exc:
         driver_json = {"name": record.driver, "error": str(exc)}
         error = str(exc)
+        engine_facts = None
     health = {
         "source": "record" if find_json is None and state == "unknown" else "driver",
         "state": record.state if state == "unknown" else state,
@@ -221,6 +225,14 @@ async def _machine_status(
         "error": error or None,
         "drift": drift,
         "services": services,
+        "docker": engine_status(
+            str(spec.get("docker") or "auto"),
+            str(spec.get("profile") or ""),
+            str(target.get("os") or "linux"),
+            str(spec.get("image") or ""),
+            record.driver,
+            engine_facts,
+        ),
     }
 
 

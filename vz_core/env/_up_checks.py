@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from vz_core._types import EgressPolicy, MountType
+from vz_core.docker_engine import ENGINE_IMAGES, driver_refusal, image_refusal, machine_refusal
 from vz_core.env._drivers import DriverFacts
 from vz_core.env._progress import Progress
 from vz_core.env._store import EnvironmentRecord, Store
@@ -70,6 +71,22 @@ def check_machine(
     _check_egress(machine, facts, where, version)
     _check_storage(machine, facts, worktree, where)
     _check_limits(machine, facts, where)
+    _check_docker(machine, facts, where, progress)
+
+
+def _check_docker(machine: Machine, facts: DriverFacts, where: str, progress: Progress) -> None:
+    """A Machine that requires Docker gets a clear refusal; one whose image has an engine it cannot run, a note."""
+    if machine.docker == "off":
+        return
+    why = machine_refusal(machine.profile, machine.target.os) or driver_refusal(
+        facts.name, facts.extensions.facts if facts.extensions else {}
+    )
+    if machine.docker == "required":
+        why = why or image_refusal(machine.image)
+        if why:
+            raise UserError(f"{where}.docker: 'required', but {why}")
+    elif why and machine.image in ENGINE_IMAGES:
+        progress.note("info", f"{where}: no Docker engine in this Machine: {why}", field=f"{where}.docker")
 
 
 def _check_target(machine: Machine, facts: DriverFacts, native_arch: str, where: str) -> None:

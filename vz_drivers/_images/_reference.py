@@ -3,6 +3,7 @@
 ::
 
     vz:default                                   the embedded busybox image (no download)
+    vz:developer                                 Debian 12 with a Docker engine, built locally with mmdebstrap
     oci:/abs/path/to/layout[:tag|@sha256:<hex>]  an OCI image layout directory
     docker-archive:/abs/path.tar[:repo[:tag]]    a `docker save` tarball
     [docker://]host[:port]/repo[:tag|@sha256:<hex>]

@@ -44,6 +44,7 @@ from vz_core.paths import cache_dir
 from vz_drivers._files import atomic_write, subpath
 from vz_drivers._images._build import Descriptor, layer_media_type, oci_manifest, sha256_digest
 from vz_drivers._images._default import build_default_image, find_busybox
+from vz_drivers._images._developer import build_developer_image, recipe_stamp
 from vz_drivers._images._dockerconfig import DockerConfig
 from vz_drivers._images._locks import file_lock
 from vz_drivers._images._model import (
@@ -510,17 +511,22 @@ class ImageStore:
             entry = self._entry(name, platform)
             stamp = ""
             if isinstance(parsed, DefaultRef):
-                busybox = find_busybox()
-                stamp = busybox.stamp
+                developer = parsed.name == "developer"
+                busybox = None if developer else find_busybox()
+                stamp = recipe_stamp() if busybox is None else busybox.stamp
                 if entry and entry.get("stamp") == stamp and self._complete(entry["digest"]):
                     return self._load(name, entry["digest"])
                 host = host_platform()
                 if not platform.matches(host.os, host.architecture):
+                    source = "with this host's apt" if developer else "from this host's busybox"
                     raise UnsupportedError(
-                        f"vz:default is built from this host's busybox and exists only for {host}, not {platform}",
+                        f"{name} is built {source} and exists only for {host}, not {platform}",
                         details={"platform": str(platform)},
                     )
-                blobs = await asyncio.to_thread(build_default_image, busybox)
+                if busybox is None:
+                    blobs = await asyncio.to_thread(build_developer_image, self.root)
+                else:
+                    blobs = await asyncio.to_thread(build_default_image, busybox)
                 for digest, data in blobs.all():
                     await asyncio.to_thread(self._store_bytes, data, digest)
                 digest = blobs.manifest_digest

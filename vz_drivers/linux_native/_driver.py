@@ -39,6 +39,8 @@ from pathlib import Path
 from typing import Any
 
 from vz_core import RunImageRequest
+from vz_core.docker_engine import FACT_KEY as DOCKER_FACT
+from vz_core.docker_engine import declare
 from vz_core.errors import (
     DriverError,
     FailedPreconditionError,
@@ -172,6 +174,11 @@ class LinuxNativeBackend(Backend[LinuxNativeRecord, LinuxNativePaths]):
             "seccomp": "Docker-style default filter, no user namespaces (developer: seccomp=unconfined opts out)",
             "state_dir": str(self.book.root),
             FACT_KEY: FACT,
+            DOCKER_FACT: declare(
+                "a linux_native Machine is a container without a user namespace (its root is the host's root), "
+                "with no delegated cgroup subtree and no nft tables of its own, so an engine inside it would need "
+                "a privileged container; use the qemu driver for a Machine that runs Docker"
+            ),
         }
         return facts, "none", "Machines are containers sharing the host kernel; no hardware virtualization"
 

@@ -32,6 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from vz_core import ExecOutput, ExecSpec, RunImageRequest
+from vz_core.docker_engine import FACT_KEY as DOCKER_FACT
+from vz_core.docker_engine import declare
 from vz_core.errors import DriverError, FailedPreconditionError, InvalidArgumentError, UnavailableError
 from vz_core.paths import cache_dir
 from vz_core.platform.locks import lock_file
@@ -254,6 +256,10 @@ class QemuBackend(Backend[QemuRecord, QemuPaths]):
         )
         facts["egress_deny"] = "QEMU user networking with restrict=on (nothing leaves the guest)"
         facts["topology"] = TOPOLOGY_FACT
+        facts[DOCKER_FACT] = declare(
+            "the qemu driver does not start an engine inside its virtual machines yet (the guest initramfs has no "
+            "overlay, bridge or netfilter modules for dockerd); run dockerd yourself with `vz exec`"
+        )
         return facts, accel_name, reason
 
     async def preflight(self) -> None:

@@ -74,6 +74,7 @@ def test_status_json_shape(vz: Vz, running: Path) -> None:
         "drift",
         "health",
         "services",
+        "docker",
     }
     assert web["services"] == []  # the fake driver supervises no services
     assert web["workspace_id"] == f"vz-demo-{env['id']}-{web['id']}"

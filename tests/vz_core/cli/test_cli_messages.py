@@ -29,7 +29,8 @@ def test_an_image_typo_is_named_before_any_drift_or_recreate(vz: Vz, running: Pa
     before = vz.status(running)["environments"][0]
     definition.write_text(definition.read_text().replace('"vz:default"', '"vz:defualt"', 1))
     err = vz.fails(2, "up", cwd=running)
-    assert "$.machines[0].image: there is no embedded image 'vz:defualt'; the embedded images are: vz:default" in err
+    known = "the embedded images are: vz:default, vz:developer"
+    assert f"$.machines[0].image: there is no embedded image 'vz:defualt'; {known}" in err
     assert "--recreate" not in err and "creation-time settings" not in err
     assert "there is no embedded image 'vz:defualt'" in vz.fails(2, "up", "--recreate", cwd=running)
     after = vz.status(running)["environments"][0]
