@@ -31,6 +31,7 @@ MODULES = [
     "benchmarks.b9_session",
     "benchmarks.b10_pty",
     "benchmarks.b11_network",
+    "benchmarks.b12_rootdisk_ext4",
     "benchmarks.b6_scale",
 ]
 

@@ -1,8 +1,9 @@
 """B4: ``cat`` of 256 MiB into a linux_native Machine and back, SHA-256 checked, on each path bytes can take.
 
-* ``fast path``: the real ``vz exec -- cat`` process with the daemon warm, its stdin and stdout pipes of this
-  process: the CLI passes both descriptors to the daemon, the daemon to the driver's plugin, the plugin to the
-  guest agent, so ``cat`` in the Machine reads and writes this process's pipes (no copy on the host);
+* ``fast path``: the real ``vz exec --pass-pipes -- cat`` process with the daemon warm, its stdin and stdout
+  pipes of this process (``--pass-pipes``: an output pipe is otherwise copied, docs/cli.md): the CLI passes
+  both descriptors to the daemon, the daemon to the driver's plugin, the plugin to the guest agent, so ``cat``
+  in the Machine reads and writes this process's pipes (no copy on the host);
 * ``gRPC frames``: the linux_native plugin launched directly (``RemoteDriver(local_exec=False)``, as a host
   that is not vz talks to a plugin), ``RemoteDriver.exec`` with the input in 1 MiB stdin frames and the output
   consumed as ExecOutput events; and ``exec_local`` over the same frames (the copying default a host uses for
@@ -184,7 +185,7 @@ async def _paused_cli(vz: str, env: dict[str, str], project: Path, home: Path, s
     out_r, out_w = os.pipe()
     proc = await asyncio.to_thread(
         subprocess.Popen,
-        [vz, "exec", "--", "cat", "/dev/zero"],
+        [vz, "exec", "--pass-pipes", "--", "cat", "/dev/zero"],
         cwd=project,
         env=env,
         stdin=subprocess.DEVNULL,
@@ -337,7 +338,7 @@ async def run(ctx: Any) -> dict[str, Any]:
                 return lambda: asyncio.to_thread(_pump, argv, env, project, block, total, sink)
 
             cases: dict[str, Callable[[], Awaitable[dict[str, Any]]]] = {
-                "fast_path_vz_exec": cli_case([vz, "exec", "--", "cat"]),
+                "fast_path_vz_exec": cli_case([vz, "exec", "--pass-pipes", "--", "cat"]),
                 "grpc_frames_exec": lambda: _frames_events(frames, wid, block, total, sink),
                 "grpc_frames_exec_local": lambda: _frames_local(frames, wid, block, total, sink),
             }

@@ -152,7 +152,10 @@ class Driver(abc.ABC):
         Only called when ``capabilities.logs``. ``NotFoundError`` when missing. On a stopped Machine: the
         output kept from its last run, without starting it.
         """
-        raise UnsupportedError("this driver does not advertise Logs")
+        raise UnsupportedError(
+            "this driver does not implement Logs (Driver.logs is not overridden); a driver that advertises "
+            "capabilities.logs must implement it"
+        )
 
     def terminal(self, spec: TerminalSpec, input: AsyncIterator[TerminalInput]) -> AsyncIterator[TerminalEvent]:
         """An interactive terminal session: ``spec.argv`` on a new pseudo-terminal inside a running Machine.

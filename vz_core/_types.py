@@ -337,6 +337,9 @@ class Extensions:
     the Runtime Protocol's own Exec accepts ``tty=True``, which vz drivers never do."""
     pids_limits: bool = False
     """The ``vz.pids`` label (the most tasks the Machine may have at once) is enforced by the host's kernel."""
+    services: bool = False
+    """The driver supervises services in its Machines (``set_services``, ``service_states``, ``service_logs``;
+    ``vz_core.services``). The plugin server sets it when the driver has those methods."""
 
 
 @dataclass(frozen=True)

@@ -18,11 +18,13 @@ A manifest (JSON) declares one driver::
       "options": {"type": "object", ...},      # JSON Schema of the driver's options (documentation: vz passes
                                                # an external driver no options, so it checks none of them)
       "plaintext": false,                      # true: this driver cannot do AutoMTLS (never implied)
-      "signature": {"format": "...", "value": "..."}   # recorded, not verified (the checksum is enforced)
+      "signature": {"format": "ed25519", "key_id": "...", "value": "..."}   # vz_core._signing
     }
 
-A ``url`` entry names where the binary comes from; vz never downloads during verification: the file must
-already be at ``file`` inside the driver directory.
+A ``url`` entry names where the binary comes from (absolute, or relative to the manifest's URL): ``vz driver
+add URL`` downloads it to ``file`` in the install directory (``vz_core._install``); verification itself never
+downloads: the file must already be at ``file`` inside the driver directory. Signatures are checked against the
+trust roots and policy (``vz_core._trustroots``) when a manifest is added, before anything is recorded.
 
 Before **every** launch (never cached), ``verify_binary`` checks: the path is absolute; it does not resolve
 through a symlink to outside its driver directory (the manifest's directory, or the binary's own directory
@@ -116,14 +118,26 @@ class BinaryEntry(BaseModel):
         return self
 
 
+class Endorsement(BaseModel):
+    """An old key's signature over a new public key (a key rotation, ``vz_core._signing``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    key_id: str
+    value: str
+
+
 class Signature(BaseModel):
-    """A detached signature over the manifest, recorded for tooling; vz enforces the checksums."""
+    """An Ed25519 signature over the manifest's canonical bytes (``vz_core._signing``), checked against the
+    user's trust roots (``vz_core._trustroots``) before a manifest is recorded."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     format: str
     value: str
     key_id: str = ""
+    public_key: str = ""
+    endorsement: Endorsement | None = None
 
 
 class Manifest(BaseModel):

@@ -5,6 +5,7 @@
     vz guest build --arch arm64 --format vfkit --out DIR     # on a Debian/Ubuntu machine (apt-get download)
     vz guest verify DIR                                       # every file against manifest.json
     vz guest fetch SOURCE                                     # into the cache; prints the cached directory
+    vz guest fetch RELEASE/SHA256SUMS --arch arm64 --format vfkit   # a release's bundle, pinned by that list
 
 The work is ``vz_drivers._guest``'s (``build_bundle``, ``verify_bundle``, ``open_bundle``); see the drivers' docs
 (docs/drivers/vfkit.md, hyperv.md) for which bundle a host needs.
@@ -13,13 +14,27 @@ The work is ``vz_drivers._guest``'s (``build_bundle``, ``verify_bundle``, ``open
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from vz_drivers._guest import ARCHES, FORMATS, build_bundle, bundle_cache, open_bundle, verify_bundle
+from vz_drivers._guest import (
+    ARCHES,
+    FORMATS,
+    SUMS,
+    Bundle,
+    build_bundle,
+    bundle_cache,
+    create_root_disk,
+    fetch_release,
+    open_bundle,
+    verify_bundle,
+)
 
-__all__ = ["main"]
+__all__ = ["create_root_disk", "main"]
+# create_root_disk: what the VM drivers write each Machine's ext4 root disk with, from the image's layers (public
+# here for tools that measure or check it: benchmarks/b12_rootdisk_ext4.py).
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -40,11 +55,35 @@ def _parser() -> argparse.ArgumentParser:
     verify = sub.add_parser("verify", help="check every file of a bundle against its manifest")
     verify.add_argument("path", type=Path)
     fetch = sub.add_parser(
-        "fetch", help="copy a bundle (directory or https:// URL of its manifest.json) into the cache"
+        "fetch",
+        help="copy a bundle into the cache, verified: a release's SHA256SUMS (with --arch and --format), or a "
+        "bundle's directory or https:// URL of its manifest.json",
     )
-    fetch.add_argument("source")
-    fetch.add_argument("--sha256", default="", help="the SHA-256 its manifest.json must have")
+    fetch.add_argument(
+        "source", help="https:// URL (or absolute path) of a release's SHA256SUMS, or of a bundle's manifest.json"
+    )
+    fetch.add_argument("--arch", choices=ARCHES, default=None, help="with SHA256SUMS: the guest's architecture")
+    fetch.add_argument("--format", choices=FORMATS, default=None, help="with SHA256SUMS: vfkit, hyperv or qemu")
+    fetch.add_argument("--sha256", default="", help="without SHA256SUMS: the SHA-256 its manifest.json must have")
     return parser
+
+
+_DRIVER = {"vfkit": "vfkit", "hyperv": "hyperv"}
+"""The driver that boots each bundle format (``qemu`` boots the host's own kernel and takes no bundle)."""
+
+
+def _fetch(args: argparse.Namespace) -> Bundle:
+    from vz_core.errors import InvalidArgumentError
+
+    if re.split(r"[/\\]", args.source.rstrip("/\\"))[-1] == SUMS:  # a URL, a POSIX or a Windows path
+        if args.arch is None or args.format is None or args.sha256:
+            raise InvalidArgumentError(
+                "with a release's SHA256SUMS give --arch and --format (the list pins the manifest: no --sha256)"
+            )
+        return fetch_release(args.source, args.arch, args.format, bundle_cache())
+    if args.arch is not None or args.format is not None:
+        raise InvalidArgumentError("--arch and --format choose a bundle of a release's SHA256SUMS")
+    return open_bundle(args.source, bundle_cache(), digest=args.sha256)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -61,11 +100,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.action == "verify":
             bundle = verify_bundle(args.path.absolute())
         else:
-            bundle = open_bundle(args.source, bundle_cache(), digest=args.sha256)
+            bundle = _fetch(args)
     except DriverError as exc:
         sys.stderr.write(f"vz guest {args.action}: error: {exc.message}\n")
         return 1
     sys.stdout.write(f"{bundle.root}\nsha256 {bundle.digest}  {bundle.arch} {bundle.format}\n")
+    driver = _DRIVER.get(bundle.format)
+    if args.action == "fetch" and driver:
+        sys.stdout.write(f"vz driver configure {driver} guest={bundle.root} guest_sha256={bundle.digest}\n")
     return 0
 
 

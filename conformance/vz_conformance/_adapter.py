@@ -72,7 +72,9 @@ class Adapter:
     # -- Machine requests ---------------------------------------------------------------------------------
 
     def unique_request(self, workspace_id: str, purpose: str) -> RunImageRequest:
-        """A request for a Machine that does not exist yet; ``workspace_id`` is already unique."""
+        """A request for a Machine that does not exist yet; ``workspace_id`` is already unique. Its one label,
+        ``vz.conformance=<purpose>``, is informational: drivers ignore it (docs/driver-authors.md lists every
+        ``vz.`` label and which a driver may refuse)."""
         return RunImageRequest(workspace_id=workspace_id, image=self.image, labels=(f"vz.conformance={purpose}",))
 
     def with_mounts(self, request: RunImageRequest, *mounts: Mount) -> RunImageRequest:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import shutil
 import sys
 import tempfile
@@ -32,6 +33,8 @@ from vz_conformance.adapters import adapter_for, load_adapter
 from vz_core.errors import VzError
 
 __all__ = ["build_parser", "main"]
+
+_HEX64 = re.compile(r"[0-9a-fA-F]{64}")
 
 PROG = "vz-conformance"
 
@@ -147,10 +150,16 @@ def _adapter(args: argparse.Namespace) -> Adapter:
 def _plugin_side(args: argparse.Namespace, adapter: Adapter, state: Path) -> ExternalProvider:
     if args.through_daemon:
         return _daemon_side(args, adapter, state)
+    external = _external_record(args.driver) if args.driver and not args.plugin else None
     if args.plugin:
         if not args.sha256:
             raise UsageError("--plugin needs --sha256 HEX (the binary's SHA-256; it is verified before every launch)")
         executable, digest, name = Path(args.plugin).absolute(), args.sha256, Path(args.plugin).name
+    elif external is not None:
+        # A driver added with `vz driver add`: its recorded binary, checksum and arguments.
+        executable = external.manifest.binary_path(external.driver_dir)
+        digest, name = external.manifest.entry_for().sha256, args.driver
+        args.plugin_arg = [*external.manifest.args, *args.plugin_arg]
     else:
         from vz_core.registry import DriverRegistry
 
@@ -207,10 +216,31 @@ def _daemon_side(args: argparse.Namespace, adapter: Adapter, state: Path) -> Dae
     )
 
 
+def _external_record(name: str) -> Any:
+    """The record of ``name`` when it is an external driver added with `vz driver add` (else None)."""
+    from vz_core.drivers import ManifestStore
+    from vz_core.registry import DriverRegistry
+
+    if name in DriverRegistry().names():
+        return None
+    return ManifestStore().get(name)
+
+
 def _providers(args: argparse.Namespace, adapter: Adapter, root: Path) -> list[DriverProvider]:
     if bool(args.driver) == bool(args.plugin) and not (args.driver and args.plugin and args.provider_mode == "parity"):
         raise UsageError("give --driver NAME or --plugin PATH --sha256 HEX (both only for a parity run)")
-    mode = args.provider_mode or ("in-process" if args.driver else "external")
+    if args.sha256 is not None and not _HEX64.fullmatch(args.sha256):
+        raise UsageError(
+            f"--sha256 must be the binary's whole SHA-256, 64 hexadecimal digits (`sha256sum FILE`); got "
+            f"{len(args.sha256)} characters"
+        )
+    external = args.driver and not args.plugin and _external_record(args.driver) is not None
+    if external and args.provider_mode in ("in-process", "parity"):
+        raise UsageError(
+            f"driver {args.driver!r} was added with `vz driver add`: it runs as its plugin only; use "
+            "--provider-mode external (the default for it)"
+        )
+    mode = args.provider_mode or ("in-process" if args.driver and not external else "external")
     if args.through_daemon and mode == "in-process":
         raise UsageError("--through-daemon is for the external side: add --provider-mode external or parity")
     providers: list[DriverProvider] = []

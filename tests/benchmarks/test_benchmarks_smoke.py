@@ -24,7 +24,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 # B11 (network) has its own smoke test with its checks (test_b11_smoke.py: ``--smoke --only B11``).
 OWN_SMOKE = {"B11": "test_b11_smoke.py"}
-IDS = {f"B{i}" for i in range(1, 12)} - set(OWN_SMOKE)
+IDS = {f"B{i}" for i in range(1, 13)} - set(OWN_SMOKE)
 
 
 @pytest.fixture

@@ -155,12 +155,12 @@ def test_two_environments_of_two_machines(tmp_path: Path, driver: str) -> None:
             )
 
         # --- selection errors fail at their own level ---------------------------------------------------------------
-        err = vz.fails(4, "exec", "--", "true", cwd=stranger)  # unbound worktree, two bound Environments
+        err = vz.fails(125, "exec", "--", "true", cwd=stranger)  # unbound worktree, two bound Environments
         assert f"default ({envs['default']['id']})" in err and f"feature ({envs['feature']['id']})" in err
-        assert "--environment nope" in vz.fails(3, "exec", "--environment", "nope", "--", "true", cwd=main)
-        assert "--machine cache" in vz.fails(3, "exec", "--machine", "cache", "--", "true", cwd=main)
+        assert "--environment nope" in vz.fails(125, "exec", "--environment", "nope", "--", "true", cwd=main)
+        assert "--machine cache" in vz.fails(125, "exec", "--machine", "cache", "--", "true", cwd=main)
         bogus = {"VZ_ENVIRONMENT_ID": "env_000000000000"}
-        assert "VZ_ENVIRONMENT_ID=env_000000000000" in vz.fails(3, "exec", "--", "true", cwd=main, env=bogus)
+        assert "VZ_ENVIRONMENT_ID=env_000000000000" in vz.fails(125, "exec", "--", "true", cwd=main, env=bogus)
         by_id = {"VZ_ENVIRONMENT_ID": envs["feature"]["id"]}
         assert vz.ok("exec", "--", *probe, cwd=main, env=by_id).decode().split()[0] == envs["feature"]["id"]
         assert vz.fails(4, "status", cwd=stranger)  # the same ambiguity for status
@@ -169,7 +169,7 @@ def test_two_environments_of_two_machines(tmp_path: Path, driver: str) -> None:
         vz.ok("stop", "--environment", "feature", cwd=main)
         states = {e["name"]: [m["state"] for m in e["machines"]] for e in vz.status(main, "--all")["environments"]}
         assert states == {"default": ["running", "running"], "feature": ["stopped", "stopped"]}
-        assert "is not running" in vz.fails(2, "exec", "--", "true", cwd=feature)
+        assert "is not running" in vz.fails(125, "exec", "--", "true", cwd=feature)
         vz.ok("up", cwd=feature)
         assert vz.ok("exec", "--machine", "db", "--", "cat", "sentinel", cwd=feature) == sentinels["feature", "db"]
         after_restart = vz.status(feature)["environments"][0]
@@ -193,16 +193,16 @@ def test_two_environments_of_two_machines(tmp_path: Path, driver: str) -> None:
             digest = {key: hashlib.sha256(data).hexdigest() for key, data in sentinels.items()}
             assert {digest["default", m] for m in MACHINES} <= set(disk_after.values())
             assert not {digest["feature", m] for m in MACHINES} & set(disk_after.values())
-        assert "--environment feature" in vz.fails(3, "exec", "--environment", "feature", "--", "true", cwd=main)
+        assert "--environment feature" in vz.fails(125, "exec", "--environment", "feature", "--", "true", cwd=main)
         # The deleted Environment's worktree binding went with it: that worktree is unbound now and never adopts the
         # Environment another worktree uses (it fails closed, listing it and the commands that select one).
-        err = vz.fails(4, "exec", "--", *probe, cwd=feature)
+        err = vz.fails(125, "exec", "--", *probe, cwd=feature)
         assert f"default ({envs['default']['id']}), bound to {main}" in err and "vz up --environment" in err
 
         # --- delete the last one ------------------------------------------------------------------------------------
         vz.ok("delete", cwd=main)
         assert vz.status(main, "--all")["environments"] == []
         assert on_disk_sentinels(vz.home) == {}
-        assert "has no Environment yet" in vz.fails(3, "exec", "--", "true", cwd=main)
+        assert "has no Environment yet" in vz.fails(125, "exec", "--", "true", cwd=main)
     finally:
         _delete_everything(vz, main)

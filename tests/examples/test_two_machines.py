@@ -4,6 +4,9 @@ The example is copied as it is (its scripts keep their modes); only its import's
 port, so a host service already on 11434 cannot answer in its place (the Machine still connects to
 ``host.vz.internal:11434``). Checked, with values made up by the test so nothing can pass by accident:
 
+* `vz up` alone starts db's kv and app's http (their vz.json commands, app's once kv is healthy): no `vz exec`;
+  again after `vz stop` / `vz up`, after the daemon was SIGKILLed (the services keep running under their
+  Machines' agents and the next `vz status` reports them), and after `vz up --recreate`;
 * app stores a value in db and reads it back by name over the one declared path (``db:5984``, service kv);
 * the host reads it through the export of app's web server at the port `vz status --json` shows (app's page
   asks db by name), on 127.0.0.1 only;
@@ -21,6 +24,7 @@ import os
 import re
 import secrets
 import shutil
+import signal
 import socket
 import sys
 import time
@@ -92,6 +96,20 @@ def _copy_example(project: Path, import_port: int) -> dict[str, Any]:
 WGET = "timeout 5 wget -q -O - {url} 2>&1; echo rc=$?"
 
 
+def _services(env: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(m["name"], s["name"]): s for m in env["machines"] for s in m["services"]}
+
+
+def _check_services_run(vz: ProjectVz) -> dict[tuple[str, str], dict[str, Any]]:
+    """Both services run, healthy, as `vz up` left them (it waits for that before it returns)."""
+    services = _services(vz.status())
+    assert set(services) == {("app", "http"), ("db", "kv")}, services
+    for svc in services.values():
+        assert (svc["state"], svc["health"]) == ("running", "healthy"), svc
+        assert svc["pid"] > 0
+    return services
+
+
 def test_the_two_machines_example_talks_by_name_exports_and_imports(tmp_path: Path) -> None:
     if os.geteuid() != 0:
         pytest.fail("examples/two-machines runs linux_native Machines: it needs root")
@@ -105,7 +123,9 @@ def test_the_two_machines_example_talks_by_name_exports_and_imports(tmp_path: Pa
     outside = HostService(import_port, reply, read_request=True)
     env_id = ""
     try:
-        vz.ok("up")
+        up = vz.ok("up", stderr=True)
+        assert "setup 1/1: mkdir -p /var/lib/db/keys" in up, up
+        first = _check_services_run(vz)
         env = vz.status()
         env_id = env["id"]
         assert domain_exists(env_id)
@@ -113,9 +133,9 @@ def test_the_two_machines_example_talks_by_name_exports_and_imports(tmp_path: Pa
         assert endpoint["machine"] == "app" and endpoint["service"] == "http" and endpoint["host"] == "127.0.0.1"
         port = int(endpoint["port"])
 
-        # The services, started the way the README says.
-        vz.ok("exec", "--machine", "db", "--", "sh", "/workspace/db/serve.sh")
-        vz.ok("exec", "--", "sh", "/workspace/app/serve.sh")
+        # The services were started by `vz up` itself: nothing is started with `vz exec`.
+        listening = _sh(vz, "db", "netstat -ltn 2>/dev/null | grep -c ':5984 '").strip()
+        assert listening == "1", listening
 
         # app → db by name, over the declared path: store, then read back.
         put = f"echo {greeting} | timeout 5 wget -q -O - --post-file=/dev/stdin 'http://db:5984/cgi-bin/kv?greeting'"
@@ -154,6 +174,39 @@ def test_the_two_machines_example_talks_by_name_exports_and_imports(tmp_path: Pa
         assert greeting not in app_5985 and not app_5985.endswith("rc=0\n"), app_5985  # ...no path to it
         offline = _sh(vz, "app", WGET.format(url="http://example.com/"))
         assert "bad address" in offline, offline
+
+        # The daemon dies hard: the services keep running under their Machines' agents; the next command (a new
+        # daemon) reports them as they were.
+        daemon = int(json.loads((vz.home / "daemon" / "daemon.json").read_text())["pid"])
+        os.kill(daemon, signal.SIGKILL)
+        _until(
+            lambda: (
+                not Path(f"/proc/{daemon}").exists() or "zombie" in Path(f"/proc/{daemon}/status").read_text().lower()
+            )
+        )
+        after_kill = _check_services_run(vz)
+        assert {k: s["pid"] for k, s in after_kill.items()} == {k: s["pid"] for k, s in first.items()}
+        assert _until(lambda: _http_get(port, "/cgi-bin/hello")) == f"app (development) says: {greeting}\n"
+
+        # vz stop, vz up: the services start again by themselves; setup does not run twice.
+        vz.ok("stop")
+        again = vz.ok("up", stderr=True)
+        assert "setup steps unchanged" in again and "setup 1/1" not in again, again
+        _check_services_run(vz)
+        page = _until(lambda: _http_get(port, "/cgi-bin/hello"))
+        assert page == f"app (development) says: {greeting}\n"  # db's data is in its volume
+
+        # A creation-time change, vz up --recreate: new Machines, setup again, the services again.
+        changed = json.loads((project / "vz.json").read_text())
+        for machine in changed["machines"]:
+            machine.setdefault("environment", {})["REVISION"] = "2"
+        (project / "vz.json").write_text(json.dumps(changed, indent=2))
+        recreated = vz.ok("up", "--recreate", stderr=True)
+        assert "recreating machine db" in recreated and "recreating machine app" in recreated, recreated
+        assert "setup 1/1: mkdir -p /var/lib/db/keys" in recreated, recreated
+        _check_services_run(vz)
+        page = _until(lambda: _http_get(port, "/cgi-bin/hello"))
+        assert page == f"app (development) says: {greeting}\n"
 
         vz.ok("delete")
         assert not domain_exists(env_id)

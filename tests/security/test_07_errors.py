@@ -59,7 +59,7 @@ def test_hostile_vz_json_is_a_clear_error_for_every_command(
     proj = tmp_path / "p"
     proj.mkdir()
     (proj / "vz.json").write_text(text)
-    err = vz.fails(USAGE, *command, cwd=proj)
+    err = vz.fails(125 if command[0] == "exec" else USAGE, *command, cwd=proj)  # exec: docker's 125
     line = _one_line(err)
     assert "vz.json" in line and ("nested deeper than 32 levels" in line or "a number that cannot be read" in line)
 
@@ -121,7 +121,7 @@ def test_a_spec_that_is_not_json_is_a_clear_error(vz: Vz, tmp_path: Path) -> Non
         con.commit()
     for command in ("status", "exec", "delete"):
         args = (command, "--", "true") if command == "exec" else (command,)
-        line = _one_line(vz.fails(USAGE, *args, cwd=proj))
+        line = _one_line(vz.fails(125 if command == "exec" else USAGE, *args, cwd=proj))
         assert "unreadable record" in line and "machine 'web'" in line
 
 

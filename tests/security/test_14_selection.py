@@ -115,7 +115,7 @@ def test_second_git_worktree_never_touches_the_first_ones_environment(
             ("stop",),
             ("delete",),
         ):
-            err = vz.fails(4, *command, cwd=second)
+            err = vz.fails(125 if command[0] == "exec" else 4, *command, cwd=second)
             assert f"default ({default['id']}), bound to {first}" in err, err
             assert f"this worktree ({second})" in err
             assert "vz up --environment NAME" in err and "vz up --environment NEW-NAME" in err
@@ -146,7 +146,7 @@ def test_the_selection_table(tmp_path: Path, worktrees: tuple[Path, Path]) -> No
     probe = ("sh", "-c", "echo $VZ_ENVIRONMENT_ID $VZ_MACHINE_ID")
     try:
         # No Environment at all: up creates "default"; nothing else has anything to act on.
-        assert "has no Environment yet" in vz.fails(3, "exec", "--", "true", cwd=first)
+        assert "has no Environment yet" in vz.fails(125, "exec", "--", "true", cwd=first)
         vz.ok("up", cwd=first)
         envs = vz.envs(first)
         default = envs["default"]
@@ -158,21 +158,20 @@ def test_the_selection_table(tmp_path: Path, worktrees: tuple[Path, Path]) -> No
         assert vz.ok("exec", "--machine", "db", "--", *probe, cwd=first).split()[1] == db
         assert vz.ok("exec", "--machine", db, "--", *probe, cwd=first).split()[1] == db
         assert vz.ok("exec", "--", *probe, cwd=first, env={"VZ_MACHINE_ID": db}).split()[1] == db
-        assert "VZ_MACHINE_ID=mch_000000000000" in vz.fails(
-            3, "exec", "--", "true", cwd=first, env={"VZ_MACHINE_ID": "mch_000000000000"}
-        )
+        bogus_machine = {"VZ_MACHINE_ID": "mch_000000000000"}
+        assert "VZ_MACHINE_ID=mch_000000000000" in vz.fails(125, "exec", "--", "true", cwd=first, env=bogus_machine)
 
         # Unbound worktree: fails closed; explicit name, explicit id and VZ_ENVIRONMENT_ID select without binding.
-        vz.fails(4, "exec", "--", "true", cwd=second)
+        vz.fails(125, "exec", "--", "true", cwd=second)
         assert vz.ok("exec", "--environment", "default", "--", *probe, cwd=second).split()[0] == default["id"]
         assert vz.ok("exec", "--environment", default["id"], "--", *probe, cwd=second).split()[0] == default["id"]
         by_var = {"VZ_ENVIRONMENT_ID": default["id"]}
         assert vz.ok("exec", "--", *probe, cwd=second, env=by_var).split()[0] == default["id"]
         assert vz.envs(first)["default"]["bound_worktrees"] == [str(first)]  # exec never binds
         # Wrong selectors fail at their level (never fall through to a binding).
-        assert "--environment nope" in vz.fails(3, "exec", "--environment", "nope", "--", "true", cwd=first)
+        assert "--environment nope" in vz.fails(125, "exec", "--environment", "nope", "--", "true", cwd=first)
         bogus = {"VZ_ENVIRONMENT_ID": "env_000000000000"}
-        assert "VZ_ENVIRONMENT_ID=env_000000000000" in vz.fails(3, "exec", "--", "true", cwd=first, env=bogus)
+        assert "VZ_ENVIRONMENT_ID=env_000000000000" in vz.fails(125, "exec", "--", "true", cwd=first, env=bogus)
 
         # `vz up --environment default` from the second worktree binds it (after the ownership checks).
         vz.ok("up", "--environment", "default", cwd=second)
@@ -182,7 +181,7 @@ def test_the_selection_table(tmp_path: Path, worktrees: tuple[Path, Path]) -> No
         # One worktree may own several Environments: then, with no selector, every command fails listing them.
         vz.ok("up", "--environment", "extra", cwd=second)
         extra = vz.envs(first)["extra"]
-        err = vz.fails(4, "exec", "--", "true", cwd=second)
+        err = vz.fails(125, "exec", "--", "true", cwd=second)
         assert "bound to several Environments" in err
         assert f"default ({default['id']})" in err and f"extra ({extra['id']})" in err
         vz.fails(4, "up", cwd=second)
@@ -193,14 +192,14 @@ def test_the_selection_table(tmp_path: Path, worktrees: tuple[Path, Path]) -> No
         # Several Machines and no default: the Machine level is ambiguous.
         (first / "vz.json").write_text(json.dumps({**definition(), "default_machine": None}))
         vz.ok("up", cwd=first)
-        err = vz.fails(4, "exec", "--", "true", cwd=first)
+        err = vz.fails(125, "exec", "--", "true", cwd=first)
         assert "several Machines and no default_machine" in err
 
         # Deleting removes its bindings: the second worktree is then bound to "extra" only.
         vz.ok("delete", "--environment", "default", cwd=first)
         assert vz.ok("exec", "--", *probe, cwd=second).split()[0] == extra["id"]
         # The first worktree is unbound now and fails closed rather than adopting "extra".
-        assert f"extra ({extra['id']}), bound to {second}" in vz.fails(4, "exec", "--", "true", cwd=first)
+        assert f"extra ({extra['id']}), bound to {second}" in vz.fails(125, "exec", "--", "true", cwd=first)
     finally:
         for env in vz.envs(first).values():
             vz.run("delete", "--environment", env["id"], cwd=first)

@@ -13,6 +13,11 @@ gains while the Machine runs; the other Environment's service is refused (the ot
 the link-local destination is refused and never sees a connection, nor does the host's IPv6 link-local address
 of the Machine's link answer; the external destination still answers. On the code before the fix every host
 address answered (the Machine's gateway first), and the link-local destination too.
+
+The qemu case: the same contract for a version 1 qemu Machine (QEMU user networking, a real VM under TCG): the
+test's listeners on 127.0.0.1 and 0.0.0.0 are refused at slirp's 10.0.2.2 and at every host address, the routed
+link-local destination too, and the outside destination answers; QEMU runs in a namespace that is not the
+host's. On the code before the fix all of them answered.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "vz_drivers"))
@@ -229,5 +235,87 @@ def test_version_1_egress_reaches_outside_and_never_the_host(tmp_path: Path, int
         v4.close()
         v6.close()
         other.run("delete")
+        vz.run("delete")
+        stop_daemon(vz.home, environ=vz.environ)
+
+
+def _host_listener(address: str) -> socket.socket:
+    """A TCP listener of the test on ``address`` at a free port that never accepts (non-blocking)."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((address, 0))
+    sock.listen(16)
+    sock.setblocking(False)
+    return sock
+
+
+def _qemu_of(home: Path) -> list[int]:
+    """The pids of the live QEMU processes of Machines under ``home``."""
+    found = []
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            cmdline = proc.cmdline()
+            qemu = bool(cmdline) and Path(cmdline[0]).name.startswith("qemu-system")
+            if qemu and proc.status() != psutil.STATUS_ZOMBIE and any(str(home) in arg for arg in cmdline):
+                found.append(proc.pid)
+    return found
+
+
+def test_version_1_qemu_egress_reaches_outside_and_never_the_host(tmp_path: Path, internet: _Internet) -> None:
+    """The same contract for a version 1 qemu Machine (QEMU user networking): the host's loopback (slirp's
+    10.0.2.2) and its wildcard listener at every host address are refused, so is link-local; the routed outside
+    destination answers. On the code before the fix QEMU's slirp made the guest's connections from the host's
+    own namespace: 10.0.2.2 was the host's loopback and every host address answered."""
+    loopback, wildcard = _host_listener("127.0.0.1"), _host_listener("0.0.0.0")
+    lo_port, any_port = int(loopback.getsockname()[1]), int(wildcard.getsockname()[1])
+    project = tmp_path / "project"
+    project.mkdir()
+    definition = {
+        "version": 1,
+        "project_id": "sec-r3-06-qemu",
+        "machines": [
+            {
+                "name": "vm",
+                "profile": "developer",
+                "driver": "qemu",
+                "image": "vz:default",
+                "workspace": {"projection": "none"},
+            }
+        ],
+    }
+    (project / "vz.json").write_text(json.dumps(definition))
+    vz = ProjectVz(tmp_path / "home", project)
+    try:
+        vz.ok("up")
+        # QEMU runs in a network namespace that is not the host's (where slirp's connections are made).
+        (qemu,) = _qemu_of(vz.home)
+        assert os.readlink(f"/proc/{qemu}/ns/net") != os.readlink("/proc/self/ns/net")
+        # Still QEMU user networking inside: 10.0.2.15 behind slirp's gateway 10.0.2.2.
+        assert vz.sh("vm", "ip route | awk '/^default/ {print $3}'") == "10.0.2.2"
+
+        # The outside destination (routed by the host through a gateway) answers.
+        assert vz.sh("vm", _nc(EXTERNAL, 80)) == "inet"
+        assert internet.hits[EXTERNAL] == 1
+
+        answered = {
+            f"host loopback via 10.0.2.2:{lo_port}": vz.sh("vm", _nc("10.0.2.2", lo_port)),
+            f"host 0.0.0.0 via 10.0.2.2:{any_port}": vz.sh("vm", _nc("10.0.2.2", any_port)),
+        }
+        for address in _host_addresses():
+            answered[f"host {address}:{any_port}"] = vz.sh("vm", _nc(address, any_port))
+        answered[f"link-local {LINK_LOCAL}:80"] = vz.sh("vm", _nc(LINK_LOCAL, 80))
+        answered = {k: v for k, v in answered.items() if v != "refused"}
+        assert answered == {}, f"reached from a version 1 qemu Machine: {answered}"
+        for sock in (loopback, wildcard):
+            with pytest.raises(BlockingIOError):
+                sock.accept()
+        assert internet.hits == {EXTERNAL: 1, LINK_LOCAL: 0}
+        assert vz.sh("vm", _nc(EXTERNAL, 80)) == "inet"  # and egress still works after the refusals
+
+        vz.ok("delete")
+        assert _qemu_of(vz.home) == []
+    finally:
+        loopback.close()
+        wildcard.close()
         vz.run("delete")
         stop_daemon(vz.home, environ=vz.environ)

@@ -117,6 +117,10 @@ def test_failing_driver_exits_1_and_reports_the_failure(tmp_path: Path, capsys: 
     ("argv", "message"),
     [
         (["run", "--plugin", "/bin/true"], "--plugin needs --sha256"),
+        (
+            ["run", "--plugin", "/bin/true", "--sha256", "0123456789ab"],
+            "64 hexadecimal digits (`sha256sum FILE`); got 12",
+        ),
         (["run"], "give --driver NAME or --plugin PATH"),
         (["run", "--driver", "nope"], "unknown driver 'nope'"),
         (["run", "--plugin", "/bin/true", "--sha256", "0" * 64, "--provider-mode", "in-process"], "needs --driver"),
@@ -210,3 +214,38 @@ def test_a_plugin_with_the_wrong_checksum_is_refused(tmp_path: Path) -> None:
     assert run.info is None and run.info_error is not None and "SHA-256 mismatch" in run.info_error
     assert {c.outcome for c in run.cases} == {"failed"}
     assert all("SHA-256 mismatch" in (c.failure or "") for c in run.cases)
+
+
+def test_a_driver_added_with_vz_driver_add_runs_by_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`vz-conformance run --driver NAME` for an external driver: its recorded binary, checksum and args."""
+    import json
+
+    from vz_core.drivers import add_manifest
+    from vz_core.trust import host_platform
+
+    monkeypatch.setenv("VZ_HOME", str(tmp_path / "home"))
+    plugin = fake_plugin()
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(
+        json.dumps(
+            {
+                "name": "fakeext",
+                "version": "1",
+                "api_version": "1.3",
+                "binaries": {host_platform(): {"path": str(plugin), "sha256": sha256_of(plugin)}},
+                "args": ["--state-dir", str(tmp_path / "state")],
+            }
+        )
+    )
+    add_manifest(manifest)
+    report = tmp_path / "r.json"
+    argv = ["run", "--driver", "fakeext", "--adapter", "vz_conformance.adapters:FakeAdapter", "--label", "discovery"]
+    assert main([*argv, "--report", str(report)]) == 0, capsys.readouterr().err
+    run = load_report(report).runs[0]
+    assert run.provider_mode == "external" and run.driver.sha256 == sha256_of(plugin)
+    assert {c.outcome for c in run.cases} == {"passed"}
+    capsys.readouterr()
+    assert main([*argv, "--provider-mode", "parity"]) == 2
+    assert "was added with `vz driver add`: it runs as its plugin only" in capsys.readouterr().err

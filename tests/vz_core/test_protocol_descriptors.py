@@ -268,7 +268,14 @@ def test_service_methods_in_declaration_order() -> None:
 def test_extension_service_lives_in_its_own_package() -> None:
     assert ext_pb.DESCRIPTOR.package == "vz.machine.v1"
     service = ext_pb.DESCRIPTOR.services_by_name["MachineExtensions"]
-    assert [m.name for m in service.methods] == ["Extensions", "ExecPty", "DeleteVolume"]
+    assert [m.name for m in service.methods] == [
+        "Extensions",
+        "ExecPty",
+        "DeleteVolume",
+        "SetServices",
+        "ServiceStates",
+        "ServiceLogs",
+    ]
     assert not any(d.startswith("devsy") for d in ext_pb.DESCRIPTOR.dependencies)
 
 
@@ -323,4 +330,9 @@ def test_local_exec_socket_is_field_13_of_extensions_response() -> None:
     assert _fields("ExtensionsResponse")["local_exec_socket"] == (13, F.TYPE_STRING)
     assert _fields("ExtensionsResponse")["volume_removal"] == (14, F.TYPE_BOOL)
     assert _fields("ExtensionsResponse")["pids_limits"] == (15, F.TYPE_BOOL)
-    assert max(number for number, _ in _fields("ExtensionsResponse").values()) == 15
+    assert _fields("ExtensionsResponse")["services"] == (16, F.TYPE_BOOL)
+    assert _fields("ServiceSpec")["restart"] == (6, F.TYPE_STRING)
+    assert _fields("ServiceSpec")["health"] == (8, F.TYPE_MESSAGE)
+    assert _fields("ServiceState")["last_exit_code"] == (7, F.TYPE_INT32)
+    assert _fields("ServiceLogsResponse")["data"] == (1, F.TYPE_BYTES)
+    assert max(number for number, _ in _fields("ExtensionsResponse").values()) == 16

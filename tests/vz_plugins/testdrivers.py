@@ -26,6 +26,7 @@ Run as ``python testdrivers.py KIND``; the directory of this file is on ``sys.pa
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import signal
@@ -186,6 +187,32 @@ class BigInfoDriver(MiniDriver):
         )
 
 
+class LogsDriver(MiniDriver):
+    """Advertises Logs; ``logs`` is a plain method that raises before it returns an iterator for "missing"."""
+
+    async def info(self, *, supports_recreate_on_run: bool = False) -> DriverInfo:
+        info = await super().info(supports_recreate_on_run=supports_recreate_on_run)
+        assert info.capabilities is not None
+        caps = dataclasses.replace(info.capabilities, logs=True)
+        return dataclasses.replace(info, capabilities=caps)
+
+    def logs(self, workspace_id: str) -> AsyncIterator[bytes]:
+        if workspace_id == "missing":
+            raise NotFoundError(f"no Machine {workspace_id!r}")
+        if workspace_id == "boom":
+            raise ValueError("a bug before the stream started")
+        return self._logs()
+
+    async def _logs(self) -> AsyncIterator[bytes]:
+        yield b"line 1\n"
+
+
+class LogsUnimplementedDriver(LogsDriver):
+    """Advertises Logs but keeps the default ``Driver.logs``."""
+
+    logs = Driver.logs
+
+
 def _flood(total: int) -> None:
     block = b"x" * 65536
     while total > 0:
@@ -222,6 +249,10 @@ def main() -> None:
         serve(MiniDriver(), on_serving=_pending_task)
     elif kind == "hang":
         serve(HangDriver())
+    elif kind == "logs":
+        serve(LogsDriver())
+    elif kind == "logs-unimplemented":
+        serve(LogsUnimplementedDriver())
     elif kind == "big-info":
         serve(BigInfoDriver())
     elif kind == "flood":

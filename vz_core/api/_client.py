@@ -402,9 +402,13 @@ class Client(_Handle):
         request = self._request(context, definition_file, all=all)
         return _typed.StatusReport(self._call("Environments.List", request)).environments
 
-    def watch(self, from_revision: int | None = 0) -> EventStream:
-        """Events about Environments (and their operations) after ``from_revision`` (None: from now), then live."""
-        return EventStream(self.transport.start("Environments.Watch", {"from_revision": from_revision}), from_revision)
+    def watch(self, from_revision: int | None = 0, *, environment_id: str | None = None) -> EventStream:
+        """Events about Environments (and their operations; of one Environment, by id) after ``from_revision``
+        (None: from now), then live."""
+        request: dict[str, Any] = {"from_revision": from_revision}
+        if environment_id is not None:
+            request["environment"] = environment_id
+        return EventStream(self.transport.start("Environments.Watch", request), from_revision)
 
     # --- Machines -------------------------------------------------------------------------------------------
 
@@ -453,6 +457,7 @@ class Client(_Handle):
         stdio: tuple[int | None, int | None, int | None] = (None, None, None),
         context: Mapping[str, Any] | None = None,
         definition_file: str | os.PathLike[str] | None = None,
+        user: str | None = None,
     ) -> ExecCall:
         """Start a command in a Machine; the live handle (``ExecCall``).
 
@@ -484,6 +489,7 @@ class Client(_Handle):
             cols=cols or None,
             term=term,
             stdio=[fd is not None for fd in stdio],
+            **({} if user is None else {"user": user}),
         )
         return ExecCall(self.transport.start("Machines.Exec", request, fds))
 
@@ -501,6 +507,7 @@ class Client(_Handle):
         tty: bool = False,
         context: Mapping[str, Any] | None = None,
         definition_file: str | os.PathLike[str] | None = None,
+        user: str | None = None,
     ) -> ExecResult:
         """Run a command to its end. ``stdin``: a descriptor, bytes, or None (no input); ``stdout``/``stderr``:
         descriptors, or None to capture the stream in ``ExecResult.stdout``/``.stderr``.
@@ -520,6 +527,7 @@ class Client(_Handle):
             stdio=(in_fd, out_fd, err_fd),
             context=context,
             definition_file=definition_file,
+            user=user,
         )
         captured = {1: bytearray(), 2: bytearray(), 3: bytearray()}
         targets = {1: stdout, 2: stderr, 3: stdout}

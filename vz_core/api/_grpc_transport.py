@@ -9,6 +9,7 @@ converted back with ``to_wire``, so a caller sees the same objects on both trans
 from __future__ import annotations
 
 import queue
+import sys
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -116,9 +117,15 @@ def _request_iterator(first: Any, requests: queue.Queue[Any]) -> Iterator[Any]:
     yield first
     while True:
         item = requests.get()
-        if item is None:  # closed: ending the request stream is a hangup for the daemon
+        if item is None:  # closed (close() cancels the RPC itself; the end of this stream alone is stdin EOF)
             return
         yield item
+
+
+WINDOWS_UNSUPPORTED = (
+    "the typed API (vz.api.v1 over gRPC) is not served on Windows hosts: grpcio has no named-pipe transport "
+    'and the daemon opens no TCP port; use the local transport (transport="local", what the vz CLI uses)'
+)
 
 
 class GrpcTransport:
@@ -129,6 +136,8 @@ class GrpcTransport:
     def __init__(self, home: str | None = None, socket: str | None = None, autostart: bool | None = None) -> None:
         from vz_core.daemon import daemon_paths
 
+        if sys.platform == "win32":
+            raise ApiError("UNSUPPORTED", WINDOWS_UNSUPPORTED, "user_error", 2)
         self.given_socket = socket
         self.socket = socket or daemon_paths(home).socket
         self.home = home

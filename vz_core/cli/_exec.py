@@ -5,9 +5,12 @@ daemon (``Machines.Exec``); this process only moves what must be moved. This pat
 (B7, `vz exec -- true` with a warm daemon): it is one blocking, single-threaded poll loop and imports neither
 asyncio nor grpc, pydantic or rich.
 
-* **Descriptors, not bytes.** Each of stdin, stdout and stderr that is a pipe, a file or /dev/null is handed to
-  the daemon as a file descriptor (SCM_RIGHTS, ``stdio[i]`` true): the command reads and writes it directly.
-  A pipe is first grown to ``/proc/sys/fs/pipe-max-size`` (``enlarge_pipe``; never shrunk, a refusal ignored).
+* **Descriptors, not bytes.** stdin when it is a pipe, a file or /dev/null, and stdout and stderr when they are a
+  file or a device such as /dev/null (pipes and sockets too with ``--pass-pipes``), are handed to the daemon as
+  file descriptors (SCM_RIGHTS, ``stdio[i]`` true): the command reads and writes them directly. A pipe is first
+  grown to ``/proc/sys/fs/pipe-max-size`` (``enlarge_pipe``; never shrunk, a refusal ignored). An output pipe
+  or socket otherwise travels as bytes, so that `vz exec` ends when the command's main process exits, as
+  `docker exec` does, even while a background process of the command still holds its output open.
 * **A terminal never leaves this process** (a process in the Machine could inject input into it with
   TIOCSTI): a stream that is a terminal travels as bytes (``B`` messages of stream i).
 * ``-t`` / ``-it``: a terminal session in the Machine (``tty`` true): our terminal goes raw (with ``-i``) and
@@ -104,17 +107,30 @@ def _isatty(fd: int) -> bool:
         return False
 
 
-def _passable(fd: int) -> bool:
-    """True when ``fd`` is open and not a terminal: it may be handed to the daemon as it is (a pipe is enlarged)."""
+_PASS, _COPY, _CLOSED = 0, 1, 2
+
+
+def _disposition(fd: int, *, pipes: bool) -> int:
+    """How stream ``fd`` travels: ``_PASS`` (handed to the daemon as it is; a pipe is enlarged first), ``_COPY``
+    (its bytes are copied by this process: a terminal, or with ``pipes`` false a pipe or socket), ``_CLOSED``.
+
+    An output pipe handed over would be the command's own, so a background process of the command that keeps
+    it open would keep the caller's reader waiting after the command exited; copied, its end is the exit's
+    (docker exec's). Files and devices such as /dev/null have no reader to keep waiting: they are handed over.
+    """
     try:
         mode = os.fstat(fd).st_mode
     except OSError:
-        return False
+        return _CLOSED
     if _isatty(fd):
-        return False
-    if mode & 0o170000 == 0o010000:  # S_ISFIFO
-        enlarge_pipe(fd)
-    return True
+        return _COPY
+    kind = mode & 0o170000
+    if kind in (0o010000, 0o140000):  # S_ISFIFO, S_ISSOCK
+        if not pipes:
+            return _COPY
+        if kind == 0o010000:
+            enlarge_pipe(fd)
+    return _PASS
 
 
 _PIPE_MAX_SIZE = "/proc/sys/fs/pipe-max-size"
@@ -165,13 +181,32 @@ def run_exec(
     workdir: str | None,
     tty: bool = False,
     interactive: bool = False,
+    env: dict[str, str] | None = None,
+    user: str | None = None,
+    detach: bool = False,
+    pass_pipes: bool = False,
 ) -> int:
     """Run ``argv`` in the selected Machine through the daemon, wired to this process's stdio; the exit status.
 
     With ``tty`` (`vz exec -t`) and ``interactive`` (`-it`) stdin must be a terminal (else
-    ``UserError(NOT_A_TTY)``, before the daemon is asked anything). Errors of the daemon raise
+    ``UserError(NOT_A_TTY)``, before the daemon is asked anything). ``env``: variables added for the command;
+    ``user``: USER[:GROUP] to run as; ``detach``: see ``run_detached``; ``pass_pipes``: stdout and stderr pipes
+    are handed over too (see ``_disposition``). Errors of the daemon raise
     ``vz_core.api.ApiError``.
     """
+    if detach:
+        from vz_core.cli._detach import run_detached
+
+        return run_detached(
+            client,
+            context=context,
+            argv=argv,
+            environment=environment,
+            machine=machine,
+            workdir=workdir,
+            env=env,
+            user=user,
+        )
     if tty and interactive and not _isatty(0):
         from vz_core.errors import UserError
 
@@ -180,9 +215,10 @@ def run_exec(
     stdio: list[int | None] = [None, None, None]
     if not tty:
         for fd in (0, 1, 2):
-            if _passable(fd):
+            how = _disposition(fd, pipes=fd == 0 or pass_pipes)
+            if how == _PASS:
                 stdio[fd] = fd
-            elif not _isatty(fd):  # closed: the command gets /dev/null there
+            elif how == _CLOSED:  # the command gets /dev/null there
                 null = os.open(os.devnull, os.O_RDWR)
                 opened.append(null)
                 stdio[fd] = null
@@ -203,6 +239,8 @@ def run_exec(
                 rows=size[0],
                 cols=size[1],
                 term=os.environ.get("TERM", "") if tty else None,
+                env=env,
+                user=user,
             )
         finally:
             for fd in opened:

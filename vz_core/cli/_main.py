@@ -31,7 +31,8 @@ COMMANDS = ("up", "exec", "status", "stop", "delete", "volume", "driver", "daemo
 LEGACY_COMMANDS: dict[str, str] = {
     "run": "declare the Machine in vz.json, then `vz up` and `vz exec -- CMD`",
     "shell": "`vz exec -- sh` (or any shell) in the Machine of this worktree's Environment",
-    "logs": "`vz exec -- <command that shows the logs>`; `vz status` shows each Machine's state and errors",
+    "logs": "`vz status --logs [--machine M] [--follow] [--tail N]` (a Machine's log); `vz status` shows each "
+    "Machine's state and errors",
     "stack": "an Environment is the stack: list its Machines in vz.json, then `vz up` / `vz stop` / `vz delete`",
     "vm": "a VM is a Machine with a VM driver (qemu, vfkit, hyperv, macos_vm) in vz.json; `vz up` creates it",
     "init": "write vz.json by hand (docs/user-guide.md; schema: schemas/vz.schema.json), then `vz up`",
@@ -45,6 +46,45 @@ LEGACY_COMMANDS: dict[str, str] = {
 
 class _UsageError(Exception):
     pass
+
+
+EXEC_OWN_ERROR = 125
+"""`vz exec`'s exit status when vz itself failed (a usage mistake, a selection, the daemon, a driver), as
+`docker exec` reserves 125: the command's own 1-4 and 69 are then never mistaken for vz's. 126 (cannot
+invoke) and 127 (not found) come from the Machine, as the command's own status."""
+
+
+GLOBAL_OPTIONS = {"--json": False, "--environment": True, "-f": True, "--file": True}
+"""Options that may come before the command (`vz --json status`, `vz --environment feat exec -- sh`):
+name → whether it takes a value. They are moved after the command, where the command's parser reads them."""
+
+
+def _hoist_global_options(args: list[str]) -> list[str] | str:
+    """``args`` with the global options before the command moved after it; a message for a mistake."""
+    leading: list[str] = []
+    i = 0
+    while i < len(args) and args[i].startswith("-"):
+        arg = args[i]
+        name, eq, _ = arg.partition("=")
+        if name not in GLOBAL_OPTIONS:
+            known = ", ".join(GLOBAL_OPTIONS)
+            return f"unknown option {arg!r} before the command; options allowed there: {known} (see `vz --help`)"
+        if GLOBAL_OPTIONS[name] and not eq:
+            if i + 1 >= len(args):
+                return f"{name} needs a value (see `vz --help`)"
+            leading += [arg, args[i + 1]]
+            i += 2
+            continue
+        if not GLOBAL_OPTIONS[name] and eq:
+            return f"{name} takes no value (see `vz --help`)"
+        leading.append(arg)
+        i += 1
+    if i >= len(args):
+        return f"no command after {' '.join(leading)}; commands: {', '.join(COMMANDS)} (see `vz --help`)"
+    command, rest = args[i], args[i + 1 :]
+    if command == "exec":  # before its `--` (everything after the command's name may be the command)
+        return [command, *leading, *rest]
+    return [command, *rest, *leading]  # after sub-commands (`vz --json daemon status`)
 
 
 def _legacy(command: str, rest: list[str]) -> int:
@@ -109,7 +149,37 @@ def _parser(command: str) -> argparse.ArgumentParser:
         parser.add_argument("--dry-run", action="store_true", help="print the plan and change nothing")
     if command == "exec":
         parser.add_argument("--machine", metavar="NAME|ID", help="the Machine (name or id)")
-        parser.add_argument("--workdir", metavar="DIR", help="working directory inside the Machine")
+        parser.add_argument("-w", "--workdir", metavar="DIR", help="working directory inside the Machine")
+        parser.add_argument(
+            "-e",
+            "--env",
+            action="append",
+            default=[],
+            metavar="KEY[=VALUE]",
+            help="set a variable for the command (KEY alone: its value here, when set); repeatable",
+        )
+        parser.add_argument(
+            "--env-file",
+            action="append",
+            default=[],
+            metavar="PATH",
+            help="read KEY=VALUE lines (# comments, blank lines; KEY alone as for -e); -e wins; repeatable",
+        )
+        parser.add_argument(
+            "-u", "--user", metavar="USER[:GROUP]", help="run as this user (name or uid) and group (name or gid)"
+        )
+        parser.add_argument(
+            "-d",
+            "--detach",
+            action="store_true",
+            help="start the command in the background and return (no input, output discarded)",
+        )
+        parser.add_argument(
+            "--pass-pipes",
+            action="store_true",
+            help="hand stdout/stderr pipes to the command as they are (fastest; a reader of them then waits "
+            "until every process holding them, background ones too, has closed them)",
+        )
         parser.add_argument(
             "-i", "--interactive", action="store_true", help="with -t: send what you type (stdin must be a terminal)"
         )
@@ -120,6 +190,17 @@ def _parser(command: str) -> argparse.ArgumentParser:
     if command == "status":
         parser.add_argument("--all", action="store_true", help="every Environment of the project")
         parser.add_argument("--machine", metavar="NAME|ID", help="only this Machine")
+        parser.add_argument(
+            "--logs",
+            action="store_true",
+            help="print the Machine's log (its main process's output) instead: the default Machine, or --machine",
+        )
+        parser.add_argument(
+            "--follow", action="store_true", help="with --logs: keep printing what is added (Ctrl-C ends)"
+        )
+        parser.add_argument(
+            "--tail", type=int, metavar="N", help="with --logs: start with the last N lines of what is there now"
+        )
     if command == "driver":
         from vz_core.cli._driver_cmd import add_driver_arguments
 
@@ -130,6 +211,12 @@ def _parser(command: str) -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `vz` console script; returns the process exit status."""
     args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0].startswith("-") and args[0] not in ("-h", "--help", "-V", "--version"):
+        hoisted = _hoist_global_options(args)
+        if isinstance(hoisted, str):
+            sys.stderr.write(f"vz: error: {hoisted}\n")
+            return 2
+        args = hoisted
     if not args or args[0] in ("-h", "--help"):
         sys.stdout.write(TOP_HELP)
         return 0
@@ -170,7 +257,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _environment_command(command, parsed)
     except _UsageError as exc:
         sys.stderr.write(f"vz {command}: error: {_local_redactor(rest).redact(str(exc))}\n")
-        return 2
+        return EXEC_OWN_ERROR if command == "exec" else 2
     except KeyboardInterrupt:
         sys.stderr.write(
             f"vz {command}: interrupted" + ("" if command == "exec" else "; run it again to converge") + "\n"
@@ -181,7 +268,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         if not isinstance(exc, VzError):
             raise  # a bug: let the traceback show
-        return _report(command, exc, json_mode, _local_redactor(rest))
+        code = _report(command, exc, json_mode, _local_redactor(rest))
+        return EXEC_OWN_ERROR if command == "exec" else code
 
 
 def _check_state_home() -> None:
@@ -269,14 +357,21 @@ class _ExecArgs:
         self.file: str | None = None
         self.machine: str | None = None
         self.workdir: str | None = None
+        self.user: str | None = None
+        self.env: list[str] = []
+        self.env_file: list[str] = []
         self.interactive = False
         self.tty = False
+        self.detach = False
+        self.pass_pipes = False
         self.argv: list[str] = []
 
 
 _EXEC_VALUES = {"--environment": "environment", "-f": "file", "--file": "file", "--machine": "machine"}
-_EXEC_VALUES["--workdir"] = "workdir"
+_EXEC_VALUES.update({"--workdir": "workdir", "-w": "workdir", "--user": "user", "-u": "user"})
+_EXEC_LISTS = {"-e": "env", "--env": "env", "--env-file": "env_file"}
 _EXEC_FLAGS = {"-i": "i", "--interactive": "i", "-t": "t", "--tty": "t", "-it": "it", "-ti": "it"}
+_EXEC_FLAGS.update({"-d": "d", "--detach": "d", "--pass-pipes": "p"})
 
 
 def _quick_exec_args(rest: list[str]) -> _ExecArgs | None:
@@ -295,17 +390,22 @@ def _quick_exec_args(rest: list[str]) -> _ExecArgs | None:
             parsed.argv = rest[i:]
             return parsed
         name, eq, value = arg.partition("=")
-        if name in _EXEC_VALUES:
+        if name in _EXEC_VALUES or name in _EXEC_LISTS:
             if not eq:
                 if i + 1 >= len(rest) or rest[i + 1].startswith("-"):
                     return None
                 value = rest[i + 1]
                 i += 1
-            setattr(parsed, _EXEC_VALUES[name], value)
+            if name in _EXEC_LISTS:
+                getattr(parsed, _EXEC_LISTS[name]).append(value)
+            else:
+                setattr(parsed, _EXEC_VALUES[name], value)
         elif arg in _EXEC_FLAGS:
             flags = _EXEC_FLAGS[arg]
             parsed.interactive = parsed.interactive or "i" in flags
             parsed.tty = parsed.tty or "t" in flags
+            parsed.detach = parsed.detach or "d" in flags
+            parsed.pass_pipes = parsed.pass_pipes or "p" in flags
         else:
             return None
         i += 1
@@ -334,26 +434,61 @@ def _exec_args(rest: list[str]) -> Any:
 
 def _exec(rest: list[str]) -> int:
     parsed = _exec_args(rest)
+    variables: dict[str, str] = {}
+    if parsed.env or parsed.env_file or parsed.user is not None or parsed.detach:
+        from vz_core.cli._exec_options import check_exec_options
+
+        try:
+            variables = check_exec_options(parsed)
+        except ValueError as exc:
+            raise _UsageError(str(exc)) from None
     from vz_core.api import ApiError, Client
     from vz_core.cli._exec import run_exec
     from vz_core.cli._remote import call_context
 
+    client = Client()
+    context = call_context(parsed.file)
     try:
-        return run_exec(
-            Client(),
-            context=call_context(parsed.file),
+        status = run_exec(
+            client,
+            context=context,
             argv=parsed.argv,
             environment=parsed.environment,
             machine=parsed.machine,
             workdir=parsed.workdir,
             tty=parsed.tty,
             interactive=parsed.interactive,
+            env=variables,
+            user=parsed.user,
+            detach=parsed.detach,
+            pass_pipes=parsed.pass_pipes,
         )
     except ApiError as exc:  # already masked by the daemon with the secrets of the Environment it selected
         from vz_core.cli._output import Output
         from vz_core.cli._remote import report_api_error
 
-        return report_api_error(Output("plain", "exec"), exc)
+        report_api_error(Output("plain", "exec"), exc)
+        return EXEC_OWN_ERROR
+    if status == 127 and parsed.machine is None and "/" not in parsed.argv[0]:
+        _hint_positional_machine(client, context, parsed)
+    return status
+
+
+def _hint_positional_machine(client: Any, context: dict[str, Any], parsed: Any) -> None:
+    """`vz exec db -- true` (docker's `docker exec CONTAINER CMD`) ran a command named db: when db is a Machine
+    of the Environment, say how to name it. Asked only after a command was not found."""
+    from vz_core.api import ApiError
+
+    name = parsed.argv[0]
+    try:
+        machines = client.machines(parsed.environment, context=context)
+    except ApiError:
+        return
+    if any(name in (m.get("name"), m.get("id")) for m in machines):
+        import shlex
+
+        command = shlex.join(parsed.argv[2:] if parsed.argv[1:2] == ["--"] else parsed.argv[1:]) or "CMD"
+        sys.stderr.write(f"vz exec: {name} is a Machine: did you mean `vz exec --machine {name} -- {command}`?\n")
 
 
 def _environment_command(command: str, parsed: argparse.Namespace) -> int:

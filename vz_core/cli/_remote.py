@@ -94,12 +94,48 @@ def exit_interrupted(command: str) -> int:
     return INTERRUPTED
 
 
+def _check_logs_options(parsed: Any, usage_error: type[Exception]) -> None:
+    if not parsed.logs:
+        given = [
+            flag for flag, value in (("--follow", parsed.follow), ("--tail", parsed.tail)) if value not in (None, False)
+        ]
+        if given:
+            raise usage_error(f"{' and '.join(given)}: only with --logs (vz status --logs [--machine M] ...)")
+        return
+    if parsed.all:
+        raise usage_error("--logs shows one Machine's log: name it with --machine (and --environment), not --all")
+    if parsed.json:
+        raise usage_error("--logs prints the log's bytes as they are; --json has no shape for them")
+    if parsed.tail is not None and parsed.tail < 0:
+        raise usage_error(f"--tail {parsed.tail}: give a number of lines, 0 or more")
+
+
+def _print_logs(client: Any, parsed: Any) -> int:
+    """`vz status --logs`: the Machine's log to stdout as bytes (Ctrl-C ends --follow with exit 0)."""
+    out = sys.stdout.buffer
+    chunks = client.logs(parsed.machine, environment=parsed.environment, follow=parsed.follow, tail=parsed.tail)
+    try:
+        for chunk in chunks:
+            out.write(chunk)
+            out.flush()
+    except KeyboardInterrupt:
+        if not parsed.follow:
+            raise
+    except BrokenPipeError:  # `vz status --logs | head`: the reader has what it wanted
+        pass
+    finally:
+        chunks.close()
+    return 0
+
+
 def run_environment_command(command: str, parsed: Any, output: Output, usage_error: type[Exception]) -> int:
     """`vz up|status|stop|delete|volume` through the daemon; the exit code."""
     from vz_core.api import ApiError, Client
 
     if command == "status" and parsed.all and parsed.environment:
         raise usage_error("--all and --environment exclude each other")
+    if command == "status":
+        _check_logs_options(parsed, usage_error)
     if command == "volume" and parsed.action == "rm" and not parsed.name:
         raise usage_error("vz volume rm NAME: which volume (see `vz volume list`)")
     context = call_context(getattr(parsed, "file", None))
@@ -122,6 +158,8 @@ def run_environment_command(command: str, parsed: Any, output: Output, usage_err
 
             result = dict(run_operation(client.delete(parsed.environment, keep_volumes=parsed.keep_volumes), output))
             output.result(result, render_delete(result))
+        elif command == "status" and parsed.logs:
+            return _print_logs(client, parsed)
         elif command == "status":
             from vz_core.cli._render import render_status
 

@@ -73,6 +73,26 @@ def render_status(report: dict[str, Any]) -> str:
         for machine in env["machines"]:
             if machine.get("error"):
                 lines.append(f"  {machine['name']}: {machine['error']}")
+        services = [["MACHINE", "SERVICE", "STATE", "HEALTH", "PID", "RESTARTS", "LAST EXIT", "NOTE"]]
+        for machine in env["machines"]:
+            for svc in machine.get("services") or []:
+                code = svc.get("last_exit_code")
+                last = "" if code is None else str(code) + (f" {svc['last_signal']}" if svc.get("last_signal") else "")
+                services.append(
+                    [
+                        machine["name"],
+                        svc["name"],
+                        svc["state"],
+                        svc.get("health") or "-",
+                        str(svc.get("pid") or "-"),
+                        str(svc.get("restarts", 0)),
+                        last or "-",
+                        svc.get("last_error") or "",
+                    ]
+                )
+        if len(services) > 1:
+            lines.append("  services:")
+            lines.extend(_table(services))
         endpoints = env.get("endpoints") or []
         if endpoints:
             shown = ", ".join(f"{e['machine']}/{e['service']} → {e['host']}:{e['port']}" for e in endpoints)

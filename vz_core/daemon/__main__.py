@@ -2,7 +2,9 @@
 
 Clients start it this way on demand (``--detach``: the process forks once and the parent exits at once, so
 the daemon is nobody's child; it already runs in a new session with its stdio on the log). ``--ready-fd``
-names a pipe that gets ``ready <pid>`` or ``error <message>``. ``vz daemon run`` is the same in the
+names a pipe that gets ``ready <pid>`` or ``error <message>`` (Windows: ``--ready-handle H``, the
+inherited handle of that pipe; there ``--detach`` does not fork: the client started this process
+detached). ``vz daemon run`` is the same in the
 foreground. The fork happens before anything heavy is imported.
 """
 
@@ -21,6 +23,10 @@ def _parse(argv: list[str]) -> tuple[bool, int | None]:
             detach = True
         elif arg == "--ready-fd" and args and args[0].isdigit():
             ready_fd = int(args.pop(0))
+        elif arg == "--ready-handle" and args and args[0].isdigit() and sys.platform == "win32":
+            from vz_core.platform.detach import ready_fd_from_handle
+
+            ready_fd = ready_fd_from_handle(int(args.pop(0)))
         elif arg in ("-h", "--help"):
             sys.stdout.write((__doc__ or "").strip() + "\n")
             raise SystemExit(0)

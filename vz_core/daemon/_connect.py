@@ -30,14 +30,16 @@ import time
 from vz_core.daemon._identity import PROTOCOL, compare_versions, fingerprint, version
 from vz_core.daemon._paths import DaemonPaths, check_private_dir, daemon_paths, ensure_private_dir
 from vz_core.daemon._wire import Channel, DaemonError, WireError, close_fds
-from vz_core.platform.peer import peer_credentials
+
+if sys.platform != "win32":
+    from vz_core.platform.peer import peer_credentials
 
 TYPE_CHECKING = False  # `typing` itself costs milliseconds on the CLI's hot path
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
     from typing import Any
 
-    from vz_core.daemon._wire import Message
+    from vz_core.daemon._wire import Message, Stream
 
 __all__ = ["AUTOSTART_ENV", "START_TIMEOUT", "Connection", "autostart_enabled", "connect"]
 
@@ -169,8 +171,13 @@ def _unavailable(paths: DaemonPaths) -> DaemonError:
     )
 
 
-def _open_socket(paths: DaemonPaths) -> _socket.socket | None:
-    """A socket connected to the listener, or None when there is none (no file, or nobody listening)."""
+def _open_socket(paths: DaemonPaths) -> Stream | None:
+    """A socket connected to the listener, or None when there is none (no file, or nobody listening).
+
+    Windows: the client end of the daemon's named pipe, once its server is known to run as this user.
+    """
+    if sys.platform == "win32":
+        return _open_pipe(paths)
     if not check_private_dir(paths.socket_dir):
         return None
     sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)  # close-on-exec (PEP 446)
@@ -202,6 +209,36 @@ def _open_socket(paths: DaemonPaths) -> _socket.socket | None:
             exit_code=2,
         )
     return sock
+
+
+if sys.platform == "win32":
+
+    def _open_pipe(paths: DaemonPaths) -> Stream | None:
+        from vz_core.platform.pipes import current_sid, open_pipe, pipe_server_pid
+        from vz_core.platform.win32 import process_sid
+
+        stream = open_pipe(paths.socket)
+        if stream is None:
+            return None
+        try:
+            server_pid = pipe_server_pid(stream.fileno())
+            server_sid: str | None = process_sid(server_pid)
+        except OSError:
+            server_pid, server_sid = 0, None
+        except BaseException:
+            stream.close()
+            raise
+        own = current_sid()
+        if server_sid != own:
+            stream.close()
+            raise DaemonError(
+                f"the pipe {paths.socket} is served by {server_sid or 'an unknown user'} (pid {server_pid}), "
+                f"not by you ({own}); end that program (your own daemon re-creates the pipe)",
+                code="PERMISSION_DENIED",
+                kind="user_error",
+                exit_code=2,
+            )
+        return stream
 
 
 def _hello(paths: DaemonPaths, environ: Mapping[str, str]) -> Connection | None:
@@ -316,10 +353,9 @@ def _package_root() -> str:
 
 def _spawn(paths: DaemonPaths, environ: Mapping[str, str], timeout: float) -> None:
     """Start a detached daemon for ``paths`` and wait for its ready line (the start lock is held)."""
-    import select
     import subprocess
 
-    from vz_core.platform.detach import detach_options
+    from vz_core.platform.detach import LAUNCHER_EXITS, detach_options, read_line, ready_handoff
 
     env = dict(environ)
     env["VZ_HOME"] = paths.home
@@ -328,12 +364,13 @@ def _spawn(paths: DaemonPaths, environ: Mapping[str, str], timeout: float) -> No
     read_fd, write_fd = os.pipe()
     log_fd = os.open(paths.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
     try:
+        ready_args, ready_options = ready_handoff(write_fd)
         proc = subprocess.Popen(
-            [sys.executable, "-m", "vz_core.daemon", "--detach", "--ready-fd", str(write_fd)],
+            [sys.executable, "-m", "vz_core.daemon", "--detach", *ready_args],
             stdin=subprocess.DEVNULL,
             stdout=log_fd,
             stderr=log_fd,
-            pass_fds=(write_fd,),
+            **ready_options,
             **detach_options(),
             close_fds=True,
             cwd="/",
@@ -343,24 +380,18 @@ def _spawn(paths: DaemonPaths, environ: Mapping[str, str], timeout: float) -> No
         os.close(write_fd)
         os.close(log_fd)
     try:
-        # The launched process forks the daemon and exits at once (so the daemon is nobody's child).
-        first = proc.wait(timeout)
-        deadline = time.monotonic() + timeout
-        line = b""
-        while b"\n" not in line:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise DaemonError(
-                    f"the vz daemon for {paths.home} did not start within {timeout:g} s; "
-                    f"see `vz daemon logs` ({paths.log_file})",
-                )
-            ready, _, _ = select.select([read_fd], [], [], remaining)
-            if not ready:
-                continue
-            chunk = os.read(read_fd, 4096)
-            if not chunk:
-                break
-            line += chunk
+        # POSIX: the launched process forks the daemon and exits at once (so the daemon is nobody's child).
+        # Windows: the launched process is the daemon, started detached (no fork there).
+        first = proc.wait(timeout) if LAUNCHER_EXITS else None
+        try:
+            line = read_line(read_fd, time.monotonic() + timeout)
+        except TimeoutError:
+            raise DaemonError(
+                f"the vz daemon for {paths.home} did not start within {timeout:g} s; "
+                f"see `vz daemon logs` ({paths.log_file})",
+            ) from None
+        if first is None:
+            first = proc.poll()
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()

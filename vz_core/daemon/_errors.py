@@ -140,6 +140,20 @@ def _message(exc: BaseException) -> str:
     return f"internal error in the vz daemon: {type(exc).__name__}: {exc} (see `vz daemon logs`)"
 
 
+_CONVERGING = frozenset({"Environments.Up", "Environments.Stop", "Environments.Delete", "Volumes.Remove"})
+
+
+def cancelled_message(method: str, reason: str | None) -> str:
+    """The message of a call its client cancelled (``reason``: "cancelled by the client", "the client received
+    SIGINT", ...; None: a hangup), in the terms of what the method was doing (docs/api.md, how each call ends)."""
+    reason = reason or "the client closed the connection"
+    if method == "Machines.Exec":
+        return f"the command was killed: {reason} (the Machine keeps running)"
+    if method in _CONVERGING:
+        return f"interrupted: {reason}; run it again to converge"
+    return f"cancelled: {reason}"
+
+
 class CallFailed(Exception):
     """A call's failure, already encoded (``error`` is the wire's E, redacted with the call's secrets)."""
 

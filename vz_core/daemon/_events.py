@@ -44,19 +44,81 @@ def event_time() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
 
 
+_STR, _INT, _NUM, _OBJ = (str,), (int,), (int, float), (dict,)
+TYPED: dict[str, tuple[str, dict[str, tuple[tuple[type, ...], bool]]]] = {
+    "environment.updated": (
+        "environment_updated",
+        {"name": (_STR, False), "state": (_STR, False), "previous": (_STR, True), "change": (_STR, False)},
+    ),
+    "machine.state": (
+        "machine_state",
+        {"name": (_STR, False), "state": (_STR, False), "previous": (_STR, True), "source": (_STR, False)},
+    ),
+    "operation.started": (
+        "operation_started",
+        {"method": (_STR, False), "call": (_INT, False), "environment": (_STR, True), "peer_pid": (_INT, True)},
+    ),
+    "operation.finished": (
+        "operation_finished",
+        {
+            "method": (_STR, False),
+            "call": (_INT, False),
+            "status": (_STR, False),
+            "operation_id": (_STR, True),
+            "error": (_OBJ, True),
+            "seconds": (_NUM, False),
+            "started_revision": (_INT, False),
+        },
+    ),
+}
+"""Per event kind vz records: the typed field of vz.api.v1's ``Event`` and its fields (types, nullable)."""
+_OPTIONAL = frozenset({"started_revision"})  # may be absent (events recorded before it existed)
+
+
+def typed(kind: str, data: Mapping[str, Any]) -> tuple[str, dict[str, Any]] | None:
+    """The typed field of an event (``("operation_finished", {...})``: the known keys of ``data``, with their
+    JSON types checked), or None for a kind without one or data that does not fit it (an older daemon's)."""
+    known = TYPED.get(kind)
+    if known is None:
+        return None
+    name, fields = known
+    out: dict[str, Any] = {}
+    for key, (types, nullable) in fields.items():
+        if key not in data:
+            if not nullable and key not in _OPTIONAL:
+                return None  # not the shape vz records for this kind
+            continue
+        value = data[key]
+        if value is None and nullable:
+            out[key] = None
+        elif isinstance(value, types) and not isinstance(value, bool):
+            out[key] = value
+        else:
+            return None
+    for key, (_, nullable) in fields.items():  # a nullable field is null, not absent, on the local wire
+        if nullable and key not in out:
+            out[key] = None
+    return name, out
+
+
 def _row(row: sqlite3.Row) -> dict[str, Any]:
     try:
         data = json.loads(row["data"])
     except ValueError:
         data = {"unreadable": True}
-    return {
+    data = data if isinstance(data, dict) else {"value": data}
+    event = {
         "revision": int(row["revision"]),
         "time": row["time"],
         "kind": row["kind"],
         "environment_id": row["environment_id"],
         "machine_id": row["machine_id"],
-        "data": data if isinstance(data, dict) else {"value": data},
+        "data": data,
     }
+    fitted = typed(row["kind"], data)
+    if fitted is not None:
+        event[fitted[0]] = fitted[1]
+    return event
 
 
 class EventLog:
@@ -141,11 +203,39 @@ class EventLog:
         if not environment_id:
             return 0
         with self._lock:
+            db = self._open()
             try:
-                cursor = self._open().execute("DELETE FROM events WHERE environment_id = ?", (environment_id,))
+                db.execute("BEGIN IMMEDIATE")
+                try:
+                    # An operation's operation.started event (recorded before its Environment was known) leaves
+                    # with its operation.finished: a replay never shows an operation that never finishes.
+                    started = db.execute(
+                        "DELETE FROM events WHERE kind = 'operation.started' AND revision IN (SELECT "
+                        "json_extract(data, '$.started_revision') FROM events WHERE environment_id = ? AND kind = "
+                        "'operation.finished')",
+                        (environment_id,),
+                    ).rowcount
+                    rest = db.execute("DELETE FROM events WHERE environment_id = ?", (environment_id,)).rowcount
+                    db.execute("COMMIT")
+                except BaseException:
+                    db.execute("ROLLBACK")
+                    raise
             except sqlite3.Error as exc:
                 raise self._error(exc) from None
-        return int(cursor.rowcount or 0)
+        return int(started or 0) + int(rest or 0)
+
+    def knows_environment(self, environment_id: str) -> bool:
+        """Whether any kept event is about this Environment."""
+        with self._lock:
+            try:
+                row = (
+                    self._open()
+                    .execute("SELECT 1 FROM events WHERE environment_id = ? LIMIT 1", (environment_id,))
+                    .fetchone()
+                )
+            except sqlite3.Error as exc:
+                raise self._error(exc) from None
+        return row is not None
 
     def _wake(self) -> None:
         for loop, event in list(self._waiters):

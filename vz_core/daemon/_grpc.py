@@ -14,8 +14,10 @@ naming the method), never silently drops data. A failed call ends with the gRPC 
 ``grpc-status-details-bin`` holding a ``devsy.runtime.v1.RuntimeError`` and a ``vz.api.v1.ErrorInfo`` (the
 local wire's error object).
 
-Stream semantics match the local wire: a client cancelling the RPC, or half-closing an Exec stream, is a
-hangup (``receive`` returns None, ``cancelled`` is set); an Exec ``cancel`` message cancels the call.
+Exec streams: half-closing the client side (Go's ``CloseSend()``, a finite request iterator) is the end of the
+command's input, exactly a ``stdin_close`` message: the command keeps running and its output and result are
+still delivered. The RPC's own cancel (or deadline) is a hangup (``receive`` returns None, ``cancelled`` is
+set) and kills the command; so does an explicit ``cancel`` message.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import grpc
 from google.protobuf.message import Message as ProtoMessage
 
 from vz_core.api import pb
+from vz_core.daemon._errors import cancelled_message
 from vz_core.daemon._wire import DaemonError
 
 __all__ = ["GRPC_SOCKET", "Dispatch", "GrpcCall", "GrpcFront"]
@@ -85,6 +88,8 @@ class GrpcCall:
         self.fds: list[int] = []
         self.peer_pid: int | None = None
         self.cancelled = asyncio.Event()
+        self.cancel_reason: str | None = None
+        """Why ``cancelled`` was set by this front (an Exec ``cancel`` message), or None for a hangup."""
         self.started = time.time()
         self._spec = spec
         self._context = context
@@ -219,14 +224,15 @@ class GrpcFront:
         self._server = server
 
     async def close(self, grace: float = 1.0) -> None:
-        """Stop serving: running calls are cancelled after ``grace`` seconds; the socket is removed."""
+        """Stop serving: running calls are cancelled after ``grace`` seconds (a watch ended by the service's
+        ``stopping`` delivers its result first); the socket is removed."""
+        if self._server is not None:
+            await self._server.stop(grace)
+            self._server = None
         for task in list(self._proxies):
             task.cancel()
         if self._proxies:
             await asyncio.wait(list(self._proxies), timeout=2.0)
-        if self._server is not None:
-            await self._server.stop(grace)
-            self._server = None
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.socket_path)
         if self._own_dir is not None:
@@ -354,6 +360,7 @@ class GrpcFront:
                     await task
                 raise
             error = _encode(asyncio.CancelledError())
+            error["message"] = cancelled_message(call.method, call.cancel_reason)
         except Exception as exc:
             if not isinstance(exc, DaemonError):
                 log.info("%s failed: %s", call.method, exc)
@@ -475,26 +482,40 @@ def _hang_up(call: GrpcCall, task: asyncio.Task[Any]) -> None:
 
 
 async def _read_client(call: GrpcCall, context: grpc.aio.ServicerContext[Any, Any], task: asyncio.Task[Any]) -> None:
-    """Feed an Exec call's inbox; cancel or a half-close (a hangup, as on the local wire) cancels the call."""
+    """Feed an Exec call's inbox until the client half-closes its side.
+
+    A half-close (Go's ``CloseSend()``, the end of a Python request iterator) is the end of the command's input:
+    the command reads end of file on its stdin (as a ``stdin_close`` message would do) and keeps running; its
+    output and result still arrive. Only the RPC's own cancel (or deadline), or a ``cancel`` message, cancels the
+    call (``_hang_up`` sees the RPC end).
+    """
+    stdin_closed = False
     try:
         while True:
             message = await context.read()
             if message is _EOF:
-                break
+                if not stdin_closed:
+                    await call._inbox.put({"stdin_close": {}})
+                return
             converted = _client_message(message)
-            if converted == "cancel":
+            if converted == "cancel":  # the command is killed; the call ends CANCELLED
+                call.cancel_reason = "cancelled by the client"
                 call.cancelled.set()
                 task.cancel()
-                continue
+                return
             if converted is None:
                 log.info("%s: a second start message was ignored", call.method)
                 continue
+            if isinstance(converted, dict) and "stdin_close" in converted:
+                if stdin_closed:
+                    continue
+                stdin_closed = True
             await call._inbox.put(converted)  # type: ignore[arg-type]
     except (grpc.RpcError, asyncio.InvalidStateError, OSError) as exc:
         log.info("%s: the client stream ended: %s", call.method, exc)
-    call.cancelled.set()
-    await call._inbox.put(None)
-    task.cancel()
+        call.cancelled.set()
+        await call._inbox.put(None)
+        task.cancel()
 
 
 async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -14,6 +14,10 @@ symbolic link). It holds:
 - ``start.lock``: held by a client while it decides whether to start a daemon (two racing CLIs start one);
 - ``grpc.sock``: the private socket of the gRPC front (behind the main socket).
 
+On Windows the endpoint is no file: ``socket`` is the daemon's named pipe, ``\\\\.\\pipe\\vz-<user>-<digest of
+the home>`` (``vz_core.platform.pipes``: a security descriptor admitting only the user, the first instance created
+exclusively); ``VZ_DAEMON_SOCKET`` may name another pipe (``\\\\.\\pipe\\<name>``).
+
 A directory owned by someone else, a symbolic link, or one others may write to is refused (``DaemonError``,
 exit 2, naming the path and what to do); a directory of ours others may only read or enter is fixed to 0700.
 
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import os
 import stat
+import sys
 
 from vz_core.daemon._wire import DaemonError
 
@@ -69,7 +74,10 @@ class DaemonPaths:
     def __init__(self, home: str, socket: str | None = None) -> None:
         self.home = os.path.abspath(home)
         self.directory = os.path.join(self.home, "daemon")
-        self.socket = socket or os.path.join(self.directory, "vz.sock")
+        if sys.platform == "win32":  # the daemon's named pipe (vz_core.platform.pipes): no socket file
+            self.socket = socket or _default_pipe(self.home)
+        else:
+            self.socket = socket or os.path.join(self.directory, "vz.sock")
         self.pid_file = os.path.join(self.directory, "daemon.json")
         self.log_file = os.path.join(self.directory, "daemon.log")
         self.lock_file = os.path.join(self.directory, "daemon.lock")
@@ -91,6 +99,15 @@ class DaemonPaths:
         return hash((self.home, self.socket))
 
 
+def _default_pipe(home: str) -> str:
+    """Windows: the daemon pipe of ``home`` for this user (``vz_core.platform.pipes.pipe_name``)."""
+    import getpass
+
+    from vz_core.platform.pipes import pipe_name
+
+    return pipe_name(getpass.getuser(), home)
+
+
 def _state_home(environ: Mapping[str, str]) -> str:
     home = environ.get("VZ_HOME")
     if home:
@@ -109,7 +126,17 @@ def daemon_paths(home: str | os.PathLike[str] | None = None, environ: Mapping[st
     env = os.environ if environ is None else environ
     base = os.fspath(home) if home is not None else _state_home(env)
     custom = env.get(SOCKET_ENV) or None
-    if custom is not None and not os.path.isabs(custom):
+    if sys.platform == "win32" and custom is not None:
+        from vz_core.platform.pipes import PIPE_PREFIX
+
+        if not custom.startswith(PIPE_PREFIX) or len(custom) == len(PIPE_PREFIX) or "\\" in custom[len(PIPE_PREFIX) :]:
+            raise DaemonError(
+                f"{SOCKET_ENV}={custom!r} is not a named pipe; on Windows set it to {PIPE_PREFIX}<name>, or unset it",
+                code="INVALID_ARGUMENT",
+                kind="user_error",
+                exit_code=2,
+            )
+    elif custom is not None and not os.path.isabs(custom):
         raise DaemonError(
             f"{SOCKET_ENV}={custom!r} is not an absolute path; set it to a socket path inside a private (0700) "
             "directory of yours, or unset it",

@@ -24,6 +24,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import UTC, datetime
@@ -42,8 +43,10 @@ from vz_core.daemon._paths import (
 from vz_core.daemon._wire import AsyncChannel, DaemonError, Message, WireError, close_fds
 from vz_core.platform.files import socket_path_in
 from vz_core.platform.locks import lock_file
-from vz_core.platform.peer import peer_credentials
-from vz_core.platform.sockets import unix_socket
+
+if sys.platform != "win32":
+    from vz_core.platform.peer import peer_credentials
+    from vz_core.platform.sockets import unix_socket
 
 __all__ = [
     "DEFAULT_IDLE_TIMEOUT",
@@ -85,7 +88,12 @@ SOCKET_CHECK_INTERVAL = 5.0
 """How often the daemon checks that its socket file is still the one it bound (else nobody can reach it)."""
 CALL_TIMEOUT = 60.0
 """A connection that said hello but sent no call by then is closed (it would keep the daemon from idling)."""
-_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+WATCH_END_SECONDS = 2.0
+"""At shutdown, how long Watch-class calls may take to send their result before they are cancelled."""
+if sys.platform == "win32":  # no SIGHUP; a detached daemon has no console to get the others from either
+    _SIGNALS: tuple[int, ...] = ()
+else:
+    _SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _RECEIVE_BUFFER = 4 * 1024 * 1024  # client bytes queued for a handler that is not reading; then reading pauses
 
 Handler = Callable[["Call"], Awaitable[dict[str, Any]]]
@@ -138,6 +146,8 @@ class Call:
         self.fds: list[int] = list(fds)
         self.peer_pid = peer_pid
         self.cancelled = asyncio.Event()
+        self.cancel_reason: str | None = None
+        """Why ``cancelled`` was set by the listener (a ``cancel`` message), or None for a hangup."""
         self.started = time.time()
         self.wire_error: WireError | None = None
         """Malformed input from the client during the call: the call is cancelled and this is its answer."""
@@ -230,8 +240,10 @@ def _encode_error(exc: BaseException) -> dict[str, Any]:
         return _fallback_encode_error(exc)
 
 
-def _peer(sock: socket.socket) -> tuple[int, int, int]:
-    return peer_credentials(sock)
+if sys.platform != "win32":
+
+    def _peer(sock: socket.socket) -> tuple[int, int, int]:
+        return peer_credentials(sock)
 
 
 class Daemon:
@@ -262,6 +274,8 @@ class Daemon:
         self.idle_timeout = idle_timeout_from_env() if idle_timeout is None else idle_timeout
         self.shutdown_grace = shutdown_grace
         self.on_shutdown: list[Callable[[], Awaitable[None]]] = list(on_shutdown)
+        self.on_stopping: list[Callable[[], object]] = []
+        """Called first when the daemon stops, before any call is cancelled (the service ends its watches)."""
         self.http2 = http2
         self.version = daemon_version or version()
         self.fingerprint = daemon_fingerprint or fingerprint(of_version=self.version)
@@ -348,7 +362,8 @@ class Daemon:
         try:
             if call.method == SHUTDOWN_METHOD:
                 self.request_shutdown(f"System.Shutdown from pid {call.peer_pid}")
-                return {"pid": self.pid, "operations": len(self.operations)}
+                operations = len(self.operations)
+                return {"pid": self.pid, "operations": operations, "stopping": True, "busy": operations > 0}
             if call.method == DRIVER_CONNECT_METHOD:
                 from vz_core.daemon._sessions import serve_driver_connect
 
@@ -370,6 +385,7 @@ class Daemon:
                     close_fds(fds)
                     raise WireError("descriptors may only come with the call message")
                 if isinstance(message, dict) and "cancel" in message:
+                    call.cancel_reason = "cancelled by the client"
                     call.cancelled.set()
                     task.cancel()
                     continue
@@ -397,6 +413,9 @@ class Daemon:
                         await task
                     raise
                 reply: dict[str, Any] = {"error": _encode_error(asyncio.CancelledError())}
+                from vz_core.daemon._errors import cancelled_message
+
+                reply["error"]["message"] = cancelled_message(call.method, call.cancel_reason)
             except Exception as exc:
                 reply = {"error": _encode_error(exc)}
                 if isinstance(exc, DaemonError) or _is_vz_error(exc) or isinstance(getattr(exc, "error", None), dict):
@@ -421,35 +440,64 @@ class Daemon:
             with contextlib.suppress(BaseException):
                 await reader
 
-    async def _serve_connection(self, sock: socket.socket) -> None:
-        handed = False
-        try:
-            pid, uid, _ = _peer(sock)
-            if uid != os.geteuid():
-                log.warning("refused a connection from uid %d (pid %d): only uid %d may use it", uid, pid, os.geteuid())
-                return
-            channel = AsyncChannel(sock)
-            async with asyncio.timeout(HELLO_TIMEOUT):  # not wait_for: no task per step (B7)
-                first = await channel.peek(4)
-            if first == HTTP2_PREFACE[:4]:
-                if self.http2 is None:
-                    log.warning("an HTTP/2 (gRPC) connection from pid %d: no gRPC front runs; closed", pid)
+    if sys.platform != "win32":
+
+        async def _serve_connection(self, sock: socket.socket) -> None:
+            handed = False
+            try:
+                pid, uid, _ = _peer(sock)
+                if uid != os.geteuid():
+                    log.warning(
+                        "refused a connection from uid %d (pid %d): only uid %d may use it", uid, pid, os.geteuid()
+                    )
                     return
-                handed = True  # the hook owns the socket from here
-                await self.http2(sock, b"")
-                return
-            await self._local(channel, pid)
-        except WireError as exc:
-            # Malformed input (docs/daemon.md): the client is told what was wrong, then the connection ends.
-            log.warning("connection dropped: %s", exc)
-            with contextlib.suppress(OSError, WireError, TimeoutError):
-                async with asyncio.timeout(REPLY_TIMEOUT):
-                    await AsyncChannel(sock).send({"error": exc.to_wire()})
-        except (OSError, TimeoutError) as exc:
-            log.warning("connection dropped: %s", exc)
-        finally:
-            if not handed:
-                sock.close()
+                channel = AsyncChannel(sock)
+                async with asyncio.timeout(HELLO_TIMEOUT):  # not wait_for: no task per step (B7)
+                    first = await channel.peek(4)
+                if first == HTTP2_PREFACE[:4]:
+                    if self.http2 is None:
+                        log.warning("an HTTP/2 (gRPC) connection from pid %d: no gRPC front runs; closed", pid)
+                        return
+                    handed = True  # the hook owns the socket from here
+                    await self.http2(sock, b"")
+                    return
+                await self._local(channel, pid)
+            except WireError as exc:
+                # Malformed input (docs/daemon.md): the client is told what was wrong, then the connection ends.
+                log.warning("connection dropped: %s", exc)
+                with contextlib.suppress(OSError, WireError, TimeoutError):
+                    async with asyncio.timeout(REPLY_TIMEOUT):
+                        await AsyncChannel(sock).send({"error": exc.to_wire()})
+            except (OSError, TimeoutError) as exc:
+                log.warning("connection dropped: %s", exc)
+            finally:
+                if not handed:
+                    sock.close()
+
+    if sys.platform == "win32":
+
+        async def _serve_pipe(self, pipe: Any, own_sid: str) -> None:
+            """Windows: one connected instance of the daemon's pipe (the client's SID checked before any read)."""
+            from vz_core.daemon._pipe import AsyncPipeChannel, admit
+
+            channel = AsyncPipeChannel(pipe)
+            try:
+                pid, refusal = admit(pipe, own_sid)
+                if refusal is not None:
+                    log.warning(
+                        "refused a connection on %s: %s; only %s may use it", self.paths.socket, refusal, own_sid
+                    )
+                    return
+                await self._local(channel, pid)
+            except WireError as exc:
+                log.warning("connection dropped: %s", exc)
+                with contextlib.suppress(OSError, WireError, TimeoutError):
+                    async with asyncio.timeout(REPLY_TIMEOUT):
+                        await channel.send({"error": exc.to_wire()})
+            except (OSError, TimeoutError) as exc:
+                log.warning("connection dropped: %s", exc)
+            finally:
+                channel.close()
 
     async def _local(self, channel: AsyncChannel, pid: int) -> None:
         async with asyncio.timeout(HELLO_TIMEOUT):
@@ -506,29 +554,31 @@ class Daemon:
 
     # ---- listening ----------------------------------------------------------------------------------------
 
-    def _bind(self) -> socket.socket:
-        ensure_private_dir(self.paths.directory)
-        if self.paths.socket_dir != self.paths.directory:
-            ensure_private_dir(self.paths.socket_dir)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.paths.socket)  # stale: the caller holds daemon.lock, no other daemon lives
-        sock = unix_socket()
-        try:
-            dir_fd = os.open(self.paths.socket_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    if sys.platform != "win32":
+
+        def _bind(self) -> socket.socket:
+            ensure_private_dir(self.paths.directory)
+            if self.paths.socket_dir != self.paths.directory:
+                ensure_private_dir(self.paths.socket_dir)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.paths.socket)  # stale: the caller holds daemon.lock, no other daemon lives
+            sock = unix_socket()
             try:
-                # Linux: through the checked directory's descriptor (no path race, no 108-byte sun_path limit).
-                sock.bind(socket_path_in(dir_fd, self.paths.socket))
-            finally:
-                os.close(dir_fd)
-            os.chmod(self.paths.socket, 0o600)
-            st = os.stat(self.paths.socket)
-            self._socket_id = (st.st_dev, st.st_ino)
-            sock.listen(128)
-            sock.setblocking(False)
-        except BaseException:
-            sock.close()
-            raise
-        return sock
+                dir_fd = os.open(self.paths.socket_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+                try:
+                    # Linux: through the checked directory's descriptor (no path race, no 108-byte sun_path limit).
+                    sock.bind(socket_path_in(dir_fd, self.paths.socket))
+                finally:
+                    os.close(dir_fd)
+                os.chmod(self.paths.socket, 0o600)
+                st = os.stat(self.paths.socket)
+                self._socket_id = (st.st_dev, st.st_ino)
+                sock.listen(128)
+                sock.setblocking(False)
+            except BaseException:
+                sock.close()
+                raise
+            return sock
 
     def _unlink_own(self, path: str, ident: tuple[int, int] | None) -> None:
         try:
@@ -539,15 +589,28 @@ class Daemon:
             with contextlib.suppress(OSError):
                 os.unlink(path)
 
-    async def _accept_loop(self, listener: socket.socket) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            conn, _ = await loop.sock_accept(listener)
-            conn.set_inheritable(False)
-            task = asyncio.ensure_future(self._serve_connection(conn))
-            self._connections.add(task)
-            self._activity_changed()
-            task.add_done_callback(self._connection_done)
+    if sys.platform != "win32":
+
+        async def _accept_loop(self, listener: socket.socket) -> None:
+            loop = asyncio.get_running_loop()
+            while True:
+                conn, _ = await loop.sock_accept(listener)
+                conn.set_inheritable(False)
+                task = asyncio.ensure_future(self._serve_connection(conn))
+                self._connections.add(task)
+                self._activity_changed()
+                task.add_done_callback(self._connection_done)
+
+    if sys.platform == "win32":
+
+        async def _accept_pipe_loop(self, listener: Any) -> None:
+            """Windows: accept clients of the daemon's named pipe (``vz_core.daemon._pipe.PipeListener``)."""
+            while True:
+                pipe = await listener.accept()
+                task = asyncio.ensure_future(self._serve_pipe(pipe, listener.own_sid))
+                self._connections.add(task)
+                self._activity_changed()
+                task.add_done_callback(self._connection_done)
 
     async def _watch_socket(self) -> None:
         """Shut down once the socket file is gone or replaced (its directory deleted, say): unreachable."""
@@ -570,6 +633,8 @@ class Daemon:
         """Listen and serve until shutdown; ``ready`` is called once the socket accepts. Returns the reason."""
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
+        if sys.platform == "win32":
+            return await self._serve_pipe_endpoint(ready)
         listener = self._bind()
         self._listener = listener
         try:
@@ -626,10 +691,73 @@ class Daemon:
         log.info("stopped")
         return self._stop_reason
 
+    def _pid_record(self) -> dict[str, Any]:
+        return {
+            "pid": self.pid,
+            "version": self.version,
+            "fingerprint": self.fingerprint,
+            "socket": self.paths.socket,
+            "started": self.started.isoformat(timespec="seconds"),
+            "proc_start": proc_start_ticks(self.pid),
+        }
+
+    if sys.platform == "win32":
+
+        async def _serve_pipe_endpoint(self, ready: Callable[[], None] | None) -> str:
+            """Windows: ``serve`` on the daemon's named pipe (no socket file to watch: the name lives as long as
+            one of its instances, all of them ours)."""
+            from vz_core.daemon._pipe import PipeListener
+
+            assert self._stop is not None
+            ensure_private_dir(self.paths.directory)
+            listener = PipeListener(self.paths.socket)
+            try:
+                write_pid_file(self.paths, self._pid_record())
+                accept = asyncio.ensure_future(self._accept_pipe_loop(listener))
+                log.info(
+                    "vz daemon %s (pid %d) listening on %s; idle timeout %s",
+                    self.version,
+                    self.pid,
+                    self.paths.socket,
+                    f"{self.idle_timeout:g} s" if self.idle_timeout else "never",
+                )
+                self._activity_changed()
+                if ready is not None:
+                    ready()
+                await self._stop.wait()
+                log.info("shutting down: %s", self._stop_reason)
+                accept.cancel()
+                with contextlib.suppress(BaseException):
+                    await accept
+                listener.close()
+                await self._drain()
+                for hook in self.on_shutdown:
+                    try:
+                        await hook()
+                    except Exception:
+                        log.exception("a shutdown hook failed")
+            finally:
+                if self._idle_handle is not None:
+                    self._idle_handle.cancel()
+                listener.close()
+                self._remove_pid_file()
+            log.info("stopped")
+            return self._stop_reason
+
     async def _drain(self) -> None:
-        """Cancel Watch-class calls now, let operations finish within the grace period, then cancel the rest."""
+        """End Watch-class calls now (the ``on_stopping`` hooks let them send their result; those still running
+        after a moment are cancelled), let operations finish within the grace period, then cancel the rest."""
+        for stopping in self.on_stopping:
+            try:
+                stopping()
+            except Exception:
+                log.exception("a stopping hook failed")
+        watches = [t for c, t in self._call_tasks.items() if not c.is_operation]
+        if watches and self.on_stopping:
+            await asyncio.wait(watches, timeout=WATCH_END_SECONDS)
         for call, task in list(self._call_tasks.items()):
-            if not call.is_operation:
+            if not call.is_operation and not task.done():
+                call.cancel_reason = "the daemon is stopping"
                 call.cancelled.set()
                 task.cancel()
         if self.operations:
@@ -726,6 +854,7 @@ async def _install_service(daemon: Daemon) -> None:
         daemon.handler = service.dispatch
         daemon.redactor = lambda: getattr(service, "redactor", None)
         daemon.on_shutdown.append(service.close)
+        daemon.on_stopping.append(service.stopping)
     front = _LazyGrpcFront(daemon)
     daemon.http2 = front.handle
     daemon.on_shutdown.insert(0, front.close)

@@ -36,12 +36,12 @@ import os
 import signal as signals
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
 from vz_core.daemon._calls import MAX_WINDOW, Request, RequestError
-from vz_core.daemon._errors import CallFailed, encode_error
+from vz_core.daemon._errors import CallFailed, cancelled_message, encode_error
 from vz_core.daemon._progress import CallProgress
 from vz_core.redact import Redactor
 
@@ -313,6 +313,7 @@ class Service:
         self._store_path = store_path
         self._observed: dict[tuple[str, str], str] = {}
         self.shutdown_requested = asyncio.Event()
+        self._stopping = asyncio.Event()
         self._secrets = Redactor(short_tokens=True)
         self._methods: dict[str, Handler] = {
             "Environments.Up": self._up,
@@ -380,6 +381,11 @@ class Service:
     async def aclose(self) -> None:
         await self.close()
 
+    def stopping(self) -> None:
+        """The daemon is stopping: every watch (Environments.Watch, Machines.Watch, System.Events with follow)
+        ends now with its result, the last revision it returned (the client resumes from it)."""
+        self._stopping.set()
+
     @property
     def redactor(self) -> Redactor:
         """Every secret of every call served so far (the daemon's log is masked with it); the warm sessions'
@@ -411,12 +417,13 @@ class Service:
         self._operations[operation.number] = operation
         kind = OPERATIONS.get(call.method)
         started = time.monotonic()
+        started_revision: int | None = None
         if kind is not None:
             request = call.request if isinstance(call.request, dict) else {}
             selector = request.get("environment") if isinstance(request.get("environment"), str) else None
             selector = state.redactor.redact(selector) if selector is not None else None
             operation.environment = selector
-            self._publish(
+            started_revision = self._publish(
                 "operation.started",
                 None,
                 None,
@@ -465,6 +472,7 @@ class Service:
                         "operation_id": op_id,
                         "error": failure,
                         "seconds": round(time.monotonic() - started, 3),
+                        **({"started_revision": started_revision} if started_revision is not None else {}),
                     },
                 )
 
@@ -515,7 +523,7 @@ class Service:
         try:
             done, _ = await asyncio.wait({inner, *waiters}, return_when=asyncio.FIRST_COMPLETED)
             if inner not in done:
-                state.cancel_reason = state.cancel_reason or "the client closed the connection"
+                state.cancel_reason = self._reason(state)
                 await _stop(inner)
             result = inner.result()
             if state.progress is not None:
@@ -535,10 +543,7 @@ class Service:
                 with contextlib.suppress(Exception):
                     await state.progress.flush()
             error = encode_error(asyncio.CancelledError(), state.redactor)
-            if state.cancel_reason:
-                error["message"] = state.redactor.redact(
-                    f"interrupted: {state.cancel_reason}; run it again to converge"
-                )
+            error["message"] = state.redactor.redact(cancelled_message(call.method, self._reason(state)))
             raise CallFailed(error) from None
         except CallFailed:
             raise
@@ -550,6 +555,13 @@ class Service:
         finally:
             for waiter in waiters:
                 waiter.cancel()
+
+    @staticmethod
+    def _reason(state: _CallState) -> str:
+        """Why a call is being cancelled: what the service saw, what the front saw (``call.cancel_reason``: a
+        gRPC ``cancel`` message), else a hangup."""
+        front = getattr(state.call, "cancel_reason", None)
+        return state.cancel_reason or (front if isinstance(front, str) else None) or "the client closed the connection"
 
     async def _cancel_messages(self, state: _CallState) -> None:
         """Returns when the client asks to stop (``cancel``, ``signal``) or its connection ends."""
@@ -569,20 +581,25 @@ class Service:
 
     # --- helpers ------------------------------------------------------------------------------------------------
 
-    def _publish(self, kind: str, environment_id: str | None, machine_id: str | None, data: dict[str, Any]) -> None:
+    def _publish(
+        self, kind: str, environment_id: str | None, machine_id: str | None, data: dict[str, Any]
+    ) -> int | None:
+        """Record one event; its revision (None when there is no event log or it could not be stored)."""
         if self._events is None:
-            return
+            return None
         # Stored events hold no secret: every value is masked with every secret the daemon has learned (the
         # call's project's are merged in before its first event).
         data = self._secrets.redact_data(data)
+        revision: int | None = None
         with contextlib.suppress(Exception):  # an event that cannot be stored never fails an operation
-            self._events.append(kind, environment_id, machine_id, data)
+            revision = self._events.append(kind, environment_id, machine_id, data)
         if kind == "environment.updated" and data.get("change") == "deleted" and environment_id:
             # `vz delete` leaves nothing of the Environment on disk, its events included: live watchers get the
             # deletion first (they are woken by the append), then its events are dropped from the log.
             self._forget.add(environment_id)  # dropped at close() at the latest
             with contextlib.suppress(RuntimeError):  # no running loop: close() does it
                 asyncio.get_running_loop().call_later(FORGET_DELAY, self._forget_now, environment_id)
+        return revision
 
     def _forget_now(self, environment_id: str) -> None:
         if environment_id in self._forget and self._events is not None:
@@ -736,30 +753,71 @@ class Service:
         revision = request.integer("from_revision", default=None)
         if self._events is None:
             raise _unavailable("events are not recorded by this daemon (no event log)")
-        last = revision or 0
         start = revision if revision is not None else _latest(self._events)
-        async for event in self._events.follow(start, environment_id=environment_id, kinds=kinds):
-            last = int(event.get("revision") or last)
-            await state.call.event(state.redactor.redact_data(event))
+        last = start
+        events = aiter(self._events.follow(start, environment_id=environment_id, kinds=kinds))
+        stopping = asyncio.ensure_future(self._stopping.wait())
+        try:
+            while not stopping.done():
+                following = asyncio.ensure_future(anext(events))
+                await asyncio.wait({following, stopping}, return_when=asyncio.FIRST_COMPLETED)
+                if not following.done():
+                    await _stop(following)
+                    break
+                try:
+                    event = following.result()
+                except StopAsyncIteration:
+                    break
+                last = int(event.get("revision") or last)
+                await state.call.event(state.redactor.redact_data(event))
+        finally:
+            stopping.cancel()
+            closing = getattr(events, "aclose", None)
+            if closing is not None:
+                with contextlib.suppress(BaseException):
+                    await closing()
         return {"revision": last}
 
     async def _watch_environments(self, state: _CallState) -> dict[str, Any]:
         request = self._request(state, ("from_revision", "environment"))
-        environment = request.string("environment", empty=False)
+        environment = self._watched_environment(request)
         return await self._follow(state, request, ("environment.", "operation."), environment)
 
     async def _watch_machines(self, state: _CallState) -> dict[str, Any]:
         request = self._request(state, ("from_revision", "environment"))
-        environment = request.string("environment", empty=False)
+        environment = self._watched_environment(request)
         return await self._follow(state, request, ("machine.",), environment)
+
+    def _watched_environment(self, request: Request) -> str | None:
+        """A watch's ``environment``: an Environment id the state store records or the event log still holds
+        events of; ``NotFoundError`` for any other (a typo would otherwise watch nothing, silently)."""
+        environment = request.string("environment", empty=False)
+        if environment is None:
+            return None
+        from vz_core.env import Store
+        from vz_core.errors import NotFoundError
+
+        with Store(self._store_path) as store:
+            if store.environment(environment) is not None:
+                return environment
+        knows = getattr(self._events, "knows_environment", None)
+        if knows is not None and knows(environment):
+            return environment
+        raise NotFoundError(
+            f"request.environment: no Environment has the id {environment!r} (a watch takes an Environment id, "
+            "as Environments.List reports it, not a name)",
+            details={"field": "environment"},
+        )
 
     async def _system_events(self, state: _CallState) -> dict[str, Any]:
         request = self._request(state, ("from_revision", "follow"))
         if request.boolean("follow", default=True):
             return await self._follow(state, request, (), None)
-        revision = request.integer("from_revision", default=0) or 0
+        revision = request.integer("from_revision", default=None)
         if self._events is None:
             raise _unavailable("events are not recorded by this daemon (no event log)")
+        if revision is None:  # from now on, and not following: nothing yet; the revision to start from later
+            return {"revision": _latest(self._events)}
         since = getattr(self._events, "since", None)
         last = revision
         while since is not None:
@@ -797,7 +855,20 @@ class Service:
 
         request = self._request(
             state,
-            ("context", "environment", "machine", "argv", "workdir", "env", "tty", "rows", "cols", "term", "stdio"),
+            (
+                "context",
+                "environment",
+                "machine",
+                "argv",
+                "workdir",
+                "env",
+                "tty",
+                "rows",
+                "cols",
+                "term",
+                "stdio",
+                "user",
+            ),
         )
         environment = request.string("environment", empty=False)
         machine = request.string("machine", empty=False)
@@ -809,6 +880,7 @@ class Service:
         cols = request.integer("cols", default=None, low=1, high=MAX_WINDOW)
         term = request.string("term")
         stdio = request.flags("stdio", 3)
+        user = request.string("user", empty=False)
         fds = list(state.call.fds)
         if tty and any(stdio):
             raise RequestError(
@@ -831,6 +903,8 @@ class Service:
         for value in variables.values():
             ctx.redactor.add(value)
         target = prepare_exec(ctx, environment=environment, machine=machine)
+        if user is not None:  # `vz exec -u USER[:GROUP]`: instead of the Machine's remote_user
+            target = replace(target, user=user)
         state.operation.environment_id = target.environment.env_id
         # A command name or workdir holding a secret would be echoed by the Machine's own messages (the agent's
         # "no such file" line goes straight to the command's stderr): that stderr is then copied here, masked.
@@ -887,9 +961,13 @@ class Service:
                 else:
                     await call.write(stream, data)
 
+            # Set when the command's main process has exited: its output streams then end with what they hold,
+            # without waiting for a background process of the command that keeps them open (docker exec's end).
+            exited: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
             async def forward(stream: int, fd: int) -> None:
                 cleaner = ctx.redactor.stream() if masked and stream == 2 else None
-                async for chunk in _pipe_chunks(fd):
+                async for chunk in _pipe_chunks(fd, exited):
                     await deliver(stream, cleaner.feed(chunk) if cleaner is not None else chunk)
                 if cleaner is not None:
                     await deliver(stream, cleaner.flush())
@@ -905,7 +983,7 @@ class Service:
             try:
                 await asyncio.wait({running, inputs, gone}, return_when=asyncio.FIRST_COMPLETED)
                 if not running.done():
-                    state.cancel_reason = state.cancel_reason or "the client closed the connection"
+                    state.cancel_reason = self._reason(state)
                     await _stop(running)
                     if state.signal is not None:
                         return _signalled(state.signal)
@@ -918,8 +996,10 @@ class Service:
                 inputs.cancel()
                 gone.cancel()
                 await _stop(running)  # this call was cancelled: so is the command (killed by its driver)
-                # The command is over: our copies of its output ends close, so the output reaches end of file
-                # once the driver's copies are closed too.
+                # The command is over: what its output pipes hold is delivered, then they end (the driver wrote
+                # all the main process's output before it reported the exit).
+                if not exited.done():
+                    exited.set_result(None)
                 for stream, _ in outputs:
                     _close(command[stream])
                     ours.remove(command[stream])
@@ -1046,7 +1126,7 @@ class Service:
         try:
             await asyncio.wait({running, inputs, gone}, return_when=asyncio.FIRST_COMPLETED)
             if not running.done():
-                state.cancel_reason = state.cancel_reason or "the client closed the connection"
+                state.cancel_reason = self._reason(state)
                 running.cancel()
                 with contextlib.suppress(BaseException):
                     await running
@@ -1237,12 +1317,12 @@ def _signalled(name: str) -> dict[str, Any]:
     return {"exit_code": 128 + signals.Signals[name].value, "signal": name}
 
 
-async def _ready(fd: int, *, write: bool) -> None:
-    """Wait on the loop until our non-blocking pipe end ``fd`` can be read (or written)."""
+async def _ready(fd: int, *, write: bool, until: asyncio.Future[None] | None = None) -> None:
+    """Wait on the loop until our non-blocking pipe end ``fd`` can be read (or written), or ``until`` is done."""
     loop = asyncio.get_running_loop()
     ready: asyncio.Future[None] = loop.create_future()
 
-    def wake() -> None:
+    def wake(*_: object) -> None:
         if not ready.done():
             ready.set_result(None)
 
@@ -1250,24 +1330,31 @@ async def _ready(fd: int, *, write: bool) -> None:
         loop.add_writer(fd, wake)
     else:
         loop.add_reader(fd, wake)
+    if until is not None:
+        until.add_done_callback(wake)
     try:
         await ready
     finally:
+        if until is not None:
+            until.remove_done_callback(wake)
         if write:
             loop.remove_writer(fd)
         else:
             loop.remove_reader(fd)
 
 
-async def _pipe_chunks(fd: int) -> AsyncIterator[bytes]:
-    """What arrives on our non-blocking read end ``fd``, until end of file."""
+async def _pipe_chunks(fd: int, exited: asyncio.Future[None] | None = None) -> AsyncIterator[bytes]:
+    """What arrives on our non-blocking read end ``fd``, until end of file, or once ``exited`` is done, until
+    the pipe holds nothing more."""
     from vz_core._types import MAX_CHUNK
 
     while True:
         try:
             data = os.read(fd, MAX_CHUNK)
         except BlockingIOError:
-            await _ready(fd, write=False)
+            if exited is not None and exited.done():
+                return
+            await _ready(fd, write=False, until=exited)
             continue
         if not data:
             return

@@ -55,12 +55,13 @@ import logging
 import math
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from vz_core._driver import Driver
 from vz_core.errors import DriverError, NotFoundError, TrustError, UnsupportedError, UserError, VzError
 from vz_core.redact import MIN_SECRET_LENGTH, Redactor
+from vz_core.services import ServiceSpec, ServiceState
 from vz_core.transport import PluginLauncher
 
 if TYPE_CHECKING:
@@ -307,6 +308,7 @@ class PluginSession:
             "crashes": self.stats.crashes,
             "last_crash": self.stats.last_crash,
             "last_launch_ms": self.stats.last_launch_ms,
+            "provenance": None,
         }
         if self.resolved.pinned is not None:
             row.update(script=str(self.resolved.pinned.script), sha256=self.resolved.pinned.sha256)
@@ -315,6 +317,9 @@ class PluginSession:
             with contextlib.suppress(VzError):
                 row["sha256"] = manifest.entry_for().sha256
                 row["script"] = str(manifest.binary_path(self.resolved.external.driver_dir))
+            from vz_core._install import provenance_of
+
+            row["provenance"] = provenance_of(self.name).get("provenance")
         return row
 
     @contextlib.contextmanager
@@ -496,6 +501,19 @@ class SharedDriver(Driver):
         """A named volume's data removed by the plugin (``MachineExtensions.DeleteVolume``)."""
         with self._using():
             await self._remote.delete_volume(name)
+
+    async def set_services(self, workspace_id: str, specs: Sequence[ServiceSpec]) -> tuple[ServiceState, ...]:
+        """The Machine's service set replaced by the plugin (``MachineExtensions.SetServices``)."""
+        with self._using():
+            return await self._remote.set_services(workspace_id, specs)
+
+    async def service_states(self, workspace_id: str) -> tuple[ServiceState, ...]:
+        with self._using():
+            return await self._remote.service_states(workspace_id)
+
+    async def service_logs(self, workspace_id: str, name: str, tail_bytes: int = 0) -> bytes:
+        with self._using():
+            return await self._remote.service_logs(workspace_id, name, tail_bytes)
 
     async def logs(self, workspace_id: str) -> AsyncIterator[bytes]:
         with self._using():

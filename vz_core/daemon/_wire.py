@@ -28,16 +28,30 @@ import _socket  # not `socket`: its enums (and `selectors`) cost milliseconds `v
 import os
 import sys
 
-from vz_core.platform.fdpass import RECVMSG_FLAGS, own_received
+from vz_core.platform.fdpass import FD_PASSING, RECVMSG_FLAGS, own_received
 
 TYPE_CHECKING = False  # `typing` itself costs milliseconds on the CLI's hot path
 if TYPE_CHECKING:
     import asyncio
     from collections.abc import Callable, Mapping, Sequence
-    from typing import Any, TypeAlias
+    from typing import Any, Protocol, TypeAlias
 
     Message: TypeAlias = dict[str, Any] | tuple[int, bytes]
     """A decoded message: a JSON object (kind ``J``) or ``(stream, data)`` (kind ``B``)."""
+
+    class ByteStream(Protocol):
+        """What ``Channel`` reads and writes: a connected Unix socket, or a pipe's client end on Windows."""
+
+        def recv(self, n: int, /) -> bytes: ...
+        def recv_into(self, buffer: memoryview, /) -> int: ...
+        def sendall(self, data: bytes | memoryview, /) -> None: ...
+        def fileno(self) -> int: ...
+        def close(self) -> None: ...
+
+    if sys.platform == "win32":
+        Stream: TypeAlias = ByteStream
+    else:
+        Stream: TypeAlias = _socket.socket
 else:
     Message = dict | tuple
 
@@ -77,7 +91,6 @@ STDIN, STDOUT, STDERR, TERMINAL = 0, 1, 2, 3
 _STREAMS = frozenset((STDIN, STDOUT, STDERR, TERMINAL))
 _HEADER = 5  # length + kind
 _INT = 4  # sizeof(int): one descriptor in SCM_RIGHTS
-_ANCILLARY = _socket.CMSG_SPACE(MAX_FDS * _INT)
 _PEEK_SIZE = 4
 
 
@@ -283,37 +296,60 @@ def decode(kind: int, payload: bytes) -> Message:
     raise WireError(f"unknown message kind {shown!r}: only 'J' (JSON) and 'B' (binary) exist")
 
 
-def _fds_from(ancdata: list[tuple[int, int, bytes]], flags: int) -> list[int]:
-    fds: list[int] = []
-    for level, kind, data in ancdata:
-        if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
-            fds.extend(
-                int.from_bytes(data[i : i + _INT], sys.byteorder, signed=True)
-                for i in range(0, len(data) - _INT + 1, _INT)
-            )
-    own_received(fds)
-    if flags & _socket.MSG_CTRUNC or len(fds) > MAX_FDS:
-        close_fds(fds)
-        raise WireError(f"a message carried more than {MAX_FDS} file descriptors")
-    return fds
+if sys.platform != "win32":  # SCM_RIGHTS: Windows has no descriptor passing (FD_PASSING is False there)
+    _ANCILLARY = _socket.CMSG_SPACE(MAX_FDS * _INT)
 
+    def _fds_from(ancdata: list[tuple[int, int, bytes]], flags: int) -> list[int]:
+        fds: list[int] = []
+        for level, kind, data in ancdata:
+            if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+                fds.extend(
+                    int.from_bytes(data[i : i + _INT], sys.byteorder, signed=True)
+                    for i in range(0, len(data) - _INT + 1, _INT)
+                )
+        own_received(fds)
+        if flags & _socket.MSG_CTRUNC or len(fds) > MAX_FDS:
+            close_fds(fds)
+            raise WireError(f"a message carried more than {MAX_FDS} file descriptors")
+        return fds
 
-def _rights(fds: Sequence[int]) -> list[tuple[int, int, bytes]]:
-    if len(fds) > MAX_FDS:
-        raise WireError(f"a message may carry at most {MAX_FDS} file descriptors, not {len(fds)}")
-    if not fds:
+    def _rights(fds: Sequence[int]) -> list[tuple[int, int, bytes]]:
+        if len(fds) > MAX_FDS:
+            raise WireError(f"a message may carry at most {MAX_FDS} file descriptors, not {len(fds)}")
+        if not fds:
+            return []
+        data = b"".join(int(fd).to_bytes(_INT, sys.byteorder, signed=True) for fd in fds)
+        return [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, data)]
+
+    def _recv_header(sock: _socket.socket, n: int) -> tuple[bytes, list[int]]:
+        """Up to ``n`` header bytes of one ``recvmsg`` and the descriptors that came with them."""
+        data, ancdata, flags, _ = sock.recvmsg(n, _ANCILLARY, _RECV_FLAGS)
+        return data, (_fds_from(ancdata, flags) if ancdata else [])
+
+    def _send_with_fds(sock: _socket.socket, data: bytes | memoryview, fds: Sequence[int]) -> int:
+        """Send (part of) ``data`` with ``fds`` riding on its first byte; the bytes sent."""
+        return sock.sendmsg([data], _rights(fds))
+
+else:
+
+    def _rights(fds: Sequence[int]) -> list[tuple[int, int, bytes]]:
+        if fds:
+            raise WireError(_NO_FD_PASSING)
         return []
-    data = b"".join(int(fd).to_bytes(_INT, sys.byteorder, signed=True) for fd in fds)
-    return [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, data)]
 
 
-def _header_part(
-    header: bytes, fds: list[int], data: bytes, ancdata: list[tuple[int, int, bytes]], flags: int
-) -> bytes | None:
-    """``header`` with the bytes of one ``recvmsg`` added (its descriptors added to ``fds``); None when the peer
-    closed between messages; ``WireError`` for too many descriptors or a close inside the header."""
-    if ancdata:
-        fds.extend(_fds_from(ancdata, flags))
+_NO_FD_PASSING = (
+    "this host cannot hand file descriptors to another process (no SCM_RIGHTS); the streams are copied "
+    "as binary messages instead"
+)
+
+
+def _header_part(header: bytes, fds: list[int], data: bytes, received: list[int]) -> bytes | None:
+    """``header`` with the bytes of one read added (the descriptors ``received`` with them added to ``fds``);
+    None when the peer closed between messages; ``WireError`` for too many descriptors or a close inside the
+    header."""
+    if received:
+        fds.extend(received)
         if len(fds) > MAX_FDS:
             raise WireError(f"a message carried more than {MAX_FDS} file descriptors")
     if not data:
@@ -327,13 +363,18 @@ _RECV_FLAGS = RECVMSG_FLAGS
 
 
 class Channel:
-    """The local wire over a blocking connected Unix socket (the client side; owns the socket).
+    """The local wire over a blocking connected byte stream (the client side; owns the stream).
 
-    ``sock`` is a ``socket.socket`` or the ``_socket.socket`` it is built on (what the CLI's ``connect`` makes).
+    ``sock`` is a connected Unix socket (a ``socket.socket`` or the ``_socket.socket`` it is built on: what
+    the CLI's ``connect`` makes), whose messages may carry descriptors; or, with ``fd_passing=False``, any
+    stream with ``recv``, ``recv_into``, ``sendall``, ``fileno`` and ``close`` (Windows: the client end of
+    the daemon's named pipe, ``vz_core.platform.pipes.PipeStream``), whose messages carry none. The framing
+    is the same on both.
     """
 
-    def __init__(self, sock: _socket.socket) -> None:
+    def __init__(self, sock: Stream, *, fd_passing: bool = FD_PASSING) -> None:
         self.sock = sock
+        self._fd_passing = fd_passing
 
     def fileno(self) -> int:
         """The socket's descriptor (for select/poll)."""
@@ -343,9 +384,12 @@ class Channel:
         """Send one message; ``fds`` (at most ``MAX_FDS``) ride with its first byte and stay open here."""
         data = encode(message)
         if fds:
-            sent = self.sock.sendmsg([data], _rights(fds))
-            if sent < len(data):
-                self.sock.sendall(memoryview(data)[sent:])
+            if sys.platform == "win32" or not self._fd_passing:
+                raise WireError(_NO_FD_PASSING)
+            else:
+                sent = _send_with_fds(self.sock, data, fds)
+                if sent < len(data):
+                    self.sock.sendall(memoryview(data)[sent:])
         else:
             self.sock.sendall(data)
 
@@ -375,8 +419,12 @@ class Channel:
         fds: list[int] = []
         try:
             while len(header) < _HEADER:
-                data, ancdata, flags, _ = self.sock.recvmsg(_HEADER - len(header), _ANCILLARY, _RECV_FLAGS)
-                part = _header_part(header, fds, data, ancdata, flags)
+                received: list[int] = []
+                if sys.platform != "win32" and self._fd_passing:
+                    data, received = _recv_header(self.sock, _HEADER - len(header))
+                else:
+                    data = self.sock.recv(_HEADER - len(header))
+                part = _header_part(header, fds, data, received)
                 if part is None:
                     close_fds(fds)
                     return None
@@ -398,7 +446,10 @@ class Channel:
 class AsyncChannel:
     """The local wire over a Unix socket on the running asyncio loop (the daemon side; owns the socket).
 
-    ``send`` calls are serialized (a message is never interleaved with another); one task reads.
+    ``send`` calls are serialized (a message is never interleaved with another); one task reads. The byte
+    I/O is four methods (``_header_bytes``, ``_exact``, ``_sendall``, ``peek``) that another stream
+    overrides (Windows: the daemon's named pipe on the proactor loop, ``vz_core.daemon._pipe``); the framing
+    is this class's.
     """
 
     def __init__(self, sock: _socket.socket) -> None:
@@ -462,18 +513,24 @@ class AsyncChannel:
             got += k
         return bytes(buf)
 
+    async def _header_bytes(self, n: int) -> tuple[bytes, list[int]]:
+        """Up to ``n`` header bytes (``b""`` at EOF) and the descriptors that came with them."""
+        while True:
+            try:
+                if sys.platform != "win32":
+                    return _recv_header(self.sock, n)
+                return self.sock.recv(n), []
+            except BlockingIOError:
+                await self._readable()
+
     async def receive(self) -> tuple[Message, list[int]] | None:
         """Like ``Channel.receive``: the next message and its descriptors, None at a clean close."""
         header = b""
         fds: list[int] = []
         try:
             while len(header) < _HEADER:
-                try:
-                    data, ancdata, flags, _ = self.sock.recvmsg(_HEADER - len(header), _ANCILLARY, _RECV_FLAGS)
-                except BlockingIOError:
-                    await self._readable()
-                    continue
-                part = _header_part(header, fds, data, ancdata, flags)
+                data, received = await self._header_bytes(_HEADER - len(header))
+                part = _header_part(header, fds, data, received)
                 if part is None:
                     close_fds(fds)
                     return None
@@ -489,14 +546,19 @@ class AsyncChannel:
 
     async def _sendall(self, data: bytes, fds: Sequence[int]) -> None:
         view = memoryview(data)
-        rights = _rights(fds)
+        rights = bool(fds)
+        if rights and sys.platform == "win32":
+            raise WireError(_NO_FD_PASSING)
         while view:
             try:
-                sent = self.sock.sendmsg([view], rights) if rights else self.sock.send(view)
+                if sys.platform != "win32" and rights:
+                    sent = _send_with_fds(self.sock, view, fds)
+                else:
+                    sent = self.sock.send(view)
             except BlockingIOError:
                 await self._writable()
                 continue
-            rights = []  # the descriptors went with the first bytes
+            rights = False  # the descriptors went with the first bytes
             view = view[sent:]
 
     async def send(self, message: Message, fds: Sequence[int] = ()) -> None:

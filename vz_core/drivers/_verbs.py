@@ -7,7 +7,7 @@ import datetime
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from vz_core.drivers._launch import resolve
 from vz_core.drivers._manifests import ExternalRecord, ManifestStore
@@ -37,6 +37,9 @@ def _external_row(name: str, record: ExternalRecord) -> dict[str, Any]:
     if plat in m.binaries:
         row["binary"] = str(m.binary_path(record.driver_dir))
         row["sha256"] = m.binaries[plat].sha256
+    from vz_core._provenance import provenance_of
+
+    row.update(provenance_of(name))
     return row
 
 
@@ -64,12 +67,20 @@ def list_drivers(*, registry: DriverRegistry | None = None, store: ManifestStore
 
 
 def add_manifest(
-    path: str | os.PathLike[str], *, registry: DriverRegistry | None = None, store: ManifestStore | None = None
+    path: str | os.PathLike[str],
+    *,
+    registry: DriverRegistry | None = None,
+    store: ManifestStore | None = None,
+    origin: Literal["url", "file"] = "file",
+    source: str | None = None,
 ) -> dict[str, Any]:
-    """Validate a manifest, verify this host's binary now, and record it (replacing an older record).
+    """Validate a manifest, check its signature against the trust roots (``vz_core._trustroots``, policy for
+    ``origin``), verify this host's binary now, and record it (replacing an older record, which is kept for
+    ``vz driver rollback``) with its provenance (``source``: where it came from, default the manifest's path).
 
-    ``TrustError`` (nothing recorded) for an invalid manifest, a missing or malformed checksum, no binary for
-    this host, or a binary that fails verification; ``UserError`` when the name is a built-in driver's.
+    ``TrustError`` (nothing recorded) for an invalid manifest, a signature the trust roots refuse, a missing or
+    malformed checksum, no binary for this host, or a binary that fails verification; ``UserError`` when the
+    name is a built-in driver's.
     """
     registry = registry if registry is not None else DriverRegistry()
     store = store if store is not None else ManifestStore()
@@ -79,6 +90,9 @@ def add_manifest(
     manifest = load_manifest(manifest_path)
     if manifest.name in registry.names():
         raise UserError(f"driver name {manifest.name!r} belongs to a built-in driver; give the manifest another name")
+    from vz_core._provenance import check_signature, record_installed
+
+    signer = check_signature(manifest_path, manifest, origin=origin)
     driver_dir = manifest_path.parent
     binary = manifest.binary_path(driver_dir)
     entry = manifest.entry_for()
@@ -96,6 +110,7 @@ def add_manifest(
         added_at=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     )
     store.put(record)
+    record_installed(manifest.name, signer, previous, record, origin=origin, source=source or str(manifest_path))
     row = _external_row(manifest.name, record)
     row["status"] = "updated" if previous is not None else "added"
     return row

@@ -60,6 +60,7 @@ from vz_core.env._machines import (
     Workspace,
 )
 from vz_core.env._network_rules import network_problems, unreachable_problems
+from vz_core.env._workload_def import workload_problems
 
 __all__ = [
     "AUTO_POOL",
@@ -172,6 +173,8 @@ class ProjectDefinition(Model):
     @model_validator(mode="after")
     def _network_declarations(self) -> ProjectDefinition:
         problems = network_problems(self)
+        if not problems:
+            problems = workload_problems(self)
         if problems:
             raise LocatedProblems(problems)
         return self

@@ -111,7 +111,9 @@ class DriverFacts:
                 "version": ext.extensions_version,
                 "target_os": list(ext.target_os),
                 "profiles": list(ext.profiles),
-                "tty": ext.tty,
+                # Exec with tty=true works: the driver serves terminal sessions (ext.tty alone is the Runtime
+                # Protocol's own Exec tty, which vz drivers never accept).
+                "tty": ext.tty or ext.terminal,
                 "snapshots": ext.snapshots,
                 "egress_policies": [p.name.lower() for p in ext.egress_policies],
                 "resource_limits": ext.resource_limits,

@@ -29,6 +29,7 @@ from vz_core.env._fields import (
     network_key,
     normalize_target,
 )
+from vz_core.env._workload_def import Command, DependsOn, Duration, HealthDef, RestartValue, SetupStep
 from vz_core.rules import DEFAULT_PIDS, MAX_PIDS, MIN_PIDS
 
 
@@ -192,11 +193,43 @@ class EgressPolicy:
 
 
 class Service(Model):
-    """A service a Machine offers; only Machines with a declared path to it reach it (version 2)."""
+    """A service a Machine offers; only Machines with a declared path to it reach it (version 2). With a
+    ``command`` the Machine's agent runs and supervises it (docs/user-guide.md, "Services that run")."""
 
     name: Name
     port: Port
     protocol: Protocol = Field(default="tcp", description="tcp or udp")
+    command: Command | None = Field(
+        default=None, description="what runs the service; started after setup on every start of the Machine"
+    )
+    workdir: str | None = Field(default=None, description="absolute working directory (default: the Machine's)")
+    environment: dict[str, str] = Field(
+        default_factory=dict, description="variables added to the Machine's environment for this service"
+    )
+    user: UserName | None = Field(default=None, description="the user it runs as (default: the Machine's user)")
+    restart: RestartValue = "no"
+    health: HealthDef | None = Field(default=None, description="how vz tells the service works")
+    depends_on: DependsOn | None = None
+    stop_timeout: Duration = Field(default=10.0, description="SIGTERM, then SIGKILL after this long (default 10s)")
+
+    @field_validator("workdir")
+    @classmethod
+    def _abs_workdir(cls, value: str | None) -> str | None:
+        if value is not None and (not value.startswith("/") or ".." in value.split("/") or "\x00" in value):
+            raise ValueError(f"workdir {value!r} must be an absolute path inside the Machine, without '..'")
+        return value
+
+    @field_validator("environment")
+    @classmethod
+    def _service_env(cls, value: dict[str, str]) -> dict[str, str]:
+        for key, item in value.items():
+            if not ENV_NAME_RE.fullmatch(key):
+                raise ValueError(f"{key!r} is not an environment variable name (letters, digits, '_')")
+            if key in RESERVED_ENV:
+                raise ValueError(f"{key} is set by vz itself and cannot be defined")
+            if "\x00" in item:
+                raise ValueError(f"the value of {key} contains a NUL character, which no environment can hold")
+        return value
 
 
 def _subnet(value: object) -> object:
@@ -307,6 +340,13 @@ class Machine(Model):
     services: list[Service] = Field(
         default_factory=list, description="services this Machine offers to declared paths and exports (version 2)"
     )
+    setup: Annotated[list[SetupStep], Field(max_length=256)] = Field(
+        default_factory=list,
+        description=(
+            "commands run once, in order, when the Machine is created (before its services); rerun when they or "
+            "the image change"
+        ),
+    )
     egress_declared: EgressValue = Field(
         default="allow",
         alias="egress",
@@ -398,8 +438,10 @@ class Machine(Model):
         for key in ("remote_user", "user"):
             if data.get(key) is None:
                 data.pop(key, None)
-        # Services are Environment topology (docs/network.md), not a creation-time setting of the Machine.
+        # Services are Environment topology (docs/network.md), not a creation-time setting of the Machine; setup
+        # steps are tracked inside the Machine by their hash (vz_core.env._workload).
         data.pop("services", None)
+        data.pop("setup", None)
         workspace = data.get("workspace")
         if isinstance(workspace, dict):
             workspace.pop("sharing", None)

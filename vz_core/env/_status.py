@@ -33,6 +33,7 @@ from vz_core.env._errors import DefinitionError
 from vz_core.env._plan import diff_specs
 from vz_core.env._select import select_machine
 from vz_core.env._store import EnvironmentRecord, MachineRecord, OperationRecord, Store, utcnow
+from vz_core.env._workload import service_rows
 from vz_core.errors import VzError
 
 if TYPE_CHECKING:
@@ -165,12 +166,18 @@ async def _machine_status(
     state = "unknown"
     find_json = None
     error = ""
+    services: list[dict[str, Any]] = []
     try:
         driver, facts = await pool.get(record.driver, record.driver_options, recorded=True)
         driver_json = facts.describe()
+        from vz_core._install import provenance_of
+
+        driver_json["provenance"] = provenance_of(record.driver).get("provenance")
         found = await driver.find(record.workspace_id)
         state = observed(found)
         find_json = _find_json(found)
+        if state == "running" and facts.extensions is not None and facts.extensions.services:
+            services = await service_rows(driver, record.workspace_id)
         if not target.get("arch"):
             target["arch"] = await driver.target_architecture(record.workspace_id)
     except VzError as exc:
@@ -210,6 +217,7 @@ async def _machine_status(
         "find": find_json,
         "error": error or None,
         "drift": drift,
+        "services": services,
     }
 
 

@@ -50,6 +50,7 @@ from vz_core.env._up_checks import (
 )
 from vz_core.env._up_network import attaches, ensure_route_domain, network_label, reattach_if_changed
 from vz_core.env._up_request import run_request, volume_name
+from vz_core.env._workload import check_workload_support, start_workloads
 from vz_core.errors import NotFoundError, RuntimeFailureError, UserError
 from vz_core.redact import Redactor
 
@@ -134,6 +135,7 @@ async def _prepare(ctx: Context, pool: DriverPool) -> _Prepared:
         # for TargetArchitecture before the Machine's workspace exists; the answer is checked after creation.
         native[machine.name] = host_arch
         check_machine(machine, facts, host_arch, path.parent, where, ctx.progress, definition.version)
+        check_workload_support(machine, facts, where)
         if attaches(facts):
             attaching.add(machine.name)
     # A path, export or import of a Machine whose driver cannot join it to the route domain would never connect.
@@ -303,6 +305,10 @@ async def _reconcile(
         topology = await ensure_route_domain(ctx, pool, definition, env, recorded)
         for step in plan.steps:
             await _apply_step(ctx, store, pool, prepared, env, op_id, step, recorded, topology)
+        with store.transaction() as db:
+            store.operation_step(db, op_id, "setup and services")
+        machines = {r.name: r for r in store.machines(env.env_id)}
+        await start_workloads(ctx, pool, definition, env, machines)
         with store.transaction() as db:
             store.touch_project(db, project_id, str(prepared.path))
             store.set_environment(

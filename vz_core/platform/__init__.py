@@ -15,7 +15,9 @@ The layer is one module per concern, imported by what needs it (so the CLI pays 
 - ``sockets``: sockets and descriptor passing: ``unix_socket``, ``FD_PASSING``, ``RECVMSG_FLAGS``, ``own_received``;
 - ``locks``: file locks: ``lock_file``/``unlock_file``;
 - ``process``: ``ExitWatch`` (pidfd, kqueue, process handle), ``exit_event_matches``; ``detach``: detaching the daemon
-  (``detach_options``);
+  and its ready line (``detach_options``, ``ready_handoff``, ``read_line``);
+- ``pipes``: the Windows daemon endpoint: ``pipe_name``, ``owner_only_sddl``, ``client_refusal``; on Windows
+  ``create_pipe``, ``open_pipe``, ``PipeStream``, ``pipe_server_pid``, ``current_sid``;
 - ``terminal``: terminals: ``RawTerminal``, ``set_window_size``, ``WINDOW_SIGNAL``;
 - ``keyring``: secrets at rest: ``Keyring``/``KEYRING`` (Linux kernel keyring; memory only elsewhere);
 - ``files``: pipe sizes, sealed memfds, xattrs, long socket paths (``PIPE_RESIZABLE``, ``SEALED_MEMFD``, ``XATTRS``).

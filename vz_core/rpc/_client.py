@@ -45,7 +45,7 @@ import contextlib
 import math
 import os
 import stat
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -85,7 +85,7 @@ from vz_core.errors import (
 )
 from vz_core.negotiate import validate_info
 from vz_core.redact import Redactor
-from vz_core.rpc import _convert
+from vz_core.rpc import _convert, _convert_services
 from vz_core.rpc._codec import decode_server, encode_stdin, serialize
 from vz_core.rpc._frames import (
     MAX_INFO,
@@ -101,6 +101,7 @@ from vz_core.rpc._frames import (
 from vz_core.rpc._heap import keep_freed_heap
 from vz_core.rpc._local import local_exec
 from vz_core.rpc._wire import error_from_rpc, runtime_errors_in
+from vz_core.services import ServiceSpec, ServiceState
 
 if TYPE_CHECKING:
     from vz_core.transport import PluginConnection, PluginLauncher
@@ -126,7 +127,18 @@ ENV_TIMEOUT = "VZ_PLUGIN_RPC_TIMEOUT"
 ENV_OPERATION_TIMEOUT = "VZ_PLUGIN_OPERATION_TIMEOUT"
 """Environment variable overriding ``DEFAULT_OPERATION_TIMEOUT`` (seconds)."""
 _QUICK = frozenset({"Info", "Find", "TargetArchitecture", "ReusePreflight", "Extensions"})
-_OPERATIONS = ("Preflight", "ProvisioningPreflight", "RunImage", "Start", "Stop", "Delete", "DeleteVolume")
+_OPERATIONS = (
+    "Preflight",
+    "ProvisioningPreflight",
+    "RunImage",
+    "Start",
+    "Stop",
+    "Delete",
+    "DeleteVolume",
+    "SetServices",
+    "ServiceStates",
+    "ServiceLogs",
+)
 
 
 def _seconds(given: float | None, env: str, default: float) -> float:
@@ -753,6 +765,35 @@ class RemoteDriver(Driver):
                         f"driver {self.name!r} serves no volume removal (its plugin predates DeleteVolume)"
                     ) from None
                 raise await self._translate(exc, "DeleteVolume", s.conn) from None
+
+    async def set_services(self, workspace_id: str, specs: Sequence[ServiceSpec]) -> tuple[ServiceState, ...]:
+        """Make ``specs`` the Machine's service set (``MachineExtensions.SetServices``)."""
+        request = ext_pb.SetServicesRequest(
+            workspace_id=workspace_id, services=[_convert_services.spec_to_pb(spec) for spec in specs]
+        )
+        return _convert_services.states_from_pb(await self._services_rpc("SetServices", request))
+
+    async def service_states(self, workspace_id: str) -> tuple[ServiceState, ...]:
+        """The Machine's service states (``MachineExtensions.ServiceStates``)."""
+        request = ext_pb.ServiceStatesRequest(workspace_id=workspace_id)
+        return _convert_services.states_from_pb(await self._services_rpc("ServiceStates", request))
+
+    async def service_logs(self, workspace_id: str, name: str, tail_bytes: int = 0) -> bytes:
+        """The newest output of one service (``MachineExtensions.ServiceLogs``)."""
+        request = ext_pb.ServiceLogsRequest(workspace_id=workspace_id, name=name, tail_bytes=tail_bytes)
+        reply: ext_pb.ServiceLogsResponse = await self._services_rpc("ServiceLogs", request)
+        return reply.data
+
+    async def _services_rpc(self, rpc: str, request: Any) -> Any:
+        async with self._session() as s:
+            try:
+                return await getattr(s.extensions, rpc)(request, timeout=self.operation_timeout)
+            except grpc.RpcError as exc:
+                if exc.code() == grpc.StatusCode.UNIMPLEMENTED and not runtime_errors_in(exc):
+                    raise UnsupportedError(
+                        f"driver {self.name!r} does not supervise services (its plugin predates {rpc})"
+                    ) from None
+                raise await self._translate(exc, rpc, s.conn) from None
 
 
 _MADE_UP_DETAILS = "Internal error from Core"

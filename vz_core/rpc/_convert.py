@@ -339,6 +339,7 @@ def extensions_to_pb(ext: Extensions) -> ext_pb.ExtensionsResponse:
         storage_limits=ext.storage_limits,
         terminal=ext.terminal,
         pids_limits=ext.pids_limits,
+        services=ext.services,
     )
 
 
@@ -358,6 +359,7 @@ def extensions_from_pb(msg: ext_pb.ExtensionsResponse) -> Extensions:
         storage_limits=msg.storage_limits,
         terminal=msg.terminal,
         pids_limits=msg.pids_limits,
+        services=msg.services,
     )
 
 

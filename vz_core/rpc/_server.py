@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, NoReturn, TypeVar
 
 import grpc
@@ -31,7 +31,7 @@ from vz_core._proto.vz.machine.v1 import extensions_pb2_grpc as ext_grpc
 from vz_core._types import DriverInfo, Extensions
 from vz_core.errors import DriverError, InvalidArgumentError, RuntimeFailureError, UnsupportedError
 from vz_core.redact import Redactor
-from vz_core.rpc import _convert
+from vz_core.rpc import _convert, _convert_services
 from vz_core.rpc._codec import decode_client, serialize
 from vz_core.rpc._frames import start_problem, terminal_start_problem, wide_chunk
 from vz_core.rpc._server_exec import DRAIN_TIMEOUT, ExecStream
@@ -185,14 +185,17 @@ class RuntimeServicer(_Base, pb_grpc.RuntimeDriverServicer):
     async def Logs(self, request: pb.LogsRequest, context: grpc.aio.ServicerContext[Any, Any]) -> None:
         await self._gate(context, "Logs", "logs")
         error: DriverError | None = None
-        chunks = self._driver.logs(request.workspace_id)
+        chunks: AsyncIterator[bytes] | None = None
         try:
+            # Inside the translation: a driver's logs() may raise before it returns its iterator.
+            chunks = self._driver.logs(request.workspace_id)
             async for chunk in chunks:
                 await context.write(pb.OutputChunk(data=chunk))
         except Exception as exc:
             error = self._error("Logs", exc)
         finally:
-            await _aclose(chunks)
+            if chunks is not None:
+                await _aclose(chunks)
         if error is not None:
             await _abort(context, error)
 
@@ -272,7 +275,49 @@ class ExtensionsServicer(_Base, ext_grpc.MachineExtensionsServicer):
         reply = _convert.extensions_to_pb(ext)
         reply.local_exec_socket = self.local_exec_socket
         reply.volume_removal = self._volume_removal() is not None
+        reply.services = self._services_method("set_services") is not None
         return reply
+
+    def _services_method(self, name: str) -> Callable[..., Awaitable[Any]] | None:
+        """The driver's optional service methods (``set_services``, ``service_states``, ``service_logs``;
+        not part of the Driver base class), or None when it lacks any of them."""
+        methods = [getattr(self._driver, n, None) for n in ("set_services", "service_states", "service_logs")]
+        if not all(callable(m) for m in methods):
+            return None
+        method = getattr(self._driver, name)
+        return method if callable(method) else None
+
+    async def _services_call(self, context: grpc.aio.ServicerContext[Any, Any], rpc: str, name: str, *args: Any) -> Any:
+        method = self._services_method(name)
+        if method is None:
+            await _abort(context, UnsupportedError("this driver does not supervise services"))
+        if not args[0]:
+            await _abort(context, InvalidArgumentError("a workspace_id is required"))
+        return await self._call(context, rpc, lambda: method(*args))
+
+    async def SetServices(
+        self, request: ext_pb.SetServicesRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> ext_pb.ServiceStatesResponse:
+        try:
+            specs = tuple(_convert_services.spec_from_pb(m) for m in request.services)
+        except InvalidArgumentError as exc:
+            await _abort(context, exc)
+        states = await self._services_call(context, "SetServices", "set_services", request.workspace_id, specs)
+        return _convert_services.states_to_pb(states)
+
+    async def ServiceStates(
+        self, request: ext_pb.ServiceStatesRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> ext_pb.ServiceStatesResponse:
+        states = await self._services_call(context, "ServiceStates", "service_states", request.workspace_id)
+        return _convert_services.states_to_pb(states)
+
+    async def ServiceLogs(
+        self, request: ext_pb.ServiceLogsRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> ext_pb.ServiceLogsResponse:
+        data = await self._services_call(
+            context, "ServiceLogs", "service_logs", request.workspace_id, request.name, request.tail_bytes
+        )
+        return ext_pb.ServiceLogsResponse(data=data)
 
     def _volume_removal(self) -> Callable[[str], Awaitable[None]] | None:
         """The driver's optional ``delete_volume`` (not part of the Driver base class), or None."""

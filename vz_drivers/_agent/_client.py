@@ -19,7 +19,7 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType, TracebackType
 from typing import Any, Final, Literal
@@ -48,6 +48,7 @@ from vz_core.errors import (
 )
 from vz_core.platform.files import long_socket_path, open_directory
 from vz_core.rpc import exec_output_limit
+from vz_core.services import ServiceSpec, ServiceState, spec_to_wire, state_from_wire
 from vz_drivers._agent import _protocol as p
 
 __all__ = ["AgentClient", "AgentIdentityError", "AgentInfo", "AgentStatus", "identity_proof"]
@@ -112,6 +113,14 @@ class AgentStatus:
     execs: int
     """Running execs over all connections."""
     sessions: int
+
+
+def _states(payload: bytes) -> tuple[ServiceState, ...]:
+    try:
+        doc = json.loads(payload)
+        return tuple(state_from_wire(item) for item in doc.get("services", ()))
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise UnknownRuntimeError(f"the guest agent sent malformed service states: {exc}") from None
 
 
 class _Stream:
@@ -469,6 +478,37 @@ class AgentClient:
             execs=int(doc.get("execs", 0)),
             sessions=int(doc.get("sessions", 0)),
         )
+
+    async def set_services(self, specs: Sequence[ServiceSpec]) -> tuple[ServiceState, ...]:
+        """Make ``specs`` the Machine's whole service set (SERVICES) and return the states right after.
+
+        Unchanged services keep running; changed ones are restarted; ones not in ``specs`` are stopped (SIGTERM,
+        SIGKILL after their stop timeout). A bad set (a cycle, an unknown dependency, a user or working directory
+        the Machine does not have) is ``InvalidArgumentError`` and changes nothing.
+        """
+        self._check_services()
+        payload = json.dumps({"services": [spec_to_wire(s) for s in specs]}).encode()
+        return _states(await self._request(p.T_SERVICES, payload))
+
+    async def service_states(self) -> tuple[ServiceState, ...]:
+        """The state of every service of the set, in start order."""
+        self._check_services()
+        return _states(await self._request(p.T_SERVICE_STATES, b""))
+
+    async def service_logs(self, name: str, *, tail_bytes: int = 0) -> bytes:
+        """The newest output (stdout and stderr, interleaved) of service ``name``; at most ``tail_bytes``
+        (0: as much as one reply carries, about 1 MiB). An unknown name is ``InvalidArgumentError``."""
+        self._check_services()
+        payload = json.dumps({"name": name, "tail_bytes": tail_bytes}).encode()
+        return await self._request(p.T_SERVICE_LOGS, payload)
+
+    def _check_services(self) -> None:
+        self._check_open()
+        if "services" not in self.info.features:
+            raise UnsupportedError(
+                f"this guest agent ({self.info.agent_version}) does not supervise services; "
+                "recreate the Machine so it runs the current agent"
+            )
 
     async def shutdown(self, *, grace: float = 10.0) -> None:
         """Stop everything in the Machine and end the agent; then close this client.
@@ -1032,7 +1072,14 @@ class AgentClient:
             st = self._streams.get(stream)
             if st is not None and len(payload) == 4:
                 st.pid = int.from_bytes(payload, "big")
-        elif type_ in (p.T_PONG, p.T_STATUS_REPLY, p.T_SHUTDOWN_ACK):
+        elif type_ in (
+            p.T_PONG,
+            p.T_STATUS_REPLY,
+            p.T_SHUTDOWN_ACK,
+            p.T_SERVICES_REPLY,
+            p.T_SERVICE_STATES_REPLY,
+            p.T_SERVICE_LOGS_REPLY,
+        ):
             fut = self._pending.get(stream)
             if fut is not None and not fut.done():
                 fut.set_result(payload)

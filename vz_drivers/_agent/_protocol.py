@@ -47,6 +47,12 @@ __all__ = [
     "T_PONG",
     "T_READY",
     "T_RESIZE",
+    "T_SERVICES",
+    "T_SERVICES_REPLY",
+    "T_SERVICE_LOGS",
+    "T_SERVICE_LOGS_REPLY",
+    "T_SERVICE_STATES",
+    "T_SERVICE_STATES_REPLY",
     "T_SHUTDOWN",
     "T_SHUTDOWN_ACK",
     "T_STATUS",
@@ -121,6 +127,13 @@ T_EXEC_FDS: Final = 0x1B
 """An exec whose stdin, stdout and stderr are the three descriptors passed with this frame (SCM_RIGHTS on the
 sendmsg carrying its first header byte; Unix socket connections only). JSON: EXEC_START's fields + "fds": 3."""
 T_ERROR: Final = 0x1F
+# Services (request id; JSON both ways except SERVICE_LOGS_REPLY, which is the raw log tail).
+T_SERVICES: Final = 0x20
+T_SERVICES_REPLY: Final = 0x21
+T_SERVICE_STATES: Final = 0x22
+T_SERVICE_STATES_REPLY: Final = 0x23
+T_SERVICE_LOGS: Final = 0x24
+T_SERVICE_LOGS_REPLY: Final = 0x25
 
 TYPE_NAMES: Final = {
     value: name[2:] for name, value in dict(globals()).items() if name.startswith("T_") and isinstance(value, int)

@@ -13,7 +13,11 @@ architecture and SHA-256 of every input package. Its digest is the SHA-256 of ``
 * **Use** (``open_bundle``): a driver takes a bundle by path or ``https://`` URL (of its ``manifest.json``;
   the files sit beside it), copies it into ``<cache>/guest/<digest>/`` and verifies every file against the
   manifest before use: a missing, extra or changed file is refused, naming it. A pinned ``digest`` (the
-  ``guest_sha256`` option) must match the manifest's.
+  ``guest_sha256`` option) must match the manifest's; a bundle already cached by that digest is verified and
+  used without reading the source.
+* **Releases** (``fetch_release``, ``vz guest fetch <release>/SHA256SUMS --arch A --format F``): the release
+  workflow publishes each bundle's files flat (``vz-guest-<arch>-<format>.<file>``) beside ``SHA256SUMS``; the
+  list pins the chosen manifest, the manifest every file.
 """
 
 from __future__ import annotations
@@ -44,18 +48,23 @@ __all__ = [
     "FORMATS",
     "MANIFEST",
     "PINS",
+    "SUMS",
     "VFKIT_MODULES",
     "Bundle",
     "Pin",
     "build_bundle",
     "bundle_cache",
     "check_bundle_options",
+    "fetch_release",
     "open_bundle",
+    "release_asset",
     "verify_bundle",
     "write_bundle",
 ]
 
 MANIFEST = "manifest.json"
+SUMS = "SHA256SUMS"
+"""The release's list of ``<sha256>  <asset>`` lines (``sha256sum`` output) beside its flat bundle assets."""
 BUNDLE_VERSION = 1
 ARCHES = ("amd64", "arm64")
 FORMATS = ("hyperv", "qemu", "vfkit")
@@ -462,6 +471,8 @@ def open_bundle(source: str, cache: Path, *, digest: str = "") -> Bundle:
         raise InvalidArgumentError("no guest bundle given (see `vz guest build --help` and docs/drivers/)")
     if not source.startswith("https://") and not os.path.isabs(source):
         raise InvalidArgumentError(f"guest bundle {source!r} must be an absolute path or an https:// URL")
+    if digest and (cache / digest).is_dir():
+        return verify_bundle(cache / digest, digest=digest)  # cached by that digest: nothing is read from source
     try:
         data = _read_source(source, MANIFEST)
     except OSError as exc:
@@ -495,3 +506,64 @@ def open_bundle(source: str, cache: Path, *, digest: str = "") -> Bundle:
     if not target.is_dir():
         raise UnavailableError(f"guest bundle {source}: cannot store it in {cache}")
     return Bundle(root=target, manifest=bundle.manifest, digest=got)
+
+
+# ---------------------------------------------------------------------------------------------------- releases
+
+
+def release_asset(arch: str, fmt: str, name: str = MANIFEST) -> str:
+    """The flat asset name of a bundle file in a release: ``vz-guest-<arch>-<format>.<name>``."""
+    return f"vz-guest-{arch}-{fmt}.{name}"
+
+
+def _parse_sums(text: str, where: str) -> dict[str, str]:
+    sums: dict[str, str] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        m = re.fullmatch(r"([0-9a-f]{64}) [ *]([^/\\]+)", line.rstrip("\r"))
+        if m is None:
+            raise FailedPreconditionError(f"{where}: line {number} is not '<sha256>  <file>' ({line[:80]!r})")
+        sums[m.group(2)] = m.group(1)
+    return sums
+
+
+def fetch_release(sums: str, arch: str, fmt: str, cache: Path) -> Bundle:
+    """The ``arch``/``fmt`` bundle of a release, named by its ``SHA256SUMS`` (an ``https://`` URL or an absolute
+    path; the assets sit beside it): the manifest is pinned by its line there, every file by the manifest, and a
+    file the list names must have the list's SHA-256 too. Cached by the manifest's digest: once cached, only
+    the list is read again."""
+    if arch not in ARCHES or fmt not in FORMATS:
+        raise InvalidArgumentError(
+            f"no {arch}/{fmt} guest bundle: --arch is one of {ARCHES}, --format one of {FORMATS}"
+        )
+    if not sums.startswith("https://") and not os.path.isabs(sums):
+        raise InvalidArgumentError(f"{sums!r} must be an https:// URL or an absolute path of a release's {SUMS}")
+    try:
+        if sums.startswith("https://"):
+            with urllib.request.urlopen(sums, timeout=60) as response:
+                text = bytes(response.read()).decode("utf-8")
+        else:
+            text = Path(sums).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UnavailableError(f"cannot read {sums} ({exc})") from None
+    listed = _parse_sums(text, sums)
+    manifest_name = release_asset(arch, fmt)
+    digest = listed.get(manifest_name)
+    if digest is None:
+        offered = sorted({n.split(".", 1)[0] for n in listed if n.endswith("." + MANIFEST)})
+        raise FailedPreconditionError(f"{sums} lists no {manifest_name}; its bundles: {', '.join(offered) or 'none'}")
+    base = sums.rsplit("/", 1)[0] if sums.startswith("https://") else str(Path(sums).parent)
+    source = (
+        f"{base}/{urllib.parse.quote(manifest_name)}" if sums.startswith("https://") else base + "/" + manifest_name
+    )
+    bundle = open_bundle(source, cache, digest=digest)
+    files = bundle.manifest["files"]
+    assert isinstance(files, dict)
+    for name, entry in sorted(files.items()):
+        want = listed.get(release_asset(arch, fmt, name))
+        if want is not None and want != entry["sha256"]:
+            raise FailedPreconditionError(
+                f"{sums} and {manifest_name} disagree about {release_asset(arch, fmt, name)}; refusing the bundle"
+            )
+    return bundle

@@ -81,8 +81,10 @@ def root_disk_size(usage: tuple[int, int], requested: int = 0) -> int:
 
 
 def find_mke2fs() -> str:
-    """mke2fs's path, after checking that debugfs (which writes the root disk's files) is there too."""
+    """mke2fs's path, after checking that debugfs (which writes the root disk's files) and e2fsck (which indexes
+    its large directories) are there too."""
     find_e2fs_tool("debugfs")
+    find_e2fs_tool("e2fsck")
     return find_e2fs_tool("mke2fs")
 
 

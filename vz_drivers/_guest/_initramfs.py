@@ -31,6 +31,7 @@ __all__ = [
     "AGENT_PORT_PREFIX",
     "CONFIG_TAG",
     "DHCP_SCRIPT",
+    "GUEST_BUSYBOX",
     "INIT_HOOK",
     "INIT_SCRIPT",
     "Initramfs",
@@ -42,6 +43,9 @@ __all__ = [
 CONFIG_TAG = "vzcfg"
 """Mount tag of the read-only 9p share holding the Machine's configuration script."""
 AGENT_PORT_PREFIX = "vz.agent."
+GUEST_BUSYBOX = "/bin/busybox"
+"""Where the initramfs (every guest bundle's and the qemu driver's) holds its busybox, in the guest; an exec with
+``root_override="/"`` runs it outside the image's root. Never a path of the host."""
 
 INIT_HOOK = "etc/vz/init.sh"
 """Where a variant guest puts shell functions that add to or replace the init's (sourced before the configuration)."""
@@ -389,7 +393,7 @@ def archive_bytes(kernel: Kernel, busybox: Path, agent: Path, modules: tuple[str
         )
     ]
     entries.append(CpioEntry.char_device("dev/console", 5, 1))
-    entries.append(CpioEntry.file("bin/busybox", busybox.read_bytes(), 0o755))
+    entries.append(CpioEntry.file(GUEST_BUSYBOX.lstrip("/"), busybox.read_bytes(), 0o755))
     entries.append(CpioEntry.symlink("bin/sh", "busybox"))
     entries.append(CpioEntry.file("sbin/vz-agent", agent.read_bytes(), 0o755))
     resolved = resolve_modules(kernel, modules)

@@ -1,4 +1,4 @@
-"""An ext4 image written from an image's layer tar streams: ``mke2fs`` with no ``-d``, then one ``debugfs -w``.
+"""An ext4 image written from an image's layer tar streams: ``mke2fs`` with no ``-d``, then ``debugfs -w``.
 
 ``mke2fs -d`` copies a host directory, so a root disk made that way carries the host's view of the files: when
 vz does not run as root every file belongs to the user running it (setuid binaries and home directories
@@ -14,6 +14,17 @@ break (``""`` is a literal quote); ``mknod`` links its name literally into the c
 entry is created by its base name after ``cd`` to its parent; an argument of the form ``<N>`` names inode N, so
 attributes are set through ``./<name>`` or an absolute path; ``ln`` does not count links, so ``links_count`` is
 set explicitly. A line is at most 8191 bytes.
+
+**Linear in the entries, also for one large directory.** debugfs looks every new name up in its directory
+(``write`` refuses an existing name) and ``ext2fs_link`` scans a directory without an index for room, both
+linearly (``lib/ext2fs/lookup.c``, ``link.c``): filling a directory of N entries that way costs N², 10 s of
+CPU for 16,000 files in one directory. So each directory gets its subdirectories and its first 12 KiB of
+entries (``_SEED_BYTES``) in the first debugfs run; if any directory has more, ``e2fsck -fyD`` then gives every
+directory of more than one block an htree (``EXT2_INDEX_FL``), and a second run creates the remaining entries
+in a stage directory (``/.vz-stage/e``, which never holds more than the one entry being made, so every lookup
+is short), links each into its directory through an alias of it in the stage (``ln ./name ../a``: for an
+indexed directory ``ext2fs_link`` inserts by hash, ``dx_link``) and unlinks the stage's name; the stage is
+removed, and link counts and the directories' attributes are set last, once every name exists.
 """
 
 from __future__ import annotations
@@ -34,7 +45,7 @@ __all__ = ["E2FSPROGS_HINT", "find_e2fs_tool", "write_ext4"]
 
 E2FSPROGS_HINT = (
     "install e2fsprogs (Debian/Ubuntu: `apt-get install e2fsprogs`; macOS: `brew install e2fsprogs`), which "
-    "provides mke2fs and debugfs"
+    "provides mke2fs, debugfs and e2fsck"
 )
 _SBIN_DIRS = (
     "/sbin",
@@ -45,6 +56,9 @@ _SBIN_DIRS = (
 _MAX_LINE = 8191
 _BANNER = re.compile(r"debugfs \d+\.\d+")
 _BYTES_PER_INODE = 16384
+_SEED_BYTES = 3 * 4096
+"""Entry bytes a directory gets before the rest of it waits for its htree: more than two blocks of the largest
+block size, so that ``e2fsck -D`` indexes it (a directory of one block it only compacts)."""
 _TYPE_BITS = {DIR: 0o040000, REG: 0o100000, SYMLINK: 0o120000, CHR: 0o020000, BLK: 0o060000, FIFO: 0o010000}
 _XATTR_NAMESPACES = ("user.", "trusted.", "security.", "system.posix_acl_access", "system.posix_acl_default")
 
@@ -72,6 +86,7 @@ class _Script:
         self.spool = spool
         self.lines: list[bytes] = []
         self.first_path: dict[int, bytes] = {}
+        self.link_counts: dict[int, tuple[bytes, int]] = {}
         self._values = 0
 
     def add(self, *args: bytes) -> None:
@@ -125,37 +140,96 @@ class _Script:
             self.add(b"mknod", _quote(name), kind, b"%d" % inode.rdev[0], b"%d" % inode.rdev[1])
             self.attributes(ref, inode, owner=(0, 0), mode=None)
         if inode.links > 1:
-            self.add(b"sif", ref, b"links_count", b"%d" % inode.links)
+            self.link_counts[inode.serial] = (path, inode.links)
 
 
-def _script(tree: LayerTree, spool: Path) -> bytes:
+def _rec_len(name: bytes) -> int:
+    """The bytes a directory entry of ``name`` takes (ext4: 8 + the name rounded up to 4)."""
+    return 8 + (len(name) + 3) // 4 * 4
+
+
+def _stage_name(root: Inode) -> bytes:
+    assert root.children is not None
+    name = b".vz-stage"
+    while name in root.children:
+        name += b"_"
+    return name
+
+
+def _scripts(tree: LayerTree, spool: Path) -> tuple[bytes, bytes]:
+    """The debugfs command streams: the first runs on the fresh file system, the second (empty when no
+    directory is large) after ``e2fsck -fyD`` has given the large directories an htree."""
     script = _Script(spool)
     root = tree.root
     assert root.children is not None
     lost = root.children.get(b"lost+found")
     if lost is not None and lost.kind != DIR:
         script.add(b"rmdir", b"/lost+found")  # mke2fs made one; the image has something else by that name
+    # e2fsck would replace a /lost+found that is not a directory: then no directory is filled after an index.
+    can_index = lost is None or lost.kind == DIR
+    deferred: list[tuple[bytes, list[tuple[bytes, bytes, Inode]]]] = []
+    directories: list[tuple[bytes, Inode]] = []
 
     def visit(path: bytes, directory: Inode) -> None:
-        assert directory.children is not None
+        kids = directory.children
+        assert kids is not None
         script.add(b"cd", _quote(path))
+        # Subdirectories first, while the directory is small (debugfs looks every new name up, linearly).
+        names = sorted(kids, key=lambda name: (kids[name].kind != DIR, name))
         subdirs = []
-        for name in sorted(directory.children):
-            child = directory.children[name]
+        later: list[tuple[bytes, bytes, Inode]] = []
+        seeded = 0
+        for name in names:
+            child = kids[name]
             child_path = (path if path != b"/" else b"") + b"/" + name
+            if child.kind != DIR and can_index and seeded >= _SEED_BYTES:
+                later.append((child_path, name, child))
+                continue
+            seeded += _rec_len(name)
             if path == b"/" and name == b"lost+found" and child.kind == DIR:
                 script.first_path[child.serial] = child_path  # mke2fs made it
             else:
                 script.entry(child_path, name, child)
             if child.kind == DIR and script.first_path[child.serial] == child_path:
                 subdirs.append((child_path, child))
+        if later:
+            deferred.append((path, later))
         for child_path, child in subdirs:
             visit(child_path, child)
-            script.attributes(_quote(child_path), child, owner=(0, 0), mode=None)
+            directories.append((child_path, child))
 
     visit(b"/", root)
-    script.attributes(b"/", root, owner=(0, 0), mode=None)
-    return b"\n".join(script.lines) + b"\n"
+    directories.append((b"/", root))
+    first = len(script.lines)
+    if deferred:
+        # Each large directory now has an htree (more than two blocks of entries when e2fsck -D ran): the rest
+        # of its entries are created in a stage directory that stays tiny (every name debugfs looks up is
+        # there) and linked into it through an alias of the directory in the stage, which ext2fs_link adds by
+        # its hash (dx_link); the stage name is then removed. ``ln``/``unlink`` leave link counts alone.
+        stage = b"/" + _stage_name(root)
+        script.add(b"mkdir", _quote(stage))
+        script.add(b"mkdir", _quote(stage + b"/e"))
+        script.add(b"cd", _quote(stage + b"/e"))
+        for path, entries in deferred:
+            script.add(b"ln", _quote(path), b'"../a"')
+            for child_path, name, child in entries:
+                script.entry(child_path, name, child)
+                script.add(b"ln", _quote(b"./" + name), b'"../a"')
+                script.add(b"unlink", _quote(b"./" + name))
+            script.add(b"unlink", b'"../a"')
+        script.add(b"cd", b'"/"')
+        script.add(b"rmdir", _quote(stage + b"/e"))
+        script.add(b"rmdir", _quote(stage))
+    # Last, once every name exists: hard links' counts (e2fsck would correct a count that is ahead of the
+    # names made so far) and directories' attributes, children before parents.
+    for _serial, (path, links) in sorted(script.link_counts.items()):
+        script.add(b"sif", _quote(path), b"links_count", b"%d" % links)
+    for path, directory in directories:
+        script.attributes(_quote(path), directory, owner=(0, 0), mode=None)
+    lines = script.lines
+    if not deferred:
+        first = len(lines)  # one stream: no directory waits for an index
+    return b"".join(line + b"\n" for line in lines[:first]), b"".join(line + b"\n" for line in lines[first:])
 
 
 def write_ext4(
@@ -177,19 +251,26 @@ def write_ext4(
         tree = merge_layers(layers, spool)
         usage = tree.usage()
         try:
-            script = _script(tree, spool)
+            first, second = _scripts(tree, spool)
         except _ScriptError as exc:
             raise InvalidArgumentError(
                 f"image {image!r} cannot become a root disk: {exc}", details={"field": "image"}
             ) from None
-        commands = spool / "commands"
-        commands.write_bytes(script)
-        argv = [mke2fs, "-q", "-F", "-t", "ext4", "-L", label, "-J", "size=16"]
+        e2fsck = find_e2fs_tool("e2fsck") if second else ""
+        argv = [mke2fs, "-q", "-F", "-t", "ext4", "-L", label, "-J", "size=16", "-O", "dir_index"]
         argv += ["-E", "lazy_itable_init=1,lazy_journal_init=1,root_owner=0:0"]
         if usage[1] * 5 // 4 + 1024 > size // _BYTES_PER_INODE:
             argv += ["-N", str(usage[1] * 5 // 4 + 1024)]
         _run([*argv, str(target), f"{size // 1024}k"], image=image, size=size, target=target, what="mke2fs")
-        _run([debugfs, "-w", "-f", str(commands), str(target)], image=image, size=size, target=target, what="debugfs")
+        for number, commands in enumerate((first, second)):
+            if not commands:
+                continue
+            if number:
+                # -D gives every directory of more than one block an htree; nothing else is wrong to repair.
+                _run([e2fsck, "-f", "-y", "-D", str(target)], image=image, size=size, target=target, what="e2fsck")
+            path = spool / f"commands-{number}"
+            path.write_bytes(commands)
+            _run([debugfs, "-w", "-f", str(path), str(target)], image=image, size=size, target=target, what="debugfs")
         return usage
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -200,13 +281,25 @@ def write_ext4(
 
 
 def _run(argv: list[str], *, image: str, size: int, target: Path, what: str) -> None:
+    fsck = what == "e2fsck"
     proc = subprocess.run(
-        argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, check=False
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE if fsck else subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        check=False,
     )
     message = proc.stderr.decode(errors="replace").strip()
-    # debugfs reports a failed command on stderr and still exits 0; its only other stderr line is its banner.
-    errors = [line for line in message.splitlines() if line and not _BANNER.match(line)]
-    if proc.returncode != 0 or errors:
+    if fsck:
+        # e2fsck exits 1 when it changed the file system (-D always does) and prints its banner on stderr.
+        ok = proc.returncode in (0, 1)
+        errors = [] if ok else [line for line in (proc.stdout or b"").decode(errors="replace").splitlines() if line]
+        message = ((proc.stdout or b"").decode(errors="replace") + message).strip()
+    else:
+        # debugfs reports a failed command on stderr and still exits 0; its only other stderr line is its banner.
+        ok = proc.returncode == 0
+        errors = [line for line in message.splitlines() if line and not _BANNER.match(line)]
+    if not ok or errors:
         raise InvalidArgumentError(
             f"image {image!r} cannot become a root disk of {size} bytes: "
             f"{errors[0] if errors else f'{what} failed (exit status {proc.returncode})'}",

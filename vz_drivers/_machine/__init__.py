@@ -42,6 +42,15 @@ from vz_drivers._machine._driver import (
     tail,
 )
 from vz_drivers._machine._identity import ResolvedUser, check_user_syntax, resolve_user
+from vz_drivers._machine._network import (
+    NetworkConfig,
+    check_subnet,
+    host_routes,
+    host_table_name,
+    remove_host_link,
+    remove_host_table,
+    setup_network,
+)
 from vz_drivers._machine._procs import kill_process, proc_start_time, wait_gone
 from vz_drivers._machine._sockets import SOCKET_LIMIT, private_dir, socket_dir
 from vz_drivers._machine._validate import (
@@ -68,16 +77,20 @@ __all__ = [
     "MachinePlan",
     "MachineRecord",
     "MountRecord",
+    "NetworkConfig",
     "RecordBook",
     "ResolvedImage",
     "ResolvedUser",
     "Rules",
     "atomic_write",
+    "check_subnet",
     "check_target",
     "check_user_syntax",
     "check_workspace_id",
     "checked_executable",
     "chown_tree",
+    "host_routes",
+    "host_table_name",
     "host_write_error",
     "kill_process",
     "machine_key",
@@ -89,7 +102,10 @@ __all__ = [
     "proc_start_time",
     "read_chunks_nofollow",
     "record_fields",
+    "remove_host_link",
+    "remove_host_table",
     "resolve_user",
+    "setup_network",
     "socket_dir",
     "subpath",
     "tail",

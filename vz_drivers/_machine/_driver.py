@@ -25,7 +25,7 @@ import shutil
 import subprocess
 import uuid
 import weakref
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
@@ -64,6 +64,7 @@ from vz_core.errors import (
 from vz_core.options import Options
 from vz_core.paths import state_dir as default_state_root
 from vz_core.secrets import SecretKeeper
+from vz_core.services import ServiceSpec, ServiceState
 from vz_drivers._files import STORAGE_ERRNOS, atomic_write, host_write_error, read_chunks_nofollow
 from vz_drivers._machine._book import MachinePaths, MachineRecord, MountRecord, RecordBook, machine_key
 from vz_drivers._machine._identity import ResolvedUser, resolve_user
@@ -603,6 +604,7 @@ class AgentMachineDriver(Driver, Generic[R, P]):
             storage_limits=self._backend.storage_limits,
             terminal=self._backend.terminals,
             pids_limits=self._backend.rules.pids_limits,
+            services=True,
         )
 
     async def preflight(self, *, disable_auto_start: bool = False) -> None:
@@ -1039,6 +1041,32 @@ class AgentMachineDriver(Driver, Generic[R, P]):
         async with contextlib.aclosing(self._backend.read_log(record, link)) as chunks:
             async for chunk in chunks:
                 yield chunk
+
+    # ------------------------------------------------------------------ services
+
+    async def set_services(self, workspace_id: str, specs: Sequence[ServiceSpec]) -> tuple[ServiceState, ...]:
+        """Make ``specs`` the running Machine's service set, supervised by its agent (``vz_core.services``).
+
+        A service without a user or working directory gets the Machine's. ``InvalidArgumentError`` for a bad
+        set (nothing changes), ``FailedPreconditionError`` for a stopped Machine, ``UnsupportedError`` for an
+        agent that predates services.
+        """
+        record = self._require_running(workspace_id)
+        link = await self._checked_link(record)
+        full = [replace(s, user=s.user or record.user, workdir=s.workdir or record.working_dir) for s in specs]
+        return await link.client.set_services(full)
+
+    async def service_states(self, workspace_id: str) -> tuple[ServiceState, ...]:
+        """The running Machine's service states, in start order."""
+        record = self._require_running(workspace_id)
+        link = await self._checked_link(record)
+        return await link.client.service_states()
+
+    async def service_logs(self, workspace_id: str, name: str, tail_bytes: int = 0) -> bytes:
+        """The newest output of service ``name`` of the running Machine."""
+        record = self._require_running(workspace_id)
+        link = await self._checked_link(record)
+        return await link.client.service_logs(name, tail_bytes=tail_bytes)
 
     async def delete_volume(self, name: str) -> None:
         """Remove the named volume's data (idempotent: a missing volume is success).

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from vz_core import ExecSpec
 from vz_core.errors import RuntimeFailureError
+from vz_drivers._guest import GUEST_BUSYBOX
 from vz_drivers._machine import MountRecord
 from vz_drivers.hyperv._scripts import SMB_PORT, SharesMade
 
@@ -199,7 +200,8 @@ def mount_options(made: SharesMade, share: Share, *, uid: int, gid: int, port: i
     )
 
 
-_MOUNT_SCRIPT = r"""b=/bin/busybox
+_MOUNT_SCRIPT = (
+    r"""b=@BUSYBOX@
 IFS= read -r p || exit 64
 "$b" modprobe -a $("$b" cat @MODULES@) || { echo "vz: cannot load the cifs modules" >&2; exit 67; }
 d=@ROOT@
@@ -216,7 +218,10 @@ for c in $2; do
 done
 unset IFS
 exec "$b" mount -i -t cifs -o "$3,password=$p" "$1" "$d"
-""".replace("@MODULES@", MODULES_FILE).replace("@ROOT@", GUEST_ROOT)
+""".replace("@MODULES@", MODULES_FILE)
+    .replace("@ROOT@", GUEST_ROOT)
+    .replace("@BUSYBOX@", GUEST_BUSYBOX)
+)
 """Run by the initramfs's busybox outside the image's root: the password arrives on stdin (never in the exec
 request), the cifs modules are loaded, the target is created inside the Machine's root (never through a symbolic
 link of the image), then cifs mounts the share with the mount data."""
@@ -231,7 +236,7 @@ def mount_spec(
     options = mount_options(made, share, uid=uid, gid=gid, port=port)
     return ExecSpec(
         workspace_id=workspace_id,
-        argv=("/bin/busybox", "sh", "-c", _MOUNT_SCRIPT, "vz-mount", unc, share.target, options),
+        argv=(GUEST_BUSYBOX, "sh", "-c", _MOUNT_SCRIPT, "vz-mount", unc, share.target, options),
         user="0:0",
         workdir="/",
     )

@@ -4,7 +4,9 @@ A Machine boots a stock Linux kernel with an initramfs vz builds (busybox, the n
 agent); the image's root filesystem becomes an ext4 root disk on virtio-blk; the guest agent runs as PID 1 from
 the initramfs and executes every command chrooted into that disk. The host reaches the agent over virtio-serial
 ports (one agent session per port; each host process takes a free port), the workspace, bind mounts and volumes
-over virtio-9p, and networking is QEMU user networking (``restrict=on`` under ``vz.egress=deny``).
+over virtio-9p, and networking is QEMU user networking (``restrict=on`` under ``vz.egress=deny``; under ``allow``
+QEMU runs in a network namespace of its own whose only way out is a guarded veth: ``_egress.py``) or, for a
+version 2 Machine, tap devices in its route domain.
 
 QEMU runs detached (``-daemonize``, own session) and is found again through the Machine's record (pid plus
 kernel start time), its QMP socket and its agent sockets: a relaunched driver finds every Machine in its real
@@ -70,6 +72,7 @@ from vz_drivers._machine import (
 )
 from vz_drivers.qemu._accel import Accelerator, choose_accelerator
 from vz_drivers.qemu._attach import TOPOLOGY_FACT, parse_network_label, remove_taps
+from vz_drivers.qemu._egress import EgressNamespace
 from vz_drivers.qemu._qemu import QemuBinary, Share, VmSpec, find_qemu, launch
 from vz_drivers.qemu._qmp import QmpClient
 from vz_drivers.qemu._records import QemuBook, QemuPaths, QemuRecord
@@ -132,6 +135,12 @@ class _Host:
     accel: Accelerator
 
 
+def _guarded(record: QemuRecord) -> bool:
+    """Whether the Machine's QEMU runs in a namespace of its own: egress ``allow`` over user networking (no
+    route-domain attachment)."""
+    return record.egress == "allow" and parse_network_label(record.labels) is None
+
+
 class QemuBackend(Backend[QemuRecord, QemuPaths]):
     """QEMU virtual machines booting the vz initramfs, agent over virtio-serial, shares over virtio-9p."""
 
@@ -161,6 +170,7 @@ class QemuBackend(Backend[QemuRecord, QemuPaths]):
         self._kernel: Kernel | None = None
         self._accel: Accelerator | None = None
         self._host_cache: _Host | None = None
+        self.egress_ns = EgressNamespace(opts.subnet)
         self.limits = HostLimits(cpus=os.cpu_count() or 1, memory_bytes=_meminfo_total())
         self.rules = rules_for(self.limits)
 
@@ -238,7 +248,10 @@ class QemuBackend(Backend[QemuRecord, QemuPaths]):
             facts["boot_kernel"] = str(self._host_cache.boot_kernel)
             facts["initramfs"] = self._host_cache.initramfs.digest
         facts["agent_transport"] = f"virtio-serial, {self.sessions} port(s) per Machine"
-        facts["egress_allow"] = "QEMU user networking (NAT through the host's sockets)"
+        facts["egress_allow"] = (
+            "QEMU user networking from a network namespace of the Machine's own, joined to the host by a veth "
+            f"from {self.egress_ns.subnet} behind the host guard (never the host, another Machine or link-local)"
+        )
         facts["egress_deny"] = "QEMU user networking with restrict=on (nothing leaves the guest)"
         facts["topology"] = TOPOLOGY_FACT
         return facts, accel_name, reason
@@ -286,6 +299,8 @@ class QemuBackend(Backend[QemuRecord, QemuPaths]):
         )
         fields["extra"]["sessions"] = self.sessions
         record = QemuRecord(**fields, disk_bytes=disk_bytes)
+        if _guarded(record):
+            self.egress_ns.config()  # root and the network tools, before anything is created
         return MachinePlan(record, staged={"rootfs": image.rootfs, "layers": image.layers})
 
     async def stage(self, plan: MachinePlan[QemuRecord]) -> None:
@@ -379,6 +394,9 @@ class QemuBackend(Backend[QemuRecord, QemuPaths]):
         network = parse_network_label(record.labels)
         if network is not None:
             await remove_taps(network)  # a leftover tap of the Machine (QEMU normally takes them along)
+        elif _guarded(record):
+            with contextlib.suppress(UnavailableError):  # nothing was made where it is unavailable
+                await self.egress_ns.release(record.key)
 
     async def boot(self, record: QemuRecord) -> None:
         host = await self.host()
@@ -399,7 +417,15 @@ class QemuBackend(Backend[QemuRecord, QemuPaths]):
             network=parse_network_label(record.labels),
         )
         self.new_identity_key(record)  # handed to the PID-1 agent in the first HELLO on port 0 (connect)
-        record.pid, record.pid_start = await launch(host.qemu.path, spec, paths.run)
+        if not _guarded(record):
+            record.pid, record.pid_start = await launch(host.qemu.path, spec, paths.run)
+        else:
+            # QEMU (and so slirp's every connection) in the Machine's own namespace behind the host guard.
+            wrapper = await self.egress_ns.prepare(record.key)
+            try:
+                record.pid, record.pid_start = await launch(host.qemu.path, spec, paths.run, wrapper=wrapper)
+            finally:
+                await self.egress_ns.forget(record.key)  # QEMU holds the namespace now: it goes when QEMU goes
         record.accelerator = host.accel.name
 
     def diagnose(self, record: QemuRecord) -> tuple[str, str]:

@@ -221,8 +221,10 @@ def _escape(value: str) -> str:
     return value.replace(",", ",,")
 
 
-async def launch(qemu: str, spec: VmSpec, run_dir: Path) -> tuple[int, int]:
+async def launch(qemu: str, spec: VmSpec, run_dir: Path, *, wrapper: list[str] | None = None) -> tuple[int, int]:
     """Start the Machine's QEMU detached; return (pid, start time) once it has set up every device.
+
+    ``wrapper`` is an argv prefix QEMU is run through (``nsenter --net=...`` for a Machine's own namespace).
 
     A version 2 Machine's taps are created in its route domain first and handed to QEMU; QEMU then holds the
     only descriptors (ours are closed whatever happens), so the taps go when QEMU goes.
@@ -234,7 +236,7 @@ async def launch(qemu: str, spec: VmSpec, run_dir: Path) -> tuple[int, int]:
             (run_dir / name).unlink()
     fds = tuple(await open_taps(spec.network)) if spec.network is not None else ()
     try:
-        argv = build_command(qemu, spec, fds)
+        argv = [*(wrapper or ()), *build_command(qemu, spec, fds)]
         proc = await asyncio.create_subprocess_exec(
             *argv,
             cwd=run_dir,

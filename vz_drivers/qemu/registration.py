@@ -64,6 +64,12 @@ DECLARATION = DriverDeclaration(
         ),
         timeout("stop_timeout", "seconds between SIGTERM and SIGKILL of the main process on Stop", 10.0),
         timeout("boot_timeout", "seconds a boot may take until the guest agent answers (TCG is slow)", 300.0),
+        Option(
+            "subnet",
+            "IPv4 range of the links of Machines with egress allowed over user networking (version 1)",
+            "10.231.0.0/16",
+            scope="host",
+        ),
         Option("insecure_registries", "registry hosts reached over plain HTTP (comma-separated)", (), "list"),
         Option(
             "agent_binary",

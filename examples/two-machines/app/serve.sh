@@ -1,5 +1,6 @@
 #!/bin/sh
 # The app: a web server on port 8080 (exported to the host) whose page reads a greeting from db by name.
-# Run it in app with:  vz exec -- sh /workspace/app/serve.sh
+# vz.json runs it as app's service "http", once db's kv is healthy; httpd stays in the foreground (-f) so that the
+# agent supervises it.
 set -eu
-exec httpd -p 8080 -h /workspace/app/www
+exec httpd -f -p 8080 -h /workspace/app/www

@@ -1,6 +1,6 @@
 #!/bin/sh
 # The database: a key-value store over HTTP on port 5984 (busybox httpd + one CGI script), its data in the
-# named volume /var/lib/db. Run it in db with:  vz exec --machine db -- sh /workspace/db/serve.sh
+# named volume /var/lib/db (whose keys/ directory the Machine's setup step made). vz.json runs it as db's
+# service "kv"; httpd stays in the foreground (-f) so that the agent supervises it.
 set -eu
-mkdir -p /var/lib/db/keys
-exec httpd -p 5984 -h /workspace/db
+exec httpd -f -p 5984 -h /workspace/db

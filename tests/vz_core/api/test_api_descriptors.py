@@ -70,6 +70,19 @@ FIELDS: dict[str, dict[str, tuple[int, int, str | None]]] = {
         "environment_id": (4, S, None),
         "machine_id": (5, S, None),
         "data": (6, MSG, "google.protobuf.Struct"),
+        "environment_updated": (7, MSG, "vz.api.v1.EnvironmentUpdated"),
+        "machine_state": (8, MSG, "vz.api.v1.MachineStateChanged"),
+        "operation_started": (9, MSG, "vz.api.v1.OperationStarted"),
+        "operation_finished": (10, MSG, "vz.api.v1.OperationFinished"),
+    },
+    "OperationFinished": {
+        "method": (1, S, None),
+        "call": (2, I64, None),
+        "status": (3, S, None),
+        "operation_id": (4, S, None),
+        "error": (5, MSG, "vz.api.v1.ErrorInfo"),
+        "seconds": (6, F.TYPE_DOUBLE, None),
+        "started_revision": (7, I64, None),
     },
     "ErrorInfo": {
         "code": (1, S, None),
@@ -110,6 +123,58 @@ FIELDS: dict[str, dict[str, tuple[int, int, str | None]]] = {
         "home": (10, S, None),
         "connections": (11, I32, None),
         "idle_timeout": (12, D, None),
+    },
+    "ServiceStatus": {
+        "name": (1, S, None),
+        "state": (2, S, None),
+        "health": (3, S, None),
+        "pid": (4, I64, None),
+        "restarts": (5, I64, None),
+        "last_exit_code": (6, I64, None),
+        "last_signal": (7, S, None),
+        "last_error": (8, S, None),
+        "started_at": (9, S, None),
+    },
+    "Driver": {
+        "name": (1, S, None),
+        "driver_name": (2, S, None),
+        "version": (3, S, None),
+        "api": (4, S, None),
+        "runtime": (5, MSG, "vz.api.v1.RuntimeInfo"),
+        "capabilities": (6, MSG, "vz.api.v1.DriverCapabilities"),
+        "extensions": (7, MSG, "vz.api.v1.DriverExtensions"),
+        "accelerator": (8, MSG, "vz.api.v1.Accelerator"),
+        "matrix": (9, MSG, "vz.api.v1.MatrixRow"),
+        "error": (10, S, None),
+        "provenance": (11, MSG, "vz.api.v1.DriverProvenance"),
+    },
+    "PluginStatus": {
+        "name": (1, S, None),
+        "origin": (2, S, None),
+        "options": (3, MSG, "google.protobuf.Value"),
+        "pid": (4, I32, None),
+        "state": (5, S, None),
+        "in_flight": (6, I32, None),
+        "last_use": (7, MSG, "google.protobuf.Value"),
+        "launches": (8, I32, None),
+        "launch_failures": (9, I32, None),
+        "crashes": (10, I32, None),
+        "last_crash": (11, MSG, "google.protobuf.Value"),
+        "last_launch_ms": (12, MSG, "google.protobuf.Value"),
+        "script": (13, S, None),
+        "sha256": (14, S, None),
+        "error": (15, S, None),
+        "provenance": (16, MSG, "vz.api.v1.DriverProvenance"),
+    },
+    "DriverProvenance": {
+        "origin": (1, S, None),
+        "source": (2, S, None),
+        "version": (3, S, None),
+        "added_at": (4, S, None),
+        "signed": (5, B, None),
+        "key_id": (6, S, None),
+        "key_name": (7, S, None),
+        "endorsed_by": (8, S, None),
     },
 }
 
@@ -167,6 +232,12 @@ def test_stream_messages_are_one_oneof(message: str) -> None:
     descriptor = api_pb2.DESCRIPTOR.message_types_by_name[message]
     assert [o.name for o in descriptor.oneofs] == ["message"]
     assert {f.name for f in descriptor.oneofs[0].fields} == {f.name for f in descriptor.fields}
+
+
+def test_machine_status_carries_its_services_as_field_17() -> None:
+    field = api_pb2.DESCRIPTOR.message_types_by_name["MachineStatus"].fields_by_name["services"]
+    assert field.message_type is not None
+    assert (field.number, field.is_repeated, field.message_type.full_name) == (17, True, "vz.api.v1.ServiceStatus")
 
 
 def test_wire_options() -> None:

@@ -68,7 +68,7 @@ def test_version(vz: Vz, tmp_path: Path) -> None:
     ],
 )
 def test_usage_errors_exit_2(vz: Vz, project: Path, args: tuple[str, ...], fragment: str) -> None:
-    assert fragment in vz.fails(2, *args, cwd=project)
+    assert fragment in vz.fails(125 if args[0] == "exec" else 2, *args, cwd=project)  # exec: docker's 125
 
 
 @pytest.mark.parametrize("verb", ["up", "status", "stop", "delete", "exec"])
@@ -76,7 +76,7 @@ def test_no_definition_names_where_it_looked_and_changes_nothing(vz: Vz, tmp_pat
     empty = tmp_path / "empty" / "dir"
     empty.mkdir(parents=True)
     args = [verb, "--", "true"] if verb == "exec" else [verb]
-    err = vz.fails(3, *args, cwd=empty)
+    err = vz.fails(125 if verb == "exec" else 3, *args, cwd=empty)
     assert f"no vz.json found in {empty} or any parent directory" in err
     assert str(empty.parent) in err
     vz.assert_recorded_nothing()
@@ -98,7 +98,7 @@ def test_schema_errors_list_json_paths(vz: Vz, tmp_path: Path) -> None:
     vz.assert_recorded_nothing()
     # exec reads only the project id (fast), but a broken one gets the full report
     write_project(tmp_path, {"name": "web"}, project_id="Bad Id")
-    err = vz.fails(2, "exec", "--", "true", cwd=tmp_path)
+    err = vz.fails(125, "exec", "--", "true", cwd=tmp_path)
     assert "$.project_id: must be lowercase" in err and "$.machines[0].profile" in err
 
 
@@ -174,7 +174,7 @@ def test_secrets_are_masked_in_errors_and_never_stored(tmp_path: Path) -> None:
 def test_no_daemon_and_no_autostart_fails_fast_with_one_line(vz: Vz, project: Path, args: tuple[str, ...]) -> None:
     proc = vz.run(*args, cwd=project, env={"VZ_DAEMON_AUTOSTART": "0"}, timeout=10)
     err = proc.stderr.decode()
-    assert proc.returncode == 69 and "Traceback" not in err
+    assert proc.returncode == (125 if args[0] == "exec" else 69) and "Traceback" not in err
     (line,) = err.splitlines()
     assert line == (
         f"vz {args[0]}: error: no vz daemon runs for {vz.home}; start it with `vz daemon start` "

@@ -108,7 +108,7 @@ def test_up_whose_daemon_is_killed_is_explained_then_converged(
     assert "was interrupted during 'create web'" in interrupted["explanation"]
     assert [m["recorded_state"] for m in env["machines"]] == ["creating"]
     assert "was interrupted during 'create web'" in vz.ok("status", cwd=blocking_project)
-    refused = vz.fails(2, "exec", "--", "true", cwd=blocking_project)
+    refused = vz.fails(125, "exec", "--", "true", cwd=blocking_project)
     assert "is not ready" in refused and "run `vz up --environment default`" in refused
     proc2 = vz.run("up", cwd=blocking_project)
     assert proc2.returncode == 0, proc2.stderr.decode()

@@ -37,6 +37,8 @@ def test_machine_on_an_external_driver(vz: Vz, tmp_path: Path) -> None:
     assert vz.ok("exec", "--", "sh", "-c", "echo via plugin", cwd=project) == "via plugin\n"
     web = vz.status(project)["environments"][0]["machines"][0]
     assert web["driver"]["name"] == "fake-ext" and web["driver"]["driver_name"] == "fake" and web["state"] == "running"
+    provenance = web["driver"]["provenance"]
+    assert provenance["origin"] == "file" and provenance["source"] == str(manifest) and provenance["signed"] is False
     vz.ok("delete", cwd=project)
     assert [p for p in psutil.process_iter(["cmdline"]) if _ours(p, vz.home)], "the daemon keeps the plugin warm"
     vz.ok("daemon", "stop", cwd=tmp_path)

@@ -56,10 +56,10 @@ def test_machine_selection_default_flag_env_var(vz: Vz, running: Path) -> None:
     assert vz.ok("exec", "--machine", machines["db"], "--", *probe, cwd=running).strip() == machines["db"]
     by_env = vz.ok("exec", "--", *probe, cwd=running, env={"VZ_MACHINE_ID": machines["db"]})
     assert by_env.strip() == machines["db"]
-    err = vz.fails(3, "exec", "--", "true", cwd=running, env={"VZ_MACHINE_ID": "mch_000000000000"})
+    err = vz.fails(125, "exec", "--", "true", cwd=running, env={"VZ_MACHINE_ID": "mch_000000000000"})
     assert "VZ_MACHINE_ID=mch_000000000000 names no Machine of Environment default" in err
     assert "--machine cache: Environment default" in vz.fails(
-        3, "exec", "--machine", "cache", "--", "true", cwd=running
+        125, "exec", "--machine", "cache", "--", "true", cwd=running
     )
 
 
@@ -67,21 +67,28 @@ def _pipe_max_size() -> int:
     return int(Path("/proc/sys/fs/pipe-max-size").read_text())
 
 
-def test_passed_pipes_are_enlarged_to_pipe_max_size(vz: Vz, running: Path) -> None:
-    """The caller's pipes (stdin and stdout here) grow to pipe-max-size before they are handed over (B4)."""
+@pytest.mark.parametrize("pass_pipes", [False, True], ids=["default", "pass-pipes"])
+def test_passed_pipes_are_enlarged_to_pipe_max_size(vz: Vz, running: Path, pass_pipes: bool) -> None:
+    """The caller's pipes grow to pipe-max-size before they are handed over (B4): stdin always, stdout only with
+    --pass-pipes (by default an output pipe is copied, so that vz exec ends with the command's main process)."""
     import fcntl
 
+    stdin_r, stdin_w = os.pipe()
+    flags = ["--pass-pipes"] if pass_pipes else []
     proc = vz.popen(
-        "exec", "--", "sh", "-c", "cat; echo end", cwd=running, stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        "exec", *flags, "--", "sh", "-c", "cat; echo end", cwd=running, stdin=stdin_r, stdout=subprocess.PIPE
     )
-    assert proc.stdin is not None and proc.stdout is not None
+    assert proc.stdout is not None
     try:
-        proc.stdin.write(b"in\n")
-        proc.stdin.close()
+        os.write(stdin_w, b"in\n")
+        os.close(stdin_w)
         assert proc.stdout.read() == b"in\nend\n"
         assert proc.wait(30) == 0
-        assert fcntl.fcntl(proc.stdout.fileno(), fcntl.F_GETPIPE_SZ) == _pipe_max_size()
+        assert fcntl.fcntl(stdin_r, fcntl.F_GETPIPE_SZ) == _pipe_max_size()
+        stdout_size = fcntl.fcntl(proc.stdout.fileno(), fcntl.F_GETPIPE_SZ)
+        assert (stdout_size == _pipe_max_size()) == pass_pipes or _pipe_max_size() == stdout_size == 65536
     finally:
+        os.close(stdin_r)
         proc.kill()
         proc.wait()
         proc.stdout.close()
@@ -158,7 +165,7 @@ def test_signals_cancel_the_command_and_exit_128_plus_n(vz: Vz, running: Path, s
 
 def test_exec_on_a_stopped_machine_says_how_to_fix_it(vz: Vz, running: Path) -> None:
     vz.ok("stop", cwd=running)
-    err = vz.fails(2, "exec", "--", "true", cwd=running)
+    err = vz.fails(125, "exec", "--", "true", cwd=running)
     assert "machine web of Environment default" in err and "is not running; run `vz up --environment default`" in err
     vz.ok("up", cwd=running)
     vz.ok("exec", "--", "true", cwd=running)
@@ -171,7 +178,7 @@ def test_an_environment_id_works_without_a_definition(vz: Vz, running: Path, tmp
     probe = ("sh", "-c", "echo $VZ_ENVIRONMENT_ID")
     assert vz.ok("exec", "--environment", env_id, "--", *probe, cwd=elsewhere).strip() == env_id
     assert vz.ok("exec", "--", *probe, cwd=elsewhere, env={"VZ_ENVIRONMENT_ID": env_id}).strip() == env_id
-    assert "no vz.json found" in vz.fails(3, "exec", "--environment", "default", "--", "true", cwd=elsewhere)
+    assert "no vz.json found" in vz.fails(125, "exec", "--environment", "default", "--", "true", cwd=elsewhere)
 
 
 def test_a_terminal_is_copied_never_handed_to_the_machine(vz: Vz, running: Path) -> None:

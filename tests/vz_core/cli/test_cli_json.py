@@ -73,7 +73,9 @@ def test_status_json_shape(vz: Vz, running: Path) -> None:
         "error",
         "drift",
         "health",
+        "services",
     }
+    assert web["services"] == []  # the fake driver supervises no services
     assert web["workspace_id"] == f"vz-demo-{env['id']}-{web['id']}"
     assert set(web["driver"]) == {
         "name",

@@ -240,7 +240,7 @@ async def test_shutdown_lets_operations_finish_and_cancels_watches(paths: Daemon
     await asyncio.to_thread(hold.call, "Test.Hold")
     await asyncio.wait_for(handler.entered.wait(), 10)
     reply = await client(paths, lambda c: c.request("System.Shutdown"))
-    assert reply == {"pid": os.getpid(), "operations": 1}
+    assert reply == {"pid": os.getpid(), "operations": 1, "stopping": True, "busy": True}
     with pytest.raises(DaemonError, match=r"cancel|interrupted"):
         await asyncio.to_thread(watch.result)
     watch.close()

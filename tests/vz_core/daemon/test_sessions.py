@@ -488,6 +488,7 @@ async def test_an_external_driver_is_shared_verified_and_picked_up_again_when_re
     session = pool.session("extfake")
     row = next(r for r in pool.status() if r["name"] == "extfake")
     assert row["origin"] == "external" and row["sha256"] == hashlib.sha256(script.read_bytes()).hexdigest()
+    assert row["provenance"]["source"] == str(scripts / "extfake.json") and row["provenance"]["signed"] is False
     # The binary changes: its next launch is refused (verified before every launch) ...
     os.kill(plugin_pid(one), signal.SIGKILL)
     await until(lambda: session.stats.crashes == 1)

@@ -281,3 +281,60 @@ def test_a_disk_too_small_is_refused_naming_the_image(tmp_path: Path) -> None:
     with pytest.raises(InvalidArgumentError, match="'tiny' cannot become a root disk of 4194304 bytes"):
         write_ext4(layers, disk, 4 * 1024 * 1024, image="tiny")
     assert not disk.exists()
+
+
+# -- large directories: filled after e2fsck -D gave them an htree --------------------------------------
+PADDED = ("/", "/bin", "/dev", "/home/dev", "/usr/bin")
+PAD = 600  # 24-byte entries: more than the first 12 KiB of a directory, the rest waits for the index
+
+
+def _padding_layer(dest: Path) -> tuple[str, Path]:
+    """Names sorting before every other entry of ``PADDED``: the image's own entries of these directories
+    come after the first 12 KiB, so they are written through the stage (the phase after ``e2fsck -D``)."""
+    entries = [
+        (_ti(f"{d.strip('/')}/0000-pad-{i:04d}".lstrip("/"), mode=0o640, uid=1000), b"p%d" % i)
+        for d in PADDED
+        for i in range(PAD)
+    ]
+    # a third name of perl's inode, in a small directory: it is created first, the two in /usr/bin after
+    entries.append((_ti("etc/perl-link", tarfile.LNKTYPE, linkname="usr/bin/perl5.36"), b""))
+    return _layer(dest, entries)
+
+
+def _tree(disk: Path, directory: str = "/") -> Iterator[str]:
+    """Every path below ``directory`` (``ls -p`` gives each entry's mode: no stat per entry)."""
+    for line in filter(None, _debugfs(disk, f"ls -p {_q(directory)}").splitlines()):
+        m = re.fullmatch(r"/(\d+)/(\d+)/(\d+)/(\d+)/(.*)/(\d*)/", line)
+        assert m, line
+        if m.group(1) == "0" or m.group(5) in (".", ".."):
+            continue
+        path = directory.rstrip("/") + "/" + m.group(5)
+        yield path
+        if int(m.group(2), 8) & 0o170000 == 0o040000:
+            yield from _tree(disk, path)
+
+
+def test_large_directories_are_indexed_and_keep_every_entry(shared_dir: Path, tmp_path: Path) -> None:
+    layers = [*_layers(shared_dir), _padding_layer(shared_dir)]
+    disk = shared_dir / "root.img"
+    done = _as_nobody(_WRITE, json.dumps([(d, str(p)) for d, p in layers]), str(disk))
+    assert done.returncode == 0, done.stderr
+    expected = _expected()
+    for name in ("/usr/bin/perl5.36", "/usr/bin/perl"):
+        expected[name].links = 3
+    expected["/etc/perl-link"] = Want("regular", 0o755, data=b"perl", links=3)
+    padding = {f"{d.rstrip('/')}/0000-pad-{i:04d}" for d in PADDED for i in range(PAD)}
+    assert sorted(_tree(disk)) == sorted(set(expected) | padding)  # no stage directory is left either
+    for path, want in expected.items():
+        _check_entry(disk, path, want, tmp_path)
+    for path in (f"/usr/bin/0000-pad-{PAD - 1:04d}", "/0000-pad-0000"):
+        _check_entry(disk, path, Want("regular", 0o640, uid=1000, data=b"p%d" % int(path[-4:])), tmp_path)
+    for directory in PADDED:  # the writer gave them an htree (EXT2_INDEX_FL) before filling them
+        flags = re.search(r"Flags: 0x([0-9a-f]+)", _debugfs(disk, f"stat {_q(directory)}"))
+        assert flags and int(flags.group(1), 16) & 0x1000, directory
+    root = _debugfs(disk, "stat /")
+    assert re.search(r"User:\s+0\s+Group:\s+0", root) and "Links: 9" in root, (
+        root
+    )  # 2 + 7 subdirectories: the stage left none
+    fsck = subprocess.run(["e2fsck", "-fn", str(disk)], capture_output=True, text=True, check=False)
+    assert fsck.returncode == 0, fsck.stdout + fsck.stderr

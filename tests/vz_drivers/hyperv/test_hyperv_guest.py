@@ -2,7 +2,8 @@
 VHDX, and the same raw disk booted under QEMU with OVMF (TCG) until the guest agent answers an exec.
 
 Under QEMU the agent is reached over virtio-serial (the qemu driver's transport; there is no vhost-vsock here):
-the init uses Hyper-V sockets only when ``hv_vmbus`` loads, i.e. on Hyper-V.
+the init uses Hyper-V sockets only when ``hv_vmbus`` loads, i.e. on Hyper-V. The image's user runs ``id`` and
+a setuid-root program in that boot (the layers: tests/vz_drivers/guest_layers_testlib.py).
 """
 
 from __future__ import annotations
@@ -18,11 +19,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from guest_layers_testlib import EXPECTED_ID, ID_SCRIPT, euid_binary, upper_layer
 from hyperv_standin import WINDOWS, StandInHyperV
 
 from vz_core import ExecExit, ExecOutput, ExecSpec, RunImageRequest
 from vz_drivers._agent import AgentClient
 from vz_drivers._guest import BOOT_CMDLINE, ESP_TYPE, LINUX_TYPE, find_boot_tools, hyperv_init, to_vhdx
+from vz_drivers._images._build import build_oci_layout
+from vz_drivers._images._default import default_layer, find_busybox
+from vz_drivers._images._model import ImageConfig
 from vz_drivers._machine import machine_key
 from vz_drivers.hyperv._driver import HypervBackend
 from vz_drivers.hyperv._records import HypervRecord
@@ -57,15 +62,23 @@ class Built:
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory, image_dir: Path, hyperv_bundle: str) -> Iterator[Built]:
     """One Machine's boot disk, built through the backend (plan with a stand-in Windows host, then the real
-    disk builder), raw and VHDX."""
+    disk builder), raw and VHDX. The image is vz:default's busybox layer plus a layer with a setuid-root
+    program and a file owned by 1000; its user is ``dev``."""
     _require_tools()
     root = tmp_path_factory.mktemp("hyperv-disk")
+    layout = root / "layout"
+    build_oci_layout(
+        layout,
+        [default_layer(find_busybox().path), upper_layer(euid_binary("amd64", root / "euid"))],
+        config=ImageConfig(cmd=("/bin/sh",), user="dev", working_dir="/"),
+        tag="v1",
+    )
     backend = HypervBackend(
         state_dir=root / "state", image_dir=image_dir, guest=hyperv_bundle, runner=StandInHyperV(), host=WINDOWS
     )
     request = RunImageRequest(
         workspace_id="ovmf boot/ü",
-        image="vz:default",
+        image=f"oci:{layout}:v1",
         environment={"VZ_TEST_SECRET": SECRET},
         entrypoint="sh",
         args=("-c", "echo main says hello; exec sleep 1000000"),
@@ -238,13 +251,17 @@ async def test_the_vhdx_converted_back_to_raw_boots_under_ovmf_and_the_agent_ans
             return
             yield b""
 
-        out, exit_event = b"", None
-        async for event in client.exec(ExecSpec(workspace_id="w", argv=("sh", "-c", script)), no_input()):
-            if isinstance(event, ExecOutput):
-                out += event.data
-            elif isinstance(event, ExecExit):
-                exit_event = event
-        text = out.decode()
+        async def sh(script: str, user: str = "") -> tuple[str, ExecExit | None]:
+            out, exit_event = b"", None
+            spec = ExecSpec(workspace_id="w", argv=("sh", "-c", script), user=user)
+            async for event in client.exec(spec, no_input()):
+                if isinstance(event, ExecOutput):
+                    out += event.data
+                elif isinstance(event, ExecExit):
+                    exit_event = event
+            return out.decode(), exit_event
+
+        text, exit_event = await sh(script)
         assert exit_event == ExecExit(0), text
         assert f"hello from vz-{built.record.key[:12]}" in text
         assert BOOT_CMDLINE in text  # the UKI's command line reached the kernel
@@ -252,6 +269,10 @@ async def test_the_vhdx_converted_back_to_raw_boots_under_ovmf_and_the_agent_ans
         # (mounted outside the command's root, so not in its /proc/mounts).
         assert "/dev/vda2 / ext4 rw" in text
         assert f"VZ_TEST_SECRET={SECRET}" in text
+        # The root disk holds the image's layers as they say: the image's user (the driver's default for an exec)
+        # runs id as 1000:1000, the setuid-root program gains euid 0, 1000's file keeps its owner.
+        assert built.record.user == "dev"
+        assert await sh(ID_SCRIPT, user=built.record.user) == (EXPECTED_ID, ExecExit(0))
         await asyncio.wait_for(client.shutdown(grace=2), 60)
         await asyncio.wait_for(proc.wait(), 120)  # the agent powered the VM off (-no-reboot: QEMU ends)
         assert proc.returncode == 0

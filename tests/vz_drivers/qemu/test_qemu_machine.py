@@ -190,3 +190,15 @@ async def test_info_extensions_and_qmp_report_the_accelerator(booted: Booted) ->
         assert status["status"] == "running"
     finally:
         await driver.close()
+
+
+async def test_services_are_supervised_in_the_guest_and_outlive_the_driver(booted: Booted) -> None:
+    from services_testlib import check_services
+
+    driver = booted.driver()
+    try:
+        ext = await driver.extensions()
+        assert ext is not None and ext.services
+    finally:
+        await driver.close()
+    await check_services(booted.driver, booted.workspace_id, "qemu")

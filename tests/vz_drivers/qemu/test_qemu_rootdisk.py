@@ -2,9 +2,10 @@
 
 The image: vz:default's busybox layer plus a layer with a setuid-root program (static C: it prints its real and
 effective uid), a file owned by 1000:1000, a setgid directory, a device node, two names differing only in case
-and a whiteout of ``/etc/hosts``; its user is ``dev``. The tests themselves run as root here, but nothing of the
-host's view of the files reaches the disk (``vz_drivers._images._ext4``; tests/vz_drivers/_images/
-test_images_ext4.py writes a disk as ``nobody`` and reads it back entry by entry).
+and a whiteout of ``/etc/hosts``; its user is ``dev``. ``/srv`` also holds 600 more files, so it is written
+as a large directory (indexed first, its other entries linked in by hash). The tests themselves run as root
+here, but nothing of the host's view of the files reaches the disk (``vz_drivers._images._ext4``;
+tests/vz_drivers/_images/test_images_ext4.py writes a disk as ``nobody`` and reads it back entry by entry).
 """
 
 from __future__ import annotations
@@ -57,6 +58,8 @@ def _upper_layer(euid: bytes) -> bytes:
         _entry("srv/README", tarfile.REGTYPE, b"UPPER\n"),
         _entry("srv/null", tarfile.CHRTYPE, mode=0o666, devmajor=1, devminor=3),
         _entry("etc/.wh.hosts", tarfile.REGTYPE),
+        # 600 names sorting first: /srv is large, so its own entries above are linked in after its htree
+        *(_entry(f"srv/0000-pad-{i:04d}", tarfile.REGTYPE, b"p") for i in range(600)),
     ]
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
@@ -132,7 +135,7 @@ async def test_owners_modes_devices_case_and_whiteouts_are_the_layers(
     script = (
         "stat -c '%n %u %g %a %F' /usr/local/bin/euid /home/dev/owned /home/dev /srv /tmp; "
         "stat -c '%n %t:%T %F' /srv/null; cat /srv/Readme /srv/README /home/dev/owned; "
-        "test -e /etc/hosts && echo hosts present || echo hosts whited out"
+        "test -e /etc/hosts && echo hosts present || echo hosts whited out; ls /srv | wc -l"
     )
     out = await _sh(state, image_dir, agent_binary, wid, script, user="root")
     assert out.decode().splitlines() == [
@@ -146,4 +149,5 @@ async def test_owners_modes_devices_case_and_whiteouts_are_the_layers(
         "UPPER",
         "mine",
         "hosts whited out",
+        "603",
     ]

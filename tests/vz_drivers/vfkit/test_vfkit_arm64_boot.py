@@ -8,7 +8,9 @@ linux/arm64). It is built twice and must be the same bytes. The guest answers th
 virtio-serial (this host has no vhost-vsock; vfkit uses virtio-vsock) and brings eth0 up by DHCP, as vfkit's
 NAT hands it out: here from a dnsmasq the test runs on a tap inside a network namespace it creates (nothing
 else can answer there). A second boot in a namespace without a DHCP server must fail, saying so on the console.
-Everything (namespace, tap, dnsmasq, QEMU) is removed by the module's fixtures.
+The root disk is written from an image's layers by the drivers' writer (``create_root_disk``): the image's user
+``dev`` runs ``id`` as 1000:1000 and a setuid-root program gains euid 0. Everything (namespace, tap, dnsmasq,
+QEMU) is removed by the module's fixtures.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from guest_layers_testlib import EXPECTED_ID, ID_SCRIPT, base_layer, euid_binary, upper_layer, write_layers
 
 from vz_core import ExecExit, ExecOutput, ExecSpec
 from vz_drivers._guest import (
@@ -30,6 +33,7 @@ from vz_drivers._guest import (
     Bundle,
     GuestConfig,
     build_bundle,
+    create_root_disk,
     hosts_file,
     open_bundle,
     render,
@@ -76,7 +80,7 @@ def test_building_twice_gives_the_same_bytes(bundles: tuple[Bundle, Bundle]) -> 
     for name in names:
         assert (first.root / name).read_bytes() == (second.root / name).read_bytes(), name
     assert first.digest == second.digest
-    packages = {p["name"]: p for p in first.manifest["packages"]}  # type: ignore[attr-defined,union-attr]
+    packages = {p["name"]: p for p in first.manifest["packages"]}  # type: ignore[attr-defined]
     assert set(packages) == {"linux-image-6.1.0-57-arm64", "busybox-static"}
     assert all(len(p["sha256"]) == 64 for p in packages.values())
     # arm64 boot protocol header: "ARM\x64" at 0x38 (Documentation/arm64/booting.rst); a gzip'd Image would
@@ -165,28 +169,24 @@ def _dnsmasq(ns: str, work: Path) -> Iterator[Path]:
             proc.stderr.close()
 
 
-def _machine_files(tmp_path: Path, bundle_root: Path) -> tuple[Path, Path]:
-    """The Machine's root disk (an arm64 busybox userland on ext4) and its configuration share."""
-    rootfs = tmp_path / "rootfs"
-    for d in ("bin", "etc", "tmp", "proc", "sys", "dev", "run"):
-        (rootfs / d).mkdir(parents=True)
+@pytest.fixture(scope="module")
+def euid_arm64(tmp_path_factory: pytest.TempPathFactory) -> bytes:
+    """The setuid-root test program for linux/arm64 (Go, static)."""
+    _require()
+    return euid_binary("arm64", tmp_path_factory.mktemp("euid"))
+
+
+def _machine_files(tmp_path: Path, bundle_root: Path, euid: bytes) -> tuple[Path, Path]:
+    """The Machine's root disk, written from an image's layers by the drivers' writer (an arm64 busybox
+    userland with the user ``dev``, plus a setuid-root program and a file of 1000's), and its configuration."""
     # the userland is the bundle's own busybox, taken out of its initramfs with the cpio tool
     unpack = tmp_path / "initrd"
     unpack.mkdir()
     with open(bundle_root / "initramfs.cpio", "rb") as fh:
         subprocess.run(["cpio", "-idm", "--quiet", "bin/busybox"], stdin=fh, cwd=unpack, check=True)
-    shutil.copy2(unpack / "bin" / "busybox", rootfs / "bin" / "busybox")
-    (rootfs / "bin" / "sh").symlink_to("busybox")
-    (rootfs / "etc" / "passwd").write_text("root:x:0:0:root:/root:/bin/sh\n")
-    (rootfs / "etc" / "group").write_text("root:x:0:\n")
-    (rootfs / "etc" / "hosts").write_text("127.0.0.1 localhost\n")
-    (rootfs / "etc" / "resolv.conf").write_text("# replaced by the lease\n")
+    layers = write_layers([base_layer((unpack / "bin" / "busybox").read_bytes()), upper_layer(euid)], tmp_path)
     disk = tmp_path / "disk.img"
-    with open(disk, "wb") as fh:
-        fh.truncate(256 * 1024 * 1024)
-    subprocess.run(
-        ["mke2fs", "-q", "-F", "-t", "ext4", "-E", "root_owner=0:0", "-d", str(rootfs), str(disk)], check=True
-    )
+    asyncio.run(create_root_disk(layers, disk, 256 * 1024 * 1024, image="arm64-test"))
     cfg = tmp_path / "cfg"
     cfg.mkdir()
     # what the vfkit backend renders (network by DHCP, resolv.conf from the lease), with the agent on
@@ -247,8 +247,10 @@ def _qemu_argv(bundle: Bundle, disk: Path, cfg: Path, run: Path) -> list[str]:
 
 
 @contextlib.asynccontextmanager
-async def _boot(ns: str, bundle: Bundle, tmp_path: Path) -> AsyncIterator[tuple[asyncio.subprocess.Process, Path]]:
-    disk, cfg = await asyncio.to_thread(_machine_files, tmp_path, bundle.root)
+async def _boot(
+    ns: str, bundle: Bundle, tmp_path: Path, euid: bytes
+) -> AsyncIterator[tuple[asyncio.subprocess.Process, Path]]:
+    disk, cfg = await asyncio.to_thread(_machine_files, tmp_path, bundle.root, euid)
     run = tmp_path / "run"
     run.mkdir()
     qemu = await asyncio.create_subprocess_exec(
@@ -275,9 +277,10 @@ async def _nothing() -> AsyncIterator[bytes]:
     yield b""
 
 
-async def _run(client: object, *argv: str) -> tuple[bytes, int]:
+async def _run(client: object, *argv: str, user: str = "") -> tuple[bytes, int]:
     out, code = b"", -1
-    async for event in client.exec(ExecSpec(workspace_id="arm64", argv=argv), _nothing()):  # type: ignore[attr-defined]
+    spec = ExecSpec(workspace_id="arm64", argv=argv, user=user)
+    async for event in client.exec(spec, _nothing()):  # type: ignore[attr-defined]
         if isinstance(event, ExecOutput):
             out += event.data
         elif isinstance(event, ExecExit):
@@ -286,13 +289,13 @@ async def _run(client: object, *argv: str) -> tuple[bytes, int]:
 
 
 async def test_the_bundle_boots_answers_the_agent_and_gets_its_network_by_dhcp(
-    bundles: tuple[Bundle, Bundle], netns: str, tmp_path: Path
+    bundles: tuple[Bundle, Bundle], netns: str, tmp_path: Path, euid_arm64: bytes
 ) -> None:
     from vz_drivers._agent import AgentClient
 
     bundle = bundles[0]
     with _dnsmasq(netns, tmp_path) as leases:
-        async with _boot(netns, bundle, tmp_path) as (qemu, run):
+        async with _boot(netns, bundle, tmp_path, euid_arm64) as (qemu, run):
             for _ in range(100):  # QEMU creates the socket right after it starts
                 if (run / "agent.sock").exists() or qemu.returncode is not None:
                     break
@@ -314,6 +317,9 @@ async def test_the_bundle_boots_answers_the_agent_and_gets_its_network_by_dhcp(
                 assert f"default via {SUBNET}.1 dev eth0".encode() in route, route
                 resolv, _ = await _run(client, "/bin/busybox", "cat", "/etc/resolv.conf")
                 assert f"nameserver {SUBNET}.1".encode() in resolv, resolv
+                # the root disk holds the image's layers as they say: its user runs id, setuid root works
+                out, code = await _run(client, "/bin/sh", "-c", ID_SCRIPT, user="dev")
+                assert (out.decode(), code) == (EXPECTED_ID, 0)
                 # traffic flows: the DHCP server's side of the tap answers
                 assert (await _run(client, "/bin/busybox", "ping", "-c", "1", "-W", "5", f"{SUBNET}.1"))[1] == 0
                 async with asyncio.timeout(60):
@@ -327,9 +333,9 @@ async def test_the_bundle_boots_answers_the_agent_and_gets_its_network_by_dhcp(
 
 
 async def test_no_dhcp_lease_is_a_failed_boot_that_says_so(
-    bundles: tuple[Bundle, Bundle], netns: str, tmp_path: Path
+    bundles: tuple[Bundle, Bundle], netns: str, tmp_path: Path, euid_arm64: bytes
 ) -> None:
-    async with _boot(netns, bundles[0], tmp_path) as (qemu, run):  # no DHCP server in the namespace now
+    async with _boot(netns, bundles[0], tmp_path, euid_arm64) as (qemu, run):  # no DHCP server in the namespace now
         async with asyncio.timeout(600):
             await qemu.wait()  # the init reports the failure and powers the guest off
         console = (run / "console.log").read_text(errors="replace")

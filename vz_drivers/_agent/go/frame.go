@@ -24,32 +24,39 @@ const (
 )
 
 const (
-	tHello         = 0x01
-	tHelloReply    = 0x02
-	tReady         = 0x03
-	tPing          = 0x04
-	tPong          = 0x05
-	tStatus        = 0x06
-	tStatusReply   = 0x07
-	tShutdown      = 0x08
-	tShutdownAck   = 0x09
-	tExecStart     = 0x10
-	tExecStarted   = 0x11
-	tStdin         = 0x12
-	tStdinClose    = 0x13
-	tStdout        = 0x14
-	tStderr        = 0x15
-	tExit          = 0x16
-	tKill          = 0x17
-	tWindow        = 0x18
-	tLogs          = 0x19
-	tResize        = 0x1A
-	tExecFds       = 0x1B
-	tError         = 0x1F
-	chStdin        = 0
-	chStdout       = 1
-	chStderr       = 2
-	magic0, magic1 = 'V', 'Z'
+	tHello       = 0x01
+	tHelloReply  = 0x02
+	tReady       = 0x03
+	tPing        = 0x04
+	tPong        = 0x05
+	tStatus      = 0x06
+	tStatusReply = 0x07
+	tShutdown    = 0x08
+	tShutdownAck = 0x09
+	tExecStart   = 0x10
+	tExecStarted = 0x11
+	tStdin       = 0x12
+	tStdinClose  = 0x13
+	tStdout      = 0x14
+	tStderr      = 0x15
+	tExit        = 0x16
+	tKill        = 0x17
+	tWindow      = 0x18
+	tLogs        = 0x19
+	tResize      = 0x1A
+	tExecFds     = 0x1B
+	tError       = 0x1F
+	// Services (services.go): request/reply pairs on a request id.
+	tServices           = 0x20
+	tServicesReply      = 0x21
+	tServiceStates      = 0x22
+	tServiceStatesReply = 0x23
+	tServiceLogs        = 0x24
+	tServiceLogsReply   = 0x25
+	chStdin             = 0
+	chStdout            = 1
+	chStderr            = 2
+	magic0, magic1      = 'V', 'Z'
 )
 
 // Error codes carried by ERROR frames; the names of the Runtime Protocol's RuntimeErrorCode.

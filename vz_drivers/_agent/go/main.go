@@ -211,6 +211,7 @@ type agent struct {
 	sessions map[*session]bool
 	main     *mainState
 	stopping bool
+	services *supervisor
 
 	exitCode chan int
 	stopOnce sync.Once
@@ -218,6 +219,7 @@ type agent struct {
 
 func newAgent(o options) (*agent, error) {
 	ag := &agent{o: o, reaper: newReaper(), sessions: map[*session]bool{}, exitCode: make(chan int, 1)}
+	ag.services = newSupervisor(ag)
 	if o.root != "" {
 		abs, err := filepath.Abs(o.root)
 		if err != nil {
@@ -511,6 +513,8 @@ func (ag *agent) stopProcesses(grace time.Duration, keep *session) {
 			}
 		}
 	}
+	// Services first (dependents before what they depend on), each with its own stop timeout.
+	ag.services.stopEverything()
 	if m != nil {
 		select {
 		case <-m.done:
@@ -575,7 +579,8 @@ func (ag *agent) status() map[string]any {
 	for _, s := range all {
 		n += s.countExecs()
 	}
-	st := map[string]any{"execs": n, "sessions": sessions, "main_pid": 0, "main_running": false, "main_exited": false}
+	st := map[string]any{"execs": n, "sessions": sessions, "main_pid": 0, "main_running": false, "main_exited": false,
+		"services": len(ag.services.states())}
 	if m != nil {
 		st["main_pid"] = m.pid
 		select {

@@ -282,7 +282,8 @@ func (s *session) dispatch(h header, payload []byte) {
 		return
 	}
 	if !s.hello {
-		if h.typ == tExecStart || h.typ == tExecFds || h.typ == tLogs || h.typ == tShutdown {
+		if h.typ == tExecStart || h.typ == tExecFds || h.typ == tLogs || h.typ == tShutdown ||
+			h.typ == tServices || h.typ == tServiceStates || h.typ == tServiceLogs {
 			s.sendError(h.stream, codeFailedPrecondition, "the host must send HELLO before any other request")
 		}
 		return
@@ -305,6 +306,12 @@ func (s *session) dispatch(h header, payload []byte) {
 		s.startExecFds(h.stream, payload)
 	case tLogs:
 		s.startLogs(h.stream, payload)
+	case tServices:
+		s.handleServices(h.stream, payload)
+	case tServiceStates:
+		s.handleServiceStates(h.stream)
+	case tServiceLogs:
+		s.handleServiceLogs(h.stream, payload)
 	case tStdin:
 		if st := s.get(h.stream); st != nil && len(payload) > 0 {
 			st.stdin(payload)

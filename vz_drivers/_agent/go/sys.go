@@ -72,7 +72,7 @@ func (ag *agent) facts() map[string]any {
 		"root":          ag.root,
 		"init":          ag.o.initMode,
 		"main_pid":      mainPid,
-		"features":      []string{"exec", "logs", "status", "shutdown", "chroot", "pty", "exec_fds", "identity"},
+		"features":      []string{"exec", "logs", "status", "shutdown", "chroot", "pty", "exec_fds", "identity", "services"},
 	}
 }
 

@@ -1,6 +1,8 @@
 """Test-only drivers. "blocking": the fake driver, except that its first RunImage never returns. "leaky": the
 fake driver whose RunImage fails with a message quoting the Machine's environment values (as a careless
-backend might), to prove vz masks secrets in what it shows and records.
+backend might), to prove vz masks secrets in what it shows and records. "talking": the fake driver whose
+Machines' main process prints "one", "two", "three", then "four" once the file named by its ``go`` option
+exists, then sleeps (a log to read with `vz status --logs`).
 
 The vz daemon runs every driver out of process, so a test adds one of these as an external driver
 (``vzcli.add_test_driver``): a plugin script, pinned by its SHA-256 in a manifest, that puts this directory on
@@ -13,6 +15,7 @@ test can kill `vz up` or the daemon at a known point. The marker makes every lat
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Any
@@ -39,6 +42,19 @@ class BlockingDriver(FakeDriver):
         await asyncio.Event().wait()
 
 
+class TalkingDriver(FakeDriver):
+    def __init__(self, go: str, **options: Any) -> None:
+        super().__init__(**options)
+        self._go = go
+
+    async def run_image(self, request: RunImageRequest) -> None:
+        script = (
+            f"echo one; echo two; echo three; while [ ! -e {self._go} ]; do sleep 0.05; done; echo four; "
+            "exec sleep 100000"
+        )
+        await super().run_image(dataclasses.replace(request, entrypoint="sh", args=("-c", script)))
+
+
 class LeakyDriver(FakeDriver):
     async def run_image(self, request: RunImageRequest) -> None:
         raise RuntimeFailureError(f"backend rejected environment {dict(request.environment)}")
@@ -51,6 +67,11 @@ def vz_builtin_drivers() -> list[BuiltinDriver]:
             name="blocking",
             summary="test only: the fake driver whose first RunImage never returns",
             factory="vz_test_blocking:BlockingDriver",
+        ),
+        BuiltinDriver(
+            name="talking",
+            summary="test only: the fake driver whose Machines' main process prints a few lines",
+            factory="vz_test_blocking:TalkingDriver",
         ),
         BuiltinDriver(
             name="leaky",

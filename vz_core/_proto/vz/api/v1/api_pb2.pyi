@@ -314,7 +314,7 @@ class EnvironmentHealth(_message.Message):
     def __init__(self, source: _Optional[str] = ..., state: _Optional[str] = ..., checked_at: _Optional[str] = ...) -> None: ...
 
 class MachineStatus(_message.Message):
-    __slots__ = ("id", "name", "workspace_id", "default", "target", "profile", "image", "workspace", "driver", "state", "recorded_state", "find", "error", "drift", "health", "environment")
+    __slots__ = ("id", "name", "workspace_id", "default", "target", "profile", "image", "workspace", "driver", "state", "recorded_state", "find", "error", "drift", "health", "environment", "services")
     ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     WORKSPACE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -331,6 +331,7 @@ class MachineStatus(_message.Message):
     DRIFT_FIELD_NUMBER: _ClassVar[int]
     HEALTH_FIELD_NUMBER: _ClassVar[int]
     ENVIRONMENT_FIELD_NUMBER: _ClassVar[int]
+    SERVICES_FIELD_NUMBER: _ClassVar[int]
     id: str
     name: str
     workspace_id: str
@@ -347,7 +348,30 @@ class MachineStatus(_message.Message):
     drift: MachineDrift
     health: MachineHealth
     environment: EnvironmentName
-    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., workspace_id: _Optional[str] = ..., default: _Optional[bool] = ..., target: _Optional[_Union[Target, _Mapping]] = ..., profile: _Optional[str] = ..., image: _Optional[str] = ..., workspace: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., driver: _Optional[_Union[Driver, _Mapping]] = ..., state: _Optional[str] = ..., recorded_state: _Optional[str] = ..., find: _Optional[_Union[FindResult, _Mapping]] = ..., error: _Optional[str] = ..., drift: _Optional[_Union[MachineDrift, _Mapping]] = ..., health: _Optional[_Union[MachineHealth, _Mapping]] = ..., environment: _Optional[_Union[EnvironmentName, _Mapping]] = ...) -> None: ...
+    services: _containers.RepeatedCompositeFieldContainer[ServiceStatus]
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., workspace_id: _Optional[str] = ..., default: _Optional[bool] = ..., target: _Optional[_Union[Target, _Mapping]] = ..., profile: _Optional[str] = ..., image: _Optional[str] = ..., workspace: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., driver: _Optional[_Union[Driver, _Mapping]] = ..., state: _Optional[str] = ..., recorded_state: _Optional[str] = ..., find: _Optional[_Union[FindResult, _Mapping]] = ..., error: _Optional[str] = ..., drift: _Optional[_Union[MachineDrift, _Mapping]] = ..., health: _Optional[_Union[MachineHealth, _Mapping]] = ..., environment: _Optional[_Union[EnvironmentName, _Mapping]] = ..., services: _Optional[_Iterable[_Union[ServiceStatus, _Mapping]]] = ...) -> None: ...
+
+class ServiceStatus(_message.Message):
+    __slots__ = ("name", "state", "health", "pid", "restarts", "last_exit_code", "last_signal", "last_error", "started_at")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    LAST_EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    LAST_SIGNAL_FIELD_NUMBER: _ClassVar[int]
+    LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
+    STARTED_AT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    state: str
+    health: str
+    pid: int
+    restarts: int
+    last_exit_code: int
+    last_signal: str
+    last_error: str
+    started_at: str
+    def __init__(self, name: _Optional[str] = ..., state: _Optional[str] = ..., health: _Optional[str] = ..., pid: _Optional[int] = ..., restarts: _Optional[int] = ..., last_exit_code: _Optional[int] = ..., last_signal: _Optional[str] = ..., last_error: _Optional[str] = ..., started_at: _Optional[str] = ...) -> None: ...
 
 class EnvironmentName(_message.Message):
     __slots__ = ("id", "name")
@@ -366,7 +390,7 @@ class Target(_message.Message):
     def __init__(self, os: _Optional[str] = ..., arch: _Optional[str] = ...) -> None: ...
 
 class Driver(_message.Message):
-    __slots__ = ("name", "driver_name", "version", "api", "runtime", "capabilities", "extensions", "accelerator", "matrix", "error")
+    __slots__ = ("name", "driver_name", "version", "api", "runtime", "capabilities", "extensions", "accelerator", "matrix", "error", "provenance")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DRIVER_NAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -377,6 +401,7 @@ class Driver(_message.Message):
     ACCELERATOR_FIELD_NUMBER: _ClassVar[int]
     MATRIX_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    PROVENANCE_FIELD_NUMBER: _ClassVar[int]
     name: str
     driver_name: str
     version: str
@@ -387,7 +412,28 @@ class Driver(_message.Message):
     accelerator: Accelerator
     matrix: MatrixRow
     error: str
-    def __init__(self, name: _Optional[str] = ..., driver_name: _Optional[str] = ..., version: _Optional[str] = ..., api: _Optional[str] = ..., runtime: _Optional[_Union[RuntimeInfo, _Mapping]] = ..., capabilities: _Optional[_Union[DriverCapabilities, _Mapping]] = ..., extensions: _Optional[_Union[DriverExtensions, _Mapping]] = ..., accelerator: _Optional[_Union[Accelerator, _Mapping]] = ..., matrix: _Optional[_Union[MatrixRow, _Mapping]] = ..., error: _Optional[str] = ...) -> None: ...
+    provenance: DriverProvenance
+    def __init__(self, name: _Optional[str] = ..., driver_name: _Optional[str] = ..., version: _Optional[str] = ..., api: _Optional[str] = ..., runtime: _Optional[_Union[RuntimeInfo, _Mapping]] = ..., capabilities: _Optional[_Union[DriverCapabilities, _Mapping]] = ..., extensions: _Optional[_Union[DriverExtensions, _Mapping]] = ..., accelerator: _Optional[_Union[Accelerator, _Mapping]] = ..., matrix: _Optional[_Union[MatrixRow, _Mapping]] = ..., error: _Optional[str] = ..., provenance: _Optional[_Union[DriverProvenance, _Mapping]] = ...) -> None: ...
+
+class DriverProvenance(_message.Message):
+    __slots__ = ("origin", "source", "version", "added_at", "signed", "key_id", "key_name", "endorsed_by")
+    ORIGIN_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    ADDED_AT_FIELD_NUMBER: _ClassVar[int]
+    SIGNED_FIELD_NUMBER: _ClassVar[int]
+    KEY_ID_FIELD_NUMBER: _ClassVar[int]
+    KEY_NAME_FIELD_NUMBER: _ClassVar[int]
+    ENDORSED_BY_FIELD_NUMBER: _ClassVar[int]
+    origin: str
+    source: str
+    version: str
+    added_at: str
+    signed: bool
+    key_id: str
+    key_name: str
+    endorsed_by: str
+    def __init__(self, origin: _Optional[str] = ..., source: _Optional[str] = ..., version: _Optional[str] = ..., added_at: _Optional[str] = ..., signed: _Optional[bool] = ..., key_id: _Optional[str] = ..., key_name: _Optional[str] = ..., endorsed_by: _Optional[str] = ...) -> None: ...
 
 class DriverFacts(_message.Message):
     __slots__ = ("name", "driver_name", "version", "api", "runtime", "capabilities", "extensions", "accelerator")
@@ -539,20 +585,82 @@ class WatchResponse(_message.Message):
     def __init__(self, event: _Optional[_Union[Event, _Mapping]] = ..., result: _Optional[_Union[EventsResult, _Mapping]] = ...) -> None: ...
 
 class Event(_message.Message):
-    __slots__ = ("revision", "time", "kind", "environment_id", "machine_id", "data")
+    __slots__ = ("revision", "time", "kind", "environment_id", "machine_id", "data", "environment_updated", "machine_state", "operation_started", "operation_finished")
     REVISION_FIELD_NUMBER: _ClassVar[int]
     TIME_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     ENVIRONMENT_ID_FIELD_NUMBER: _ClassVar[int]
     MACHINE_ID_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
+    ENVIRONMENT_UPDATED_FIELD_NUMBER: _ClassVar[int]
+    MACHINE_STATE_FIELD_NUMBER: _ClassVar[int]
+    OPERATION_STARTED_FIELD_NUMBER: _ClassVar[int]
+    OPERATION_FINISHED_FIELD_NUMBER: _ClassVar[int]
     revision: int
     time: str
     kind: str
     environment_id: str
     machine_id: str
     data: _struct_pb2.Struct
-    def __init__(self, revision: _Optional[int] = ..., time: _Optional[str] = ..., kind: _Optional[str] = ..., environment_id: _Optional[str] = ..., machine_id: _Optional[str] = ..., data: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+    environment_updated: EnvironmentUpdated
+    machine_state: MachineStateChanged
+    operation_started: OperationStarted
+    operation_finished: OperationFinished
+    def __init__(self, revision: _Optional[int] = ..., time: _Optional[str] = ..., kind: _Optional[str] = ..., environment_id: _Optional[str] = ..., machine_id: _Optional[str] = ..., data: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., environment_updated: _Optional[_Union[EnvironmentUpdated, _Mapping]] = ..., machine_state: _Optional[_Union[MachineStateChanged, _Mapping]] = ..., operation_started: _Optional[_Union[OperationStarted, _Mapping]] = ..., operation_finished: _Optional[_Union[OperationFinished, _Mapping]] = ...) -> None: ...
+
+class EnvironmentUpdated(_message.Message):
+    __slots__ = ("name", "state", "previous", "change")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_FIELD_NUMBER: _ClassVar[int]
+    CHANGE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    state: str
+    previous: str
+    change: str
+    def __init__(self, name: _Optional[str] = ..., state: _Optional[str] = ..., previous: _Optional[str] = ..., change: _Optional[str] = ...) -> None: ...
+
+class MachineStateChanged(_message.Message):
+    __slots__ = ("name", "state", "previous", "source")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    state: str
+    previous: str
+    source: str
+    def __init__(self, name: _Optional[str] = ..., state: _Optional[str] = ..., previous: _Optional[str] = ..., source: _Optional[str] = ...) -> None: ...
+
+class OperationStarted(_message.Message):
+    __slots__ = ("method", "call", "environment", "peer_pid")
+    METHOD_FIELD_NUMBER: _ClassVar[int]
+    CALL_FIELD_NUMBER: _ClassVar[int]
+    ENVIRONMENT_FIELD_NUMBER: _ClassVar[int]
+    PEER_PID_FIELD_NUMBER: _ClassVar[int]
+    method: str
+    call: int
+    environment: str
+    peer_pid: int
+    def __init__(self, method: _Optional[str] = ..., call: _Optional[int] = ..., environment: _Optional[str] = ..., peer_pid: _Optional[int] = ...) -> None: ...
+
+class OperationFinished(_message.Message):
+    __slots__ = ("method", "call", "status", "operation_id", "error", "seconds", "started_revision")
+    METHOD_FIELD_NUMBER: _ClassVar[int]
+    CALL_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    OPERATION_ID_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    STARTED_REVISION_FIELD_NUMBER: _ClassVar[int]
+    method: str
+    call: int
+    status: str
+    operation_id: str
+    error: ErrorInfo
+    seconds: float
+    started_revision: int
+    def __init__(self, method: _Optional[str] = ..., call: _Optional[int] = ..., status: _Optional[str] = ..., operation_id: _Optional[str] = ..., error: _Optional[_Union[ErrorInfo, _Mapping]] = ..., seconds: _Optional[float] = ..., started_revision: _Optional[int] = ...) -> None: ...
 
 class StopRequest(_message.Message):
     __slots__ = ("context", "environment")
@@ -671,7 +779,7 @@ class MachineList(_message.Message):
     def __init__(self, environment: _Optional[_Union[EnvironmentName, _Mapping]] = ..., machines: _Optional[_Iterable[_Union[MachineStatus, _Mapping]]] = ...) -> None: ...
 
 class ExecRequest(_message.Message):
-    __slots__ = ("context", "environment", "machine", "argv", "workdir", "env", "tty", "rows", "cols", "stdio", "term")
+    __slots__ = ("context", "environment", "machine", "argv", "workdir", "env", "tty", "rows", "cols", "stdio", "term", "user")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -690,6 +798,7 @@ class ExecRequest(_message.Message):
     COLS_FIELD_NUMBER: _ClassVar[int]
     STDIO_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
     context: Context
     environment: str
     machine: str
@@ -701,7 +810,8 @@ class ExecRequest(_message.Message):
     cols: int
     stdio: _containers.RepeatedScalarFieldContainer[bool]
     term: str
-    def __init__(self, context: _Optional[_Union[Context, _Mapping]] = ..., environment: _Optional[str] = ..., machine: _Optional[str] = ..., argv: _Optional[_Iterable[str]] = ..., workdir: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., tty: _Optional[bool] = ..., rows: _Optional[int] = ..., cols: _Optional[int] = ..., stdio: _Optional[_Iterable[bool]] = ..., term: _Optional[str] = ...) -> None: ...
+    user: str
+    def __init__(self, context: _Optional[_Union[Context, _Mapping]] = ..., environment: _Optional[str] = ..., machine: _Optional[str] = ..., argv: _Optional[_Iterable[str]] = ..., workdir: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., tty: _Optional[bool] = ..., rows: _Optional[int] = ..., cols: _Optional[int] = ..., stdio: _Optional[_Iterable[bool]] = ..., term: _Optional[str] = ..., user: _Optional[str] = ...) -> None: ...
 
 class Chunk(_message.Message):
     __slots__ = ("stream", "data")
@@ -908,7 +1018,7 @@ class DaemonStatus(_message.Message):
     def __init__(self, pid: _Optional[int] = ..., version: _Optional[str] = ..., fingerprint: _Optional[str] = ..., started: _Optional[str] = ..., uptime_seconds: _Optional[float] = ..., busy: _Optional[bool] = ..., plugins: _Optional[_Iterable[_Union[PluginStatus, _Mapping]]] = ..., operations: _Optional[_Iterable[_Union[OperationInFlight, _Mapping]]] = ..., socket: _Optional[str] = ..., home: _Optional[str] = ..., connections: _Optional[int] = ..., idle_timeout: _Optional[float] = ...) -> None: ...
 
 class PluginStatus(_message.Message):
-    __slots__ = ("name", "origin", "options", "pid", "state", "in_flight", "last_use", "launches", "launch_failures", "crashes", "last_crash", "last_launch_ms", "script", "sha256", "error")
+    __slots__ = ("name", "origin", "options", "pid", "state", "in_flight", "last_use", "launches", "launch_failures", "crashes", "last_crash", "last_launch_ms", "script", "sha256", "error", "provenance")
     NAME_FIELD_NUMBER: _ClassVar[int]
     ORIGIN_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
@@ -924,6 +1034,7 @@ class PluginStatus(_message.Message):
     SCRIPT_FIELD_NUMBER: _ClassVar[int]
     SHA256_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    PROVENANCE_FIELD_NUMBER: _ClassVar[int]
     name: str
     origin: str
     options: _struct_pb2.Value
@@ -939,7 +1050,8 @@ class PluginStatus(_message.Message):
     script: str
     sha256: str
     error: str
-    def __init__(self, name: _Optional[str] = ..., origin: _Optional[str] = ..., options: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., pid: _Optional[int] = ..., state: _Optional[str] = ..., in_flight: _Optional[int] = ..., last_use: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., launches: _Optional[int] = ..., launch_failures: _Optional[int] = ..., crashes: _Optional[int] = ..., last_crash: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., last_launch_ms: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., script: _Optional[str] = ..., sha256: _Optional[str] = ..., error: _Optional[str] = ...) -> None: ...
+    provenance: DriverProvenance
+    def __init__(self, name: _Optional[str] = ..., origin: _Optional[str] = ..., options: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., pid: _Optional[int] = ..., state: _Optional[str] = ..., in_flight: _Optional[int] = ..., last_use: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., launches: _Optional[int] = ..., launch_failures: _Optional[int] = ..., crashes: _Optional[int] = ..., last_crash: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., last_launch_ms: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., script: _Optional[str] = ..., sha256: _Optional[str] = ..., error: _Optional[str] = ..., provenance: _Optional[_Union[DriverProvenance, _Mapping]] = ...) -> None: ...
 
 class OperationInFlight(_message.Message):
     __slots__ = ("call", "method", "environment", "environment_id", "started", "peer_pid")

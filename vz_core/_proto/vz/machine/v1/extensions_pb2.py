@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1evz/machine/v1/extensions.proto\x12\rvz.machine.v1\"\x13\n\x11\x45xtensionsRequest\"\xd2\x03\n\x12\x45xtensionsResponse\x12\x1a\n\x12\x65xtensions_version\x18\x01 \x01(\r\x12\x11\n\ttarget_os\x18\x02 \x03(\t\x12\x10\n\x08profiles\x18\x03 \x03(\t\x12\x0b\n\x03tty\x18\x04 \x01(\x08\x12\x13\n\x0b\x61\x63\x63\x65lerator\x18\x05 \x01(\t\x12\x1a\n\x12\x61\x63\x63\x65lerator_reason\x18\x06 \x01(\t\x12\x11\n\tsnapshots\x18\x07 \x01(\x08\x12\x34\n\x0f\x65gress_policies\x18\x08 \x03(\x0e\x32\x1b.vz.machine.v1.EgressPolicy\x12;\n\x05\x66\x61\x63ts\x18\t \x03(\x0b\x32,.vz.machine.v1.ExtensionsResponse.FactsEntry\x12\x17\n\x0fresource_limits\x18\n \x01(\x08\x12\x16\n\x0estorage_limits\x18\x0b \x01(\x08\x12\x10\n\x08terminal\x18\x0c \x01(\x08\x12\x19\n\x11local_exec_socket\x18\r \x01(\t\x12\x16\n\x0evolume_removal\x18\x0e \x01(\x08\x12\x13\n\x0bpids_limits\x18\x0f \x01(\x08\x1a,\n\nFactsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"#\n\x13\x44\x65leteVolumeRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x16\n\x14\x44\x65leteVolumeResponse\"\xea\x01\n\x08PtyStart\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x0c\n\x04\x61rgv\x18\x02 \x03(\t\x12\x0c\n\x04user\x18\x03 \x01(\t\x12\x0f\n\x07workdir\x18\x04 \x01(\t\x12=\n\x0b\x65nvironment\x18\x05 \x03(\x0b\x32(.vz.machine.v1.PtyStart.EnvironmentEntry\x12\x0c\n\x04rows\x18\x06 \x01(\r\x12\x0c\n\x04\x63ols\x18\x07 \x01(\r\x12\x0c\n\x04term\x18\x08 \x01(\t\x1a\x32\n\x10\x45nvironmentEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\'\n\tPtyResize\x12\x0c\n\x04rows\x18\x01 \x01(\r\x12\x0c\n\x04\x63ols\x18\x02 \x01(\r\"\xb9\x01\n\x10PtyClientMessage\x12(\n\x05start\x18\x01 \x01(\x0b\x32\x17.vz.machine.v1.PtyStartH\x00\x12\x0f\n\x05stdin\x18\x02 \x01(\x0cH\x00\x12*\n\x06resize\x18\x03 \x01(\x0b\x32\x18.vz.machine.v1.PtyResizeH\x00\x12\x33\n\x0b\x63lose_stdin\x18\x04 \x01(\x0b\x32\x1c.vz.machine.v1.PtyCloseStdinH\x00\x42\t\n\x07payload\"\x0f\n\rPtyCloseStdin\",\n\x07PtyExit\x12\x11\n\texit_code\x18\x01 \x01(\x05\x12\x0e\n\x06signal\x18\x02 \x01(\t\"W\n\x10PtyServerMessage\x12\x10\n\x06output\x18\x01 \x01(\x0cH\x00\x12&\n\x04\x65xit\x18\x02 \x01(\x0b\x32\x16.vz.machine.v1.PtyExitH\x00\x42\t\n\x07payload*^\n\x0c\x45gressPolicy\x12\x1d\n\x19\x45GRESS_POLICY_UNSPECIFIED\x10\x00\x12\x17\n\x13\x45GRESS_POLICY_ALLOW\x10\x01\x12\x16\n\x12\x45GRESS_POLICY_DENY\x10\x02\x32\x90\x02\n\x11MachineExtensions\x12Q\n\nExtensions\x12 .vz.machine.v1.ExtensionsRequest\x1a!.vz.machine.v1.ExtensionsResponse\x12O\n\x07\x45xecPty\x12\x1f.vz.machine.v1.PtyClientMessage\x1a\x1f.vz.machine.v1.PtyServerMessage(\x01\x30\x01\x12W\n\x0c\x44\x65leteVolume\x12\".vz.machine.v1.DeleteVolumeRequest\x1a#.vz.machine.v1.DeleteVolumeResponseB)Z\'vz.dev/protocol/vz/machine/v1;machinev1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1evz/machine/v1/extensions.proto\x12\rvz.machine.v1\"\x13\n\x11\x45xtensionsRequest\"\xe4\x03\n\x12\x45xtensionsResponse\x12\x1a\n\x12\x65xtensions_version\x18\x01 \x01(\r\x12\x11\n\ttarget_os\x18\x02 \x03(\t\x12\x10\n\x08profiles\x18\x03 \x03(\t\x12\x0b\n\x03tty\x18\x04 \x01(\x08\x12\x13\n\x0b\x61\x63\x63\x65lerator\x18\x05 \x01(\t\x12\x1a\n\x12\x61\x63\x63\x65lerator_reason\x18\x06 \x01(\t\x12\x11\n\tsnapshots\x18\x07 \x01(\x08\x12\x34\n\x0f\x65gress_policies\x18\x08 \x03(\x0e\x32\x1b.vz.machine.v1.EgressPolicy\x12;\n\x05\x66\x61\x63ts\x18\t \x03(\x0b\x32,.vz.machine.v1.ExtensionsResponse.FactsEntry\x12\x17\n\x0fresource_limits\x18\n \x01(\x08\x12\x16\n\x0estorage_limits\x18\x0b \x01(\x08\x12\x10\n\x08terminal\x18\x0c \x01(\x08\x12\x19\n\x11local_exec_socket\x18\r \x01(\t\x12\x16\n\x0evolume_removal\x18\x0e \x01(\x08\x12\x13\n\x0bpids_limits\x18\x0f \x01(\x08\x12\x10\n\x08services\x18\x10 \x01(\x08\x1a,\n\nFactsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x8f\x01\n\x0bHealthCheck\x12\x0c\n\x04\x61rgv\x18\x01 \x03(\t\x12\x10\n\x08tcp_port\x18\x02 \x01(\r\x12\x18\n\x10interval_seconds\x18\x03 \x01(\x01\x12\x17\n\x0ftimeout_seconds\x18\x04 \x01(\x01\x12\x0f\n\x07retries\x18\x05 \x01(\r\x12\x1c\n\x14start_period_seconds\x18\x06 \x01(\x01\"\x9f\x03\n\x0bServiceSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04\x61rgv\x18\x02 \x03(\t\x12@\n\x0b\x65nvironment\x18\x03 \x03(\x0b\x32+.vz.machine.v1.ServiceSpec.EnvironmentEntry\x12\x0c\n\x04user\x18\x04 \x01(\t\x12\x0f\n\x07workdir\x18\x05 \x01(\t\x12\x0f\n\x07restart\x18\x06 \x01(\t\x12\x13\n\x0bmax_retries\x18\x07 \x01(\r\x12*\n\x06health\x18\x08 \x01(\x0b\x32\x1a.vz.machine.v1.HealthCheck\x12=\n\ndepends_on\x18\t \x03(\x0b\x32).vz.machine.v1.ServiceSpec.DependsOnEntry\x12\x1c\n\x14stop_timeout_seconds\x18\n \x01(\x01\x1a\x32\n\x10\x45nvironmentEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x30\n\x0e\x44\x65pendsOnEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"X\n\x12SetServicesRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12,\n\x08services\x18\x02 \x03(\x0b\x32\x1a.vz.machine.v1.ServiceSpec\",\n\x14ServiceStatesRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\"\xd2\x01\n\x0cServiceState\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\x0e\n\x06health\x18\x03 \x01(\t\x12\x0b\n\x03pid\x18\x04 \x01(\r\x12\x10\n\x08restarts\x18\x05 \x01(\r\x12\x0e\n\x06\x65xited\x18\x06 \x01(\x08\x12\x16\n\x0elast_exit_code\x18\x07 \x01(\x05\x12\x13\n\x0blast_signal\x18\x08 \x01(\t\x12\x12\n\nlast_error\x18\t \x01(\t\x12\x12\n\nstarted_at\x18\n \x01(\t\x12\x11\n\tlog_bytes\x18\x0b \x01(\x04\"F\n\x15ServiceStatesResponse\x12-\n\x08services\x18\x01 \x03(\x0b\x32\x1b.vz.machine.v1.ServiceState\"L\n\x12ServiceLogsRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x12\n\ntail_bytes\x18\x03 \x01(\r\"#\n\x13ServiceLogsResponse\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\"#\n\x13\x44\x65leteVolumeRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x16\n\x14\x44\x65leteVolumeResponse\"\xea\x01\n\x08PtyStart\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x0c\n\x04\x61rgv\x18\x02 \x03(\t\x12\x0c\n\x04user\x18\x03 \x01(\t\x12\x0f\n\x07workdir\x18\x04 \x01(\t\x12=\n\x0b\x65nvironment\x18\x05 \x03(\x0b\x32(.vz.machine.v1.PtyStart.EnvironmentEntry\x12\x0c\n\x04rows\x18\x06 \x01(\r\x12\x0c\n\x04\x63ols\x18\x07 \x01(\r\x12\x0c\n\x04term\x18\x08 \x01(\t\x1a\x32\n\x10\x45nvironmentEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\'\n\tPtyResize\x12\x0c\n\x04rows\x18\x01 \x01(\r\x12\x0c\n\x04\x63ols\x18\x02 \x01(\r\"\xb9\x01\n\x10PtyClientMessage\x12(\n\x05start\x18\x01 \x01(\x0b\x32\x17.vz.machine.v1.PtyStartH\x00\x12\x0f\n\x05stdin\x18\x02 \x01(\x0cH\x00\x12*\n\x06resize\x18\x03 \x01(\x0b\x32\x18.vz.machine.v1.PtyResizeH\x00\x12\x33\n\x0b\x63lose_stdin\x18\x04 \x01(\x0b\x32\x1c.vz.machine.v1.PtyCloseStdinH\x00\x42\t\n\x07payload\"\x0f\n\rPtyCloseStdin\",\n\x07PtyExit\x12\x11\n\texit_code\x18\x01 \x01(\x05\x12\x0e\n\x06signal\x18\x02 \x01(\t\"W\n\x10PtyServerMessage\x12\x10\n\x06output\x18\x01 \x01(\x0cH\x00\x12&\n\x04\x65xit\x18\x02 \x01(\x0b\x32\x16.vz.machine.v1.PtyExitH\x00\x42\t\n\x07payload*^\n\x0c\x45gressPolicy\x12\x1d\n\x19\x45GRESS_POLICY_UNSPECIFIED\x10\x00\x12\x17\n\x13\x45GRESS_POLICY_ALLOW\x10\x01\x12\x16\n\x12\x45GRESS_POLICY_DENY\x10\x02\x32\x9a\x04\n\x11MachineExtensions\x12Q\n\nExtensions\x12 .vz.machine.v1.ExtensionsRequest\x1a!.vz.machine.v1.ExtensionsResponse\x12O\n\x07\x45xecPty\x12\x1f.vz.machine.v1.PtyClientMessage\x1a\x1f.vz.machine.v1.PtyServerMessage(\x01\x30\x01\x12W\n\x0c\x44\x65leteVolume\x12\".vz.machine.v1.DeleteVolumeRequest\x1a#.vz.machine.v1.DeleteVolumeResponse\x12V\n\x0bSetServices\x12!.vz.machine.v1.SetServicesRequest\x1a$.vz.machine.v1.ServiceStatesResponse\x12Z\n\rServiceStates\x12#.vz.machine.v1.ServiceStatesRequest\x1a$.vz.machine.v1.ServiceStatesResponse\x12T\n\x0bServiceLogs\x12!.vz.machine.v1.ServiceLogsRequest\x1a\".vz.machine.v1.ServiceLogsResponseB)Z\'vz.dev/protocol/vz/machine/v1;machinev1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,34 +35,58 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._serialized_options = b'Z\'vz.dev/protocol/vz/machine/v1;machinev1'
   _globals['_EXTENSIONSRESPONSE_FACTSENTRY']._loaded_options = None
   _globals['_EXTENSIONSRESPONSE_FACTSENTRY']._serialized_options = b'8\001'
+  _globals['_SERVICESPEC_ENVIRONMENTENTRY']._loaded_options = None
+  _globals['_SERVICESPEC_ENVIRONMENTENTRY']._serialized_options = b'8\001'
+  _globals['_SERVICESPEC_DEPENDSONENTRY']._loaded_options = None
+  _globals['_SERVICESPEC_DEPENDSONENTRY']._serialized_options = b'8\001'
   _globals['_PTYSTART_ENVIRONMENTENTRY']._loaded_options = None
   _globals['_PTYSTART_ENVIRONMENTENTRY']._serialized_options = b'8\001'
-  _globals['_EGRESSPOLICY']._serialized_start=1218
-  _globals['_EGRESSPOLICY']._serialized_end=1312
+  _globals['_EGRESSPOLICY']._serialized_start=2336
+  _globals['_EGRESSPOLICY']._serialized_end=2430
   _globals['_EXTENSIONSREQUEST']._serialized_start=49
   _globals['_EXTENSIONSREQUEST']._serialized_end=68
   _globals['_EXTENSIONSRESPONSE']._serialized_start=71
-  _globals['_EXTENSIONSRESPONSE']._serialized_end=537
-  _globals['_EXTENSIONSRESPONSE_FACTSENTRY']._serialized_start=493
-  _globals['_EXTENSIONSRESPONSE_FACTSENTRY']._serialized_end=537
-  _globals['_DELETEVOLUMEREQUEST']._serialized_start=539
-  _globals['_DELETEVOLUMEREQUEST']._serialized_end=574
-  _globals['_DELETEVOLUMERESPONSE']._serialized_start=576
-  _globals['_DELETEVOLUMERESPONSE']._serialized_end=598
-  _globals['_PTYSTART']._serialized_start=601
-  _globals['_PTYSTART']._serialized_end=835
-  _globals['_PTYSTART_ENVIRONMENTENTRY']._serialized_start=785
-  _globals['_PTYSTART_ENVIRONMENTENTRY']._serialized_end=835
-  _globals['_PTYRESIZE']._serialized_start=837
-  _globals['_PTYRESIZE']._serialized_end=876
-  _globals['_PTYCLIENTMESSAGE']._serialized_start=879
-  _globals['_PTYCLIENTMESSAGE']._serialized_end=1064
-  _globals['_PTYCLOSESTDIN']._serialized_start=1066
-  _globals['_PTYCLOSESTDIN']._serialized_end=1081
-  _globals['_PTYEXIT']._serialized_start=1083
-  _globals['_PTYEXIT']._serialized_end=1127
-  _globals['_PTYSERVERMESSAGE']._serialized_start=1129
-  _globals['_PTYSERVERMESSAGE']._serialized_end=1216
-  _globals['_MACHINEEXTENSIONS']._serialized_start=1315
-  _globals['_MACHINEEXTENSIONS']._serialized_end=1587
+  _globals['_EXTENSIONSRESPONSE']._serialized_end=555
+  _globals['_EXTENSIONSRESPONSE_FACTSENTRY']._serialized_start=511
+  _globals['_EXTENSIONSRESPONSE_FACTSENTRY']._serialized_end=555
+  _globals['_HEALTHCHECK']._serialized_start=558
+  _globals['_HEALTHCHECK']._serialized_end=701
+  _globals['_SERVICESPEC']._serialized_start=704
+  _globals['_SERVICESPEC']._serialized_end=1119
+  _globals['_SERVICESPEC_ENVIRONMENTENTRY']._serialized_start=1019
+  _globals['_SERVICESPEC_ENVIRONMENTENTRY']._serialized_end=1069
+  _globals['_SERVICESPEC_DEPENDSONENTRY']._serialized_start=1071
+  _globals['_SERVICESPEC_DEPENDSONENTRY']._serialized_end=1119
+  _globals['_SETSERVICESREQUEST']._serialized_start=1121
+  _globals['_SETSERVICESREQUEST']._serialized_end=1209
+  _globals['_SERVICESTATESREQUEST']._serialized_start=1211
+  _globals['_SERVICESTATESREQUEST']._serialized_end=1255
+  _globals['_SERVICESTATE']._serialized_start=1258
+  _globals['_SERVICESTATE']._serialized_end=1468
+  _globals['_SERVICESTATESRESPONSE']._serialized_start=1470
+  _globals['_SERVICESTATESRESPONSE']._serialized_end=1540
+  _globals['_SERVICELOGSREQUEST']._serialized_start=1542
+  _globals['_SERVICELOGSREQUEST']._serialized_end=1618
+  _globals['_SERVICELOGSRESPONSE']._serialized_start=1620
+  _globals['_SERVICELOGSRESPONSE']._serialized_end=1655
+  _globals['_DELETEVOLUMEREQUEST']._serialized_start=1657
+  _globals['_DELETEVOLUMEREQUEST']._serialized_end=1692
+  _globals['_DELETEVOLUMERESPONSE']._serialized_start=1694
+  _globals['_DELETEVOLUMERESPONSE']._serialized_end=1716
+  _globals['_PTYSTART']._serialized_start=1719
+  _globals['_PTYSTART']._serialized_end=1953
+  _globals['_PTYSTART_ENVIRONMENTENTRY']._serialized_start=1019
+  _globals['_PTYSTART_ENVIRONMENTENTRY']._serialized_end=1069
+  _globals['_PTYRESIZE']._serialized_start=1955
+  _globals['_PTYRESIZE']._serialized_end=1994
+  _globals['_PTYCLIENTMESSAGE']._serialized_start=1997
+  _globals['_PTYCLIENTMESSAGE']._serialized_end=2182
+  _globals['_PTYCLOSESTDIN']._serialized_start=2184
+  _globals['_PTYCLOSESTDIN']._serialized_end=2199
+  _globals['_PTYEXIT']._serialized_start=2201
+  _globals['_PTYEXIT']._serialized_end=2245
+  _globals['_PTYSERVERMESSAGE']._serialized_start=2247
+  _globals['_PTYSERVERMESSAGE']._serialized_end=2334
+  _globals['_MACHINEEXTENSIONS']._serialized_start=2433
+  _globals['_MACHINEEXTENSIONS']._serialized_end=2971
 # @@protoc_insertion_point(module_scope)

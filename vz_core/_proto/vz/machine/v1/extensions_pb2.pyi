@@ -22,7 +22,7 @@ class ExtensionsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ExtensionsResponse(_message.Message):
-    __slots__ = ("extensions_version", "target_os", "profiles", "tty", "accelerator", "accelerator_reason", "snapshots", "egress_policies", "facts", "resource_limits", "storage_limits", "terminal", "local_exec_socket", "volume_removal", "pids_limits")
+    __slots__ = ("extensions_version", "target_os", "profiles", "tty", "accelerator", "accelerator_reason", "snapshots", "egress_policies", "facts", "resource_limits", "storage_limits", "terminal", "local_exec_socket", "volume_removal", "pids_limits", "services")
     class FactsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -45,6 +45,7 @@ class ExtensionsResponse(_message.Message):
     LOCAL_EXEC_SOCKET_FIELD_NUMBER: _ClassVar[int]
     VOLUME_REMOVAL_FIELD_NUMBER: _ClassVar[int]
     PIDS_LIMITS_FIELD_NUMBER: _ClassVar[int]
+    SERVICES_FIELD_NUMBER: _ClassVar[int]
     extensions_version: int
     target_os: _containers.RepeatedScalarFieldContainer[str]
     profiles: _containers.RepeatedScalarFieldContainer[str]
@@ -60,7 +61,124 @@ class ExtensionsResponse(_message.Message):
     local_exec_socket: str
     volume_removal: bool
     pids_limits: bool
-    def __init__(self, extensions_version: _Optional[int] = ..., target_os: _Optional[_Iterable[str]] = ..., profiles: _Optional[_Iterable[str]] = ..., tty: _Optional[bool] = ..., accelerator: _Optional[str] = ..., accelerator_reason: _Optional[str] = ..., snapshots: _Optional[bool] = ..., egress_policies: _Optional[_Iterable[_Union[EgressPolicy, str]]] = ..., facts: _Optional[_Mapping[str, str]] = ..., resource_limits: _Optional[bool] = ..., storage_limits: _Optional[bool] = ..., terminal: _Optional[bool] = ..., local_exec_socket: _Optional[str] = ..., volume_removal: _Optional[bool] = ..., pids_limits: _Optional[bool] = ...) -> None: ...
+    services: bool
+    def __init__(self, extensions_version: _Optional[int] = ..., target_os: _Optional[_Iterable[str]] = ..., profiles: _Optional[_Iterable[str]] = ..., tty: _Optional[bool] = ..., accelerator: _Optional[str] = ..., accelerator_reason: _Optional[str] = ..., snapshots: _Optional[bool] = ..., egress_policies: _Optional[_Iterable[_Union[EgressPolicy, str]]] = ..., facts: _Optional[_Mapping[str, str]] = ..., resource_limits: _Optional[bool] = ..., storage_limits: _Optional[bool] = ..., terminal: _Optional[bool] = ..., local_exec_socket: _Optional[str] = ..., volume_removal: _Optional[bool] = ..., pids_limits: _Optional[bool] = ..., services: _Optional[bool] = ...) -> None: ...
+
+class HealthCheck(_message.Message):
+    __slots__ = ("argv", "tcp_port", "interval_seconds", "timeout_seconds", "retries", "start_period_seconds")
+    ARGV_FIELD_NUMBER: _ClassVar[int]
+    TCP_PORT_FIELD_NUMBER: _ClassVar[int]
+    INTERVAL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    RETRIES_FIELD_NUMBER: _ClassVar[int]
+    START_PERIOD_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    argv: _containers.RepeatedScalarFieldContainer[str]
+    tcp_port: int
+    interval_seconds: float
+    timeout_seconds: float
+    retries: int
+    start_period_seconds: float
+    def __init__(self, argv: _Optional[_Iterable[str]] = ..., tcp_port: _Optional[int] = ..., interval_seconds: _Optional[float] = ..., timeout_seconds: _Optional[float] = ..., retries: _Optional[int] = ..., start_period_seconds: _Optional[float] = ...) -> None: ...
+
+class ServiceSpec(_message.Message):
+    __slots__ = ("name", "argv", "environment", "user", "workdir", "restart", "max_retries", "health", "depends_on", "stop_timeout_seconds")
+    class EnvironmentEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class DependsOnEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ARGV_FIELD_NUMBER: _ClassVar[int]
+    ENVIRONMENT_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
+    WORKDIR_FIELD_NUMBER: _ClassVar[int]
+    RESTART_FIELD_NUMBER: _ClassVar[int]
+    MAX_RETRIES_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_FIELD_NUMBER: _ClassVar[int]
+    DEPENDS_ON_FIELD_NUMBER: _ClassVar[int]
+    STOP_TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    argv: _containers.RepeatedScalarFieldContainer[str]
+    environment: _containers.ScalarMap[str, str]
+    user: str
+    workdir: str
+    restart: str
+    max_retries: int
+    health: HealthCheck
+    depends_on: _containers.ScalarMap[str, str]
+    stop_timeout_seconds: float
+    def __init__(self, name: _Optional[str] = ..., argv: _Optional[_Iterable[str]] = ..., environment: _Optional[_Mapping[str, str]] = ..., user: _Optional[str] = ..., workdir: _Optional[str] = ..., restart: _Optional[str] = ..., max_retries: _Optional[int] = ..., health: _Optional[_Union[HealthCheck, _Mapping]] = ..., depends_on: _Optional[_Mapping[str, str]] = ..., stop_timeout_seconds: _Optional[float] = ...) -> None: ...
+
+class SetServicesRequest(_message.Message):
+    __slots__ = ("workspace_id", "services")
+    WORKSPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    SERVICES_FIELD_NUMBER: _ClassVar[int]
+    workspace_id: str
+    services: _containers.RepeatedCompositeFieldContainer[ServiceSpec]
+    def __init__(self, workspace_id: _Optional[str] = ..., services: _Optional[_Iterable[_Union[ServiceSpec, _Mapping]]] = ...) -> None: ...
+
+class ServiceStatesRequest(_message.Message):
+    __slots__ = ("workspace_id",)
+    WORKSPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    workspace_id: str
+    def __init__(self, workspace_id: _Optional[str] = ...) -> None: ...
+
+class ServiceState(_message.Message):
+    __slots__ = ("name", "state", "health", "pid", "restarts", "exited", "last_exit_code", "last_signal", "last_error", "started_at", "log_bytes")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    EXITED_FIELD_NUMBER: _ClassVar[int]
+    LAST_EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    LAST_SIGNAL_FIELD_NUMBER: _ClassVar[int]
+    LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
+    STARTED_AT_FIELD_NUMBER: _ClassVar[int]
+    LOG_BYTES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    state: str
+    health: str
+    pid: int
+    restarts: int
+    exited: bool
+    last_exit_code: int
+    last_signal: str
+    last_error: str
+    started_at: str
+    log_bytes: int
+    def __init__(self, name: _Optional[str] = ..., state: _Optional[str] = ..., health: _Optional[str] = ..., pid: _Optional[int] = ..., restarts: _Optional[int] = ..., exited: _Optional[bool] = ..., last_exit_code: _Optional[int] = ..., last_signal: _Optional[str] = ..., last_error: _Optional[str] = ..., started_at: _Optional[str] = ..., log_bytes: _Optional[int] = ...) -> None: ...
+
+class ServiceStatesResponse(_message.Message):
+    __slots__ = ("services",)
+    SERVICES_FIELD_NUMBER: _ClassVar[int]
+    services: _containers.RepeatedCompositeFieldContainer[ServiceState]
+    def __init__(self, services: _Optional[_Iterable[_Union[ServiceState, _Mapping]]] = ...) -> None: ...
+
+class ServiceLogsRequest(_message.Message):
+    __slots__ = ("workspace_id", "name", "tail_bytes")
+    WORKSPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TAIL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    workspace_id: str
+    name: str
+    tail_bytes: int
+    def __init__(self, workspace_id: _Optional[str] = ..., name: _Optional[str] = ..., tail_bytes: _Optional[int] = ...) -> None: ...
+
+class ServiceLogsResponse(_message.Message):
+    __slots__ = ("data",)
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    def __init__(self, data: _Optional[bytes] = ...) -> None: ...
 
 class DeleteVolumeRequest(_message.Message):
     __slots__ = ("name",)

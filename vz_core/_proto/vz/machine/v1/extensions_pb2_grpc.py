@@ -50,6 +50,21 @@ class MachineExtensionsStub:
                 request_serializer=vz_dot_machine_dot_v1_dot_extensions__pb2.DeleteVolumeRequest.SerializeToString,
                 response_deserializer=vz_dot_machine_dot_v1_dot_extensions__pb2.DeleteVolumeResponse.FromString,
                 _registered_method=True)
+        self.SetServices = channel.unary_unary(
+                '/vz.machine.v1.MachineExtensions/SetServices',
+                request_serializer=vz_dot_machine_dot_v1_dot_extensions__pb2.SetServicesRequest.SerializeToString,
+                response_deserializer=vz_dot_machine_dot_v1_dot_extensions__pb2.ServiceStatesResponse.FromString,
+                _registered_method=True)
+        self.ServiceStates = channel.unary_unary(
+                '/vz.machine.v1.MachineExtensions/ServiceStates',
+                request_serializer=vz_dot_machine_dot_v1_dot_extensions__pb2.ServiceStatesRequest.SerializeToString,
+                response_deserializer=vz_dot_machine_dot_v1_dot_extensions__pb2.ServiceStatesResponse.FromString,
+                _registered_method=True)
+        self.ServiceLogs = channel.unary_unary(
+                '/vz.machine.v1.MachineExtensions/ServiceLogs',
+                request_serializer=vz_dot_machine_dot_v1_dot_extensions__pb2.ServiceLogsRequest.SerializeToString,
+                response_deserializer=vz_dot_machine_dot_v1_dot_extensions__pb2.ServiceLogsResponse.FromString,
+                _registered_method=True)
 
 
 class MachineExtensionsServicer:
@@ -88,6 +103,37 @@ class MachineExtensionsServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetServices(self, request, context):
+        """Make `services` the Machine's whole service set: long-running commands
+        the Machine's agent supervises (restart policy, health check, order,
+        stop timeout), independent of any host connection. Unchanged services
+        keep running; changed ones restart; ones not in the set stop. A bad set
+        (cycle or unknown name in depends_on, unknown restart policy, a user or
+        workdir the Machine lacks) is INVALID_ARGUMENT and changes nothing.
+        Served when ExtensionsResponse.services is true, otherwise UNSUPPORTED
+        (UNIMPLEMENTED from a plugin that predates it). NOT_FOUND for a missing
+        Machine, FAILED_PRECONDITION for a stopped one. Errors as for
+        RuntimeDriver.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ServiceStates(self, request, context):
+        """The state of every service of a running Machine, in start order.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ServiceLogs(self, request, context):
+        """The newest output of one service (stdout and stderr interleaved; the
+        agent keeps a bounded amount per service, across its restarts).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MachineExtensionsServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -105,6 +151,21 @@ def add_MachineExtensionsServicer_to_server(servicer, server):
                     servicer.DeleteVolume,
                     request_deserializer=vz_dot_machine_dot_v1_dot_extensions__pb2.DeleteVolumeRequest.FromString,
                     response_serializer=vz_dot_machine_dot_v1_dot_extensions__pb2.DeleteVolumeResponse.SerializeToString,
+            ),
+            'SetServices': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetServices,
+                    request_deserializer=vz_dot_machine_dot_v1_dot_extensions__pb2.SetServicesRequest.FromString,
+                    response_serializer=vz_dot_machine_dot_v1_dot_extensions__pb2.ServiceStatesResponse.SerializeToString,
+            ),
+            'ServiceStates': grpc.unary_unary_rpc_method_handler(
+                    servicer.ServiceStates,
+                    request_deserializer=vz_dot_machine_dot_v1_dot_extensions__pb2.ServiceStatesRequest.FromString,
+                    response_serializer=vz_dot_machine_dot_v1_dot_extensions__pb2.ServiceStatesResponse.SerializeToString,
+            ),
+            'ServiceLogs': grpc.unary_unary_rpc_method_handler(
+                    servicer.ServiceLogs,
+                    request_deserializer=vz_dot_machine_dot_v1_dot_extensions__pb2.ServiceLogsRequest.FromString,
+                    response_serializer=vz_dot_machine_dot_v1_dot_extensions__pb2.ServiceLogsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -188,6 +249,87 @@ class MachineExtensions:
             '/vz.machine.v1.MachineExtensions/DeleteVolume',
             vz_dot_machine_dot_v1_dot_extensions__pb2.DeleteVolumeRequest.SerializeToString,
             vz_dot_machine_dot_v1_dot_extensions__pb2.DeleteVolumeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetServices(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vz.machine.v1.MachineExtensions/SetServices',
+            vz_dot_machine_dot_v1_dot_extensions__pb2.SetServicesRequest.SerializeToString,
+            vz_dot_machine_dot_v1_dot_extensions__pb2.ServiceStatesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ServiceStates(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vz.machine.v1.MachineExtensions/ServiceStates',
+            vz_dot_machine_dot_v1_dot_extensions__pb2.ServiceStatesRequest.SerializeToString,
+            vz_dot_machine_dot_v1_dot_extensions__pb2.ServiceStatesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ServiceLogs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vz.machine.v1.MachineExtensions/ServiceLogs',
+            vz_dot_machine_dot_v1_dot_extensions__pb2.ServiceLogsRequest.SerializeToString,
+            vz_dot_machine_dot_v1_dot_extensions__pb2.ServiceLogsResponse.FromString,
             options,
             channel_credentials,
             insecure,
