@@ -340,6 +340,7 @@ def extensions_to_pb(ext: Extensions) -> ext_pb.ExtensionsResponse:
         terminal=ext.terminal,
         pids_limits=ext.pids_limits,
         services=ext.services,
+        volume_removal=ext.volume_removal,
     )
 
 
@@ -360,6 +361,7 @@ def extensions_from_pb(msg: ext_pb.ExtensionsResponse) -> Extensions:
         terminal=msg.terminal,
         pids_limits=msg.pids_limits,
         services=msg.services,
+        volume_removal=msg.volume_removal,
     )
 
 

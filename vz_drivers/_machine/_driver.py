@@ -605,6 +605,7 @@ class AgentMachineDriver(Driver, Generic[R, P]):
             terminal=self._backend.terminals,
             pids_limits=self._backend.rules.pids_limits,
             services=True,
+            volume_removal=True,
         )
 
     async def preflight(self, *, disable_auto_start: bool = False) -> None:
