@@ -220,6 +220,7 @@ _CORE_LAYERS = (  # vz_core, bottom first: a layer imports only the layers below
         "vz_core._download",
         "vz_core._signing",
         "vz_core._trustroots",
+        "vz_core._lazy",
         "vz_core._proto",
     ),
     ("vz_core.transport",),
