@@ -53,6 +53,7 @@ from vz_core.errors import NotFoundError, TrustError, UserError
 from vz_core.registry import check_driver_name
 
 if TYPE_CHECKING:
+    from vz_core import DriverInfo
     from vz_core.drivers import ExternalRecord, ManifestStore
     from vz_core.registry import DriverRegistry
     from vz_core.trust import Manifest
@@ -68,6 +69,9 @@ __all__ = [
     "rollback",
     "upgrade",
 ]
+
+_CAPABILITIES = "capabilities.json"
+"""In a version directory: what its plugin's Info offered when it was installed (``_capability_summary``)."""
 
 
 def _now() -> str:
@@ -131,7 +135,31 @@ def _safe_version(version: str) -> str:
     return re.sub(r"[^A-Za-z0-9._+-]", "_", version)[:64]
 
 
-async def _probe(name: str, record: ExternalRecord) -> None:
+def _capability_summary(info: DriverInfo) -> list[str]:
+    """What a negotiated Info offers, as short sorted words (for what an upgrade changes)."""
+    words = [f"api {info.api_major}.{info.api_minor}"]
+    caps = info.capabilities
+    if caps is not None:
+        words += [f"mount {m.name.lower()}" for m in caps.mount_types]
+        words.append(f"recreate {caps.recreate_mode.name.lower()}")
+        flags = ("requires_mount_streaming", "requires_workspace_chown", "provisioning_preflight", "reprovision")
+        words += [flag for flag in (*flags, "logs", "reuse_preflight") if getattr(caps, flag)]
+    return sorted(words)
+
+
+def _recorded_capabilities(record: ExternalRecord | None) -> list[str] | None:
+    """The capabilities negotiated when ``record``'s version was installed from a URL (None: not known)."""
+    if record is None:
+        return None
+    try:
+        with open(record.driver_dir / _CAPABILITIES, "rb") as f:
+            raw = json.loads(f.read(1 << 16))
+    except (OSError, ValueError):
+        return None
+    return [str(word) for word in raw] if isinstance(raw, list) else None
+
+
+async def _probe(name: str, record: ExternalRecord) -> DriverInfo:
     from vz_core.drivers import ResolvedDriver
     from vz_core.negotiate import negotiate
     from vz_core.rpc import RemoteDriver
@@ -140,18 +168,19 @@ async def _probe(name: str, record: ExternalRecord) -> None:
     launcher = PluginLauncher(ResolvedDriver(name, external=record).launch_spec(), name=name)
     driver = RemoteDriver(launcher, mode="warm", idle_timeout=None, name=name)
     try:
-        await negotiate(driver)
+        return await negotiate(driver)
     finally:
         await driver.close()
 
 
-def _run_probe(name: str, record: ExternalRecord) -> None:
+def _run_probe(name: str, record: ExternalRecord) -> DriverInfo:
     """``_probe`` on its own event loop in a thread (a caller may be running a loop of its own)."""
     failure: list[BaseException] = []
+    answer: list[DriverInfo] = []
 
     def run() -> None:
         try:
-            asyncio.run(_probe(name, record))
+            answer.append(asyncio.run(_probe(name, record)))
         except BaseException as exc:
             failure.append(exc)
 
@@ -160,6 +189,7 @@ def _run_probe(name: str, record: ExternalRecord) -> None:
     thread.join()
     if failure:
         raise failure[0]
+    return answer[0]
 
 
 def _fetch_manifest(url: str) -> tuple[bytes, dict[str, Any], Manifest, str]:
@@ -265,7 +295,7 @@ def add_url(
 
         trial = ExternalRecord(manifest=manifest, driver_dir=version_dir, manifest_path=str(manifest_path), added_at="")
         try:
-            _run_probe(name, trial)
+            info = _run_probe(name, trial)
         except Exception as exc:
             if previous is None or previous.driver_dir != version_dir:
                 shutil.rmtree(version_dir, ignore_errors=True)
@@ -274,6 +304,11 @@ def add_url(
                 f"driver {name!r} version {manifest.version} was downloaded and verified but did not start and "
                 f"negotiate{kept}: {exc}"
             ) from None
+        summary = _capability_summary(info)
+        (version_dir / _CAPABILITIES).write_text(json.dumps(summary) + "\n")
+        before = _recorded_capabilities(previous)
+        if previous is not None and before != summary:
+            changes["capabilities"] = {"from": before, "to": summary}
     row = drivers.add_manifest(manifest_path, registry=registry, store=store, origin="url", source=url)
     row["changes"] = changes
     return row

@@ -13,6 +13,7 @@ import contextlib
 import errno
 import os
 import stat
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -56,7 +57,10 @@ def atomic_write(path: Path, data: bytes, mode: int = 0o600) -> None:
     except OSError as exc:
         raise host_write_error(path, exc) from None
     try:
-        os.fchmod(fd, mode)
+        if sys.platform == "win32":  # modes are ACLs there: chmod keeps only its read-only bit
+            os.chmod(tmp, mode)
+        else:
+            os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
@@ -79,7 +83,12 @@ def read_chunks_nofollow(path: Path, chunk: int = _CHUNK) -> Iterator[bytes]:
     read one of its own files, and a FIFO never blocks the host.
     """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY)
+        if sys.platform == "win32":  # no O_NOFOLLOW: a link (a reparse point) is refused before the open
+            if os.lstat(path).st_file_attributes & stat.FILE_ATTRIBUTE_REPARSE_POINT:
+                return
+            fd = os.open(path, os.O_RDONLY | os.O_BINARY)
+        else:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY)
     except OSError:
         return
     try:

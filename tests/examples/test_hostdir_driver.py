@@ -8,10 +8,10 @@ in-process, with the parity gate over both.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -52,9 +52,11 @@ def _env(tmp: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("VZ_") and k != "PYTEST_CURRENT_TEST"}
     env.update(
         VZ_HOME=str(tmp / "vz-home"),
-        XDG_STATE_HOME=str(tmp / "xdg-state"),  # where the hostdir plugin keeps its Machines by default
+        XDG_STATE_HOME=str(tmp / "xdg-state"),  # not used: with VZ_HOME set, hostdir keeps its Machines there
         PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}",
-        PYTHONPATH=str(SRC),  # for the conformance adapter only: the plugin is a self-contained zip application
+        # SRC for the conformance adapter only (the plugin is a self-contained zip application); a PYTHONPATH
+        # already set (a source checkout under test) stays after it.
+        PYTHONPATH=os.pathsep.join(p for p in (str(SRC), os.environ.get("PYTHONPATH", "")) if p),
         VZ_PLAIN="1",
     )
     return env
@@ -131,7 +133,8 @@ def test_add_verify_list_up_exec_and_a_changed_binary_is_refused_at_the_next_ope
     assert said.returncode == 0, said.stderr
     greeting, cwd = said.stdout.split("|")
     assert greeting == "hello from hostdir"
-    assert Path(cwd).is_relative_to(tmp_path / "xdg-state" / "vz-driver-hostdir" / "machines")
+    assert Path(cwd).is_relative_to(tmp_path / "vz-home" / "drivers" / "hostdir" / "machines")
+    assert not (tmp_path / "xdg-state").exists()
 
     original = binary.read_bytes()
     binary.write_bytes(original + b"\n# changed after vz driver add\n")
@@ -145,7 +148,7 @@ def test_add_verify_list_up_exec_and_a_changed_binary_is_refused_at_the_next_ope
     binary.write_bytes(original)  # the right bytes again: the same manifest works again
     deleted = _run([vz, "delete"], env, cwd=project)
     assert deleted.returncode == 0, deleted.stderr
-    assert not list((tmp_path / "xdg-state" / "vz-driver-hostdir" / "machines").iterdir())
+    assert not list((tmp_path / "vz-home" / "drivers" / "hostdir" / "machines").iterdir())
 
 
 # -- the conformance gate -----------------------------------------------------------------------------------
@@ -166,9 +169,9 @@ NOT_APPLICABLE = {  # what hostdir declares absent, each refusal verified by the
 
 
 @pytest.mark.slow
-def test_conformance_gate_out_of_process_and_parity_with_the_in_process_driver(tmp_path: Path, hostdir: Any) -> None:
-    from vz_conformance import InProcessProvider, run_suite
-    from vz_driver_hostdir.adapter import ADAPTER
+def test_conformance_gate_out_of_process_and_parity_with_the_in_process_driver(
+    tmp_path: Path, hostdir: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
 
     binary, sha, _ = _build(tmp_path / "driver")
     env = _env(tmp_path)
@@ -205,13 +208,13 @@ def test_conformance_gate_out_of_process_and_parity_with_the_in_process_driver(t
     passed = {case["id"] for case in cases if case["outcome"] == "passed"}
     assert {"exec.duplex_backpressure", "cancel.cancelled", "crash.mid_exec", "crash.checksum_changed"} <= passed
 
-    # The same driver object in-process must behave exactly like its plugin (parity gate over both reports).
-    scratch = tmp_path / "scratch"
-    scratch.mkdir()
-    provider = InProcessProvider(factory=hostdir.HostdirDriver, options={"state_dir": tmp_path / "in-process"})
-    report = asyncio.run(run_suite([provider], ADAPTER, scratch=scratch))
+    # The same driver object in-process must behave exactly like its plugin (parity gate over both reports), run
+    # by the guide's own snippet, as written (docs/driver-authors.md, "Running the conformance suite").
+    section = (ROOT / "docs" / "driver-authors.md").read_text().split("## Running the conformance suite", 1)[1]
+    snippet = next(block for block in re.findall(r"```python\n(.*?)```", section, re.S) if "run_suite" in block)
+    monkeypatch.chdir(tmp_path)
+    exec(compile(snippet, "driver-authors.md", "exec"), {})
     in_process = tmp_path / "in-process.json"
-    report.dump(in_process)
     n = _run([conformance, "list", "--count", "--provider-mode", "parity"], env).stdout.strip()
     parity = _run(
         [conformance, "verify-report", str(in_process), str(external), "--provider-mode=parity", f"--expect-count={n}"],
@@ -309,3 +312,29 @@ async def test_stop_ends_running_commands_and_stopped_machines_refuse_exec(tmp_p
     await driver.delete("m")
     with pytest.raises(NotFoundError):
         await driver.start("m")
+
+
+def test_make_manifest_appends_args_and_the_default_state_follows_vz_home(
+    tmp_path: Path, hostdir: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    subprocess.run(
+        [
+            sys.executable,
+            str(EXAMPLE / "make_manifest.py"),
+            "--out",
+            str(tmp_path),
+            "--arg=--state-dir",
+            "--arg=/srv/x",
+        ],
+        capture_output=True,
+        timeout=60,
+        check=True,
+    )
+    assert json.loads((tmp_path / "manifest.json").read_text())["args"] == ["--state-dir", "/srv/x"]
+    from vz_driver_hostdir.plugin import default_state_dir
+
+    monkeypatch.setenv("VZ_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+    assert default_state_dir() == tmp_path / "home" / "drivers" / "hostdir"
+    monkeypatch.delenv("VZ_HOME")
+    assert default_state_dir() == tmp_path / "xdg" / "vz-driver-hostdir"

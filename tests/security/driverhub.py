@@ -34,6 +34,8 @@ from vz_core import _signing
 from vz_core.trust import host_platform
 
 TESTDRIVERS = Path(__file__).resolve().parents[1] / "vz_plugins" / "testdrivers.py"
+PROXIED_HOST = "releases.example.test"
+"""A name the server's certificate also carries, reached only through a test proxy (never resolved)."""
 
 
 def make_ca(directory: Path) -> tuple[Path, Path, Path]:
@@ -64,7 +66,13 @@ def make_ca(directory: Path) -> tuple[Path, Path, Path]:
         .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + datetime.timedelta(hours=2))
         .add_extension(
-            x509.SubjectAlternativeName([x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            x509.SubjectAlternativeName(
+                [
+                    x509.DNSName("localhost"),
+                    x509.DNSName(PROXIED_HOST),
+                    x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+                ]
+            ),
             critical=False,
         )
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
@@ -218,6 +226,7 @@ def manifest_for(
     url: str = "acme-bin",
     platform: str | None = None,
     sha256: str | None = None,
+    args: tuple[str, ...] = ("mini",),
 ) -> dict[str, Any]:
     return {
         "manifest_version": 1,
@@ -231,7 +240,7 @@ def manifest_for(
                 "sha256": sha256 or hashlib.sha256(binary).hexdigest(),
             }
         },
-        "args": ["mini"],
+        "args": list(args),
     }
 
 

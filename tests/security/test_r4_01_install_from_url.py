@@ -129,3 +129,14 @@ def test_the_guides_signing_script_signs_what_vz_verifies(
     p.hub.files["/acme/manifest.json"] = (tmp_path / "manifest.json").read_bytes()
     row = _install.add_url(p.hub.url("/acme/manifest.json"), store=p.store, roots=p.roots)
     assert row["provenance"]["signed"] is True and row["provenance"]["key_name"] == "acme"
+
+
+def test_an_upgrade_shows_the_capabilities_that_change(provider: Provider) -> None:
+    """What the new version's plugin negotiated, against what the installed one did (both from their Info)."""
+    p = provider
+    url = publish(p.hub, plugin_binary("1"), p.key, version="1.0.0")
+    _install.add_url(url, store=p.store, roots=p.roots)
+    publish(p.hub, plugin_binary("2"), p.key, version="1.1.0", args=("logs",))
+    up = _install.upgrade("acme", store=p.store, roots=p.roots)
+    change = up["changes"]["capabilities"]
+    assert "logs" not in change["from"] and "logs" in change["to"] and "api 1.3" in change["to"]

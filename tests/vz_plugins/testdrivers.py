@@ -33,6 +33,7 @@ import signal
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 from vz_core import (
     Capabilities,
@@ -213,6 +214,71 @@ class LogsUnimplementedDriver(LogsDriver):
     logs = Driver.logs
 
 
+SKEW = {
+    # kind: (api_major, api_minor, reuse_preflight, answers ON_RUN when offered): plugins built against older and
+    # newer Runtime Protocol versions (what a plugin of that version answers; tests/vz_core/test_version_skew.py)
+    "api-1.0": (1, 0, False, False),
+    "api-1.1-claims-reuse": (1, 1, True, False),
+    "api-1.2": (1, 2, True, False),
+    "api-1.2-claims-on-run": (1, 2, True, True),
+    "api-1.3": (1, 3, True, True),
+    "api-1.9": (1, 9, True, True),
+    "api-2.0": (2, 0, True, True),
+}
+
+
+class SkewDriver(MiniDriver):
+    """A plugin that speaks the Runtime Protocol version ``SKEW[kind]`` says."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self._major, self._minor, self._reuse, self._on_run = SKEW[kind]
+
+    async def info(self, *, supports_recreate_on_run: bool = False) -> DriverInfo:
+        on_run = self._on_run and (supports_recreate_on_run or self._minor < 3)  # a pre-1.3 plugin never asked
+        return DriverInfo(
+            driver_name="skew",
+            driver_version=f"{self._major}.{self._minor}",
+            runtime_name="mini-runtime",
+            api_major=self._major,
+            api_minor=self._minor,
+            capabilities=Capabilities(
+                mount_types=(MountType.BIND,),
+                recreate_mode=RecreateMode.ON_RUN if on_run else RecreateMode.DELETE,
+                reuse_preflight=self._reuse,
+            ),
+        )
+
+
+def _newer_info() -> None:
+    """Answer Info with a field this host does not know (field 900), as a plugin of a newer minor may."""
+    from vz_core.rpc import _server
+
+    served = _server.RuntimeServicer.Info
+
+    async def info(self: Any, request: Any, context: Any) -> Any:
+        reply = await served(self, request, context)
+        reply.MergeFromString(b"\xa0\x38\x01")
+        return reply
+
+    _server.RuntimeServicer.Info = info  # type: ignore[method-assign]
+
+
+def _newer_extensions() -> None:
+    """Serve vz.machine.v1 Extensions with fields this host does not know (a plugin built against a newer
+    extension set): an unknown bool (field 900) and an unknown string (field 901) in the reply."""
+    from vz_core.rpc import _server
+
+    served = _server.ExtensionsServicer.Extensions
+
+    async def extensions(self: Any, request: Any, context: Any) -> Any:
+        reply = await served(self, request, context)
+        reply.MergeFromString(b"\xa0\x38\x01" + b"\xaa\x38\x06future")
+        return reply
+
+    _server.ExtensionsServicer.Extensions = extensions  # type: ignore[method-assign]
+
+
 def _flood(total: int) -> None:
     block = b"x" * 65536
     while total > 0:
@@ -249,6 +315,13 @@ def main() -> None:
         serve(MiniDriver(), on_serving=_pending_task)
     elif kind == "hang":
         serve(HangDriver())
+    elif kind in SKEW:
+        if SKEW[kind][1] > 3:
+            _newer_info()
+        serve(SkewDriver(kind))
+    elif kind == "ext-newer":
+        _newer_extensions()
+        serve(MiniDriver(Extensions(target_os=("linux",), profiles=("developer",), accelerator="none")))
     elif kind == "logs":
         serve(LogsDriver())
     elif kind == "logs-unimplemented":

@@ -182,7 +182,8 @@ def _install_command(args: argparse.Namespace) -> int:
             if "://" in source:
                 raise UserError(f"{source[:200]!r}: vz installs drivers from https:// URLs or local manifest files")
             row = drivers.add_manifest(Path(source))
-        text = f"{row.get('status', 'added')} driver {row['name']} {row.get('version', '')} ({row.get('binary', '')})"
+        text = f"{row.get('status', 'added')} driver {row['name']} ({row.get('binary', '')})"
+        text += f" version {row.get('version', '?')}"
         return _emit(args, row, text + _signer(row.get("provenance", {})) + "\n" + _changes(row))
     if args.action == "upgrade":
         row = _install.upgrade(

@@ -177,7 +177,10 @@ async def _machine_status(
         state = observed(found)
         find_json = _find_json(found)
         if state == "running" and facts.extensions is not None and facts.extensions.services:
-            services = await service_rows(driver, record.workspace_id)
+            try:
+                services = await service_rows(driver, record.workspace_id)
+            except VzError as exc:  # the Machine's state stands; only its services are unknown
+                error = f"its services could not be read: {exc}"
         if not target.get("arch"):
             target["arch"] = await driver.target_architecture(record.workspace_id)
     except VzError as exc:

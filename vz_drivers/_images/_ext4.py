@@ -13,7 +13,8 @@ shapes the script: arguments are separated by blanks, a double-quoted argument m
 break (``""`` is a literal quote); ``mknod`` links its name literally into the current directory, so every
 entry is created by its base name after ``cd`` to its parent; an argument of the form ``<N>`` names inode N, so
 attributes are set through ``./<name>`` or an absolute path; ``ln`` does not count links, so ``links_count`` is
-set explicitly. A line is at most 8191 bytes.
+set explicitly, and it does not grow a full directory, so ``expand_dir`` gives the directory room first. A line
+is at most 8191 bytes.
 
 **Linear in the entries, also for one large directory.** debugfs looks every new name up in its directory
 (``write`` refuses an existing name) and ``ext2fs_link`` scans a directory without an index for room, both
@@ -87,6 +88,8 @@ class _Script:
         self.lines: list[bytes] = []
         self.first_path: dict[int, bytes] = {}
         self.link_counts: dict[int, tuple[bytes, int]] = {}
+        self.expand_before_link = True
+        """False in the stage directory, which never holds more than the one name being made."""
         self._values = 0
 
     def add(self, *args: bytes) -> None:
@@ -118,6 +121,10 @@ class _Script:
         ref = _quote(b"./" + name)
         first = self.first_path.get(inode.serial)
         if first is not None:  # a further name of a hard-linked inode
+            if self.expand_before_link:
+                # ``ln`` (unlike the commands that create an inode) fails on a directory without room for the
+                # name: give it an empty block first (legal in ext4; e2fsck -D compacts the large ones).
+                self.add(b"expand_dir", b'"."')
             self.add(b"ln", _quote(first), _quote(name))
             return
         self.first_path[inode.serial] = path
@@ -207,6 +214,7 @@ def _scripts(tree: LayerTree, spool: Path) -> tuple[bytes, bytes]:
         # there) and linked into it through an alias of the directory in the stage, which ext2fs_link adds by
         # its hash (dx_link); the stage name is then removed. ``ln``/``unlink`` leave link counts alone.
         stage = b"/" + _stage_name(root)
+        script.expand_before_link = False
         script.add(b"mkdir", _quote(stage))
         script.add(b"mkdir", _quote(stage + b"/e"))
         script.add(b"cd", _quote(stage + b"/e"))

@@ -1,6 +1,6 @@
 """Build the hostdir plugin as one executable file and write its manifest, with the file's SHA-256.
 
-    python make_manifest.py [--out DIR] [--python INTERPRETER] [--platform OS/ARCH]
+    python make_manifest.py [--out DIR] [--python INTERPRETER] [--platform OS/ARCH] [--arg=ARG ...]
 
 The plugin is a Python zip application (PEP 441): the driver package and a ``__main__`` in one file whose
 ``#!`` line names INTERPRETER (default: the Python running this script, which must have vz installed) with
@@ -10,7 +10,8 @@ the same sources and interpreter path always give the same SHA-256.
 
 The manifest is ``manifest.json`` (the template beside this script) with one binary: this host's os/arch (or
 ``--platform``), pointing at the built file with its real checksum. Entries for other platforms are left out:
-a manifest only lists files someone built and hashed. Then: ``vz driver add DIR/manifest.json``.
+a manifest only lists files someone built and hashed. Each ``--arg`` is appended to the manifest's ``args`` (what
+vz passes the plugin), e.g. ``--arg=--state-dir --arg=/srv/hostdir``. Then: ``vz driver add DIR/manifest.json``.
 """
 
 from __future__ import annotations
@@ -51,6 +52,13 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=HERE / "dist", help="output directory (default: ./dist)")
     parser.add_argument("--python", default=sys.executable, help="interpreter of the #! line (default: this one)")
     parser.add_argument("--platform", default=host_platform(), help="os/arch of the binary (default: this host)")
+    parser.add_argument(
+        "--arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="append ARG to the manifest's args (repeat; write --arg=--state-dir for one starting with -)",
+    )
     args = parser.parse_args()
     template = json.loads((HERE / "manifest.json").read_text())
     if args.platform not in template["binaries"]:
@@ -60,6 +68,7 @@ def main() -> None:
     digest = hashlib.sha256(binary.read_bytes()).hexdigest()
     entry = dict(template["binaries"][args.platform], path=binary.name, sha256=digest)
     manifest = dict(template, binaries={args.platform: entry})
+    manifest["args"] = [*template.get("args", []), *args.arg]
     parse_manifest(manifest, source="the generated manifest")  # vz's own validation, before writing anything
     (args.out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     print(f"{binary}  sha256 {digest}")

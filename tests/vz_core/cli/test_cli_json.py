@@ -87,6 +87,7 @@ def test_status_json_shape(vz: Vz, running: Path) -> None:
         "extensions",
         "accelerator",
         "matrix",
+        "provenance",
     }
     assert web["driver"]["extensions"]["profiles"] == ["developer"]
     assert web["driver"]["matrix"]["status"] == "ACTIVE"
@@ -98,7 +99,7 @@ def test_status_json_shape(vz: Vz, running: Path) -> None:
 
 def test_status_reports_drift_from_the_definition(vz: Vz, running: Path) -> None:
     data = json.loads((running / "vz.json").read_text())
-    data["machines"][1]["image"] = "vz:newer"
+    data["machines"][1]["image"] = "registry.local/newer:1"
     data["machines"].append({**data["machines"][0], "name": "cache"})
     (running / "vz.json").write_text(json.dumps(data))
     env = vz.status(running)["environments"][0]
@@ -106,7 +107,9 @@ def test_status_reports_drift_from_the_definition(vz: Vz, running: Path) -> None
     db = next(m for m in env["machines"] if m["name"] == "db")
     assert db["drift"] == {
         "status": "drifted",
-        "changes": [{"field": "image", "kind": "creation", "recorded": "vz:default", "desired": "vz:newer"}],
+        "changes": [
+            {"field": "image", "kind": "creation", "recorded": "vz:default", "desired": "registry.local/newer:1"}
+        ],
     }
     human = vz.ok("status", cwd=running)
     assert "drift from vz.json: not created: cache; changed: db" in human
@@ -123,7 +126,7 @@ def test_errors_in_json_mode_are_json_too(vz: Vz, running: Path) -> None:
 
 def test_plan_blocked_needs_recreate_and_exits_4(vz: Vz, running: Path) -> None:
     data = json.loads((running / "vz.json").read_text())
-    data["machines"][0]["image"] = "vz:other"
+    data["machines"][0]["image"] = "registry.local/other:1"
     (running / "vz.json").write_text(json.dumps(data))
     before = vz.status(running)["environments"][0]["machines"][0]["find"]
     err = vz.fails(4, "up", cwd=running)
@@ -154,3 +157,71 @@ def test_status_table_shows_endpoints_when_the_daemon_lists_them() -> None:
     assert "endpoints" not in render_status(report)
     env["endpoints"] = [{"machine": "app", "service": "http", "protocol": "tcp", "host": "127.0.0.1", "port": 3000}]
     assert "  endpoints: app/http → 127.0.0.1:3000\n" in render_status(report)
+
+
+def test_status_table_shows_each_machines_services() -> None:
+    from vz_core.cli._render import render_status
+
+    machine = {
+        "id": "mch_000000000000",
+        "name": "app",
+        "default": True,
+        "state": "running",
+        "driver": {"name": "linux_native", "version": "1"},
+        "target": {"os": "linux", "arch": "amd64"},
+        "profile": "developer",
+        "drift": {"status": "in-sync"},
+        "services": [],
+    }
+    env = {
+        "id": "env_000000000000",
+        "name": "default",
+        "project_id": "demo",
+        "state": "running",
+        "bound_worktrees": [],
+        "interrupted_operations": [],
+        "drift": {"status": "in-sync", "not_created": [], "default_machine": None},
+        "machines": [machine],
+    }
+    report: dict[str, Any] = {"project": None, "environments": [env]}
+    assert "services:" not in render_status(report)
+    machine["services"] = [
+        {
+            "name": "http",
+            "state": "running",
+            "health": "healthy",
+            "pid": 12,
+            "restarts": 0,
+            "last_exit_code": None,
+            "last_signal": "",
+            "last_error": "",
+            "started_at": "",
+        },
+        {
+            "name": "jobs",
+            "state": "backoff",
+            "health": "",
+            "pid": 0,
+            "restarts": 3,
+            "last_exit_code": 137,
+            "last_signal": "SIGKILL",
+            "last_error": "",
+            "started_at": "",
+        },
+    ]
+    text = render_status(report)
+    lines = text.splitlines()
+    header = lines.index("  services:")
+    assert lines[header + 1].split() == [
+        "MACHINE",
+        "SERVICE",
+        "STATE",
+        "HEALTH",
+        "PID",
+        "RESTARTS",
+        "LAST",
+        "EXIT",
+        "NOTE",
+    ]
+    assert lines[header + 2].split() == ["app", "http", "running", "healthy", "12", "0", "-"]
+    assert lines[header + 3].split() == ["app", "jobs", "backoff", "-", "-", "3", "137", "SIGKILL"]

@@ -189,3 +189,16 @@ async def test_services_outlive_the_connection_and_stop_with_the_agent(agent: Ag
         await second.close()
     assert agent.stop() == 0
     assert not alive(pid)
+
+
+async def test_shutdown_stops_dependents_first_with_sigterm(agent: AgentProcess, tmp_path: Path) -> None:
+    """What `vz stop` does (SHUTDOWN): each service gets SIGTERM, the one that depends on another before it."""
+    log = tmp_path / "stops.log"
+    client = await agent.client()
+    trap = "trap 'echo {name} got TERM >> {log}; exit 0' TERM; echo up; while :; do sleep 0.05; done"
+    base = svc("base", trap.format(name="base", log=log), health=HealthCheck(argv=("true",), interval=0.1))
+    top = svc("top", trap.format(name="top", log=log), depends_on={"base": "service_healthy"})
+    await client.set_services([base, top])
+    await until(client, lambda s: all(x.log_bytes > 0 for x in s.values()) and len(s) == 2, "both trapping")
+    await client.shutdown(grace=5)
+    assert log.read_text() == "top got TERM\nbase got TERM\n"

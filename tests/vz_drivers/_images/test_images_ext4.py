@@ -338,3 +338,22 @@ def test_large_directories_are_indexed_and_keep_every_entry(shared_dir: Path, tm
     )  # 2 + 7 subdirectories: the stage left none
     fsck = subprocess.run(["e2fsck", "-fn", str(disk)], capture_output=True, text=True, check=False)
     assert fsck.returncode == 0, fsck.stdout + fsck.stderr
+
+
+def test_a_hard_link_into_a_full_directory_block_gets_room(tmp_path: Path) -> None:
+    """debugfs's ``ln`` does not grow a directory: one whose last block is exactly full once refused the name
+    ("No free space in the directory"). With 1 KiB blocks (a 64 MiB disk) and 16-byte entries one of these
+    directories ends on a full block."""
+    entries: list[tuple[tarfile.TarInfo, bytes]] = []
+    for n in range(240, 262):
+        entries.append((_ti(f"d{n}", tarfile.DIRTYPE), b""))
+        entries += [(_ti(f"d{n}/f{i:05d}"), b"x") for i in range(n)]
+        entries.append((_ti(f"d{n}/zlink", tarfile.LNKTYPE, linkname=f"d{n}/f00000"), b""))
+    disk = tmp_path / "root.img"
+    write_ext4([_layer(tmp_path, entries)], disk, 64 * 1024 * 1024, image="links")
+    assert "Block size:               1024" in _debugfs(disk, "stats")
+    for n in range(240, 262):
+        st = _debugfs(disk, f"stat /d{n}/zlink")
+        assert "Links: 2" in st and st == _debugfs(disk, f"stat /d{n}/f00000"), n
+    fsck = subprocess.run(["e2fsck", "-fn", str(disk)], capture_output=True, text=True, check=False)
+    assert fsck.returncode == 0, fsck.stdout + fsck.stderr

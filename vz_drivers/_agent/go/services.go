@@ -112,6 +112,7 @@ type service struct {
 
 type supervisor struct {
 	ag       *agent
+	setMu    sync.Mutex // one SERVICES at a time (several sessions may send one)
 	mu       sync.Mutex
 	services map[string]*service
 	order    []string         // the set's names in start (dependency) order
@@ -236,6 +237,8 @@ func validateServices(specs []serviceSpec) ([]string, error) {
 // set replaces the service set: services no longer in it (or whose spec changed) are stopped,
 // new and changed ones are started; unchanged ones keep running untouched.
 func (sv *supervisor) set(specs []serviceSpec) error {
+	sv.setMu.Lock()
+	defer sv.setMu.Unlock()
 	order, err := validateServices(specs)
 	if err != nil {
 		return err
@@ -612,6 +615,11 @@ func (sv *supervisor) checkHealth(s *service, runDone <-chan struct{}) {
 		default:
 		}
 		sv.update(s, func(st *serviceState) {
+			select {
+			case <-runDone: // the run ended meanwhile: its exit decides the health now
+				return
+			default:
+			}
 			if ok {
 				failures = 0
 				st.Health = "healthy"

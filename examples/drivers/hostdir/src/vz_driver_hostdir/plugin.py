@@ -20,7 +20,12 @@ __all__ = ["default_state_dir", "main"]
 
 
 def default_state_dir() -> Path:
-    """``$XDG_STATE_HOME/vz-driver-hostdir``, else ``~/.local/state/vz-driver-hostdir``."""
+    """``$VZ_HOME/drivers/hostdir`` when ``VZ_HOME`` is set (vz's state directory: the daemon and `vz` pass it to
+    their plugins; ``drivers/`` is where vz keeps drivers' own state, private to the user), else
+    ``$XDG_STATE_HOME/vz-driver-hostdir``, else ``~/.local/state/vz-driver-hostdir``."""
+    home = os.environ.get("VZ_HOME")
+    if home:
+        return Path(home) / "drivers" / "hostdir"
     base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
     return Path(base) / "vz-driver-hostdir"
 
