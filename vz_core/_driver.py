@@ -27,7 +27,7 @@ import os
 import socket
 import stat
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 
 from vz_core._types import (
     DriverInfo,
@@ -42,6 +42,7 @@ from vz_core._types import (
     TerminalSpec,
 )
 from vz_core.errors import InvalidArgumentError, RuntimeFailureError, UnsupportedError
+from vz_core.services import ServiceSpec, ServiceState
 
 __all__ = ["Driver", "check_local_stdio", "copy_exec_local"]
 
@@ -188,8 +189,39 @@ class Driver(abc.ABC):
         """
         raise UnsupportedError("this driver does not serve terminal sessions (extensions.terminal)")
 
+    async def delete_volume(self, name: str) -> None:
+        """Remove the named volume ``name`` and its data; idempotent (a missing volume is success).
+
+        Optional: a driver that implements it says so with ``Extensions.volume_removal = True`` (served as
+        ``vz.machine.v1.MachineExtensions/DeleteVolume``); the default refuses with ``UnsupportedError``.
+        ``FailedPreconditionError`` while a Machine still mounts it; ``InvalidArgumentError`` for an empty name.
+        """
+        raise UnsupportedError("this driver has no volume-removal operation (extensions.volume_removal)")
+
+    async def set_services(self, workspace_id: str, specs: Sequence[ServiceSpec]) -> tuple[ServiceState, ...]:
+        """Make ``specs`` the Machine's whole service set; their states.
+
+        Optional, with ``service_states`` and ``service_logs``: a driver that supervises services says so with
+        ``Extensions.services = True``; the defaults refuse with ``UnsupportedError`` (``vz_core.services``).
+        """
+        raise UnsupportedError("this driver does not supervise services (extensions.services)")
+
+    async def service_states(self, workspace_id: str) -> tuple[ServiceState, ...]:
+        """The states of the Machine's services (optional: ``Extensions.services``)."""
+        raise UnsupportedError("this driver does not supervise services (extensions.services)")
+
+    async def service_logs(self, workspace_id: str, name: str, tail_bytes: int = 0) -> bytes:
+        """The newest output of one service, at most ``tail_bytes`` (0: all kept); optional: ``Extensions.services``."""
+        raise UnsupportedError("this driver does not supervise services (extensions.services)")
+
     async def extensions(self) -> Extensions | None:
-        """What the driver supports beyond the Runtime Protocol (``vz.machine.v1``); ``None`` = nothing."""
+        """What the driver supports beyond the Runtime Protocol (``vz.machine.v1``); ``None`` = nothing.
+
+        The optional operations are capabilities declared here and nowhere else: ``terminal`` (``terminal``),
+        ``volume_removal`` (``delete_volume``), ``services`` (``set_services`` ...), the local exec socket
+        (``exec_local`` without copies, advertised by the plugin server) and the ``topology`` fact (joining
+        Machines to route domains). A host checks the negotiated Extensions once before it calls one.
+        """
         return None
 
     async def close(self) -> None:

@@ -39,9 +39,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vz_core._download import DEFAULT_MAX_BYTES, DEFAULT_TIMEOUT, check_url, fetch_bytes, fetch_file, redact_url
-from vz_core._trustroots import Origin, SignerCheck, TrustRoots
+from vz_core._provenance import (
+    check_signature,
+    installs_root,
+    load_state,
+    provenance_of,
+    record_installed,
+    record_json,
+    save_state,
+)
+from vz_core._trustroots import SignerCheck, TrustRoots
 from vz_core.errors import NotFoundError, TrustError, UserError
-from vz_core.paths import state_dir
 from vz_core.registry import check_driver_name
 
 if TYPE_CHECKING:
@@ -62,13 +70,8 @@ __all__ = [
     "upgrade",
 ]
 
-_MAX_STATE = 1 << 20
 _CAPABILITIES = "capabilities.json"
 """In a version directory: what its plugin's Info offered when it was installed (``_capability_summary``)."""
-
-
-def installs_root() -> Path:
-    return state_dir() / "driver-installs"
 
 
 def _now() -> str:
@@ -114,43 +117,6 @@ def _check_downgrade(name: str, old: str, new: str, allow: bool) -> None:
     )
 
 
-# -- state.json ----------------------------------------------------------------------------------------------
-def _state_path(name: str, root: Path | None = None) -> Path:
-    return (root if root is not None else installs_root()) / check_driver_name(name) / "state.json"
-
-
-def _load_state(name: str) -> dict[str, Any]:
-    path = _state_path(name)
-    try:
-        with open(path, "rb") as f:
-            data = f.read(_MAX_STATE + 1)
-        raw = json.loads(data)
-        if len(data) > _MAX_STATE or not isinstance(raw, dict):
-            raise ValueError("not an install state")
-        return raw
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError, RecursionError) as exc:
-        raise TrustError(f"the install state of driver {name!r} ({path}) is unreadable ({exc}); add it again") from None
-
-
-def _save_state(name: str, state: dict[str, Any]) -> None:
-    path = _state_path(name)
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = path.with_name(f".state.json.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
-
-
-def _record_json(record: ExternalRecord) -> dict[str, Any]:
-    return {
-        "manifest": record.manifest.model_dump(mode="json", exclude_none=True),
-        "driver_dir": str(record.driver_dir),
-        "manifest_path": record.manifest_path,
-        "added_at": record.added_at,
-    }
-
-
 def _record_from(raw: dict[str, Any], name: str) -> ExternalRecord:
     from vz_core.drivers import ExternalRecord
     from vz_core.trust import parse_manifest
@@ -162,79 +128,6 @@ def _record_from(raw: dict[str, Any], name: str) -> ExternalRecord:
         manifest_path=str(raw["manifest_path"]),
         added_at=str(raw["added_at"]),
     )
-
-
-def provenance_of(name: str) -> dict[str, Any]:
-    """The provenance of added driver ``name`` (empty when none was recorded: added by an older vz)."""
-    try:
-        current = _load_state(name).get("current")
-    except TrustError:
-        return {}
-    return {"provenance": current} if isinstance(current, dict) else {}
-
-
-# -- the hooks add_manifest calls ----------------------------------------------------------------------------
-def check_signature(
-    manifest_path: Path, manifest: Manifest, *, origin: Origin, roots: TrustRoots | None = None
-) -> SignerCheck:
-    """Check the signature of the manifest file ``manifest_path`` (already parsed as ``manifest``) under the
-    policy for ``origin``; ``TrustError`` before anything is written."""
-    from vz_core.trust import MAX_MANIFEST_BYTES, parse_manifest
-
-    source = f"manifest {manifest_path}"
-    try:
-        with open(manifest_path, "rb") as f:
-            data = f.read(MAX_MANIFEST_BYTES + 1)
-        raw = json.loads(data)
-    except (OSError, ValueError, RecursionError) as exc:
-        raise TrustError(f"cannot read {source} again to check its signature: {exc}") from None
-    if not isinstance(raw, dict) or parse_manifest(raw, source=source) != manifest:
-        raise TrustError(f"{source} changed while it was being added; nothing was recorded")
-    return (roots if roots is not None else TrustRoots()).check(raw, origin=origin, source=source)
-
-
-def record_installed(
-    name: str,
-    signer: SignerCheck,
-    previous: ExternalRecord | None,
-    current: ExternalRecord,
-    *,
-    origin: Origin,
-    source: str,
-    roots: TrustRoots | None = None,
-) -> dict[str, Any]:
-    """After ``current`` was recorded: keep ``previous`` for rollback, write the provenance, accept a rotated
-    key, prune version directories no longer referenced. Returns the provenance."""
-    state = _load_state(name)
-    provenance = {
-        "origin": origin,
-        "source": redact_url(source) if origin == "url" else source,
-        "version": current.manifest.version,
-        "added_at": current.added_at,
-        **signer.describe(),
-    }
-    if previous is not None and (previous.driver_dir != current.driver_dir or previous.manifest != current.manifest):
-        state["previous"] = {"record": _record_json(previous), "provenance": state.get("current") or {}}
-    state["current"] = provenance
-    _save_state(name, state)
-    (roots if roots is not None else TrustRoots()).accept(signer)
-    _prune(name, state, current)
-    return provenance
-
-
-def _prune(name: str, state: dict[str, Any], current: ExternalRecord) -> None:
-    base = installs_root() / name
-    keep = {current.driver_dir}
-    previous = state.get("previous")
-    if isinstance(previous, dict):
-        keep.add(Path(previous["record"]["driver_dir"]))
-    try:
-        entries = list(os.scandir(base))
-    except OSError:
-        return
-    for entry in entries:
-        if entry.name.startswith("v") and entry.is_dir(follow_symlinks=False) and Path(entry.path) not in keep:
-            shutil.rmtree(entry.path, ignore_errors=True)
 
 
 # -- URL installs --------------------------------------------------------------------------------------------
@@ -472,7 +365,7 @@ def rollback(name: str, *, store: ManifestStore | None = None) -> dict[str, Any]
     current = store.get(check_driver_name(name))
     if current is None:
         raise NotFoundError(f"no external driver {name!r} is installed (`vz driver list`)")
-    state = _load_state(name)
+    state = load_state(name)
     previous = state.get("previous")
     if not isinstance(previous, dict):
         raise UserError(f"driver {name!r} has no previous version to roll back to")
@@ -486,9 +379,9 @@ def rollback(name: str, *, store: ManifestStore | None = None) -> dict[str, Any]
             f"{entry.sha256}); nothing was rolled back"
         )
     store.put(record)
-    state["previous"] = {"record": _record_json(current), "provenance": state.get("current") or {}}
+    state["previous"] = {"record": record_json(current), "provenance": state.get("current") or {}}
     state["current"] = previous.get("provenance") or {}
-    _save_state(name, state)
+    save_state(name, state)
     return {
         "name": name,
         "status": "rolled back",

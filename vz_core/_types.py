@@ -338,8 +338,10 @@ class Extensions:
     pids_limits: bool = False
     """The ``vz.pids`` label (the most tasks the Machine may have at once) is enforced by the host's kernel."""
     services: bool = False
-    """The driver supervises services in its Machines (``set_services``, ``service_states``, ``service_logs``;
-    ``vz_core.services``). The plugin server sets it when the driver has those methods."""
+    """``Driver.set_services``, ``service_states`` and ``service_logs`` are served: the driver supervises
+    services in its Machines (``vz_core.services``)."""
+    volume_removal: bool = False
+    """``Driver.delete_volume`` is served: the driver removes a named volume's data (``vz volume rm``)."""
     save_state: bool = False
     """The driver saves a running Machine's state on stop and resumes it (``save_state``, ``restore_state``;
     ``vz_core.savestate``). The plugin server answers false when the driver lacks those methods."""

@@ -6,11 +6,13 @@ the Environment layer calls (``vz delete``, ``vz volume rm``) when every driver 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from vz_conformance.fake import FakeDriver
 
+from vz_core import Extensions
 from vz_core.errors import FailedPreconditionError, InvalidArgumentError, UnsupportedError
 from vz_core.rpc import connect_in_process
 
@@ -23,6 +25,10 @@ class VolumeDriver(FakeDriver):
         self.volumes = state / "volumes"
         self.volumes.mkdir(parents=True, exist_ok=True)
         self.busy: set[str] = set()
+
+    async def extensions(self) -> Extensions:
+        ext = await super().extensions()
+        return replace(ext, volume_removal=True)  # the optional operation, declared on the contract
 
     async def delete_volume(self, name: str) -> None:
         if not name:
@@ -41,7 +47,7 @@ async def test_delete_volume_removes_the_data_and_is_idempotent(tmp_path: Path) 
     (driver.volumes / "vz-e1-m1-cache" / "data").write_text("x")
     async with connect_in_process(driver, name="vol") as remote:
         ext = await remote.extensions()
-        assert ext is not None
+        assert ext is not None and ext.volume_removal  # advertised, as the driver declared it
         await remote.delete_volume("vz-e1-m1-cache")
         assert not (driver.volumes / "vz-e1-m1-cache").exists()
         await remote.delete_volume("vz-e1-m1-cache")  # already gone: success

@@ -17,7 +17,7 @@ import sys
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import argparse
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterable, Sequence
 
 __all__ = ["complete_names", "completion_script"]
 
@@ -55,37 +55,42 @@ def _sub_commands(parser: argparse.ArgumentParser) -> tuple[str, ...]:
     return ()
 
 
-def _command_flags() -> tuple[dict[str, list[str]], dict[str, tuple[str, ...]]]:
+def _command_flags(
+    commands: Sequence[str], global_options: Iterable[str], parser_of: Callable[[str], argparse.ArgumentParser]
+) -> tuple[dict[str, list[str]], dict[str, tuple[str, ...]]]:
     """(flags of each command, "" for those before a command; sub-commands of each command that has some)."""
     from vz_core.cli._daemon_cmd import daemon_parser
-    from vz_core.cli._main import COMMANDS, GLOBAL_OPTIONS, _parser
 
     flags: dict[str, list[str]] = {}
     subs = dict(SUBCOMMANDS)
-    for command in COMMANDS:
+    for command in commands:
         if command in ("up", "exec", "status", "stop", "delete", "volume", "driver", "daemon"):
-            parser = daemon_parser() if command == "daemon" else _parser(command)
+            parser = daemon_parser() if command == "daemon" else parser_of(command)
             flags[command] = _flags(parser)
             found = _sub_commands(parser)
             if found:
                 subs[command] = found
         else:
             flags[command] = ["--help"]
-    flags[""] = [*GLOBAL_OPTIONS, "--help", "--version"]
+    flags[""] = [*global_options, "--help", "--version"]
     return flags, subs
 
 
-def completion_script(shell: str) -> str:
-    """The completion script for ``shell`` (one of ``SHELLS``)."""
-    from vz_core.cli._main import COMMANDS
-
-    flags, subs = _command_flags()
+def completion_script(
+    shell: str,
+    commands: Sequence[str],
+    global_options: Iterable[str],
+    parser_of: Callable[[str], argparse.ArgumentParser],
+) -> str:
+    """The completion script for ``shell`` (one of ``SHELLS``) of the CLI whose commands, options before a
+    command and per-command parsers are given (``vz_core.cli._main`` passes its own)."""
+    flags, subs = _command_flags(commands, global_options, parser_of)
     render: dict[str, Callable[[list[str], dict[str, list[str]], dict[str, tuple[str, ...]]], str]] = {
         "bash": _bash,
         "zsh": _zsh,
         "fish": _fish,
     }
-    return render[shell](list(COMMANDS), flags, subs)
+    return render[shell](list(commands), flags, subs)
 
 
 def _bash(commands: list[str], flags: dict[str, list[str]], sub_commands: dict[str, tuple[str, ...]]) -> str:

@@ -360,7 +360,7 @@ def _completion(rest: list[str]) -> int:
         given = " ".join(rest) or "nothing"
         sys.stderr.write(f"vz completion: error: which shell: bash, zsh or fish (got {given})\n")
         return 2
-    sys.stdout.write(completion_script(rest[0]))
+    sys.stdout.write(completion_script(rest[0], COMMANDS, GLOBAL_OPTIONS, _parser))
     return 0
 
 

@@ -14,10 +14,10 @@ Names are resolved lazily (PEP 562), so ``import vz_core.daemon`` costs nothing 
 
 from __future__ import annotations
 
+from vz_core._lazy import lazy_names
+
 TYPE_CHECKING = False  # `typing` itself costs milliseconds on the CLI's hot path
 if TYPE_CHECKING:
-    from typing import Any
-
     from vz_core.daemon._errors import CallFailed, classify_error, encode_error
     from vz_core.daemon._server import Call, Daemon, Handler, Http2Hook, run_daemon
     from vz_core.wire import (
@@ -124,14 +124,7 @@ _WHERE = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module 'vz_core.daemon' has no attribute {name!r}")
-    path = module if module.startswith("vz_core.") else f"vz_core.daemon.{module}"
-    value = getattr(__import__(path, fromlist=[name]), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_names(__name__, _WHERE)
 
 
 def __dir__() -> list[str]:

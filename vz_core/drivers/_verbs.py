@@ -37,7 +37,7 @@ def _external_row(name: str, record: ExternalRecord) -> dict[str, Any]:
     if plat in m.binaries:
         row["binary"] = str(m.binary_path(record.driver_dir))
         row["sha256"] = m.binaries[plat].sha256
-    from vz_core._install import provenance_of
+    from vz_core._provenance import provenance_of
 
     row.update(provenance_of(name))
     return row
@@ -90,7 +90,7 @@ def add_manifest(
     manifest = load_manifest(manifest_path)
     if manifest.name in registry.names():
         raise UserError(f"driver name {manifest.name!r} belongs to a built-in driver; give the manifest another name")
-    from vz_core._install import check_signature, record_installed
+    from vz_core._provenance import check_signature, record_installed
 
     signer = check_signature(manifest_path, manifest, origin=origin)
     driver_dir = manifest_path.parent

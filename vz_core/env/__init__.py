@@ -28,8 +28,9 @@ Modules, by concern: ``_context`` (Context, project/Environment selection, store
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from vz_core._lazy import lazy_names
 
 if TYPE_CHECKING:
     from vz_core.env._context import Context, learn_project_secrets
@@ -204,13 +205,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_names(__name__, _WHERE)
 
 
 def __dir__() -> list[str]:

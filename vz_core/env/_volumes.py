@@ -4,9 +4,9 @@ A volume belongs to one Machine of one Environment (``vz-<env_id>-<machine_id>-<
 outlives recreation. `vz delete` removes it with its Environment unless asked to keep it (``--keep-volumes``);
 a kept volume, or one its driver could not remove, stays recorded (state ``kept``) and is removed by
 `vz volume rm NAME`. `vz volume list` lists every recorded volume: those in use (``attached``) and the kept.
-The data itself lives in the driver: vz removes it through
-the driver's volume-removal operation (``Driver.delete_volume``), and a driver without one is named in the
-answer, never silently skipped.
+The data itself lives in the driver: vz removes it through the driver's volume-removal operation
+(``Driver.delete_volume``, offered when its Extensions say ``volume_removal``), and a driver without one is
+named in the answer, never silently skipped.
 """
 
 from __future__ import annotations
@@ -24,15 +24,14 @@ __all__ = ["list_volumes", "remove_recorded_volume", "remove_volume"]
 
 async def remove_recorded_volume(pool: DriverPool, volume: VolumeRecord) -> None:
     """Remove a volume's data through its driver; raises UnsupportedError naming a driver that cannot."""
-    driver, _ = await pool.get(volume.driver, volume.driver_options, recorded=True)
-    remove = getattr(driver, "delete_volume", None)
-    if remove is None:
+    driver, facts = await pool.get(volume.driver, volume.driver_options, recorded=True)
+    if not (facts.extensions is not None and facts.extensions.volume_removal):
         raise UnsupportedError(
-            f"driver {volume.driver!r} has no volume-removal operation, so volume {volume.backend_name} stays in "
-            "its state directory; it stays listed by `vz volume list`"
+            f"driver {volume.driver!r} has no volume-removal operation (extensions.volume_removal), so volume "
+            f"{volume.backend_name} stays in its state directory; it stays listed by `vz volume list`"
         )
     try:
-        await remove(volume.backend_name)
+        await driver.delete_volume(volume.backend_name)
     except NotFoundError:
         pass  # already gone: removal is idempotent
 

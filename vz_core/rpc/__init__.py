@@ -19,9 +19,10 @@ Names are imported on first use, so a plugin process does not pay for the client
 
 from __future__ import annotations
 
-import importlib
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from vz_core._lazy import lazy_names
 
 if TYPE_CHECKING:
     from vz_core.rpc import pb
@@ -263,13 +264,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    if module == "":
-        value: Any = importlib.import_module(f"{__name__}.{name}")
-    else:
-        value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_names(__name__, _WHERE)

@@ -759,18 +759,15 @@ class RemoteDriver(Driver):
     async def delete_volume(self, name: str) -> None:
         """Remove a named volume's data through the plugin (``MachineExtensions.DeleteVolume``; idempotent).
 
-        ``UnsupportedError`` when the plugin's driver has no volume-removal operation (or the plugin predates
-        the RPC); ``FailedPreconditionError`` while one of its Machines still mounts the volume.
+        Only for a driver whose Extensions say ``volume_removal`` (the host checks that once, before): otherwise
+        the plugin refuses, ``UnsupportedError``. ``FailedPreconditionError`` while one of its Machines still
+        mounts the volume.
         """
         async with self._session() as s:
             request = ext_pb.DeleteVolumeRequest(name=name)
             try:
                 await s.extensions.DeleteVolume(request, timeout=self.operation_timeout)
             except grpc.RpcError as exc:
-                if exc.code() == grpc.StatusCode.UNIMPLEMENTED and not runtime_errors_in(exc):
-                    raise UnsupportedError(
-                        f"driver {self.name!r} serves no volume removal (its plugin predates DeleteVolume)"
-                    ) from None
                 raise await self._translate(exc, "DeleteVolume", s.conn) from None
 
     async def set_services(self, workspace_id: str, specs: Sequence[ServiceSpec]) -> tuple[ServiceState, ...]:
@@ -819,10 +816,6 @@ class RemoteDriver(Driver):
             try:
                 return await getattr(s.extensions, rpc)(request, timeout=self.operation_timeout)
             except grpc.RpcError as exc:
-                if exc.code() == grpc.StatusCode.UNIMPLEMENTED and not runtime_errors_in(exc):
-                    raise UnsupportedError(
-                        f"driver {self.name!r} does not supervise services (its plugin predates {rpc})"
-                    ) from None
                 raise await self._translate(exc, rpc, s.conn) from None
 
 

@@ -342,6 +342,7 @@ def extensions_to_pb(ext: Extensions) -> ext_pb.ExtensionsResponse:
         services=ext.services,
         save_state=ext.save_state,
         save_state_reason=ext.save_state_reason,
+        volume_removal=ext.volume_removal,
     )
 
 
@@ -364,6 +365,7 @@ def extensions_from_pb(msg: ext_pb.ExtensionsResponse) -> Extensions:
         services=msg.services,
         save_state=msg.save_state,
         save_state_reason=msg.save_state_reason,
+        volume_removal=msg.volume_removal,
     )
 
 

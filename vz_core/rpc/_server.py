@@ -273,10 +273,8 @@ class ExtensionsServicer(_Base, ext_grpc.MachineExtensionsServicer):
         ext = await self._call(context, "Extensions", self._driver_extensions)
         if ext is None:
             await _abort(context, UnsupportedError("this driver has no vz.machine.v1 extensions"))
-        reply = _convert.extensions_to_pb(ext)
+        reply = _convert.extensions_to_pb(ext)  # the optional operations as the driver declares them
         reply.local_exec_socket = self.local_exec_socket
-        reply.volume_removal = self._volume_removal() is not None
-        reply.services = self._services_method("set_services") is not None
         reply.save_state = ext.save_state and isinstance(self._driver, StateSaver)
         if not reply.save_state and not reply.save_state_reason:
             reply.save_state_reason = "this driver does not save Machines' running state"
@@ -310,22 +308,13 @@ class ExtensionsServicer(_Base, ext_grpc.MachineExtensionsServicer):
         )
         return ext_pb.RestoreStateResponse(restored=outcome.restored, reason=outcome.reason)
 
-    def _services_method(self, name: str) -> Callable[..., Awaitable[Any]] | None:
-        """The driver's optional service methods (``set_services``, ``service_states``, ``service_logs``;
-        not part of the Driver base class), or None when it lacks any of them."""
-        methods = [getattr(self._driver, n, None) for n in ("set_services", "service_states", "service_logs")]
-        if not all(callable(m) for m in methods):
-            return None
-        method = getattr(self._driver, name)
-        return method if callable(method) else None
-
-    async def _services_call(self, context: grpc.aio.ServicerContext[Any, Any], rpc: str, name: str, *args: Any) -> Any:
-        method = self._services_method(name)
-        if method is None:
-            await _abort(context, UnsupportedError("this driver does not supervise services"))
-        if not args[0]:
+    async def _services_call(
+        self, context: grpc.aio.ServicerContext[Any, Any], rpc: str, call: Callable[[], Awaitable[Any]], wsid: str
+    ) -> Any:
+        # An optional operation of the Driver contract: a driver that does not serve it refuses (UNSUPPORTED).
+        if not wsid:
             await _abort(context, InvalidArgumentError("a workspace_id is required"))
-        return await self._call(context, rpc, lambda: method(*args))
+        return await self._call(context, rpc, call)
 
     async def SetServices(
         self, request: ext_pb.SetServicesRequest, context: grpc.aio.ServicerContext[Any, Any]
@@ -334,37 +323,33 @@ class ExtensionsServicer(_Base, ext_grpc.MachineExtensionsServicer):
             specs = tuple(_convert_services.spec_from_pb(m) for m in request.services)
         except InvalidArgumentError as exc:
             await _abort(context, exc)
-        states = await self._services_call(context, "SetServices", "set_services", request.workspace_id, specs)
+        wsid = request.workspace_id
+        states = await self._services_call(context, "SetServices", lambda: self._driver.set_services(wsid, specs), wsid)
         return _convert_services.states_to_pb(states)
 
     async def ServiceStates(
         self, request: ext_pb.ServiceStatesRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> ext_pb.ServiceStatesResponse:
-        states = await self._services_call(context, "ServiceStates", "service_states", request.workspace_id)
+        wsid = request.workspace_id
+        states = await self._services_call(context, "ServiceStates", lambda: self._driver.service_states(wsid), wsid)
         return _convert_services.states_to_pb(states)
 
     async def ServiceLogs(
         self, request: ext_pb.ServiceLogsRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> ext_pb.ServiceLogsResponse:
+        wsid, name, tail = request.workspace_id, request.name, request.tail_bytes
         data = await self._services_call(
-            context, "ServiceLogs", "service_logs", request.workspace_id, request.name, request.tail_bytes
+            context, "ServiceLogs", lambda: self._driver.service_logs(wsid, name, tail), wsid
         )
         return ext_pb.ServiceLogsResponse(data=data)
-
-    def _volume_removal(self) -> Callable[[str], Awaitable[None]] | None:
-        """The driver's optional ``delete_volume`` (not part of the Driver base class), or None."""
-        remove = getattr(self._driver, "delete_volume", None)
-        return remove if callable(remove) else None
 
     async def DeleteVolume(
         self, request: ext_pb.DeleteVolumeRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> ext_pb.DeleteVolumeResponse:
-        remove = self._volume_removal()
-        if remove is None:
-            await _abort(context, UnsupportedError("this driver has no volume-removal operation"))
         if not request.name:
             await _abort(context, InvalidArgumentError("a volume name is required"))
-        await self._call(context, "DeleteVolume", lambda: remove(request.name))
+        # Optional in the Driver contract: a driver without it refuses (UNSUPPORTED, extensions.volume_removal).
+        await self._call(context, "DeleteVolume", lambda: self._driver.delete_volume(request.name))
         return ext_pb.DeleteVolumeResponse()
 
     async def ExecPty(self, request_iterator: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:

@@ -10,8 +10,9 @@ for the launcher, the TLS code or the manifest models.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from vz_core._lazy import lazy_names
 
 if TYPE_CHECKING:
     from vz_core.transport._certs import CertKey, cert_curve, generate_cert, grpc_can_verify, load_cert
@@ -107,10 +108,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_names(__name__, _WHERE)

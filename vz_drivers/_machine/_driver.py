@@ -617,6 +617,7 @@ class AgentMachineDriver(Driver, Generic[R, P]):
             services=True,
             save_state=save_state,
             save_state_reason=save_state_reason,
+            volume_removal=True,
         )
 
     async def preflight(self, *, disable_auto_start: bool = False) -> None:

@@ -323,12 +323,13 @@ class VolumeKnobs(Wrapped):
             (where / "data").write_bytes(os.urandom(64))
         await super().run_image(replace(request, mounts=()))
 
-    def __getattr__(self, name: str) -> Any:
-        if name == "delete_volume" and type(self).removable:
-            return self._delete_volume
-        raise AttributeError(name)
+    async def extensions(self) -> Extensions:
+        ext = await super().extensions()
+        return replace(ext, volume_removal=type(self).removable)  # declared: checked by the host before a call
 
-    async def _delete_volume(self, name: str) -> None:
+    async def delete_volume(self, name: str) -> None:
+        if not type(self).removable:
+            raise AssertionError("delete_volume called although extensions.volume_removal is false")
         type(self).calls.append(("delete_volume", name))
         path = volume_dir() / name
         if not path.exists():
