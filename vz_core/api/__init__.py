@@ -29,8 +29,9 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from vz_core.api._client import Client, EventStream, ExecCall, ExecResult, Operation, default_context
+    from vz_core.api._client import Client, EventStream, ExecCall, Operation, default_context
     from vz_core.api._errors import ApiError
+    from vz_core.api._exec_result import ExecResult
     from vz_core.api._types import (
         Capability,
         DaemonStatus,
@@ -73,7 +74,7 @@ _WHERE = {
     "Client": "_client",
     "EventStream": "_client",
     "ExecCall": "_client",
-    "ExecResult": "_client",
+    "ExecResult": "_exec_result",
     "Operation": "_client",
     "default_context": "_client",
 }

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 
 from vz_core.api._errors import ApiError
+from vz_core.api._exec_result import ExecResult
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -80,31 +81,6 @@ def default_context(
         "environ": dict(os.environ if environ is None else environ),
         "definition_file": None if definition_file is None else os.path.abspath(os.fspath(definition_file)),
     }
-
-
-class ExecResult(dict[str, "Any"]):
-    """How a command ended (``{"exit_code", "signal"}``), plus the output streams ``exec`` captured."""
-
-    __slots__ = ("stderr", "stdout")
-
-    def __init__(self, data: dict[str, Any], stdout: bytes = b"", stderr: bytes = b"") -> None:
-        super().__init__(data)
-        self.stdout = stdout
-        """What the command wrote on stdout (or the terminal), when it was not given a descriptor."""
-        self.stderr = stderr
-        """What the command wrote on stderr, when it was not given a descriptor."""
-
-    @property
-    def exit_code(self) -> int:
-        """The exit code (128+N when signal N ended it)."""
-        value: int = self["exit_code"]
-        return value
-
-    @property
-    def signal(self) -> str | None:
-        """The signal's name when a signal ended it."""
-        value: str | None = self.get("signal")
-        return value
 
 
 class Operation(_Handle, Generic[_R]):

@@ -258,4 +258,4 @@ class StatusReport(dict[str, "Any"]):
         return [Environment(e) for e in self.get("environments") or ()]
 
 
-from vz_core.api._client import ExecResult  # noqa: E402  (defined with the exec path, which avoids this module)
+from vz_core.api._exec_result import ExecResult  # noqa: E402  (shared with the exec path, which avoids this module)

@@ -7,7 +7,7 @@ connection the listener hands over already passed its peer-uid check).
 
 Every vz.api.v1 method has a generic handler that builds a ``GrpcCall`` (the interface of the local wire's
 ``vz_core.daemon.Call``: method, request dict, progress/event/write/receive, cancelled; no descriptors) and
-awaits the same dispatcher the local wire uses. Requests become dicts with ``vz_core.api.pb.to_wire`` (the
+awaits the same dispatcher the local wire uses. Requests become dicts with ``vz_core.pbwire.to_wire`` (the
 local wire's JSON for them); results and streamed messages become messages with ``from_wire``, which refuses
 unknown keys: a mismatch between the .proto and what the service returns fails loudly (as an INTERNAL error
 naming the method), never silently drops data. A failed call ends with the gRPC status of its error code and
@@ -40,7 +40,7 @@ from typing import Any
 import grpc
 from google.protobuf.message import Message as ProtoMessage
 
-from vz_core.api import pb
+from vz_core import pbwire as pb
 from vz_core.daemon._errors import cancelled_message
 from vz_core.wire import DaemonError
 

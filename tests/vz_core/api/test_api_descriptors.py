@@ -242,6 +242,21 @@ def test_machine_status_carries_its_services_as_field_17() -> None:
     assert (field.number, field.is_repeated, field.message_type.full_name) == (17, True, "vz.api.v1.ServiceStatus")
 
 
+def test_machine_status_carries_its_docker_row_as_field_18() -> None:
+    machine = api_pb2.DESCRIPTOR.message_types_by_name["MachineStatus"]
+    field = machine.fields_by_name["docker"]
+    assert field.message_type is not None
+    assert (field.number, field.message_type.full_name) == (18, "vz.api.v1.MachineDocker")
+    docker = api_pb2.DESCRIPTOR.message_types_by_name["MachineDocker"]
+    assert [(f.name, f.number) for f in docker.fields] == [
+        ("setting", 1),
+        ("state", 2),
+        ("reason", 3),
+        ("socket", 4),
+        ("context", 5),
+    ]
+
+
 def test_wire_options() -> None:
     def opt(message: str, field: str, ext: object) -> bool:
         options: object = api_pb2.DESCRIPTOR.message_types_by_name[message].fields_by_name[field].GetOptions()

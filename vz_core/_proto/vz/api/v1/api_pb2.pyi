@@ -324,7 +324,7 @@ class EnvironmentHealth(_message.Message):
     def __init__(self, source: _Optional[str] = ..., state: _Optional[str] = ..., checked_at: _Optional[str] = ...) -> None: ...
 
 class MachineStatus(_message.Message):
-    __slots__ = ("id", "name", "workspace_id", "default", "target", "profile", "image", "workspace", "driver", "state", "recorded_state", "find", "error", "drift", "health", "environment", "services")
+    __slots__ = ("id", "name", "workspace_id", "default", "target", "profile", "image", "workspace", "driver", "state", "recorded_state", "find", "error", "drift", "health", "environment", "services", "docker")
     ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     WORKSPACE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -342,6 +342,7 @@ class MachineStatus(_message.Message):
     HEALTH_FIELD_NUMBER: _ClassVar[int]
     ENVIRONMENT_FIELD_NUMBER: _ClassVar[int]
     SERVICES_FIELD_NUMBER: _ClassVar[int]
+    DOCKER_FIELD_NUMBER: _ClassVar[int]
     id: str
     name: str
     workspace_id: str
@@ -359,7 +360,22 @@ class MachineStatus(_message.Message):
     health: MachineHealth
     environment: EnvironmentName
     services: _containers.RepeatedCompositeFieldContainer[ServiceStatus]
-    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., workspace_id: _Optional[str] = ..., default: _Optional[bool] = ..., target: _Optional[_Union[Target, _Mapping]] = ..., profile: _Optional[str] = ..., image: _Optional[str] = ..., workspace: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., driver: _Optional[_Union[Driver, _Mapping]] = ..., state: _Optional[str] = ..., recorded_state: _Optional[str] = ..., find: _Optional[_Union[FindResult, _Mapping]] = ..., error: _Optional[str] = ..., drift: _Optional[_Union[MachineDrift, _Mapping]] = ..., health: _Optional[_Union[MachineHealth, _Mapping]] = ..., environment: _Optional[_Union[EnvironmentName, _Mapping]] = ..., services: _Optional[_Iterable[_Union[ServiceStatus, _Mapping]]] = ...) -> None: ...
+    docker: MachineDocker
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., workspace_id: _Optional[str] = ..., default: _Optional[bool] = ..., target: _Optional[_Union[Target, _Mapping]] = ..., profile: _Optional[str] = ..., image: _Optional[str] = ..., workspace: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., driver: _Optional[_Union[Driver, _Mapping]] = ..., state: _Optional[str] = ..., recorded_state: _Optional[str] = ..., find: _Optional[_Union[FindResult, _Mapping]] = ..., error: _Optional[str] = ..., drift: _Optional[_Union[MachineDrift, _Mapping]] = ..., health: _Optional[_Union[MachineHealth, _Mapping]] = ..., environment: _Optional[_Union[EnvironmentName, _Mapping]] = ..., services: _Optional[_Iterable[_Union[ServiceStatus, _Mapping]]] = ..., docker: _Optional[_Union[MachineDocker, _Mapping]] = ...) -> None: ...
+
+class MachineDocker(_message.Message):
+    __slots__ = ("setting", "state", "reason", "socket", "context")
+    SETTING_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    SOCKET_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    setting: str
+    state: str
+    reason: str
+    socket: str
+    context: str
+    def __init__(self, setting: _Optional[str] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ..., socket: _Optional[str] = ..., context: _Optional[str] = ...) -> None: ...
 
 class ServiceStatus(_message.Message):
     __slots__ = ("name", "state", "health", "pid", "restarts", "last_exit_code", "last_signal", "last_error", "started_at")
