@@ -19,6 +19,7 @@ __all__ = [
     "RECREATE_ON_RUN",
     "RESOURCE_LIMITS",
     "REUSE_PREFLIGHT",
+    "SERVICES",
     "STORAGE_LIMITS",
     "TERMINAL",
     "TOPOLOGY",
@@ -37,6 +38,8 @@ EGRESS = "extensions.egress_policies.deny"
 RESOURCE_LIMITS = "extensions.resource_limits"
 STORAGE_LIMITS = "extensions.storage_limits"
 TERMINAL = "extensions.terminal"
+SERVICES = "extensions.services"
+"""SetServices, ServiceStates and ServiceLogs (vz.machine.v1): the Machine supervises long-running commands."""
 TOPOLOGY = "extensions.facts.topology"
 """The Extensions fact ``topology``: the driver joins a Machine with the ``vz.network`` label to its route domain."""
 
@@ -53,6 +56,7 @@ ALL = (
     STORAGE_LIMITS,
     TERMINAL,
     TOPOLOGY,
+    SERVICES,
 )
 
 _MOUNTS = {MountType.BIND: MOUNT_BIND, MountType.VOLUME: MOUNT_VOLUME, MountType.TMPFS: MOUNT_TMPFS}
@@ -88,6 +92,8 @@ def declared(
         return ext is not None and ext.storage_limits
     if name == TERMINAL:
         return ext is not None and ext.terminal
+    if name == SERVICES:
+        return ext is not None and ext.services
     if name == TOPOLOGY:
         return ext is not None and bool(ext.facts.get("topology"))
     raise KeyError(f"unknown capability name {name!r}; known: {', '.join(ALL)}")

@@ -27,6 +27,7 @@ from vz_conformance._checks import (
     pty,
     recreate,
     resources,
+    services,
     storage,
 )
 from vz_conformance._labels import LABELS
@@ -50,6 +51,7 @@ CATALOGUE: tuple[Case, ...] = (
     *recreate.CASES,
     *egress.CASES,
     *network.CASES,
+    *services.CASES,
     *crash.CASES,
 )
 

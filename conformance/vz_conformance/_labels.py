@@ -20,5 +20,6 @@ LABELS: tuple[str, ...] = (
     "recreate",
     "egress",
     "network",
+    "services",
     "crash",
 )
