@@ -4,7 +4,6 @@ running when the session ends fails the run)."""
 
 from __future__ import annotations
 
-import fcntl
 import os
 import signal
 import sys
@@ -30,6 +29,8 @@ def _children() -> dict[int, float]:
 def _mounts(root: str) -> set[str]:
     # Only mounts under this session's temporary root: other processes on the machine share the mount table.
     # scripts/leak-check.sh checks the whole machine after the suite.
+    if not sys.platform.startswith("linux"):  # vz mounts nothing on macOS or Windows hosts
+        return set()
     lines = Path("/proc/self/mountinfo").read_text().splitlines()
     return {p for p in (line.split()[4] for line in lines) if p.startswith(root)}
 
@@ -51,6 +52,18 @@ def _vz_daemons(root: str) -> dict[int, str]:
             record = live_daemon(DaemonPaths(home))
             if record is not None:
                 found[record["pid"]] = home
+    if not sys.platform.startswith("linux"):  # no /proc: the same search through psutil
+        for proc in psutil.process_iter(["pid", "cmdline"]):
+            try:
+                argv = proc.info["cmdline"] or []
+                if proc.pid in found or ("vz_core.daemon" not in argv and "daemon" not in argv):
+                    continue
+                home = proc.environ().get("VZ_HOME", "")
+            except psutil.Error:
+                continue
+            if home and os.path.join(os.path.realpath(home), "").startswith(root):
+                found[proc.pid] = home
+        return found
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) in found:
             continue
@@ -86,8 +99,8 @@ def _stop_daemons(daemons: dict[int, str]) -> None:
             time.sleep(0.02)
         if psutil.pid_exists(pid):
             try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
+                psutil.Process(pid).kill()  # SIGKILL; TerminateProcess on Windows
+            except psutil.Error:
                 pass
 
 
@@ -181,6 +194,8 @@ def host_ipv4_forwarding() -> Iterator[None]:
     test networks and routes such tests add to the host, are the host's: one such test runs at a time, whichever
     worker of the suite runs it (an exclusive lock held from before the change until after the restore).
     """
+    import fcntl  # Linux only, like the routing it guards
+
     with open(_HOST_ROUTING_LOCK, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         before = _IP_FORWARD.read_text().strip()

@@ -26,6 +26,7 @@ import errno
 import os
 import socket
 import stat
+import sys
 from collections.abc import AsyncIterator, Callable
 
 from vz_core._types import (
@@ -235,7 +236,10 @@ def is_terminal(fd: int, st: os.stat_result | None = None) -> bool:
     st = os.fstat(fd) if st is None else st
     if not stat.S_ISCHR(st.st_mode):
         return False
-    return os.isatty(fd) or (os.uname().sysname == "Linux" and os.major(st.st_rdev) in _TTY_MAJORS)
+    if sys.platform != "linux":  # the major numbers are Linux's (and Windows has none)
+        return os.isatty(fd)
+    else:
+        return os.isatty(fd) or os.major(st.st_rdev) in _TTY_MAJORS
 
 
 _READ_SIZE = 1024 * 1024  # a wide exec frame; fewer, larger reads cost the copying path less CPU per MiB
@@ -259,7 +263,10 @@ class _Endpoint:
         self._sock: socket.socket | None = None
         self._kind = "inline"
         mode = os.fstat(fd).st_mode
-        if stat.S_ISFIFO(mode):
+        if sys.platform == "win32":  # no /proc, no readiness for pipes on the proactor loop: a worker thread
+            if stat.S_ISFIFO(mode):
+                self._kind = "thread"
+        elif stat.S_ISFIFO(mode):
             flags = (os.O_WRONLY if write else os.O_RDONLY) | os.O_NONBLOCK
             try:
                 self._own = os.open(f"/proc/self/fd/{fd}", flags)
@@ -303,7 +310,7 @@ class _Endpoint:
                     return os.read(self._own, _READ_SIZE)
                 except BlockingIOError:
                     await self._ready(self._own, write=False)
-        if self._kind == "socket":
+        if sys.platform != "win32" and self._kind == "socket":  # (never a socket on Windows: see __init__)
             assert self._sock is not None
             while True:
                 try:
@@ -323,7 +330,7 @@ class _Endpoint:
                 except BlockingIOError:
                     await self._ready(self._own, write=True)
                     continue
-            elif self._kind == "socket":
+            elif sys.platform != "win32" and self._kind == "socket":
                 assert self._sock is not None
                 try:
                     n = self._sock.send(view, socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL)

@@ -1,85 +1,27 @@
-"""The driver registry proper: pluggy hooks from ``vz.drivers`` entry points, validated, and the checks of a
-declaration. Public through ``vz_core.registry`` (``DriverRegistry``, ``main``, ``DriverDeclaration.problems``),
-which imports this module only when a registry is needed (never in a plugin process before its handshake).
+"""The driver registry proper: pluggy hooks from ``vz.drivers`` entry points, each declaration validated
+(``vz_core._declaration``). Public through ``vz_core.registry`` (``DriverRegistry``), which imports this module
+only when a registry is needed (never in a plugin process before its handshake).
 """
 
 from __future__ import annotations
 
-import re
 import types
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, get_args
+from typing import TYPE_CHECKING, Any
 
-from vz_core.errors import NotFoundError
-from vz_core.registry import (
-    DRIVER_NAME_PATTERN,
+from vz_core._declaration import (
     ENTRY_POINT_GROUP,
-    HOST_OSES,
     PROJECT,
     DriverDeclaration,
-    MatrixRow,
     RegistrationError,
-    Scope,
-    Status,
-    is_driver_name,
+    declaration_problems,
 )
+from vz_core.errors import NotFoundError
 
 if TYPE_CHECKING:
     import pluggy
 
-_SCOPES: tuple[str, ...] = get_args(Scope)
-_STATUSES: tuple[str, ...] = get_args(Status)
-_REFERENCE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_]\w*)*")
-_OPTION_NAME = re.compile(r"[a-z][a-z0-9_]{0,62}")
-
 __all__ = ["DriverRegistry", "declaration_problems"]
-
-
-def declaration_problems(self: DriverDeclaration) -> list[str]:
-    """Everything wrong with this declaration, one "field: problem" each (empty when it is valid)."""
-    found: list[str] = []
-    if not is_driver_name(self.name):
-        found.append(f"name: {self.name!r} does not match {DRIVER_NAME_PATTERN}")
-    if not isinstance(self.summary, str) or not self.summary.strip():
-        found.append("summary: must be a non-empty sentence")
-    for label, ref, required in (
-        ("factory", self.factory, True),
-        ("adapter", self.adapter, False),
-        ("plugin_hooks", self.plugin_hooks, False),
-    ):
-        if (required or ref) and not (isinstance(ref, str) and _REFERENCE.fullmatch(ref)):
-            found.append(f"{label}: {ref!r} must look like 'module:attribute'")
-    if not isinstance(self.plugin_command, tuple) or not all(isinstance(a, str) for a in self.plugin_command):
-        found.append("plugin_command: must be a tuple of strings")
-    if not self.targets or not all(t in HOST_OSES for t in self.targets):
-        found.append(f"targets: {self.targets!r}: each must be one of {', '.join(HOST_OSES)}")
-    for option in self.declared_options.values():
-        where = f"options.{option.name}"
-        if not _OPTION_NAME.fullmatch(option.name):
-            found.append(f"{where}: the name must be lowercase letters, digits and '_'")
-        if not option.help.strip():
-            found.append(f"{where}.help: must describe the option")
-        if option.scope not in _SCOPES:
-            found.append(f"{where}.scope: {option.scope!r} is not one of {', '.join(_SCOPES)}")
-        found += [f"{where}.{problem}" for problem in option.problems()]
-        if option.flag and not re.fullmatch(r"--[a-z][a-z0-9-]*", option.flag):
-            found.append(f"{where}.flag: {option.flag!r} must look like --some-flag")
-    seen: set[tuple[str, str]] = set()
-    for i, row in enumerate(self.matrix):
-        where = f"matrix[{i}]"
-        if not isinstance(row, MatrixRow):
-            found.append(f"{where}: must be a vz_core.registry.MatrixRow, not {type(row).__name__}")
-            continue
-        if row.host_os not in HOST_OSES:
-            found.append(f"{where}.host_os: {row.host_os!r} is not one of {', '.join(HOST_OSES)}")
-        if row.target_os not in self.targets:
-            found.append(f"{where}.target_os: {row.target_os!r} is not among the targets {self.targets!r}")
-        if row.status not in _STATUSES:
-            found.append(f"{where}.status: {row.status!r} is not one of {', '.join(_STATUSES)}")
-        if (row.host_os, row.target_os) in seen:
-            found.append(f"{where}: host {row.host_os} / target {row.target_os} is listed twice")
-        seen.add((row.host_os, row.target_os))
-    return found
 
 
 def _spec_class() -> type:

@@ -17,6 +17,7 @@ from typing import Final
 __all__ = [
     "DEFAULT_PIDS",
     "DIGEST_RE",
+    "DRIVER_NAME_PATTERN",
     "HOST_RE",
     "MAX_PIDS",
     "MIN_PIDS",
@@ -26,6 +27,7 @@ __all__ = [
     "default_memory_bytes",
     "default_pids",
     "host_task_limit",
+    "is_driver_name",
     "max_pids",
     "names_registry_host",
     "reserved_target",
@@ -101,3 +103,14 @@ def default_memory_bytes(host_memory: int) -> int:
     whole MiB. It is a ceiling, not a reservation: what a Machine does not use stays the host's."""
     mib = 1024 * 1024
     return max(mib, (host_memory // 2) // mib * mib)
+
+
+DRIVER_NAME_PATTERN = "^[a-z][a-z0-9_-]{0,62}$"
+"""The one grammar of driver names (built-in, external, and a Machine's ``driver`` in vz.json), in JSON Schema
+(ECMA-262) syntax, where ``$`` matches only at the very end. Python code uses ``check_driver_name``."""
+_DRIVER_NAME = re.compile(r"[a-z][a-z0-9_-]{0,62}")
+
+
+def is_driver_name(name: object) -> bool:
+    """Whether ``name`` follows the driver-name grammar (``DRIVER_NAME_PATTERN``)."""
+    return isinstance(name, str) and _DRIVER_NAME.fullmatch(name) is not None

@@ -58,7 +58,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from vz_core.errors import TrustError
 from vz_core.platform.files import SEALED_MEMFD, memfd_sealed_copy, seal_memfd
-from vz_core.registry import DRIVER_NAME_PATTERN
+from vz_core.rules import DRIVER_NAME_PATTERN, is_driver_name
 
 __all__ = [
     "BinaryEntry",
@@ -146,7 +146,7 @@ class Manifest(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     manifest_version: Literal[1] = 1
-    name: str = Field(pattern=DRIVER_NAME_PATTERN, description="a driver name (vz_core.registry.DRIVER_NAME_PATTERN)")
+    name: str = Field(pattern=DRIVER_NAME_PATTERN, description="a driver name (vz_core.rules.DRIVER_NAME_PATTERN)")
     version: str = Field(min_length=1)
     api_version: str = Field(pattern=r"^1\.\d+$", description='Runtime Protocol version, "1.<minor>"')
     binaries: dict[str, BinaryEntry] = Field(min_length=1)
@@ -158,8 +158,6 @@ class Manifest(BaseModel):
     @field_validator("name")
     @classmethod
     def _driver_name(cls, value: str) -> str:
-        from vz_core.registry import is_driver_name
-
         if not is_driver_name(value):  # the pattern's "$" alone would let a trailing newline through
             raise ValueError(f"{value[:80]!r} is not a driver name ({DRIVER_NAME_PATTERN})")
         return value

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["NotApplicable", "Outcome", "Passed"]
+__all__ = ["NotApplicable", "Outcome", "Passed", "WireUnavailableError"]
 
 
 @dataclass(frozen=True)
@@ -37,3 +37,7 @@ class NotApplicable:
 
 
 Outcome = Passed | NotApplicable
+
+
+class WireUnavailableError(RuntimeError):
+    """The raw gRPC channel needed by a wire-level case cannot be opened in this setup (the case cannot run)."""

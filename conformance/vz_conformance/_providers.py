@@ -25,6 +25,7 @@ from typing import Any, ClassVar, Literal
 
 import grpc
 
+from vz_conformance._outcome import WireUnavailableError
 from vz_core import Driver
 from vz_core.registry import DriverRegistry
 
@@ -39,10 +40,6 @@ __all__ = [
 ]
 
 ProviderMode = Literal["in-process", "external"]
-
-
-class WireUnavailableError(RuntimeError):
-    """The raw gRPC channel needed by a wire-level case cannot be opened in this setup."""
 
 
 def sha256_of(path: Path) -> str:

@@ -20,7 +20,7 @@ from typing import Any
 
 import grpc
 
-from vz_conformance._providers import WireUnavailableError
+from vz_conformance._outcome import WireUnavailableError
 from vz_core import Driver
 from vz_core.rpc import RemoteDriver
 from vz_core.transport import LaunchSpec, PluginLauncher

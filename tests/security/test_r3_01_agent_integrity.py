@@ -374,12 +374,40 @@ async def test_a_qemu_guests_root_cannot_attach_to_or_reach_into_its_agent(
         assert record is not None and drv._backend.agent_keys is not None
         await drv._drop_link(record.key)
         assert (await sh(drv, "vm", "echo proven")).stdout == b"proven\n"
-        drv._backend.agent_keys._keeper.put(
-            record.key, record.machine_id + drv._backend.agent_keys._SUFFIX, {"key": secrets.token_hex(32)}
+
+        # The session ports 1..N: the Machine's root tries to put its own agent (a real vz-agent, without the key)
+        # on them: it stops whatever other process holds a port and serves there. Every port is held by the
+        # PID-1 agent, so the port stays busy, and a host process that finds port 0 taken (``second``: another
+        # driver object, as another vz process would be) reaches the PID-1 agent on port 1, which proves the key.
+        agent = await asyncio.to_thread(Path(agent_binary).read_bytes)
+        assert (await sh(drv, "vm", "cat > /impostor && chmod 755 /impostor", stdin=agent)).exit.success
+        takeover = (
+            "for p in /proc/[0-9]*; do pid=${p#/proc/}; [ $pid = 1 ] && continue; "
+            'tr "\\0" "\\n" < $p/cmdline 2>/dev/null | grep -q "^--device$" && kill -9 $pid && echo killed $pid; done; '
+            "sleep 1; n=0; for dev in $(tr '\\0' '\\n' < /proc/1/cmdline | grep '^/dev/vport'; "
+            "ls /dev/vport* 2>/dev/null); do n=$((n + 1)); "
+            "/impostor serve --device $dev --root / > /tmp/impostor-$n.log 2>&1 & echo $! >> /tmp/impostor.pids; "
+            "done; sleep 2; cat /tmp/impostor-*.log; "
+            'for pid in $(cat /tmp/impostor.pids); do [ -d /proc/$pid ] && echo "an impostor runs: $pid"; done; true'
         )
-        await drv._drop_link(record.key)
-        with pytest.raises(FailedPreconditionError, match=IDENTITY_ERROR):
-            await sh(drv, "vm", "echo should not run")
+        taken = (await sh(drv, "vm", takeover)).stdout.decode()
+        assert "an impostor runs" not in taken and "device or resource busy" in taken, taken
+        second = QemuDriver(state_dir=state, image_dir=images, agent_binary=agent_binary, stop_timeout=5)
+        try:
+            assert (await sh(second, "vm", "echo on a session port")).stdout == b"on a session port\n"
+            (port,) = {link.port for link in second._ls().links.values()}
+            assert port == 1  # port 0 is drv's
+
+            # A session port's handshake is challenged too: with another key expected, the host refuses the agent
+            # there and kills the VM.
+            keys = second._backend.agent_keys
+            assert keys is not None
+            keys._keeper.put(record.key, record.machine_id + keys._SUFFIX, {"key": secrets.token_hex(32)})
+            await second._drop_link(record.key)
+            with pytest.raises(FailedPreconditionError, match=IDENTITY_ERROR):
+                await sh(second, "vm", "echo should not run")
+        finally:
+            await second.close()
         found = await drv.find("vm")
         assert found is not None and found.state.status == "stopped" and IDENTITY_ERROR in found.state.error
         assert proc_start_time(record.pid) != record.pid_start, "the VM still runs"

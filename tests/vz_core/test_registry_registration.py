@@ -353,13 +353,13 @@ def test_bad_plugin_options_exit_2_naming_the_problem(
 
 # Stands in for the plugin SDK: reports what the shared plugin main imported before serving and what it serves.
 STUB_SERVE = """
-import sys, vz_plugins
+import sys, vz_plugins._declared
 def serve(driver, *, on_serving=None):
     early = sorted(m for m in sys.modules if m.endswith("._driver") and m.startswith("vz_drivers"))
     made = driver() if callable(driver) else driver
     print(type(made).__name__, early, file=sys.stderr)
     sys.exit(0)
-vz_plugins.serve = serve
+vz_plugins._declared.serve = serve
 from vz_drivers.qemu.registration import main
 main(sys.argv[1:])
 """
@@ -394,14 +394,14 @@ def test_declarations_are_immutable_values() -> None:
 
 # How the host launches a built-in: options in the environment only, the registration module named.
 HOST_LAUNCH = """
-import sys, vz_plugins
+import sys, vz_plugins._declared
 def serve(driver, *, on_serving=None):
     made = driver()
     print(type(made).__name__, "argparse" in sys.modules, file=sys.stderr)
     sys.exit(0)
-vz_plugins.serve = serve
-from vz_core.registry import main
-main(sys.argv[1:])
+vz_plugins._declared.serve = serve
+from vz_plugins import plugin_main
+plugin_main(sys.argv[1:])
 """
 
 

@@ -136,14 +136,14 @@ class GrpcTransport:
     def __init__(self, home: str | None = None, socket: str | None = None, autostart: bool | None = None) -> None:
         from vz_core.daemon import daemon_paths
 
-        if sys.platform == "win32":
-            raise ApiError("UNSUPPORTED", WINDOWS_UNSUPPORTED, "user_error", 2)
         self.given_socket = socket
         self.socket = socket or daemon_paths(home).socket
         self.home = home
         self.autostart = autostart
         self._channel: grpc.Channel | None = None
         self._lock = threading.Lock()
+        if sys.platform == "win32":
+            raise ApiError("UNSUPPORTED", WINDOWS_UNSUPPORTED, "user_error", 2)
 
     def _ensure(self) -> grpc.Channel:
         with self._lock:

@@ -13,6 +13,10 @@ from __future__ import annotations
 import os
 import sys
 
+# POSIX only (fork, setsid, descriptors handed to the daemon): `vz exec` refuses before this on Windows
+# (vz_core.cli._exec.WINDOWS_EXEC). mypy skips the rest of this file for win32.
+assert sys.platform != "win32", "vz exec --detach does not run on Windows"
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any

@@ -24,6 +24,7 @@ and SIGHUP cancel. The command's own death by signal N also exits 128+N.
 from __future__ import annotations
 
 import os
+import sys
 
 TYPE_CHECKING = False  # `typing` costs milliseconds on this path
 if TYPE_CHECKING:
@@ -37,6 +38,10 @@ else:  # not `signal`: it builds enums (milliseconds here); `signal` is imported
 __all__ = ["NOT_A_TTY", "ExecCall", "enlarge_pipe", "exit_code_of", "exit_status", "run_exec"]
 
 NOT_A_TTY = "the input device is not a TTY"
+WINDOWS_EXEC = (
+    "`vz exec` is not available on Windows hosts yet (its stdio loop waits with poll(), which Windows offers "
+    "for sockets only; --detach forks)"
+)
 """The error of `vz exec -it` when stdin is not a terminal (docker's words, so scripts written for it match)."""
 
 TERMINAL_ROWS, TERMINAL_COLS = 24, 80
@@ -194,207 +199,213 @@ def run_exec(
     are handed over too (see ``_disposition``). Errors of the daemon raise
     ``vz_core.api.ApiError``.
     """
-    if detach:
-        from vz_core.cli._detach import run_detached
-
-        return run_detached(
-            client,
-            context=context,
-            argv=argv,
-            environment=environment,
-            machine=machine,
-            workdir=workdir,
-            env=env,
-            user=user,
-        )
-    if tty and interactive and not _isatty(0):
+    if sys.platform == "win32":  # the loop below waits with poll() on pipes and the socket: POSIX only
         from vz_core.errors import UserError
 
-        raise UserError(NOT_A_TTY)
-    opened: list[int] = []
-    stdio: list[int | None] = [None, None, None]
-    if not tty:
-        for fd in (0, 1, 2):
-            how = _disposition(fd, pipes=fd == 0 or pass_pipes)
-            if how == _PASS:
-                stdio[fd] = fd
-            elif how == _CLOSED:  # the command gets /dev/null there
-                null = os.open(os.devnull, os.O_RDWR)
-                opened.append(null)
-                stdio[fd] = null
-    size = _window((0, 1, 2)) or (TERMINAL_ROWS, TERMINAL_COLS)
-    loop = _Loop(tty=tty, interactive=interactive, copy_stdin=not tty and stdio[0] is None)
-    # Signals are caught from before the request: with the fd fast path the command may write to our stdout
-    # before open_exec returns, and a signal sent then must still cancel it and exit 128+N.
-    with loop:
-        try:
-            call: ExecCall = client.open_exec(
-                argv,
+        raise UserError(WINDOWS_EXEC)
+    else:
+        if detach:
+            from vz_core.cli._detach import run_detached
+
+            return run_detached(
+                client,
                 context=context,
+                argv=argv,
                 environment=environment,
                 machine=machine,
                 workdir=workdir,
-                stdio=tuple(stdio),
-                tty=tty,
-                rows=size[0],
-                cols=size[1],
-                term=os.environ.get("TERM", "") if tty else None,
                 env=env,
                 user=user,
             )
-        finally:
-            for fd in opened:
-                os.close(fd)
-        try:
-            return loop.run(call)
-        finally:
-            call.close()
+        if tty and interactive and not _isatty(0):
+            from vz_core.errors import UserError
 
-
-class _Loop:
-    """One exec call driven to its end: output to our fds, stdin copied when it is a terminal, signals."""
-
-    call: ExecCall
-
-    def __init__(self, *, tty: bool, interactive: bool, copy_stdin: bool) -> None:
-        self.tty = tty
-        self.interactive = interactive
-        self.read_stdin = copy_stdin or (tty and interactive)
-        self.signals: list[int] = []
-        self.resized = False
-        self.cancelled = False
-        self._wake_r = self._wake_w = -1
-        self._old_wakeup: int | None = None
-        self._previous: dict[int, Any] = {}
-
-    def __enter__(self) -> _Loop:
-        """Catch SIGINT, SIGTERM and SIGHUP (only the last two for `-it`: Ctrl-C goes to the Machine) for the
-        loop, and SIGWINCH with a terminal; each wakes the loop. ``__exit__`` puts the earlier handlers back."""
-        cancelling = (_signal.SIGTERM, _signal.SIGHUP) if self.tty and self.interactive else _CANCELLING
-        from vz_core.platform.files import nonblocking_pipe
-
-        self._wake_r, self._wake_w = nonblocking_pipe()
-        try:
-            self._old_wakeup = _signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
-            for sig in cancelling:
-                self._previous[sig] = _signal.signal(sig, self._on_signal)
-            if self.tty:
-                self._previous[_signal.SIGWINCH] = _signal.signal(_signal.SIGWINCH, self._on_winch)
-        except BaseException:
-            self.__exit__()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for signum, handler in self._previous.items():
-            _signal.signal(signum, handler)
-        self._previous.clear()
-        if self._old_wakeup is not None:
-            _signal.set_wakeup_fd(self._old_wakeup)
-            self._old_wakeup = None
-        for fd in (self._wake_r, self._wake_w):
-            if fd >= 0:
-                os.close(fd)
-        self._wake_r = self._wake_w = -1
-
-    def run(self, call: ExecCall) -> int:
-        """Drive ``call`` to its end (inside ``with self``); a signal caught before it began counts."""
-        import select
-
-        self.call = call
-        wake_r = self._wake_r
-        raw: RawTerminal | None = None
-        try:
-            if self.tty and self.interactive:
-                from vz_core.platform.terminal import RawTerminal
-
-                raw = RawTerminal(0)  # restored on every way out
-            if self.tty and not self.interactive:
-                self.call.close_stdin()
-            poller = select.poll()
-            sock = self.call.fileno()
-            poller.register(sock, select.POLLIN)
-            poller.register(wake_r, select.POLLIN)
-            if self.read_stdin:
-                poller.register(0, select.POLLIN)
-            deadline: float | None = None
-            while True:
-                if self.signals and not self.cancelled:
-                    self.cancelled = True  # the daemon kills the command and answers 128+N
-                    import signal
-
-                    self.call.signal(signal.Signals(self.signals[0]).name)
-                    import time
-
-                    deadline = time.monotonic() + CANCEL_GRACE
-                if self.resized:
-                    self.resized = False
-                    now = _window((0, 1, 2))
-                    if now is not None:
-                        self.call.resize(*now)
-                timeout = None
-                if deadline is not None:
-                    import time
-
-                    timeout = max(0, int((deadline - time.monotonic()) * 1000))
-                    if timeout == 0:
-                        return 128 + self.signals[0]
-                for fd, _ in poller.poll(timeout):
-                    if fd == wake_r:
-                        _drain(wake_r)
-                    elif fd == 0:
-                        if not self._copy_stdin():
-                            poller.unregister(0)
-                    elif fd == sock:
-                        done = self._receive()
-                        if done is not None:
-                            return done
-        finally:
-            if raw is not None:
-                raw.restore()
-
-    def _on_signal(self, signum: int, frame: object) -> None:
-        self.signals.append(signum)
-
-    def _on_winch(self, signum: int, frame: object) -> None:
-        self.resized = True
-
-    def _copy_stdin(self) -> bool:
-        """Send what our stdin (a terminal) has; False at its end."""
-        try:
-            data = os.read(0, CHUNK)
-        except OSError:
-            data = b""
-        if not data:
-            self.call.close_stdin()
-            return False
-        self.call.send(_TERMINAL if self.tty else _STDIN, data)
-        return True
-
-    def _receive(self) -> int | None:
-        """Handle the next message (``receive()`` reads exactly one); the exit status once the call ended."""
-        try:
-            message = self.call.receive()
-        except Exception:
-            if self.signals:  # the daemon confirmed the cancel with an error (or hung up)
-                return 128 + self.signals[0]
-            raise
-        if len(message) == 3:  # ("output", stream, data)
-            _, stream, data = message
-            fd = 1 if stream in (_STDOUT, _TERMINAL) else 2
+            raise UserError(NOT_A_TTY)
+        opened: list[int] = []
+        stdio: list[int | None] = [None, None, None]
+        if not tty:
+            for fd in (0, 1, 2):
+                how = _disposition(fd, pipes=fd == 0 or pass_pipes)
+                if how == _PASS:
+                    stdio[fd] = fd
+                elif how == _CLOSED:  # the command gets /dev/null there
+                    null = os.open(os.devnull, os.O_RDWR)
+                    opened.append(null)
+                    stdio[fd] = null
+        size = _window((0, 1, 2)) or (TERMINAL_ROWS, TERMINAL_COLS)
+        loop = _Loop(tty=tty, interactive=interactive, copy_stdin=not tty and stdio[0] is None)
+        # Signals are caught from before the request: with the fd fast path the command may write to our stdout
+        # before open_exec returns, and a signal sent then must still cancel it and exit 128+N.
+        with loop:
             try:
-                _write_all(fd, data)
-            except BrokenPipeError:
-                self.call.cancel()
-                return 128 + _signal.SIGPIPE
-            return None
-        if self.signals:
-            return 128 + self.signals[0]
-        result: Any = message[1]  # ("result", {"exit_code", "signal"})
-        return exit_status(int(result.get("exit_code", 1)), result.get("signal"))
+                call: ExecCall = client.open_exec(
+                    argv,
+                    context=context,
+                    environment=environment,
+                    machine=machine,
+                    workdir=workdir,
+                    stdio=tuple(stdio),
+                    tty=tty,
+                    rows=size[0],
+                    cols=size[1],
+                    term=os.environ.get("TERM", "") if tty else None,
+                    env=env,
+                    user=user,
+                )
+            finally:
+                for fd in opened:
+                    os.close(fd)
+            try:
+                return loop.run(call)
+            finally:
+                call.close()
 
 
-_CANCELLING = (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP)
+if sys.platform != "win32":  # (run_exec refuses first on Windows)
+
+    class _Loop:
+        """One exec call driven to its end: output to our fds, stdin copied when it is a terminal, signals."""
+
+        call: ExecCall
+
+        def __init__(self, *, tty: bool, interactive: bool, copy_stdin: bool) -> None:
+            self.tty = tty
+            self.interactive = interactive
+            self.read_stdin = copy_stdin or (tty and interactive)
+            self.signals: list[int] = []
+            self.resized = False
+            self.cancelled = False
+            self._wake_r = self._wake_w = -1
+            self._old_wakeup: int | None = None
+            self._previous: dict[int, Any] = {}
+
+        def __enter__(self) -> _Loop:
+            """Catch SIGINT, SIGTERM and SIGHUP (only the last two for `-it`: Ctrl-C goes to the Machine) for the
+            loop, and SIGWINCH with a terminal; each wakes the loop. ``__exit__`` puts the earlier handlers back."""
+            cancelling = (_signal.SIGTERM, _signal.SIGHUP) if self.tty and self.interactive else _CANCELLING
+            from vz_core.platform.files import nonblocking_pipe
+
+            self._wake_r, self._wake_w = nonblocking_pipe()
+            try:
+                self._old_wakeup = _signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
+                for sig in cancelling:
+                    self._previous[sig] = _signal.signal(sig, self._on_signal)
+                if self.tty:
+                    self._previous[_signal.SIGWINCH] = _signal.signal(_signal.SIGWINCH, self._on_winch)
+            except BaseException:
+                self.__exit__()
+                raise
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            for signum, handler in self._previous.items():
+                _signal.signal(signum, handler)
+            self._previous.clear()
+            if self._old_wakeup is not None:
+                _signal.set_wakeup_fd(self._old_wakeup)
+                self._old_wakeup = None
+            for fd in (self._wake_r, self._wake_w):
+                if fd >= 0:
+                    os.close(fd)
+            self._wake_r = self._wake_w = -1
+
+        def run(self, call: ExecCall) -> int:
+            """Drive ``call`` to its end (inside ``with self``); a signal caught before it began counts."""
+            import select
+
+            self.call = call
+            wake_r = self._wake_r
+            raw: RawTerminal | None = None
+            try:
+                if self.tty and self.interactive:
+                    from vz_core.platform.terminal import RawTerminal
+
+                    raw = RawTerminal(0)  # restored on every way out
+                if self.tty and not self.interactive:
+                    self.call.close_stdin()
+                poller = select.poll()
+                sock = self.call.fileno()
+                poller.register(sock, select.POLLIN)
+                poller.register(wake_r, select.POLLIN)
+                if self.read_stdin:
+                    poller.register(0, select.POLLIN)
+                deadline: float | None = None
+                while True:
+                    if self.signals and not self.cancelled:
+                        self.cancelled = True  # the daemon kills the command and answers 128+N
+                        import signal
+
+                        self.call.signal(signal.Signals(self.signals[0]).name)
+                        import time
+
+                        deadline = time.monotonic() + CANCEL_GRACE
+                    if self.resized:
+                        self.resized = False
+                        now = _window((0, 1, 2))
+                        if now is not None:
+                            self.call.resize(*now)
+                    timeout = None
+                    if deadline is not None:
+                        import time
+
+                        timeout = max(0, int((deadline - time.monotonic()) * 1000))
+                        if timeout == 0:
+                            return 128 + self.signals[0]
+                    for fd, _ in poller.poll(timeout):
+                        if fd == wake_r:
+                            _drain(wake_r)
+                        elif fd == 0:
+                            if not self._copy_stdin():
+                                poller.unregister(0)
+                        elif fd == sock:
+                            done = self._receive()
+                            if done is not None:
+                                return done
+            finally:
+                if raw is not None:
+                    raw.restore()
+
+        def _on_signal(self, signum: int, frame: object) -> None:
+            self.signals.append(signum)
+
+        def _on_winch(self, signum: int, frame: object) -> None:
+            self.resized = True
+
+        def _copy_stdin(self) -> bool:
+            """Send what our stdin (a terminal) has; False at its end."""
+            try:
+                data = os.read(0, CHUNK)
+            except OSError:
+                data = b""
+            if not data:
+                self.call.close_stdin()
+                return False
+            self.call.send(_TERMINAL if self.tty else _STDIN, data)
+            return True
+
+        def _receive(self) -> int | None:
+            """Handle the next message (``receive()`` reads exactly one); the exit status once the call ended."""
+            try:
+                message = self.call.receive()
+            except Exception:
+                if self.signals:  # the daemon confirmed the cancel with an error (or hung up)
+                    return 128 + self.signals[0]
+                raise
+            if len(message) == 3:  # ("output", stream, data)
+                _, stream, data = message
+                fd = 1 if stream in (_STDOUT, _TERMINAL) else 2
+                try:
+                    _write_all(fd, data)
+                except BrokenPipeError:
+                    self.call.cancel()
+                    return 128 + _signal.SIGPIPE
+                return None
+            if self.signals:
+                return 128 + self.signals[0]
+            result: Any = message[1]  # ("result", {"exit_code", "signal"})
+            return exit_status(int(result.get("exit_code", 1)), result.get("signal"))
+
+    _CANCELLING = (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP)
 
 
 def _drain(fd: int) -> None:

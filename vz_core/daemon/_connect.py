@@ -28,7 +28,7 @@ import sys
 import time
 
 from vz_core.daemon._identity import PROTOCOL, compare_versions, fingerprint, version
-from vz_core.daemon._paths import DaemonPaths, check_private_dir, daemon_paths, ensure_private_dir
+from vz_core.daemon._paths import NOFOLLOW, DaemonPaths, check_private_dir, daemon_paths, ensure_private_dir
 from vz_core.daemon._wire import Channel, DaemonError, WireError, close_fds
 
 if sys.platform != "win32":
@@ -178,37 +178,44 @@ def _open_socket(paths: DaemonPaths) -> Stream | None:
     """
     if sys.platform == "win32":
         return _open_pipe(paths)
-    if not check_private_dir(paths.socket_dir):
-        return None
-    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)  # close-on-exec (PEP 446)
-    try:
-        if len(os.fsencode(paths.socket)) <= _SUN_PATH_MAX:
-            sock.connect(paths.socket)
-        else:  # too long for sun_path: through a descriptor of its (checked) directory
-            from vz_core.platform.files import long_socket_path
+    else:
+        return _open_unix_socket(paths)
 
-            dir_fd = os.open(paths.socket_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-            try:
-                sock.connect(long_socket_path(dir_fd, os.path.basename(paths.socket)))
-            finally:
-                os.close(dir_fd)
-    except (FileNotFoundError, ConnectionRefusedError):
-        sock.close()
-        return None
-    except BaseException:
-        sock.close()
-        raise
-    peer_pid, peer_uid, _gid = peer_credentials(sock)
-    if peer_uid != os.geteuid():
-        sock.close()
-        raise DaemonError(
-            f"the socket {paths.socket} is served by uid {peer_uid} (pid {peer_pid}), not by you; "
-            "remove it (your own daemon re-creates it)",
-            code="PERMISSION_DENIED",
-            kind="user_error",
-            exit_code=2,
-        )
-    return sock
+
+if sys.platform != "win32":
+
+    def _open_unix_socket(paths: DaemonPaths) -> _socket.socket | None:
+        if not check_private_dir(paths.socket_dir):
+            return None
+        sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)  # close-on-exec (PEP 446)
+        try:
+            if len(os.fsencode(paths.socket)) <= _SUN_PATH_MAX:
+                sock.connect(paths.socket)
+            else:  # too long for sun_path: through a descriptor of its (checked) directory
+                from vz_core.platform.files import long_socket_path
+
+                dir_fd = os.open(paths.socket_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+                try:
+                    sock.connect(long_socket_path(dir_fd, os.path.basename(paths.socket)))
+                finally:
+                    os.close(dir_fd)
+        except (FileNotFoundError, ConnectionRefusedError):
+            sock.close()
+            return None
+        except BaseException:
+            sock.close()
+            raise
+        peer_pid, peer_uid, _gid = peer_credentials(sock)
+        if peer_uid != os.geteuid():
+            sock.close()
+            raise DaemonError(
+                f"the socket {paths.socket} is served by uid {peer_uid} (pid {peer_pid}), not by you; "
+                "remove it (your own daemon re-creates it)",
+                code="PERMISSION_DENIED",
+                kind="user_error",
+                exit_code=2,
+            )
+        return sock
 
 
 if sys.platform == "win32":
@@ -316,7 +323,7 @@ class _StartLock:
         from vz_core.platform.locks import lock_file
 
         ensure_private_dir(self.paths.directory)
-        self.fd = os.open(self.paths.start_lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        self.fd = os.open(self.paths.start_lock, os.O_RDWR | os.O_CREAT | NOFOLLOW, 0o600)
         deadline = time.monotonic() + self.timeout
         while True:
             if lock_file(self.fd, blocking=False):
@@ -362,7 +369,7 @@ def _spawn(paths: DaemonPaths, environ: Mapping[str, str], timeout: float) -> No
     root = _package_root()  # the daemon runs the same vz_core as this client
     env["PYTHONPATH"] = os.pathsep.join([root, *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
     read_fd, write_fd = os.pipe()
-    log_fd = os.open(paths.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+    log_fd = os.open(paths.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND | NOFOLLOW, 0o600)
     try:
         ready_args, ready_options = ready_handoff(write_fd)
         proc = subprocess.Popen(
@@ -416,6 +423,21 @@ def _spawn(paths: DaemonPaths, environ: Mapping[str, str], timeout: float) -> No
 
 def _wait_gone(pid: int, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
+    if sys.platform != "linux":  # no /proc: a process handle (Windows) or kqueue (macOS) says when it exited
+        from vz_core.platform.process import ExitWatch
+
+        try:
+            watch = ExitWatch(pid)
+        except ProcessLookupError:
+            return True
+        try:
+            while not watch.exited():
+                if time.monotonic() > deadline:
+                    return False
+                time.sleep(0.01)
+            return True
+        finally:
+            watch.close()
     while os.path.exists(f"/proc/{pid}"):
         try:
             with open(f"/proc/{pid}/stat", "rb") as f:
@@ -563,7 +585,10 @@ def stop_daemon(
     still = live_daemon(paths)
     if still is not None and still["pid"] == pid:
         try:
-            os.kill(pid, signal.SIGKILL)
+            if sys.platform == "win32":
+                os.kill(pid, signal.SIGTERM)  # TerminateProcess
+            else:
+                os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             return pid
         if _wait_gone(pid, 5.0):

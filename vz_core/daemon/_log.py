@@ -11,6 +11,7 @@ import logging.handlers
 import os
 from collections.abc import Callable
 
+from vz_core.platform.files import NOFOLLOW
 from vz_core.redact import Redactor
 
 __all__ = ["LOGGER", "LOG_BACKUPS", "LOG_MAX_BYTES", "RedactingFilter", "open_log", "setup_logging"]
@@ -24,7 +25,7 @@ LOGGER = "vz.daemon"
 
 def open_log(path: str) -> int:
     """An append descriptor on the log file (mode 0600), for a daemon's stdio."""
-    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | NOFOLLOW, 0o600)
 
 
 class RedactingFilter(logging.Filter):

@@ -31,6 +31,7 @@ import contextlib
 import json
 import logging
 import os
+import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -167,7 +168,7 @@ class DaemonNetwork:
             await self._host.remove(environment_id)
         with contextlib.suppress(Exception):
             self._forget(environment_id)
-        if environment_id.startswith("env_") and os.geteuid() == 0:
+        if sys.platform == "linux" and environment_id.startswith("env_") and os.geteuid() == 0:
             from vz_core.network import remove_host_egress
 
             try:  # `vz delete` removed it with the route domain; a leftover (a killed removal) goes now

@@ -64,6 +64,11 @@ CREATED_CHILDREN = ("drivers", "locks", "cache")
 STATE_FILES = ("state.db", "state.db-wal", "state.db-shm", "state.db-journal")
 
 SOCKET_ENV = "VZ_DAEMON_SOCKET"
+if sys.platform == "win32":
+    NOFOLLOW = 0
+else:
+    NOFOLLOW = os.O_NOFOLLOW
+"""``O_NOFOLLOW`` (``vz_core.platform.files.NOFOLLOW``, spelled here: that module is not on the CLI's hot path)."""
 
 
 class DaemonPaths:
@@ -156,64 +161,90 @@ def _refuse(path: str, why: str) -> DaemonError:
     )
 
 
-def _check_stat(path: str, st: os.stat_result, *, fix_fd: int | None) -> None:
-    if stat.S_ISLNK(st.st_mode):
-        raise _refuse(path, "it is a symbolic link; remove it (vz creates this directory itself)")
-    if not stat.S_ISDIR(st.st_mode):
-        raise _refuse(path, "it is not a directory; remove it (vz creates this directory itself)")
-    uid = os.geteuid()
-    if st.st_uid != uid:
-        raise _refuse(path, f"it is owned by uid {st.st_uid}, not by you (uid {uid}); remove it or fix its owner")
-    mode = stat.S_IMODE(st.st_mode)
-    if mode & 0o022:
-        raise _refuse(
-            path,
-            f"others may write to it (mode {mode:04o}); remove it (vz re-creates it with mode 0700) or "
-            f"`chmod 700 {path}` after checking its contents",
-        )
-    if mode & 0o077:
-        if fix_fd is None:
-            raise _refuse(path, f"its mode is {mode:04o}, not 0700; `chmod 700 {path}`")
-        os.fchmod(fix_fd, 0o700)
+if sys.platform == "win32":
 
-
-def check_private_dir(path: str) -> bool:
-    """Whether ``path`` exists as a private directory (``DaemonError`` if it exists but is not private).
-
-    The client's check before it connects: a socket in a directory others control could be anyone's.
-    """
-    try:
+    def _check_windows_dir(path: str) -> None:
         st = os.lstat(path)
-    except FileNotFoundError:
-        return False
-    if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) & 0o077:
-        ensure_private_dir(path)  # fixes a mode others may only read or enter; refuses a writable one
+        if st.st_file_attributes & stat.FILE_ATTRIBUTE_REPARSE_POINT:
+            raise _refuse(path, "it is a symbolic link or junction; remove it (vz creates this directory itself)")
+        if not stat.S_ISDIR(st.st_mode):
+            raise _refuse(path, "it is not a directory; remove it (vz creates this directory itself)")
+
+    def check_private_dir(path: str) -> bool:
+        """Whether ``path`` exists as a directory of vz's (``DaemonError`` for a link, junction or file).
+
+        Windows: the directory's ACL is not inspected (it inherits the user profile's, which admits the user,
+        SYSTEM and Administrators); what keeps other users from the daemon is its pipe's own descriptor.
+        """
+        try:
+            _check_windows_dir(path)
+        except FileNotFoundError:
+            return False
         return True
-    _check_stat(path, st, fix_fd=None)
-    return True
 
+    def ensure_private_dir(path: str) -> None:
+        """Create ``path`` (parents as needed) or check that it is a real directory (not a link or junction)."""
+        os.makedirs(path, exist_ok=True)
+        _check_windows_dir(path)
 
-def ensure_private_dir(path: str) -> None:
-    """Create ``path`` (mode 0700, parents as needed) or check that it is private; fix group/other bits.
+else:
 
-    ``DaemonError`` for a symbolic link, a non-directory, a foreign owner or a group/world-writable mode.
-    """
-    parent = os.path.dirname(path)
-    if parent:
-        os.makedirs(parent, mode=0o700, exist_ok=True)
-    try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-    except OSError:  # ELOOP (a symbolic link) or ENOTDIR: lstat says which
-        _check_stat(path, os.lstat(path), fix_fd=None)
-        raise
-    try:
-        _check_stat(path, os.fstat(fd), fix_fd=fd)
-    finally:
-        os.close(fd)
+    def _check_stat(path: str, st: os.stat_result, *, fix_fd: int | None) -> None:
+        if stat.S_ISLNK(st.st_mode):
+            raise _refuse(path, "it is a symbolic link; remove it (vz creates this directory itself)")
+        if not stat.S_ISDIR(st.st_mode):
+            raise _refuse(path, "it is not a directory; remove it (vz creates this directory itself)")
+        uid = os.geteuid()
+        if st.st_uid != uid:
+            raise _refuse(path, f"it is owned by uid {st.st_uid}, not by you (uid {uid}); remove it or fix its owner")
+        mode = stat.S_IMODE(st.st_mode)
+        if mode & 0o022:
+            raise _refuse(
+                path,
+                f"others may write to it (mode {mode:04o}); remove it (vz re-creates it with mode 0700) or "
+                f"`chmod 700 {path}` after checking its contents",
+            )
+        if mode & 0o077:
+            if fix_fd is None:
+                raise _refuse(path, f"its mode is {mode:04o}, not 0700; `chmod 700 {path}`")
+            os.fchmod(fix_fd, 0o700)
+
+    def check_private_dir(path: str) -> bool:
+        """Whether ``path`` exists as a private directory (``DaemonError`` if it exists but is not private).
+
+        The client's check before it connects: a socket in a directory others control could be anyone's.
+        """
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return False
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) & 0o077:
+            ensure_private_dir(path)  # fixes a mode others may only read or enter; refuses a writable one
+            return True
+        _check_stat(path, st, fix_fd=None)
+        return True
+
+    def ensure_private_dir(path: str) -> None:
+        """Create ``path`` (mode 0700, parents as needed) or check that it is private; fix group/other bits.
+
+        ``DaemonError`` for a symbolic link, a non-directory, a foreign owner or a group/world-writable mode.
+        """
+        parent = os.path.dirname(path)
+        if parent:
+            os.makedirs(parent, mode=0o700, exist_ok=True)
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError:  # ELOOP (a symbolic link) or ENOTDIR: lstat says which
+            _check_stat(path, os.lstat(path), fix_fd=None)
+            raise
+        try:
+            _check_stat(path, os.fstat(fd), fix_fd=fd)
+        finally:
+            os.close(fd)
 
 
 def proc_start_ticks(pid: int) -> int | None:
@@ -278,7 +309,7 @@ def write_pid_file(paths: DaemonPaths, record: Mapping[str, Any]) -> None:
     import json
 
     tmp = f"{paths.pid_file}.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | NOFOLLOW, 0o600)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump(dict(record), f, indent=1, sort_keys=True)
@@ -329,6 +360,8 @@ def secure_state_home(home: str) -> None:
             os.mkdir(os.path.join(home, name), 0o700)
         except OSError:
             pass
+    if sys.platform == "win32":  # modes are ACLs there: the files inherit the profile's (see check_private_dir)
+        return
     uid = os.geteuid()
     for name, wanted, directory in [(n, 0o700, True) for n in PRIVATE_CHILDREN] + [
         (n, 0o600, False) for n in STATE_FILES

@@ -41,7 +41,7 @@ from vz_core.daemon._paths import (
     write_pid_file,
 )
 from vz_core.daemon._wire import AsyncChannel, DaemonError, Message, WireError, close_fds
-from vz_core.platform.files import socket_path_in
+from vz_core.platform.files import NOFOLLOW, socket_path_in
 from vz_core.platform.locks import lock_file
 
 if sys.platform != "win32":
@@ -798,7 +798,7 @@ LOCK_WAIT = 15.0
 
 
 def _take_lifetime_lock(paths: DaemonPaths) -> int:
-    fd = os.open(paths.lock_file, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    fd = os.open(paths.lock_file, os.O_RDWR | os.O_CREAT | NOFOLLOW, 0o600)
     deadline = time.monotonic() + LOCK_WAIT
     while True:
         if lock_file(fd, blocking=False):

@@ -34,6 +34,7 @@ import contextlib
 import itertools
 import os
 import signal as signals
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -43,6 +44,7 @@ from typing import Any, Protocol
 from vz_core.daemon._calls import MAX_WINDOW, Request, RequestError
 from vz_core.daemon._errors import CallFailed, cancelled_message, encode_error
 from vz_core.daemon._progress import CallProgress
+from vz_core.daemon._wire import DaemonError
 from vz_core.redact import Redactor
 
 __all__ = ["METHODS", "CallLike", "EventSink", "Service", "create_service", "dispatch"]
@@ -927,93 +929,104 @@ class Service:
     ) -> dict[str, Any]:
         """``masked``: the command's stderr passes through a pipe of ours and is masked with the call's secrets
         (to the caller's descriptor, or as frames) instead of reaching the caller's descriptor directly."""
-        from vz_core.env import execute_local
-
-        call = state.call
-        command: list[int] = [-1, -1, -1]
-        ours: list[int] = []  # both ends of the pipes made here, for the streams that travel as messages
-        stdin: int | None = None  # our (write) end of the command's stdin pipe
-        outputs: list[tuple[int, int]] = []  # (stream, our read end)
-        given = iter(passed)
-        caller_stderr: int | None = None  # the caller's stderr descriptor, written by us (masked)
-        try:
-            for stream in (0, 1, 2):
-                if stdio[stream] and not (stream == 2 and masked):
-                    command[stream] = next(given)
-                    continue
-                if stdio[stream]:
-                    caller_stderr = next(given)
-                read_end, write_end = os.pipe()
-                ours += [read_end, write_end]
-                if stream == 0:
-                    command[0], stdin = read_end, write_end
-                    os.set_blocking(write_end, False)
-                else:
-                    command[stream] = write_end
-                    os.set_blocking(read_end, False)
-                    outputs.append((stream, read_end))
-
-            async def deliver(stream: int, data: bytes) -> None:
-                if not data:
-                    return
-                if stream == 2 and caller_stderr is not None:
-                    await asyncio.to_thread(_write_all, caller_stderr, data)
-                else:
-                    await call.write(stream, data)
-
-            # Set when the command's main process has exited: its output streams then end with what they hold,
-            # without waiting for a background process of the command that keeps them open (docker exec's end).
-            exited: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-            async def forward(stream: int, fd: int) -> None:
-                cleaner = ctx.redactor.stream() if masked and stream == 2 else None
-                async for chunk in _pipe_chunks(fd, exited):
-                    await deliver(stream, cleaner.feed(chunk) if cleaner is not None else chunk)
-                if cleaner is not None:
-                    await deliver(stream, cleaner.flush())
-
-            pumps = [asyncio.ensure_future(forward(stream, fd)) for stream, fd in outputs]
-            running = asyncio.ensure_future(
-                execute_local(
-                    ctx, target, argv, (command[0], command[1], command[2]), workdir=workdir, environment=variables
-                )
+        if sys.platform == "win32":
+            # Our ends of the command's pipes are read and written non-blocking on the selector loop; on the
+            # proactor loop of Windows that takes overlapped pipes, which execute_local does not make yet.
+            raise DaemonError(
+                "running a command with its output copied through the daemon is not available on Windows hosts "
+                "yet (docs/daemon.md, Windows)",
+                code="UNSUPPORTED",
+                kind="user_error",
+                exit_code=2,
             )
-            inputs = asyncio.ensure_future(self._exec_input(state, stdin, ours))
-            gone = asyncio.ensure_future(call.cancelled.wait())
+        else:
+            from vz_core.env import execute_local
+
+            call = state.call
+            command: list[int] = [-1, -1, -1]
+            ours: list[int] = []  # both ends of the pipes made here, for the streams that travel as messages
+            stdin: int | None = None  # our (write) end of the command's stdin pipe
+            outputs: list[tuple[int, int]] = []  # (stream, our read end)
+            given = iter(passed)
+            caller_stderr: int | None = None  # the caller's stderr descriptor, written by us (masked)
             try:
-                await asyncio.wait({running, inputs, gone}, return_when=asyncio.FIRST_COMPLETED)
-                if not running.done():
-                    state.cancel_reason = self._reason(state)
-                    await _stop(running)
-                    if state.signal is not None:
-                        return _signalled(state.signal)
-                    raise asyncio.CancelledError
+                for stream in (0, 1, 2):
+                    if stdio[stream] and not (stream == 2 and masked):
+                        command[stream] = next(given)
+                        continue
+                    if stdio[stream]:
+                        caller_stderr = next(given)
+                    read_end, write_end = os.pipe()
+                    ours += [read_end, write_end]
+                    if stream == 0:
+                        command[0], stdin = read_end, write_end
+                        os.set_blocking(write_end, False)
+                    else:
+                        command[stream] = write_end
+                        os.set_blocking(read_end, False)
+                        outputs.append((stream, read_end))
+
+                async def deliver(stream: int, data: bytes) -> None:
+                    if not data:
+                        return
+                    if stream == 2 and caller_stderr is not None:
+                        await asyncio.to_thread(_write_all, caller_stderr, data)
+                    else:
+                        await call.write(stream, data)
+
+                # Set when the command's main process has exited: its output streams then end with what they hold,
+                # without waiting for a background process of the command that keeps them open (docker exec's end).
+                exited: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+                async def forward(stream: int, fd: int) -> None:
+                    cleaner = ctx.redactor.stream() if masked and stream == 2 else None
+                    async for chunk in _pipe_chunks(fd, exited):
+                        await deliver(stream, cleaner.feed(chunk) if cleaner is not None else chunk)
+                    if cleaner is not None:
+                        await deliver(stream, cleaner.flush())
+
+                pumps = [asyncio.ensure_future(forward(stream, fd)) for stream, fd in outputs]
+                running = asyncio.ensure_future(
+                    execute_local(
+                        ctx, target, argv, (command[0], command[1], command[2]), workdir=workdir, environment=variables
+                    )
+                )
+                inputs = asyncio.ensure_future(self._exec_input(state, stdin, ours))
+                gone = asyncio.ensure_future(call.cancelled.wait())
                 try:
-                    event = running.result()
-                except BrokenPipeError:
-                    return _signalled("SIGPIPE")
+                    await asyncio.wait({running, inputs, gone}, return_when=asyncio.FIRST_COMPLETED)
+                    if not running.done():
+                        state.cancel_reason = self._reason(state)
+                        await _stop(running)
+                        if state.signal is not None:
+                            return _signalled(state.signal)
+                        raise asyncio.CancelledError
+                    try:
+                        event = running.result()
+                    except BrokenPipeError:
+                        return _signalled("SIGPIPE")
+                finally:
+                    inputs.cancel()
+                    gone.cancel()
+                    await _stop(running)  # this call was cancelled: so is the command (killed by its driver)
+                    # The command is over: what its output pipes hold is delivered, then they end (the driver wrote
+                    # all the main process's output before it reported the exit).
+                    if not exited.done():
+                        exited.set_result(None)
+                    for stream, _ in outputs:
+                        _close(command[stream])
+                        ours.remove(command[stream])
+                    if pumps:
+                        _, late = await asyncio.wait(pumps, timeout=STDIO_DRAIN_SECONDS)
+                        for pump in late:
+                            await _stop(pump)
+                    for pump in pumps:
+                        if not pump.cancelled() and pump.exception() is not None:
+                            raise pump.exception()  # type: ignore[misc]
+                return {"exit_code": event.exit_code, "signal": event.signal or None}
             finally:
-                inputs.cancel()
-                gone.cancel()
-                await _stop(running)  # this call was cancelled: so is the command (killed by its driver)
-                # The command is over: what its output pipes hold is delivered, then they end (the driver wrote
-                # all the main process's output before it reported the exit).
-                if not exited.done():
-                    exited.set_result(None)
-                for stream, _ in outputs:
-                    _close(command[stream])
-                    ours.remove(command[stream])
-                if pumps:
-                    _, late = await asyncio.wait(pumps, timeout=STDIO_DRAIN_SECONDS)
-                    for pump in late:
-                        await _stop(pump)
-                for pump in pumps:
-                    if not pump.cancelled() and pump.exception() is not None:
-                        raise pump.exception()  # type: ignore[misc]
-            return {"exit_code": event.exit_code, "signal": event.signal or None}
-        finally:
-            for fd in ours:
-                _close(fd)
+                for fd in ours:
+                    _close(fd)
 
     async def _exec_input(self, state: _CallState, stdin: int | None, ours: list[int]) -> None:
         """The client's messages during an exec: stdin bytes and its end, cancel, signals, the end of the call."""

@@ -6,7 +6,7 @@ up. A name resolves to exactly one driver:
 
 * **built-in** (``vz.drivers`` entry points, ``vz_core.registry``): Python code of this vz installation. Its
   plugin runs as ``<this interpreter> -c PLUGIN_MAIN --module REGISTRATION NAME`` (options in
-  ``VZ_DRIVER_OPTIONS``), i.e. ``vz_core.registry.main``: the shared
+  ``VZ_DRIVER_OPTIONS``), i.e. ``vz_plugins.plugin_main``: the shared
   plugin main its console script uses too, i.e. the same code the host would import in-process, launched
   through the same door (supervisor, handshake, AutoMTLS) as any external driver. This launch (what
   ``remote_driver`` does outside the daemon) is not checksummed: it runs this interpreter on this

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 __all__ = ["PLUGIN_MAIN", "ResolvedDriver", "launcher_for", "remote_driver", "resolve"]
 
-PLUGIN_MAIN = "from vz_core.registry import main; main()"
+PLUGIN_MAIN = "from vz_plugins import plugin_main; plugin_main()"
 
 
 @dataclass(frozen=True)

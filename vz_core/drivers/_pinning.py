@@ -100,8 +100,8 @@ def _generated_launcher(name: str, module: str | None, directory: Path) -> Path:
     text = (
         f"#!{sys.executable}\n"
         f"# vz: the plugin launcher of built-in driver {name!r}, whose declaration names no console script\n"
-        "from vz_core.registry import main\n"
-        f"main({[*where, name]!r})\n"
+        "from vz_plugins import plugin_main\n"
+        f"plugin_main({[*where, name]!r})\n"
     )
     script = directory / f"vz-driver-{name}"
     tmp = directory / f".vz-driver-{name}.tmp{os.getpid()}"

@@ -132,7 +132,9 @@ class FileLock:
         assert self._fd is not None
         if holder:
             os.ftruncate(self._fd, 0)
-            os.pwrite(self._fd, holder.encode() + b"\n", 0)
+            from vz_core.platform.files import write_at
+
+            write_at(self._fd, holder.encode() + b"\n", 0)
 
     def __del__(self) -> None:
         self.release()

@@ -30,6 +30,7 @@ import json
 import os
 import sqlite3
 import stat
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
@@ -51,6 +52,7 @@ from vz_core.env._records import (
     volume_record,
 )
 from vz_core.errors import UserError
+from vz_core.platform.files import NOFOLLOW
 
 __all__ = [
     "MIGRATIONS",
@@ -86,11 +88,9 @@ _R = TypeVar("_R")
 
 
 def _disk_full(directory: Path) -> bool:
-    try:
-        st = os.statvfs(directory)
-    except OSError:
-        return False
-    return st.f_bavail * st.f_frsize < _LOW_SPACE or (st.f_files > 0 and st.f_favail == 0)
+    from vz_core.platform.files import low_on_space
+
+    return low_on_space(directory, _LOW_SPACE)
 
 
 def _full_error(directory: Path) -> StoreError:
@@ -147,7 +147,10 @@ def utcnow() -> str:
 
 def _make_private(path: Path) -> None:
     """The database and its -wal, -shm and -journal files readable by their owner only (a database written by
-    an older vz was 0644); files of another owner, or links, are left alone."""
+    an older vz was 0644); files of another owner, or links, are left alone. Windows: modes are ACLs there,
+    and the files inherit the user profile's (docs/daemon.md, Windows): nothing to do."""
+    if sys.platform == "win32":
+        return
     for name in (path.name, path.name + "-wal", path.name + "-shm", path.name + "-journal"):
         try:
             if not os.lstat(path.with_name(name)).st_mode & 0o077:
@@ -208,7 +211,7 @@ class Store:
         temp = self.path.with_name(f".{self.path.name}.{os.getpid()}.new")
         try:
             # 0600 from the first byte: SQLite gives the -wal and -shm it creates the database file's mode.
-            os.close(os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600))
+            os.close(os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | NOFOLLOW, 0o600))
             os.chmod(temp, 0o600)  # whatever the umask, and a leftover of a killed creator
             db = self._connect(temp)
             try:

@@ -181,10 +181,9 @@ def host_architecture() -> str:
 
 
 def _host_memory() -> int | None:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return None
+    from vz_core.platform.files import physical_memory
+
+    return physical_memory()
 
 
 def check_host_resources(machine: Machine, where: str) -> None:

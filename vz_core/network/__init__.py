@@ -40,7 +40,6 @@ from vz_core.network._domain import (
     domain_exists,
     ensure_domain,
     list_domains,
-    remove_domain,
     uplink_name,
 )
 from vz_core.network._egress import (
@@ -65,6 +64,7 @@ from vz_core.network._host import Endpoint, NetworkHost
 from vz_core.network._relay import ExportListener, ImportRelay
 from vz_core.network._rules import TABLE, domain_ruleset
 from vz_core.network._spec import AttachmentSpec, DomainSpec, ForwardSpec, InputSpec, PlanError, domain_for
+from vz_core.network._teardown import remove_domain
 
 __all__ = [
     "DEFAULT_POOL",

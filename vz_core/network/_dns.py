@@ -27,19 +27,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import ipaddress
 import logging
-import os
 import re
 import secrets
 import socket
 import struct
-import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
+from vz_core.network._ns import NetworkTools, in_namespace, run
 from vz_core.network._spec import DomainSpec, PlanError
 
 __all__ = [
@@ -63,7 +61,6 @@ _NAME_RE = re.compile(r"(?:_?[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z]{2,63}
 TYPE_A, TYPE_SRV, TYPE_ANY = 1, 33, 255
 CLASS_IN = 1
 NOERROR, FORMERR, SERVFAIL, NXDOMAIN, NOTIMP, REFUSED = 0, 1, 2, 3, 4, 5
-CLONE_NEWNET = 0x40000000
 MAX_IN_FLIGHT = 128
 """Forwarded UDP queries in flight per responder; beyond it a query is answered SERVFAIL at once."""
 
@@ -338,34 +335,6 @@ def _servfail(message: bytes) -> bytes:
 
 # --- the server ----------------------------------------------------------------------------------------------
 
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-def in_namespace(path: str, fn: Callable[[], T]) -> T:
-    """Run ``fn`` on a fresh thread joined to the network namespace at ``path`` (sockets it makes keep it)."""
-    box: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                if _libc.setns(fd, CLONE_NEWNET) != 0:
-                    err = ctypes.get_errno()
-                    raise OSError(err, f"setns {path}: {os.strerror(err)}")
-            finally:
-                os.close(fd)
-            box["value"] = fn()
-        except BaseException as exc:  # handed to the caller's thread
-            box["error"] = exc
-
-    thread = threading.Thread(target=target, name="vz-netns")
-    thread.start()
-    thread.join()
-    if "error" in box:
-        raise box["error"]
-    value: T = box["value"]
-    return value
-
 
 class _Udp(asyncio.DatagramProtocol):
     def __init__(self, server: DnsServer) -> None:
@@ -452,7 +421,6 @@ class DnsServer:
     async def _admit(self, source: str, found: list[tuple[ipaddress.IPv4Address, int]]) -> None:
         if not found:
             return
-        from vz_core.network._domain import NetworkTools, _run
         from vz_core.network._rules import DNS_SET, TABLE
 
         tools = NetworkTools.find()
@@ -472,7 +440,7 @@ class DnsServer:
             f"delete element {where} {{ {keys} }}\n"
             f"add element {where} {{ {timed} }}\n"
         )
-        await _run(
+        await run(
             [tools.nsenter, f"--net=/run/netns/{self.domain}", "--", tools.nft, "-f", "-"],
             script.encode(),
             what=f"admit resolved addresses in {self.domain}",

@@ -23,14 +23,16 @@ import asyncio
 import ipaddress
 import json
 import os
-import shutil
 import stat
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vz_core.errors import FailedPreconditionError, InvalidArgumentError, RuntimeFailureError, UnavailableError
+from vz_core.errors import FailedPreconditionError, InvalidArgumentError, RuntimeFailureError
+from vz_core.network._ns import NETNS_DIR, NetworkTools
+from vz_core.network._ns import require_root as _require_root
+from vz_core.network._ns import run as _run
 from vz_core.network._rules import DNS_SET, TABLE, UPLINK, replace_script
 from vz_core.network._spec import DOMAIN_RE, AttachmentSpec, DomainSpec, domain_for
 
@@ -44,12 +46,9 @@ __all__ = [
     "domain_exists",
     "ensure_domain",
     "list_domains",
-    "remove_domain",
     "uplink_name",
 ]
 
-NETNS_DIR = Path("/run/netns")
-_SEARCH = ("/usr/sbin", "/sbin", "/usr/bin", "/bin")
 _DOMAIN_SYSCTLS = (
     ("net.ipv6.conf.all.disable_ipv6", "1"),
     ("net.ipv6.conf.default.disable_ipv6", "1"),
@@ -57,47 +56,6 @@ _DOMAIN_SYSCTLS = (
     ("net.ipv4.conf.all.send_redirects", "0"),
     ("net.ipv4.conf.default.send_redirects", "0"),
 )
-
-
-@dataclass(frozen=True)
-class NetworkTools:
-    """Paths of the host tools the realization runs."""
-
-    ip: str
-    nft: str
-    nsenter: str
-    sysctl: str
-
-    @classmethod
-    def find(cls) -> NetworkTools:
-        """The tools from PATH (then the sbin directories); UnavailableError naming the package of each missing."""
-        path = os.pathsep.join([os.environ.get("PATH", ""), *_SEARCH])
-        found = {name: shutil.which(name, path=path) for name in ("ip", "nft", "nsenter", "sysctl")}
-        packages = {"ip": "iproute2", "nft": "nftables", "nsenter": "util-linux", "sysctl": "procps"}
-        missing = [f"{name} (apt-get install {packages[name]})" for name, where in found.items() if not where]
-        if missing:
-            raise UnavailableError(f"route domains need {', '.join(missing)}")
-        return cls(**{name: str(where) for name, where in found.items()})
-
-
-async def _run(argv: Sequence[str], stdin: bytes = b"", what: str = "") -> str:
-    proc = await asyncio.create_subprocess_exec(
-        *argv,
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await proc.communicate(stdin)
-    if proc.returncode != 0:
-        raise RuntimeFailureError(
-            f"route domain: {what or argv[0]} failed", runtime_message=err.decode(errors="replace").strip()
-        )
-    return out.decode(errors="replace")
-
-
-def _require_root() -> None:
-    if os.geteuid() != 0:
-        raise UnavailableError("route domains need root (network namespaces, veth pairs, nftables)")
 
 
 def _netns_path(name: str) -> Path:
@@ -156,7 +114,7 @@ def uplink_name(environment_id: str) -> str:
     return "vzu" + domain_for(environment_id)[4:]
 
 
-class _Domain:
+class Domain:
     def __init__(self, tools: NetworkTools, name: str) -> None:
         self.tools = tools
         self.name = name
@@ -188,7 +146,7 @@ async def ensure_domain(
     spec = DomainSpec.from_plan(plan)
     _require_root()
     tools = tools or NetworkTools.find()
-    domain = _Domain(tools, spec.name)
+    domain = Domain(tools, spec.name)
     existed = await domain.exists()
     if not existed:
         try:
@@ -214,11 +172,11 @@ async def ensure_domain(
     for link in await domain.links():
         ifname = link.get("ifname")
         if link.get("link_type") != "loopback" and isinstance(ifname, str) and ifname not in wanted:
-            await _delete_link(domain, ifname)
+            await delete_link(domain, ifname)
     return spec
 
 
-async def _uplink_network(domain: _Domain) -> ipaddress.IPv4Network | None:
+async def _uplink_network(domain: Domain) -> ipaddress.IPv4Network | None:
     """The network of the domain's uplink as configured now (None: no uplink)."""
     argv = domain.inside(domain.tools.ip, "-j", "-4", "addr", "show")
     for item in json.loads(await _run(argv, what=f"addresses of {domain.name}") or "[]"):
@@ -232,7 +190,7 @@ async def _uplink_network(domain: _Domain) -> ipaddress.IPv4Network | None:
     return None
 
 
-async def _resolved(domain: _Domain) -> list[tuple[ipaddress.IPv4Address, ipaddress.IPv4Address, int]]:
+async def _resolved(domain: Domain) -> list[tuple[ipaddress.IPv4Address, ipaddress.IPv4Address, int]]:
     """The live entries of the domain's ``egress_dns`` set: (Machine, resolved address, seconds left)."""
     argv = domain.inside(domain.tools.nft, "-j", "list", "set", "inet", TABLE, DNS_SET)
     try:
@@ -254,7 +212,7 @@ async def _resolved(domain: _Domain) -> list[tuple[ipaddress.IPv4Address, ipaddr
     return out
 
 
-async def _ensure_uplink(domain: _Domain, spec: DomainSpec, uplink: Uplink) -> None:
+async def _ensure_uplink(domain: Domain, spec: DomainSpec, uplink: Uplink) -> None:
     tools = domain.tools
     upstream = uplink_name(spec.environment_id)
     inner = await _link(tools, domain.path, UPLINK)
@@ -267,7 +225,7 @@ async def _ensure_uplink(domain: _Domain, spec: DomainSpec, uplink: Uplink) -> N
     )
     if not paired:
         if inner is not None:
-            await _delete_link(domain, UPLINK)
+            await delete_link(domain, UPLINK)
         if await _link(tools, uplink.upstream_netns, upstream) is not None:
             await _run(
                 [tools.nsenter, f"--net={uplink.upstream_netns}", "--", tools.ip, "link", "del", upstream],
@@ -304,31 +262,7 @@ async def _ensure_uplink(domain: _Domain, spec: DomainSpec, uplink: Uplink) -> N
     )
 
 
-async def remove_domain(environment_id: str, *, tools: NetworkTools | None = None) -> bool:
-    """Remove the Environment's route domain: its links (and so the Machine ends), its nft table, the namespace.
-
-    Returns whether there was one. Touches nothing but ``vzd-<id>``."""
-    name = domain_for(environment_id)
-    _require_root()
-    tools = tools or NetworkTools.find()
-    domain = _Domain(tools, name)
-    from vz_core.network._egress import remove_host_egress  # the host half of its egress (a leftover one too)
-
-    await remove_host_egress(environment_id, tools=tools)
-    if not await domain.exists():
-        return False
-    # Links and table first: even if some process still holds the namespace open, nothing is connected any more.
-    for link in await domain.links():
-        ifname = link.get("ifname")
-        if link.get("link_type") != "loopback" and isinstance(ifname, str):
-            await _delete_link(domain, ifname)
-    script = f"table inet {TABLE}\ndelete table inet {TABLE}\n".encode()
-    await _run(domain.inside(tools.nft, "-f", "-"), script, what=f"remove the nft table of {name}")
-    await _run([tools.ip, "netns", "del", name], what=f"remove namespace {name}")
-    return True
-
-
-async def _delete_link(domain: _Domain, ifname: str) -> None:
+async def delete_link(domain: Domain, ifname: str) -> None:
     try:
         await _run(domain.inside(domain.tools.ip, "link", "del", ifname), what=f"remove {ifname} from {domain.name}")
     except RuntimeFailureError:
@@ -367,7 +301,7 @@ async def attach_machine(
     _require_root()
     _check_netns(netns)
     tools = tools or NetworkTools.find()
-    domain = _Domain(tools, spec.name)
+    domain = Domain(tools, spec.name)
     if not await domain.exists():
         raise FailedPreconditionError(f"the route domain {spec.name} does not exist; ensure_domain(plan) creates it")
     for index, att in enumerate(attachments):
@@ -382,7 +316,7 @@ async def attach_machine(
         )
         if not paired:
             if outer is not None:  # a stale domain end: its Machine end (if any) goes with it
-                await _delete_link(domain, att.domain_ifname)
+                await delete_link(domain, att.domain_ifname)
                 inner = await _link(tools, netns, att.machine_ifname)
             if inner is not None:
                 raise FailedPreconditionError(
@@ -446,10 +380,10 @@ async def detach_machine(plan: Mapping[str, Any], machine: str, *, tools: Networ
     attachments = spec.machine(machine)
     _require_root()
     tools = tools or NetworkTools.find()
-    domain = _Domain(tools, spec.name)
+    domain = Domain(tools, spec.name)
     if not await domain.exists():
         return
     present = {link.get("ifname") for link in await domain.links()}
     for att in attachments:
         if att.domain_ifname in present:
-            await _delete_link(domain, att.domain_ifname)
+            await delete_link(domain, att.domain_ifname)

@@ -54,8 +54,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from vz_core.errors import FailedPreconditionError, InvalidArgumentError, RuntimeFailureError, UnavailableError
-from vz_core.network._dns import host_resolvers, in_namespace
-from vz_core.network._domain import NetworkTools, Uplink, _require_root, _run, ensure_domain, uplink_name
+from vz_core.network._dns import host_resolvers
+from vz_core.network._domain import Uplink, ensure_domain, uplink_name
+from vz_core.network._ns import NetworkTools, in_namespace
+from vz_core.network._ns import require_root as _require_root
+from vz_core.network._ns import run as _run
 from vz_core.network._rules import NEVER
 from vz_core.network._spec import DomainSpec, domain_for
 
@@ -86,6 +89,13 @@ _TABLE_RE = re.compile(r"vz_[0-9a-z]{12}")
 _DIRECT_TABLE_RE = re.compile(r"vz(?:_[0-9]{1,3}){4}_[0-9]{1,2}")  # version 1 Machine links (``direct_table``)
 _IFNAME_RE = re.compile(r"[A-Za-z0-9_.+@-]{1,15}")  # device names that may appear in a table's text
 _locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = weakref.WeakKeyDictionary()
+_reserved: dict[ipaddress.IPv4Network, str] = {}
+"""Uplink networks allocated by this process (to the Environment named) whose address is not on the host yet."""
+_written: dict[str, HostNetworks] = {}
+"""The host networks this process last wrote into each Environment's host table (``inet vz_<id12>``; under the
+lock): a refresh rewrites only the tables whose networks differ from the host's now. Without it every new
+Environment's uplink (a link, an address, a route of the host) made the watcher rewrite every table: O(N) nft work
+per Environment, O(N²) for N Environments coming up together, all under the lock each `vz up` also takes."""
 
 
 def host_table(environment_id: str) -> str:
@@ -403,14 +413,18 @@ def _resolvers() -> list[ipaddress.IPv4Network]:
 
 async def _allocate(environment_id: str, pool: ipaddress.IPv4Network, tools: NetworkTools) -> ipaddress.IPv4Network:
     dev = uplink_name(environment_id)
-    for item in await _json(tools, "addr", "show"):
+    addresses = await _json(tools, "addr", "show")
+    for item in addresses:
         if item.get("ifname") == dev:
             for a in item.get("addr_info", []):
                 if isinstance(a, dict) and a.get("family") == "inet":
                     net = ipaddress.IPv4Network(f"{a.get('local')}/{a.get('prefixlen')}", strict=False)
                     if net.prefixlen == 30 and net.subnet_of(pool):
                         return net  # what a previous `vz up` (or a killed one) allocated: kept
-    taken: list[ipaddress.IPv4Network] = [*_resolvers()]
+    taken: list[ipaddress.IPv4Network] = [
+        *_resolvers(),
+        *(n for n, owner in _reserved.items() if owner != environment_id),
+    ]
     for route in await _json(tools, "route", "show", "table", "all"):
         dst = route.get("dst")
         if dst in (None, "default") or route.get("dev") == dev:
@@ -419,7 +433,7 @@ async def _allocate(environment_id: str, pool: ipaddress.IPv4Network, tools: Net
             taken.append(ipaddress.IPv4Network(str(dst), strict=False))
         except ValueError:
             continue
-    for item in await _json(tools, "addr", "show"):
+    for item in addresses:
         if item.get("ifname") == dev:
             continue
         for a in item.get("addr_info", []):
@@ -463,6 +477,7 @@ async def remove_host_egress(environment_id: str, *, tools: NetworkTools | None 
     tools = tools or NetworkTools.find()
     table = host_table(environment_id)
     found = False
+    _written.pop(table, None)
     if table in await _host_tables(tools):
         await _run([tools.nft, "delete", "table", "inet", table], what=f"remove the nft table {table}")
         found = True
@@ -519,8 +534,16 @@ async def ensure_egress(
             "`sysctl -w net.ipv4.ip_forward=1`, or give the Environment's Machines egress 'offline'"
         )
     async with _lock():
-        uplink = Uplink.of(f"/proc/{os.getpid()}/ns/net", str(await _allocate(env_id, network, tools)))
+        allocated = await _allocate(env_id, network, tools)
+        _reserved[allocated] = env_id
+    # Realized outside the lock (several ip and nft runs: under it, N Environments coming up together waited for
+    # each other's); until the uplink's address is on the host, the reservation keeps others from taking it.
+    try:
+        uplink = Uplink.of(f"/proc/{os.getpid()}/ns/net", str(allocated))
         await ensure_domain(plan, uplink=uplink, tools=tools)
+    finally:
+        if _reserved.get(allocated) == env_id:
+            del _reserved[allocated]
     dev = uplink_name(env_id)
     await _run(
         [tools.sysctl, "-q", "-w", f"net.ipv4.conf.{dev}.forwarding=1", f"net.ipv6.conf.{dev}.disable_ipv6=1"],
@@ -528,10 +551,12 @@ async def ensure_egress(
     )
     table = host_table(env_id)
     async with _lock():  # not between a watcher's read of the host's networks and its write of the sets
-        script = f"table inet {table}\ndelete table inet {table}\n" + host_egress_ruleset(
-            env_id, uplink, await read_host_networks(network, tools=tools), network
-        )
+        facts = await read_host_networks(network, tools=tools)
+        ruleset = host_egress_ruleset(env_id, uplink, facts, network)
+        script = f"table inet {table}\ndelete table inet {table}\n" + ruleset
+        _written.pop(table, None)
         await _run([tools.nft, "-f", "-"], script.encode(), what=f"nft table {table}")
+        _remember([table], facts)
     await _sweep(tools)
     return uplink
 
@@ -558,6 +583,12 @@ async def _has_connected_set(tools: NetworkTools, table: str) -> bool:
     return True
 
 
+def _remember(tables: Iterable[str], facts: HostNetworks) -> None:
+    for table in tables:
+        if _TABLE_RE.fullmatch(table):
+            _written[table] = facts
+
+
 async def refresh_host_networks(*, tools: NetworkTools | None = None) -> list[str]:
     """Rewrite the host's networks in every Environment's host table (``inet vz_<id12>``, and in the version 1
     Machine links' tables, ``direct_table``) from the host's routing now; the tables written. One transaction
@@ -565,12 +596,20 @@ async def refresh_host_networks(*, tools: NetworkTools | None = None) -> list[st
     _require_root()
     tools = tools or NetworkTools.find()
     async with _lock():
-        tables = await _host_tables(tools, direct=True)
-        if not tables:
+        listed = await _host_tables(tools, direct=True)
+        if not listed:
+            _written.clear()
             return []
         facts = await read_host_networks(tools=tools)
+        for gone in set(_written) - set(listed):
+            del _written[gone]
+        # A version 1 links' table is written by the driver's process too: always rewritten (one per subnet).
+        tables = [t for t in listed if _DIRECT_TABLE_RE.fullmatch(t) or _written.get(t) != facts]
+        if not tables:
+            return []
         try:
             await _run([tools.nft, "-f", "-"], host_networks_script(tables, facts).encode(), what="host networks")
+            _remember(tables, facts)
             return tables
         except RuntimeFailureError:
             pass
@@ -588,6 +627,7 @@ async def refresh_host_networks(*, tools: NetworkTools | None = None) -> list[st
                     error = exc
                     continue
                 done.append(table)
+                _remember([table] if script == host_networks_script([table], facts) else [], facts)
                 break
             else:
                 if table in await _host_tables(tools, direct=True) and await _has_connected_set(tools, table):

@@ -40,9 +40,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vz_core.errors import DriverError, FailedPreconditionError, RuntimeFailureError
-from vz_core.network._dns import DnsServer, in_namespace
+from vz_core.network._dns import DnsServer
 from vz_core.network._domain import domain_exists
 from vz_core.network._egress import HostNetworkWatcher
+from vz_core.network._ns import in_namespace
 from vz_core.network._relay import ExportListener, ImportRelay
 from vz_core.network._spec import DomainSpec, PlanError
 

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from vz_core.errors import UnavailableError
-from vz_core.network._dns import in_namespace
+from vz_core.network._ns import in_namespace
 from vz_core.network._spec import DomainSpec, PlanError
 from vz_core.network._udp import IDLE, NamespaceThread, UdpExport, UdpImport
 

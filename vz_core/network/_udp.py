@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from vz_core.errors import UnavailableError
-from vz_core.network._dns import in_namespace
+from vz_core.network._ns import in_namespace
 
 __all__ = ["IDLE", "MAX_PEERS", "MAX_QUEUED", "NamespaceThread", "UdpExport", "UdpImport"]
 

@@ -7,20 +7,25 @@ import os
 import sys
 
 __all__ = [
+    "NOFOLLOW",
+    "NONBLOCK",
     "PIPE_RESIZABLE",
     "SEALED_MEMFD",
     "XATTRS",
     "get_pipe_size",
     "long_socket_path",
+    "low_on_space",
     "memfd_sealed_copy",
     "nonblocking_pipe",
     "open_directory",
     "open_path_nofollow",
+    "physical_memory",
     "seal_memfd",
     "set_pipe_size",
     "set_xattr",
     "socket_path_in",
     "status_flags",
+    "write_at",
 ]
 
 if sys.platform != "win32":
@@ -31,6 +36,17 @@ if sys.platform != "win32":
 
         return int(fcntl.fcntl(fd, fcntl.F_GETFL))
 
+
+if sys.platform == "win32":
+    NOFOLLOW = 0
+    """``O_NOFOLLOW`` where it exists. Windows has none: ``os.open`` follows a symbolic link (making one needs
+    the create-symbolic-link privilege or developer mode there), and callers that refuse links check
+    ``os.lstat`` for a reparse point instead."""
+    NONBLOCK = 0
+    """``O_NONBLOCK`` where it exists (opening a FIFO or device without blocking); Windows has none."""
+else:
+    NOFOLLOW = os.O_NOFOLLOW
+    NONBLOCK = os.O_NONBLOCK
 
 SUN_PATH_MAX = 107 if sys.platform == "linux" else 103
 """The longest socket path ``bind``/``connect`` take (``sun_path`` less its terminating NUL)."""
@@ -151,3 +167,61 @@ else:
         def open_directory(path: str | os.PathLike[str]) -> int:
             """A descriptor of the directory ``path`` (read-only: there is no ``O_PATH`` here)."""
             return os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+
+
+def write_at(fd: int, data: bytes, offset: int) -> None:
+    """Write ``data`` at ``offset`` of ``fd`` (``pwrite``; Windows has none: a seek, then a write)."""
+    if sys.platform == "win32":
+        os.lseek(fd, offset, os.SEEK_SET)
+        os.write(fd, data)
+    else:
+        os.pwrite(fd, data, offset)
+
+
+def low_on_space(directory: str | os.PathLike[str], low: int) -> bool:
+    """Whether the filesystem of ``directory`` has fewer than ``low`` bytes free for us, or (POSIX) no free
+    inode; False when it cannot be asked. POSIX: ``statvfs``; Windows: ``GetDiskFreeSpaceExW``
+    (``shutil.disk_usage``)."""
+    if sys.platform == "win32":
+        import shutil
+
+        try:
+            return shutil.disk_usage(directory).free < low
+        except OSError:
+            return False
+    try:
+        st = os.statvfs(directory)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < low or (st.f_files > 0 and st.f_favail == 0)
+
+
+def physical_memory() -> int | None:
+    """The host's physical memory in bytes, None when it cannot be read. POSIX: ``sysconf``; Windows:
+    ``GlobalMemoryStatusEx``."""
+    if sys.platform == "win32":
+        import ctypes
+        from ctypes import wintypes
+
+        class _MemoryStatus(ctypes.Structure):
+            _fields_ = [
+                ("dwLength", wintypes.DWORD),
+                ("dwMemoryLoad", wintypes.DWORD),
+                ("ullTotalPhys", ctypes.c_ulonglong),
+                ("ullAvailPhys", ctypes.c_ulonglong),
+                ("ullTotalPageFile", ctypes.c_ulonglong),
+                ("ullAvailPageFile", ctypes.c_ulonglong),
+                ("ullTotalVirtual", ctypes.c_ulonglong),
+                ("ullAvailVirtual", ctypes.c_ulonglong),
+                ("ullAvailExtendedVirtual", ctypes.c_ulonglong),
+            ]
+
+        status = _MemoryStatus()
+        status.dwLength = ctypes.sizeof(_MemoryStatus)
+        if not ctypes.WinDLL("kernel32").GlobalMemoryStatusEx(ctypes.byref(status)):
+            return None
+        return int(status.ullTotalPhys)
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None

@@ -20,6 +20,7 @@ Names are imported on first use, so a plugin process does not pay for the client
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -58,17 +59,11 @@ if TYPE_CHECKING:
         terminal_spec_from_pb,
         terminal_spec_to_pb,
     )
-    from vz_core.rpc._fdpass import (
-        KIND_BYTES,
-        KIND_JSON,
-        MAX_FDS,
-        MAX_FRAME,
-        FramingError,
-        peer_credentials,
-        recv_message,
-        send_json,
-        send_message,
-    )
+    from vz_core.rpc._fdpass import KIND_BYTES, KIND_JSON, MAX_FDS, MAX_FRAME, FramingError
+
+    if sys.platform != "win32":
+        from vz_core.rpc._fdpass import peer_credentials, recv_message, send_json, send_message
+        from vz_core.rpc._local import LocalExecServer, local_exec
     from vz_core.rpc._frames import (
         CHANNEL_OPTIONS,
         MAX_EXEC_START,
@@ -84,7 +79,7 @@ if TYPE_CHECKING:
         stdin_problem,
         terminal_start_problem,
     )
-    from vz_core.rpc._local import LOCAL_EXEC_SOCKET, LocalExecServer, local_exec
+    from vz_core.rpc._local import LOCAL_EXEC_SOCKET
     from vz_core.rpc._pair import connect_in_process, serve_in_process
     from vz_core.rpc._server import ExtensionsServicer, RuntimeServicer, add_servicers, stop_server
     from vz_core.rpc._server_exec import DRAIN_TIMEOUT

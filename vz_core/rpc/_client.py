@@ -45,6 +45,7 @@ import contextlib
 import math
 import os
 import stat
+import sys
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Literal
@@ -99,7 +100,9 @@ from vz_core.rpc._frames import (
     wide_chunk,
 )
 from vz_core.rpc._heap import keep_freed_heap
-from vz_core.rpc._local import local_exec
+
+if sys.platform != "win32":
+    from vz_core.rpc._local import local_exec
 from vz_core.rpc._wire import error_from_rpc, runtime_errors_in
 from vz_core.services import ServiceSpec, ServiceState
 
@@ -594,35 +597,36 @@ class RemoteDriver(Driver):
         if (problem := start_problem(_convert.exec_spec_to_pb(spec))) is not None:
             raise InvalidArgumentError(problem)
         self._redactor.add(*spec.environment.values())
-        if not self.local_exec:
+        if sys.platform == "win32" or not self.local_exec:  # Windows: no descriptor passing, always the copy
             _widen_pipes(stdio)
             return await copy_exec_local(self._wide_exec, spec, stdio)
-        async with self._session() as s:
-            path = await self._local_exec_socket(s)
-            if not path:
-                _widen_pipes(stdio)
-                return await copy_exec_local(self._wide_exec, spec, stdio)
-            try:
-                return await local_exec(
-                    path,
-                    machine_id,
-                    spec,
-                    stdio,
-                    expected_pid=s.conn.pid if s.conn is not None else 0,
-                    what=f"driver {self.name!r}",
-                )
-            except DriverError as exc:
-                if s.conn is not None and isinstance(exc, UnavailableError):
-                    status = await s.conn.wait_exited(_CRASH_WAIT)
-                    if status is not None:
-                        await s.conn.stderr.finish(0.5)
-                        raise UnavailableError(
-                            f"driver {self.name!r}: the plugin process died during a local exec ({status}); "
-                            "the next call starts it again",
-                            runtime_message=s.conn.stderr_tail(),
-                            details={"rpc": "LocalExec", "plugin_exit": str(status)},
-                        ) from None
-                raise self._clean(exc) from None
+        else:
+            async with self._session() as s:
+                path = await self._local_exec_socket(s)
+                if not path:
+                    _widen_pipes(stdio)
+                    return await copy_exec_local(self._wide_exec, spec, stdio)
+                try:
+                    return await local_exec(
+                        path,
+                        machine_id,
+                        spec,
+                        stdio,
+                        expected_pid=s.conn.pid if s.conn is not None else 0,
+                        what=f"driver {self.name!r}",
+                    )
+                except DriverError as exc:
+                    if s.conn is not None and isinstance(exc, UnavailableError):
+                        status = await s.conn.wait_exited(_CRASH_WAIT)
+                        if status is not None:
+                            await s.conn.stderr.finish(0.5)
+                            raise UnavailableError(
+                                f"driver {self.name!r}: the plugin process died during a local exec ({status}); "
+                                "the next call starts it again",
+                                runtime_message=s.conn.stderr_tail(),
+                                details={"rpc": "LocalExec", "plugin_exit": str(status)},
+                            ) from None
+                    raise self._clean(exc) from None
 
     def _wide_exec(self, spec: ExecSpec, stdin: AsyncIterator[bytes]) -> AsyncIterator[ExecEvent]:
         return self._exec(spec, stdin, cut=False)

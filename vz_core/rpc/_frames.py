@@ -38,6 +38,7 @@ from contextvars import ContextVar
 from typing import Any
 
 from vz_core._types import MAX_CHUNK, MAX_WINDOW
+from vz_core.transport import CHANNEL_OPTIONS, MAX_MESSAGE, SERVER_OPTIONS
 
 __all__ = [
     "CHANNEL_OPTIONS",
@@ -67,25 +68,10 @@ contract: ``MAX_CHUNK``). A vz plugin sets it, for its driver's ``exec`` only, t
 with a vz host (``WIDE_CHUNK_KEY``); a driver may then yield output chunks of up to that size (the guest agent
 client asks its agent for frames that wide), never larger. Anything else sees ``MAX_CHUNK``."""
 
-MAX_MESSAGE = 4 * 1024 * 1024
-"""Bytes: the largest gRPC message a vz host or a vz plugin accepts (and sends)."""
 MAX_INFO = 64 * 1024
 """Bytes: the largest Info reply a vz host accepts (names, versions and capabilities are short)."""
 MAX_EXEC_START = 1024 * 1024
 """Bytes: the largest serialized exec start frame (argv + environment + user + workdir)."""
-
-CHANNEL_OPTIONS: list[tuple[str, int | str]] = [
-    ("grpc.max_send_message_length", MAX_MESSAGE),
-    ("grpc.max_receive_message_length", MAX_MESSAGE),
-    ("grpc.use_local_subchannel_pool", 1),
-    ("grpc.enable_retries", 0),
-]
-"""Options of every host channel to a plugin."""
-SERVER_OPTIONS: list[tuple[str, int | str]] = [
-    ("grpc.max_send_message_length", MAX_MESSAGE),
-    ("grpc.max_receive_message_length", MAX_MESSAGE),
-]
-"""Options of every plugin server."""
 
 
 def start_problem(start: Any) -> str | None:

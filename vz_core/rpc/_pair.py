@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -22,7 +23,9 @@ from vz_core._driver import Driver
 from vz_core.redact import Redactor
 from vz_core.rpc._client import RemoteDriver
 from vz_core.rpc._frames import CHANNEL_OPTIONS, SERVER_OPTIONS
-from vz_core.rpc._local import LocalExecServer
+
+if sys.platform != "win32":
+    from vz_core.rpc._local import LocalExecServer
 from vz_core.rpc._server import add_servicers, stop_server
 
 __all__ = ["connect_in_process", "serve_in_process"]
@@ -48,7 +51,9 @@ async def serve_in_process(
     address = f"unix:{directory}/driver.sock"
     server = grpc.aio.server(options=SERVER_OPTIONS)
     redactor = redactor if redactor is not None else Redactor()
-    local = LocalExecServer(driver, redactor, parent=directory) if local_exec else None
+    local: Any = None
+    if sys.platform != "win32" and local_exec:  # Windows: no descriptor passing, no local exec socket
+        local = LocalExecServer(driver, redactor, parent=directory)
     try:
         path = await local.start() if local is not None else ""
         add_servicers(server, driver, redactor, local_exec_socket=path)

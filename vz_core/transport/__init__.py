@@ -30,13 +30,13 @@ if TYPE_CHECKING:
         parse_handshake,
     )
     from vz_core.transport._launcher import (
-        CHANNEL_OPTIONS,
         LaunchSpec,
         PluginConnection,
         PluginLauncher,
         StderrTail,
         without_tracebacks,
     )
+    from vz_core.transport._limits import CHANNEL_OPTIONS, MAX_MESSAGE, SERVER_OPTIONS
     from vz_core.transport._process import ExitStatus
     from vz_core.transport._relay import ClientRelay, ServerRelay, client_context, server_context
 
@@ -58,7 +58,9 @@ _WHERE = {
     "Handshake": "_handshake",
     "looks_like_handshake": "_handshake",
     "parse_handshake": "_handshake",
-    "CHANNEL_OPTIONS": "_launcher",
+    "CHANNEL_OPTIONS": "_limits",
+    "MAX_MESSAGE": "_limits",
+    "SERVER_OPTIONS": "_limits",
     "LaunchSpec": "_launcher",
     "PluginConnection": "_launcher",
     "PluginLauncher": "_launcher",
@@ -82,6 +84,8 @@ __all__ = [
     "ENV_MIN_PORT",
     "ENV_PROTOCOL_VERSIONS",
     "ENV_UNIX_SOCKET_DIR",
+    "MAX_MESSAGE",
+    "SERVER_OPTIONS",
     "CertKey",
     "ClientRelay",
     "ExitStatus",

@@ -38,7 +38,6 @@ import grpc
 
 from vz_core.errors import PluginError
 from vz_core.redact import Redactor
-from vz_core.rpc import CHANNEL_OPTIONS as CHANNEL_OPTIONS
 from vz_core.transport._certs import CertKey, Curve, der_to_pem, generate_cert, grpc_can_verify, load_cert
 from vz_core.transport._handshake import (
     APP_PROTOCOL_VERSION,
@@ -53,6 +52,7 @@ from vz_core.transport._handshake import (
     looks_like_handshake,
     parse_handshake,
 )
+from vz_core.transport._limits import CHANNEL_OPTIONS as CHANNEL_OPTIONS
 from vz_core.transport._process import ExitStatus, PluginProcess, spawn_plugin
 from vz_core.transport._relay import ClientRelay, client_context
 

@@ -165,7 +165,7 @@ class PluginProcess:
             from vz_core.transport import _windows
 
             _windows.terminate_job(self._job)
-        else:
+        elif sys.platform != "win32":
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self._proc.pid, signal.SIGKILL)
         self._finish(ExitStatus(rc, _signame(-rc) if rc < 0 else ""))
@@ -240,10 +240,10 @@ class PluginProcess:
         return await self.wait()
 
     async def _last_resort(self) -> ExitStatus:
-        # The supervisor is unresponsive: kill it and the plugin's group ourselves.
+        # The supervisor (POSIX only) is unresponsive: kill it and the plugin's group ourselves.
         with contextlib.suppress(ProcessLookupError):
             self._proc.kill()
-        if self.pid:
+        if sys.platform != "win32" and self.pid:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.pid, signal.SIGKILL)
         return await self.wait()
@@ -251,6 +251,8 @@ class PluginProcess:
 
 def _kill_session(sid: int) -> None:
     """SIGKILL every process of session ``sid`` (the plugin's; Linux, through /proc) and its process group."""
+    if sys.platform == "win32":  # no sessions there: a plugin's tree is its Job Object (_windows)
+        return
     from vz_core.transport import _supervise
 
     with contextlib.suppress(ProcessLookupError, PermissionError):

@@ -36,6 +36,10 @@ import os
 import select
 import sys
 
+# POSIX only (fork, sessions, prctl): on Windows the host supervises a plugin with a kill-on-close Job Object
+# instead (vz_core/transport/_windows.py) and never runs this file. mypy skips the rest of it for win32.
+assert sys.platform != "win32", "the POSIX plugin supervisor does not run on Windows (see _windows.py)"
+
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 

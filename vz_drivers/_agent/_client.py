@@ -12,12 +12,14 @@ from __future__ import annotations
 import array
 import asyncio
 import contextlib
+import errno
 import hashlib
 import hmac
 import json
 import os
 import secrets
 import socket
+import sys
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -46,7 +48,9 @@ from vz_core.errors import (
     UnknownRuntimeError,
     UnsupportedError,
 )
-from vz_core.platform.files import long_socket_path, open_directory
+
+if sys.platform != "win32":
+    from vz_core.platform.files import long_socket_path, open_directory
 from vz_core.rpc import exec_output_limit
 from vz_core.services import ServiceSpec, ServiceState, spec_to_wire, state_from_wire
 from vz_drivers._agent import _protocol as p
@@ -179,16 +183,25 @@ def _check_identity(doc: dict[str, Any], key: bytes, challenge: str) -> None:
     )
 
 
-async def _open_unix(path: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    if len(os.fsencode(path)) <= _SUN_PATH_MAX:
-        return await asyncio.open_unix_connection(path)
-    # sun_path holds 108 bytes: reach a deeper socket through a descriptor of its directory.
-    directory, name = os.path.split(path)
-    dirfd = open_directory(directory or ".")
-    try:
-        return await asyncio.open_unix_connection(long_socket_path(dirfd, name))
-    finally:
-        os.close(dirfd)
+if sys.platform == "win32":
+
+    async def _open_unix(path: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        raise OSError(
+            errno.EAFNOSUPPORT, "Windows hosts have no Unix sockets (hyperv's agent is reached over AF_HYPERV)"
+        )
+
+else:
+
+    async def _open_unix(path: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        if len(os.fsencode(path)) <= _SUN_PATH_MAX:
+            return await asyncio.open_unix_connection(path)
+        # sun_path holds 108 bytes: reach a deeper socket through a descriptor of its directory.
+        directory, name = os.path.split(path)
+        dirfd = open_directory(directory or ".")
+        try:
+            return await asyncio.open_unix_connection(long_socket_path(dirfd, name))
+        finally:
+            os.close(dirfd)
 
 
 def _close_streams(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -426,7 +439,7 @@ class AgentClient:
             raise
         if client.info.max_data > p.MAX_DATA:
             sock = writer.get_extra_info("socket")
-            if sock is not None and sock.family == socket.AF_UNIX:
+            if sys.platform != "win32" and sock is not None and sock.family == socket.AF_UNIX:
                 with contextlib.suppress(OSError):  # best effort: a few wide frames in flight per send
                     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _WIDE_SOCKET_BUFFER)
         if not _FrameReader.attach(client, reader, writer):
@@ -631,7 +644,7 @@ class AgentClient:
                 "(`vz up --recreate`) to update its agent"
             )
         raw = self._writer.get_extra_info("socket")
-        if raw is None or raw.family != socket.AF_UNIX or self._stream_mode:
+        if sys.platform == "win32" or raw is None or raw.family != socket.AF_UNIX or self._stream_mode:
             raise UnsupportedError("descriptors can only be passed to the guest agent over a Unix socket")
         for name, fd in zip(("stdin", "stdout", "stderr"), stdio, strict=True):
             if os.isatty(fd):
@@ -663,29 +676,31 @@ class AgentClient:
         finally:
             await self._end_stream(st)
 
-    async def _send_with_fds(self, fileno: int, data: bytes, fds: tuple[int, int, int]) -> None:
-        """Send ``data`` with ``fds`` riding on its first byte, in order with every other frame of the stream."""
-        transport = self._writer.transport
-        while transport.get_write_buffer_size() > 0:
-            # Earlier frames still queued in the transport must go first; wait until it is empty.
+    if sys.platform != "win32":  # SCM_RIGHTS over the Unix socket
+
+        async def _send_with_fds(self, fileno: int, data: bytes, fds: tuple[int, int, int]) -> None:
+            """Send ``data`` with ``fds`` riding on its first byte, in order with every other frame of the stream."""
+            transport = self._writer.transport
+            while transport.get_write_buffer_size() > 0:
+                # Earlier frames still queued in the transport must go first; wait until it is empty.
+                self._check_open()
+                await asyncio.sleep(0.001)
             self._check_open()
-            await asyncio.sleep(0.001)
-        self._check_open()
-        sock = socket.socket(fileno=os.dup(fileno))
-        try:
-            rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())]
-            while True:
-                try:
-                    sent = sock.sendmsg([data], rights, socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL)
-                    break
-                except BlockingIOError:
-                    await asyncio.sleep(0.001)
-                except OSError as exc:
-                    raise UnavailableError(f"the guest agent connection failed: {exc.strerror or exc}") from None
-        finally:
-            sock.close()
-        if sent < len(data):
-            self._writer.write(data[sent:])  # the descriptors went with the first part; the rest is ordinary data
+            sock = socket.socket(fileno=os.dup(fileno))
+            try:
+                rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())]
+                while True:
+                    try:
+                        sent = sock.sendmsg([data], rights, socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL)
+                        break
+                    except BlockingIOError:
+                        await asyncio.sleep(0.001)
+                    except OSError as exc:
+                        raise UnavailableError(f"the guest agent connection failed: {exc.strerror or exc}") from None
+            finally:
+                sock.close()
+            if sent < len(data):
+                self._writer.write(data[sent:])  # the descriptors went with the first part; the rest is ordinary data
 
     async def terminal(
         self, spec: TerminalSpec, input: AsyncIterator[TerminalInput], *, root_override: str | None = None

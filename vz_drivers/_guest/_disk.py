@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import sys
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -49,7 +50,10 @@ def tree_usage(root: Path) -> tuple[int, int]:
         for name in filenames:
             with contextlib.suppress(OSError):
                 st = os.lstat(os.path.join(dirpath, name))
-                total += max(st.st_size, st.st_blocks * 512)
+                if sys.platform == "win32":  # no st_blocks: the apparent size
+                    total += st.st_size
+                else:
+                    total += max(st.st_size, st.st_blocks * 512)
                 inodes += 1
         kept = []
         for name in dirnames:

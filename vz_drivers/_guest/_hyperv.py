@@ -106,7 +106,7 @@ if [ -n "$VZ_HYPERV" ]; then
 		[ -n "$VZ_VSOCK_PORT" ] || die "the configuration names no vsock port"
 		shift
 		cd /
-		exec /sbin/vz-agent serve --listen "vsock:$VZ_VSOCK_PORT" --root /mnt/root --prepare-root "$@"
+		exec /sbin/vz-agent serve --listen "vsock:$VZ_VSOCK_PORT" --root /mnt/root --prepare-root --key-from-host "$@"
 	}
 fi
 """

@@ -272,10 +272,11 @@ vz_port() {
 	done
 }
 
-# vz_session_agent PORT: one more agent serving its own session on PORT (concurrent host connections).
+# vz_session_agent PORT: one more session port of the agent (concurrent host connections). PID 1 serves it
+# itself (--session-device): the Machine never holds the port, and every handshake on it proves the boot's key.
 vz_session_agent() {
 	dev=$(vz_port "$1") || die "no virtio-serial port named $1"
-	/sbin/vz-agent serve --device "$dev" --root /mnt/root &
+	VZ_SESSION_DEVICES="$VZ_SESSION_DEVICES --session-device $dev"
 }
 
 # vz_agent PORT ARGS...: become the guest agent (PID 1) serving PORT; ARGS are passed on verbatim.
@@ -283,7 +284,8 @@ vz_agent() {
 	dev=$(vz_port "$1") || die "no virtio-serial port named $1"
 	shift
 	cd /
-	exec /sbin/vz-agent serve --device "$dev" --root /mnt/root --prepare-root --key-from-host "$@"
+	# shellcheck disable=SC2086 # the session devices are /dev/vportNpM words
+	exec /sbin/vz-agent serve --device "$dev" $VZ_SESSION_DEVICES --root /mnt/root --prepare-root --key-from-host "$@"
 }
 
 # vz_agent_vsock PORT READYPORT ARGS...: become the guest agent (PID 1) serving AF_VSOCK PORT (one session per
@@ -293,7 +295,8 @@ vz_agent_vsock() {
 	ready=$2
 	shift 2
 	cd /
-	exec /sbin/vz-agent serve --listen "vsock:$port" --ready-vsock "2:$ready" --root /mnt/root --prepare-root "$@"
+	exec /sbin/vz-agent serve --listen "vsock:$port" --ready-vsock "2:$ready" --root /mnt/root --prepare-root \
+		--key-from-host "$@"
 }
 
 if [ -f /etc/vz/init.sh ]; then

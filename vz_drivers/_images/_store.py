@@ -41,6 +41,7 @@ from vz_core.errors import (
     UnsupportedError,
 )
 from vz_core.paths import cache_dir
+from vz_drivers._files import atomic_write, subpath
 from vz_drivers._images._build import Descriptor, layer_media_type, oci_manifest, sha256_digest
 from vz_drivers._images._default import build_default_image, find_busybox
 from vz_drivers._images._dockerconfig import DockerConfig
@@ -65,7 +66,6 @@ from vz_drivers._images._reference import (
 )
 from vz_drivers._images._registry import MAX_MANIFEST, BlobSink, RegistryClient
 from vz_drivers._images._unpack import BlobCorruptError, unpack_layers
-from vz_drivers._machine import atomic_write, subpath
 
 __all__ = ["ImageStore", "RegistryCredentials", "default_store_root"]
 

@@ -15,6 +15,9 @@ when the process the record names listens on it.
 
 from __future__ import annotations
 
+import sys
+
+from vz_drivers._files import atomic_write, host_write_error, read_chunks_nofollow
 from vz_drivers._machine._book import (
     MachinePaths,
     MachineRecord,
@@ -24,7 +27,6 @@ from vz_drivers._machine._book import (
     subpath,
     volume_key,
 )
-from vz_drivers._machine._channel import open_agent_socket, peer_pid
 from vz_drivers._machine._driver import (
     AgentKeys,
     AgentLink,
@@ -40,17 +42,19 @@ from vz_drivers._machine._driver import (
     record_fields,
     tail,
 )
-from vz_drivers._machine._files import atomic_write, host_write_error, read_chunks_nofollow
 from vz_drivers._machine._identity import ResolvedUser, check_user_syntax, resolve_user
-from vz_drivers._machine._network import (
-    NetworkConfig,
-    check_subnet,
-    host_routes,
-    host_table_name,
-    remove_host_link,
-    remove_host_table,
-    setup_network,
-)
+
+if sys.platform != "win32":  # network namespaces (Linux) and the Unix-socket agent channel: not on Windows
+    from vz_drivers._machine._channel import open_agent_socket, peer_pid
+    from vz_drivers._machine._network import (
+        NetworkConfig,
+        check_subnet,
+        host_routes,
+        host_table_name,
+        remove_host_link,
+        remove_host_table,
+        setup_network,
+    )
 from vz_drivers._machine._procs import kill_process, proc_start_time, wait_gone
 from vz_drivers._machine._sockets import SOCKET_LIMIT, private_dir, socket_dir
 from vz_drivers._machine._validate import (

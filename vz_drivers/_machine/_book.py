@@ -23,9 +23,9 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Generic, Protocol, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
-from vz_drivers._machine._files import atomic_write, host_write_error
+from vz_drivers._files import atomic_write, host_write_error, subpath
 
 __all__ = ["MachinePaths", "MachineRecord", "MountRecord", "RecordBook", "machine_key", "subpath", "volume_key"]
 
@@ -113,23 +113,6 @@ class MachineRecord:
         raw["mounts"] = [MountRecord(**{**m, "options": tuple(m.get("options", ()))}) for m in raw.get("mounts", [])]
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in raw.items() if k in names})
-
-
-class _Rooted(Protocol):
-    @property
-    def root(self) -> Path: ...
-
-
-class subpath:
-    """A path below an object's ``root``, declared on its class like a property: ``disk = subpath("disk.img")``."""
-
-    def __init__(self, *parts: str) -> None:
-        self.parts = parts
-
-    def __get__(self, obj: _Rooted | None, owner: type | None = None) -> Path:
-        if obj is None:
-            raise AttributeError("subpath is read on an instance")
-        return obj.root.joinpath(*self.parts)
 
 
 @dataclass(frozen=True)

@@ -14,11 +14,16 @@ import asyncio
 import os
 import socket
 import stat
+import sys
 from pathlib import Path
 
-from vz_core.errors import UnavailableError
-from vz_core.platform.files import open_path_nofollow
-from vz_core.platform.peer import peer_credentials
+# Unix sockets only (vfkit's and qemu's agent channels): hyperv reaches its agent over AF_HYPERV instead, and
+# vz_drivers._machine imports this module only where Unix sockets exist. mypy skips the rest for win32.
+assert sys.platform != "win32", "the Unix-socket agent channel does not exist on Windows"
+
+from vz_core.errors import UnavailableError  # noqa: E402 (after the host assertion)
+from vz_core.platform.files import open_path_nofollow  # noqa: E402 (after the host assertion)
+from vz_core.platform.peer import peer_credentials  # noqa: E402 (after the host assertion)
 
 __all__ = ["open_agent_socket", "peer_pid"]
 

@@ -23,6 +23,7 @@ import os
 import secrets
 import shutil
 import subprocess
+import sys
 import uuid
 import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
@@ -65,8 +66,8 @@ from vz_core.options import Options
 from vz_core.paths import state_dir as default_state_root
 from vz_core.secrets import SecretKeeper
 from vz_core.services import ServiceSpec, ServiceState
+from vz_drivers._files import STORAGE_ERRNOS, atomic_write, host_write_error, read_chunks_nofollow
 from vz_drivers._machine._book import MachinePaths, MachineRecord, MountRecord, RecordBook, machine_key
-from vz_drivers._machine._files import STORAGE_ERRNOS, atomic_write, host_write_error, read_chunks_nofollow
 from vz_drivers._machine._identity import ResolvedUser, resolve_user
 from vz_drivers._machine._procs import kill_process, proc_start_time, wait_gone
 from vz_drivers._machine._validate import CommonRequest, Rules, check_workspace_id
@@ -129,7 +130,11 @@ def checked_executable(path: str, *, option: str = "agent_binary") -> Path:
 
 
 def chown_tree(root: Path, uid: int, gid: int) -> None:
-    """Give the workspace to the developer identity (no symlink following, one filesystem)."""
+    """Give the workspace to the developer identity (no symlink following, one filesystem).
+
+    Windows: host files have no POSIX owner; the guest sees the share's ownership instead. Nothing to do."""
+    if sys.platform == "win32":
+        return
     dev = os.lstat(root).st_dev
     os.chown(root, uid, gid, follow_symlinks=False)
     for dirpath, dirnames, filenames in os.walk(root):
@@ -721,7 +726,7 @@ class AgentMachineDriver(Driver, Generic[R, P]):
                 if not data.exists():
                     data.mkdir(parents=True, mode=0o755)
                     (vdir / "name").write_text(m.source)
-                    if uid or gid:
+                    if sys.platform != "win32" and (uid or gid):  # (no POSIX owners on Windows)
                         os.chown(data, uid, gid)
                 m = replace(m, host_path=str(data))
             mounts.append(m)

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import ipaddress
 import os
 from collections.abc import AsyncIterator
@@ -225,9 +224,11 @@ HOST_LOCK = Path("/run/lock/vz-linux-native-net.lock")
 async def _host_lock() -> AsyncIterator[None]:
     """Serialize address allocation between every driver process on this host (any state directory)."""
     HOST_LOCK.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(HOST_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    from vz_core.platform.locks import lock_file
+
+    fd = os.open(HOST_LOCK, os.O_RDWR | os.O_CREAT, 0o600)  # close-on-exec by default (PEP 446)
     try:
-        await asyncio.to_thread(fcntl.flock, fd, fcntl.LOCK_EX)
+        await asyncio.to_thread(lock_file, fd)
         yield
     finally:
         os.close(fd)

@@ -476,6 +476,9 @@ class HypervBackend(Backend[HypervRecord, HypervPaths]):
             await self.share(record, shares)  # before the VM starts: the guest mounts them once its agent answers
         if not record.vm_id:
             await self.create_vm(record)
+        # A fresh identity key for this boot, handed to the agent in the first HELLO of the booting connection (the
+        # agent takes it only from the host's CID over the Hyper-V socket) and proven on every later handshake.
+        self.new_identity_key(record)
         await self.start_vm(record)
         record.pid, record.pid_start = VM_PID, time.time_ns()
 
@@ -492,6 +495,21 @@ class HypervBackend(Backend[HypervRecord, HypervPaths]):
         return link
 
     async def open_link(self, record: HypervRecord, *, booting: bool) -> AgentLink:
+        """The agent's handshake on a new channel: the booting one hands over the boot's identity key, every one
+        asks the agent to prove it."""
+        reader, writer = await self.open_channel(record, booting=booting)
+        client = await AgentClient.from_streams(
+            reader,
+            writer,
+            timeout=None if booting else 30.0,
+            identity_key=self.identity_key(record),
+            hand_over_key=booting,
+        )
+        return AgentLink(client=client, pid=record.pid, pid_start=record.pid_start)
+
+    async def open_channel(
+        self, record: HypervRecord, *, booting: bool
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         """Connect to the agent's Hyper-V socket; while booting, retry until it listens (the driver bounds it)."""
         while True:
             try:
@@ -505,12 +523,10 @@ class HypervBackend(Backend[HypervRecord, HypervPaths]):
                     ) from None
                 await asyncio.sleep(0.5)
         try:
-            reader, writer = await asyncio.open_connection(sock=sock)
+            return await asyncio.open_connection(sock=sock)
         except BaseException:
             sock.close()
             raise
-        client = await AgentClient.from_streams(reader, writer, timeout=None if booting else 30.0)
-        return AgentLink(client=client, pid=record.pid, pid_start=record.pid_start)
 
     def diagnose(self, record: HypervRecord) -> tuple[str, str]:
         pipe = f"\\\\.\\pipe\\{record.vm_name}-com1"

@@ -6,6 +6,9 @@ and capability-matrix rows are all generated from ``DECLARATION``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import NoReturn
+
 from vz_core.options import timeout
 from vz_core.registry import DriverDeclaration, MatrixRow, Option, hookimpl
 
@@ -68,7 +71,12 @@ def vz_builtin_drivers() -> list[DriverDeclaration]:
     return [DECLARATION]
 
 
-# The ``vz-driver-hyperv`` console script and its parser: the shared built-in plugin main, generated
-# from the declaration (``vz_core.registry.DriverDeclaration.serve_plugin``).
-main = DECLARATION.serve_plugin
+def main(argv: Sequence[str] | None = None) -> NoReturn:
+    """The ``vz-driver-hyperv`` console script: the plugin SDK serves this declaration (its command line is
+    generated from the options; the SDK is imported only now, registration stays cheap)."""
+    from vz_plugins import serve_declaration
+
+    serve_declaration(DECLARATION, argv)
+
+
 build_parser = DECLARATION.plugin_parser

@@ -422,8 +422,14 @@ class MacosVmBackend(Backend[MacosVmRecord, MacosVmPaths]):
             "--log",
             str(paths.helper_log),
         ]
-        if record.stop_mode == "save" and paths.saved_state.is_file():
+        restore = record.stop_mode == "save" and paths.saved_state.is_file()
+        if restore:
             argv += ["--restore", str(paths.saved_state)]
+        # The identity key the agent proves on every handshake: a fresh one per cold boot, handed over in the first
+        # HELLO (the agent takes it only from the host's CID over vsock); a restored VM's agent keeps the key it
+        # took before it was saved.
+        if not (restore and self.agent_keys is not None and self.agent_keys.get(record) is not None):
+            self.new_identity_key(record)
         # The helper forks once its sockets listen: the parent prints the child's pid and exits 0, or says why
         # not on stderr and exits non-zero. The child (the Machine's process) keeps none of our pipes.
         launcher = await asyncio.create_subprocess_exec(
@@ -454,7 +460,9 @@ class MacosVmBackend(Backend[MacosVmRecord, MacosVmPaths]):
             try:
                 reader, writer = await open_agent_socket(paths.agent, record.pid, what=what)
                 # One session per connection (the relay opens a new guest stream each time): no stream mode.
-                client = await AgentClient.from_streams(reader, writer, timeout=30.0)
+                client = await AgentClient.from_streams(
+                    reader, writer, timeout=30.0, identity_key=self.identity_key(record), hand_over_key=booting
+                )
                 break
             except UnavailableError:
                 # The relay closes a connection while the guest's agent is not listening yet (macOS boots for

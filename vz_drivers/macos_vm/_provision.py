@@ -149,6 +149,7 @@ def boot_config(config: BootConfig) -> str:
         "serve",
         "--listen",
         f"vsock:{AGENT_PORT}",
+        "--key-from-host",
         "--log",
         MAIN_LOG,
         "--stop-timeout",

@@ -445,10 +445,10 @@ class QemuBackend(Backend[QemuRecord, QemuPaths]):
                 os.close(fd)
                 continue
             try:
-                # Port 0 is the PID-1 agent: it takes the boot's identity key in the first HELLO of the booting
-                # connection (only the host writes to a virtio-serial port, and the agent holds the guest end) and
-                # proves it on every later connection. The session agents of other ports hold no key.
-                key = self.identity_key(record) if port == 0 else None
+                # The PID-1 agent holds the guest end of every port: it takes the boot's identity key in the first
+                # HELLO of the booting connection on port 0 (only the host writes to a virtio-serial port) and
+                # proves it on every later connection, whichever port it comes on.
+                key = self.identity_key(record)
                 reader, writer = await open_agent_socket(paths.agent_socket(port), record.pid, what=what)
                 client = await AgentClient.from_streams(
                     reader,

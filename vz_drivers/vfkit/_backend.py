@@ -380,6 +380,9 @@ class VfkitBackend(Backend[VfkitRecord, VfkitPaths]):
             network=record.egress != "deny",
         )
         argv = build_argv(verified.path, spec)
+        # A fresh identity key for this boot, handed to the agent in the first HELLO of the booting connection (the
+        # agent takes it only from the host's CID over vsock) and proven on every later handshake.
+        self.new_identity_key(record)
         listener = ReadyListener(sockets / "ready.sock")
         await listener.__aenter__()
         try:
@@ -412,7 +415,14 @@ class VfkitBackend(Backend[VfkitRecord, VfkitPaths]):
                     await listener.__aexit__(None, None, None)
         what = f"Machine {record.workspace_id!r}"
         reader, writer = await open_agent_socket(self._sockets(record) / "agent.sock", record.pid, what=what)
-        client = await AgentClient.from_streams(reader, writer, wait_ready=True, timeout=30.0)
+        client = await AgentClient.from_streams(
+            reader,
+            writer,
+            wait_ready=True,
+            timeout=30.0,
+            identity_key=self.identity_key(record),
+            hand_over_key=booting,
+        )
         return AgentLink(client=client, pid=record.pid, pid_start=record.pid_start)
 
     def diagnose(self, record: VfkitRecord) -> tuple[str, str]:

@@ -12,7 +12,8 @@ import argparse
 import os
 import sys
 import time
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, NoReturn
 
 from vz_core.errors import UserError
 from vz_core.registry import PluginHooks, PluginStart
@@ -65,7 +66,15 @@ def _crash_after_handshake() -> None:
 
 
 HOOKS = _FakePluginHooks()
-main = DECLARATION.serve_plugin
+
+
+def main(argv: Sequence[str] | None = None) -> NoReturn:
+    """The ``vz-driver-fake`` console script: the plugin SDK serves the declaration with these hooks."""
+    from vz_plugins import serve_declaration
+
+    serve_declaration(DECLARATION, argv)
+
+
 build_parser = DECLARATION.plugin_parser
 
 if __name__ == "__main__":

@@ -102,7 +102,7 @@ def _launch_plugin(*args: str) -> subprocess.Popen[bytes]:
 
 # Stands in for the plugin SDK: prints a handshake line, then calls on_serving like vz_plugins.serve does.
 STUB_SERVE = """
-import sys, vz_plugins
+import sys, vz_plugins._declared
 from vz_core import Driver
 def serve(driver, *, on_serving=None, **options):
     print("1|1|unix|/nonexistent/plugin.sock|grpc|", flush=True)
@@ -111,7 +111,7 @@ def serve(driver, *, on_serving=None, **options):
     if on_serving is not None:
         on_serving()
     sys.exit(0)
-vz_plugins.serve = serve
+vz_plugins._declared.serve = serve
 from vz_conformance.fake.plugin import main
 main(sys.argv[1:])
 """

@@ -129,9 +129,9 @@ import sys
 sys.path.insert(0, {plugins!r})
 os.environ["VZ_DRIVER_OPTIONS"] = {options!r}
 os.environ.update({environ!r})
-from vz_core.registry import main
+from vz_plugins import plugin_main
 
-main(["--module", {module!r}, {declared!r}])
+plugin_main(["--module", {module!r}, {declared!r}])
 """
 
 

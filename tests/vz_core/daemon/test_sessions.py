@@ -530,7 +530,8 @@ async def test_a_declaration_without_a_console_script_runs_from_a_pinned_generat
     source = modules / "vzt_sessions_plain.py"
     source.write_text(PLAIN_MODULE)
     monkeypatch.syspath_prepend(str(modules))
-    monkeypatch.setenv("PYTHONPATH", str(modules))  # what installing the package would do for the plugin too
+    # What installing the package would do for the plugin too (the code under test stays first on the path).
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(modules), *filter(None, [os.environ.get("PYTHONPATH")])]))
     registry = DriverRegistry(load_entry_points=False)
     registry.register(importlib.import_module("vzt_sessions_plain"))
     launchers = tmp_path / "launchers"

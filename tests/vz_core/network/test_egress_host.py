@@ -603,3 +603,26 @@ def test_host_networks_text() -> None:
     ]
     # An empty set is flushed and nothing added; `only` limits the script to one set (a table of an earlier vz).
     assert host_networks_script(["vz_a"], HostNetworks(), only="connected") == "flush set inet vz_a connected\n"
+
+
+async def test_environments_coming_up_together_get_distinct_uplinks(
+    namespaces: Namespaces, env_ids: list[str], internet: str
+) -> None:
+    """The uplink's route domain is realized outside the allocation lock (N Environments coming up together do
+    not wait for each other's ip and nft runs); a reservation keeps the /30 being realized from a concurrent
+    allocation. A pool of two /30s: two Environments allocating at once get one each."""
+    plans = [compile_topology(parse_definition(BETA), env_id).to_json() for env_id in env_ids]
+    try:
+        for plan in plans:
+            await ensure_domain(plan)
+        uplinks = await asyncio.gather(*(ensure_egress(plan, pool="198.51.100.248/29") for plan in plans))
+        networks = sorted(str(u.network) for u in uplinks if u is not None)
+        assert networks == ["198.51.100.248/30", "198.51.100.252/30"]
+        for env_id, uplink in zip(env_ids, uplinks, strict=True):
+            assert uplink is not None
+            shown = run("ip", "-o", "-4", "addr", "show", "dev", uplink_name(env_id))
+            assert str(uplink.upstream_address) in shown, shown
+            assert host_table(env_id) in run("nft", "list", "tables")
+    finally:
+        for env_id in env_ids:
+            await remove_domain(env_id)

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from hyperv_standin import WINDOWS, StandInHyperV
 
+from vz_drivers._machine import AgentMachineDriver
 from vz_drivers.hyperv._driver import HypervBackend
 
 
@@ -21,6 +22,7 @@ def backend(tmp_path: Path, standin: StandInHyperV) -> HypervBackend:
     """A backend on a private state directory, on a (stand-in) Windows host with Hyper-V."""
     b = HypervBackend(state_dir=tmp_path / "state", runner=standin, host=WINDOWS, stop_timeout=0.2)
     b.stop_slack = 0.2
+    AgentMachineDriver(b)  # a backend boots as a driver's: it keeps each boot's identity key there
     return b
 
 

@@ -24,7 +24,7 @@ from vz_core.errors import (
     UnavailableError,
     UnsupportedError,
 )
-from vz_drivers._machine import machine_key
+from vz_drivers._machine import AgentMachineDriver, machine_key
 from vz_drivers.hyperv import HypervDriver
 from vz_drivers.hyperv._driver import VM_PID, HypervBackend
 from vz_drivers.hyperv._host import host_support
@@ -126,6 +126,7 @@ async def test_a_guest_that_ignores_shutdown_is_turned_off_after_the_bounded_wai
     standin = StandInHyperV(guest_shuts_down=False)
     b = HypervBackend(state_dir=tmp_path, runner=standin, host=WINDOWS, stop_timeout=0.3)
     b.stop_slack = 0.2
+    AgentMachineDriver(b)  # a backend boots as a driver's: it keeps each boot's identity key there
     record = _record(b)
     await b.boot(record)
     started = time.monotonic()
@@ -286,9 +287,6 @@ def test_declaration_matrix_and_options() -> None:
         InvalidArgumentError, match=r"unknown hyperv option\(s\): sessions; valid options: .*state_dir.*switch"
     ):
         HypervDriver(sessions=3)
-    from vz_drivers.hyperv.registration import main
-
-    assert main == DECLARATION.serve_plugin
     help_text = DECLARATION.plugin_parser().format_help()
     assert "--switch" in help_text and "--secure-boot-template" in help_text
 

@@ -11,6 +11,7 @@ one is built and booted in test_hyperv_guest.py).
 from __future__ import annotations
 
 import asyncio
+import secrets
 import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -21,7 +22,7 @@ from hyperv_standin import WINDOWS, FakeAccount, FakeShare, FakeVm, StandInHyper
 
 from vz_core import ExecExit, ExecOutput, ExecSpec, Mount, MountType, RunImageRequest
 from vz_core.errors import DriverError, FailedPreconditionError, PermissionDeniedError, RuntimeFailureError
-from vz_drivers._agent import AgentClient
+from vz_drivers._agent import AgentClient, AgentIdentityError
 from vz_drivers._machine import AgentLink, AgentMachineDriver
 from vz_drivers.hyperv import _scripts as ps
 from vz_drivers.hyperv._driver import HypervBackend
@@ -50,6 +51,7 @@ class AgentVms(StandInHyperV):
                 "serve",
                 "--listen",
                 f"unix:{sock}",
+                "--key-from-host",  # as the guest's vz_agent runs it (its socket is the host's only here)
                 "--init",
                 "--log",
                 str(self.workdir / "main.log"),
@@ -126,18 +128,17 @@ class LocalAgentBackend(HypervBackend):
 
         return find_boot_tools(), None
 
-    async def open_link(self, record: HypervRecord, *, booting: bool) -> AgentLink:
+    async def open_channel(
+        self, record: HypervRecord, *, booting: bool
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         sock = self.vms.socket_of(record.vm_name)
         while True:
             try:
-                reader, writer = await asyncio.open_unix_connection(str(sock))
-                break
+                return await asyncio.open_unix_connection(str(sock))
             except OSError:
                 if not booting:
                     raise
                 await asyncio.sleep(0.05)
-        client = await AgentClient.from_streams(reader, writer, timeout=30)
-        return AgentLink(client=client, pid=record.pid, pid_start=record.pid_start)
 
 
 async def _none() -> AsyncIterator[bytes]:
@@ -170,6 +171,13 @@ async def test_a_machine_through_the_shared_layer(tmp_path: Path, image_dir: Pat
         await driver.run_image(RunImageRequest(workspace_id=ws, image="vz:default", environment={"TOKEN": "t0k"}))
         record = backend.book.load(next(iter(backend.book.machines_dir.iterdir())).name)
         assert record is not None and record.vm_id
+        # The booting handshake handed the boot's identity key to the agent: it proves that key on a new
+        # connection, and a host expecting another key refuses it.
+        sock = str(vms.socket_of(record.vm_name))
+        async with await AgentClient.connect_unix(sock, identity_key=backend.identity_key(record)) as client:
+            assert await client.ping() >= 0
+        with pytest.raises(AgentIdentityError):
+            await AgentClient.connect_unix(sock, identity_key=secrets.token_bytes(32))
         disk = backend.book.paths(record.key).disk
         assert disk.is_file() and disk.stat().st_mode & 0o077 == 0  # the disk holds the Machine's secrets
         assert list(vms.vms) == [record.vm_name] and list(vms.registry) == [record.service_id]

@@ -84,6 +84,7 @@ def test_boot_sh_passes_every_word_intact(tmp_path: Path) -> None:
         "serve",
         "--listen",
         "vsock:1024",
+        "--key-from-host",
         "--log",
         "/private/var/vz/main.log",
         "--stop-timeout",
@@ -109,8 +110,8 @@ def test_boot_sh_passes_every_word_intact(tmp_path: Path) -> None:
 def test_boot_sh_without_a_main_command_runs_the_agent_alone() -> None:
     text = boot_config(_config(main_argv=(), main_user="", env=(), shares=(), ram_disks=()))
     assert text.splitlines()[-1] == (
-        'exec "$cfg"/vz-agent serve --listen vsock:1024 --log /private/var/vz/main.log --stop-timeout 12.5s '
-        "--main-workdir /workspace --init"
+        'exec "$cfg"/vz-agent serve --listen vsock:1024 --key-from-host --log /private/var/vz/main.log '
+        "--stop-timeout 12.5s --main-workdir /workspace --init"
     )
 
 

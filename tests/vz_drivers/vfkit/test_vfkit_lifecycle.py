@@ -11,6 +11,7 @@ records a relaunched driver reattaches through. What does not: Virtualization.fr
 from __future__ import annotations
 
 import platform
+import secrets
 import stat
 import sys
 from collections.abc import AsyncIterator
@@ -22,6 +23,7 @@ from vfkit_standin import write_executable
 
 from vz_core import ExecExit, ExecOutput, ExecSpec, HostRequirements, Mount, MountType, RunImageRequest
 from vz_core.errors import RuntimeFailureError
+from vz_drivers._agent import AgentClient, AgentIdentityError
 from vz_drivers._guest import write_bundle
 from vz_drivers.vfkit._backend import VfkitBackend
 from vz_drivers.vfkit._driver import VfkitDriver
@@ -134,6 +136,15 @@ async def test_create_exec_reattach_stop_start_delete(world: tuple[Path, str, st
     assert details is not None and details.state.status == "running"
     assert await driver.vm_state(wid) == "VirtualMachineStateRunning"
     assert await _run(driver, wid, "sh", "-c", "echo hi; echo oops >&2; exit 3") == (b"hi\n", b"oops\n", 3)
+    # The booting handshake handed the boot's identity key to the agent (over vfkit's vsock socket): the agent
+    # proves that key on a new connection, and a host expecting another key refuses it.
+    backend = driver._backend
+    (record,) = list(backend.book.records())
+    agent_sock = str(Path(record.socket_dir) / "agent.sock")
+    async with await AgentClient.connect_unix(agent_sock, identity_key=backend.identity_key(record)) as client:
+        assert await client.ping() >= 0
+    with pytest.raises(AgentIdentityError):
+        await AgentClient.connect_unix(agent_sock, identity_key=secrets.token_bytes(32))
 
     state = root / "state" / "machines"
     (machine,) = list(state.iterdir())

@@ -241,6 +241,7 @@ async def _run_guest(parsed: Any, vm: StandinVm, agent_binary: str) -> None:
         "serve",
         "--listen",
         f"unix:{inner}",
+        "--key-from-host",  # as the guest's vz_agent_vsock runs it (the inner socket is the host's only here)
         "--ready-fd",
         str(write_fd),
         *_agent_args(Path(cfg.options["sharedDir"]) / "config.sh", run),

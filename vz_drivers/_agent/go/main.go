@@ -50,6 +50,7 @@ type options struct {
 	poweroff    bool
 	keyFd       int
 	keyFromHost bool
+	sessions    stringList // more --device ports this agent serves too, one session at a time on each
 }
 
 func usage(fs *flag.FlagSet) {
@@ -103,7 +104,8 @@ func main() {
 	fs.BoolVar(&o.poweroff, "poweroff", false, "run as a VM's init: mount /proc, /sys, /dev if missing; on exit unmount everything and power off")
 	fs.IntVar(&o.readyFd, "ready-fd", -1, "write \"ready\\n\" to the inherited file descriptor `N` and close it once serving")
 	fs.IntVar(&o.keyFd, "key-fd", -1, "read the per-boot identity key (one line of hex) from the inherited file descriptor `N` at start")
-	fs.BoolVar(&o.keyFromHost, "key-from-host", false, "take the identity key from the first HELLO that carries one on the --device port (only the host writes there)")
+	fs.BoolVar(&o.keyFromHost, "key-from-host", false, "take the identity key from the first HELLO that carries one on a --device port (only the host writes there), on a vsock connection from the host (CID 2) or, with --listen unix:PATH, on any connection (a socket only the host reaches: a stand-in of a vsock port)")
+	fs.Var(&o.sessions, "session-device", "serve another session at a time on the character device `PATH` too (repeatable; needs --device): every port is this agent's, so each handshake proves the same identity key")
 	fs.StringVar(&o.readyVsock, "ready-vsock", "", "connect to the vsock address `CID:PORT` and write \"ready\\n\" once serving")
 	if err := fs.Parse(os.Args[2:]); err != nil {
 		os.Exit(2)
@@ -139,8 +141,12 @@ func main() {
 			os.Exit(2)
 		}
 	}
-	if o.keyFromHost && (o.device == "" || o.keyFd >= 0) {
-		fmt.Fprintln(os.Stderr, "vz-agent: --key-from-host needs --device (a channel only the host writes to) and no --key-fd")
+	if len(o.sessions) > 0 && o.device == "" {
+		fmt.Fprintln(os.Stderr, "vz-agent: --session-device needs --device")
+		os.Exit(2)
+	}
+	if o.keyFromHost && ((o.device == "" && o.listen == "") || o.keyFd >= 0) {
+		fmt.Fprintln(os.Stderr, "vz-agent: --key-from-host needs --device or --listen (channels only the host writes to, or whose peer the kernel names) and no --key-fd")
 		os.Exit(2)
 	}
 	if msg := platformRefusal(o); msg != "" {
@@ -205,7 +211,8 @@ type agent struct {
 	mounts   []string // mounted by --prepare-root, unmounted on exit
 	listener net.Listener
 	sockPath string
-	key      []byte // the per-boot identity key (--key-fd, --key-from-host); nil when the host gave none; under mu
+	extra    []*os.File // the --session-device ports, held open (so no other process opens them) while serving
+	key      []byte     // the per-boot identity key (--key-fd, --key-from-host); nil when the host gave none; under mu
 
 	mu       sync.Mutex
 	sessions map[*session]bool
@@ -290,6 +297,15 @@ func (ag *agent) serve() int {
 			return 1
 		}
 		stream = f
+		for _, dev := range ag.o.sessions {
+			sf, err := os.OpenFile(dev, os.O_RDWR, 0)
+			if err != nil {
+				logf("opening %s: %v", dev, err)
+				ag.unmountRoot()
+				return 1
+			}
+			ag.extra = append(ag.extra, sf)
+		}
 	default:
 		if err := syscall.SetNonblock(ag.o.fd, true); err != nil {
 			logf("--fd %d is not an open file descriptor: %v", ag.o.fd, err)
@@ -309,7 +325,10 @@ func (ag *agent) serve() int {
 	case ag.listener != nil:
 		go ag.acceptLoop()
 	default:
-		go ag.serveStream(stream, ag.o.device != "")
+		go ag.serveStream(stream, ag.o.device != "", ag.o.device)
+		for i, f := range ag.extra {
+			go ag.serveStream(f, true, ag.o.sessions[i])
+		}
 	}
 	if ag.o.readyFd >= 0 {
 		if f := os.NewFile(uintptr(ag.o.readyFd), "ready"); f != nil {
@@ -364,13 +383,18 @@ func (ag *agent) acceptLoop() {
 			return
 		}
 		s := newSession(ag, c, c, func() { c.Close() }, false)
+		if fc, ok := c.(*fileConn); ok {
+			s.fromHost = fc.peerCID == vmaddrCidHost // a vsock connection of the host: it may hand over the key
+		} else {
+			s.fromHost = true // --listen unix: the socket is the host's only (a stand-in of a vsock port)
+		}
 		go s.run()
 	}
 }
 
 // serveStream serves sessions on one byte stream. A device (virtio-serial) reads EOF while the
 // host is disconnected; the next bytes start a new session. A plain --fd ends the agent at EOF.
-func (ag *agent) serveStream(f *os.File, reconnect bool) {
+func (ag *agent) serveStream(f *os.File, reconnect bool, name string) {
 	var pending []byte
 	for {
 		var r io.Reader = f
@@ -395,7 +419,7 @@ func (ag *agent) serveStream(f *os.File, reconnect bool) {
 			}
 			if err != nil && err != io.EOF && err.Error() != lastErr {
 				lastErr = err.Error()
-				logf("reading %s: %v (retrying until a host attaches)", ag.o.device, err)
+				logf("reading %s: %v (retrying until a host attaches)", name, err)
 			}
 			// The port reads EOF until a host connects; there is no event to wait for.
 			time.Sleep(50 * time.Millisecond)

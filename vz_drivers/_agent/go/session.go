@@ -36,6 +36,7 @@ type session struct {
 	w          io.Writer
 	closeConn  func()
 	streamMode bool
+	fromHost   bool // a vsock connection whose peer is the host (CID 2)
 
 	out        chan outFrame
 	done       chan struct{}
@@ -346,7 +347,8 @@ type helloRequest struct {
 	MaxData int64 `json:"max_data"`
 	// Challenge: a fresh host nonce the agent answers with "proof" (identity.go).
 	Challenge string `json:"challenge"`
-	// Key: the boot's identity key, taken once with --key-from-host on the device port (identity.go).
+	// Key: the boot's identity key, taken once with --key-from-host on a device port or a vsock connection
+	// from the host's CID (identity.go).
 	Key string `json:"key"`
 }
 
@@ -395,7 +397,7 @@ func (s *session) handleHello(payload []byte) {
 	reply["max_data"] = agreed
 	reply["version"] = protocolVersion
 	reply["nonce"] = req.Nonce
-	if req.Key != "" && s.ag.o.keyFromHost && s.streamMode {
+	if req.Key != "" && s.ag.o.keyFromHost && (s.streamMode || s.fromHost) {
 		s.ag.takeKey(req.Key)
 	}
 	if req.Challenge != "" {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -116,7 +117,23 @@ func (l *vsockListener) Accept() (net.Conn, error) {
 		syscall.Close(nfd)
 		return nil, err
 	}
-	return &fileConn{File: os.NewFile(uintptr(nfd), "vsock"), addr: vsockAddr{port: l.port}}, nil
+	return &fileConn{File: os.NewFile(uintptr(nfd), "vsock"), addr: vsockAddr{port: l.port}, peerCID: vsockPeerCID(nfd)}, nil
+}
+
+// vmaddrCidHost is the host's CID: a guest process cannot connect from it (its own connections come from
+// the guest's CID or the local CID 1), so only the host can hand over the identity key on a vsock connection.
+const vmaddrCidHost = 2
+
+// vsockPeerCID is the CID of the connection's peer (getpeername; the cid field is at offset 8 of sockaddr_vm
+// on Linux and macOS alike), or vmaddrCidAny when it cannot be read.
+func vsockPeerCID(fd int) uint32 {
+	sa := make([]byte, 16)
+	n := uint32(len(sa))
+	_, _, errno := syscall.Syscall(syscall.SYS_GETPEERNAME, uintptr(fd), uintptr(unsafe.Pointer(&sa[0])), uintptr(unsafe.Pointer(&n)))
+	if errno != 0 || n < 12 {
+		return vmaddrCidAny
+	}
+	return binary.LittleEndian.Uint32(sa[8:12])
 }
 
 func (l *vsockListener) Close() error   { return l.f.Close() }
@@ -130,7 +147,8 @@ func (a vsockAddr) String() string  { return fmt.Sprintf("%d:%d", a.cid, a.port)
 // fileConn: an accepted vsock connection as a net.Conn.
 type fileConn struct {
 	*os.File
-	addr vsockAddr
+	addr    vsockAddr
+	peerCID uint32 // who connected (vsockPeerCID)
 }
 
 func (c *fileConn) LocalAddr() net.Addr  { return c.addr }

@@ -1,4 +1,6 @@
-"""Host files of a driver: atomic writes that fail with a clear error, and reads that never follow links.
+"""Host files of a driver: atomic writes that fail with a clear error, reads that never follow links, and
+``subpath`` (a path below an object's root, declared on its class). Below both the shared Machine layer
+(``vz_drivers._machine``) and the image store (``vz_drivers._images``), which both write host files with it.
 
 A full disk, a read-only filesystem or a permission problem while writing a record, a spec or an image index is
 a condition of the host, not a bug: it ends in ``UnavailableError`` naming the path and what to do, never in a
@@ -11,13 +13,15 @@ import contextlib
 import errno
 import os
 import stat
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Protocol
 
 from vz_core.errors import UnavailableError
 
-__all__ = ["STORAGE_ERRNOS", "atomic_write", "host_write_error", "read_chunks_nofollow"]
+__all__ = ["STORAGE_ERRNOS", "atomic_write", "host_write_error", "read_chunks_nofollow", "subpath"]
 
 _CHUNK = 32768
 STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG})
@@ -53,7 +57,10 @@ def atomic_write(path: Path, data: bytes, mode: int = 0o600) -> None:
     except OSError as exc:
         raise host_write_error(path, exc) from None
     try:
-        os.fchmod(fd, mode)
+        if sys.platform == "win32":  # modes are ACLs there: chmod keeps only its read-only bit
+            os.chmod(tmp, mode)
+        else:
+            os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
@@ -76,7 +83,12 @@ def read_chunks_nofollow(path: Path, chunk: int = _CHUNK) -> Iterator[bytes]:
     read one of its own files, and a FIFO never blocks the host.
     """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY)
+        if sys.platform == "win32":  # no O_NOFOLLOW: a link (a reparse point) is refused before the open
+            if os.lstat(path).st_file_attributes & stat.FILE_ATTRIBUTE_REPARSE_POINT:
+                return
+            fd = os.open(path, os.O_RDONLY | os.O_BINARY)
+        else:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY)
     except OSError:
         return
     try:
@@ -86,3 +98,20 @@ def read_chunks_nofollow(path: Path, chunk: int = _CHUNK) -> Iterator[bytes]:
             yield data
     finally:
         os.close(fd)
+
+
+class _Rooted(Protocol):
+    @property
+    def root(self) -> Path: ...
+
+
+class subpath:
+    """A path below an object's ``root``, declared on its class like a property: ``disk = subpath("disk.img")``."""
+
+    def __init__(self, *parts: str) -> None:
+        self.parts = parts
+
+    def __get__(self, obj: _Rooted | None, owner: type | None = None) -> Path:
+        if obj is None:
+            raise AttributeError("subpath is read on an instance")
+        return obj.root.joinpath(*self.parts)
