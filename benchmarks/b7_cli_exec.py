@@ -140,7 +140,7 @@ async def run(ctx: Any) -> dict[str, Any]:
         "vz_core.cli._remote",
         "vz_core.api._client",
         "vz_core.api._transport",
-        "vz_core.daemon._connect",
+        "vz_core.wire._connect",
     ]
     try:
         as_is_bytecode: dict[str, Any] | str = await asyncio.to_thread(uncached_modules, cli_path, env)

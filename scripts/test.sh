@@ -24,8 +24,8 @@ echo "== mypy --strict (vz_core, drivers, plugin SDK, conformance, benchmarks, e
 # is Linux-only and not in the set. Windows: the platform layer, so far (docs/architecture.md, "The platform layer").
 echo "== mypy --strict --platform darwin (the macOS host program)"; mypy --platform darwin vz_core vz_drivers/__init__.py vz_drivers/_lazy.py vz_drivers/_machine vz_drivers/_agent vz_drivers/_images vz_drivers/_guest vz_drivers/qemu vz_drivers/vfkit vz_drivers/macos_vm plugins/vz_plugins conformance/vz_conformance || status=1
 # vz_core/network (route domains) is Linux-only: never imported on Windows, so not type-checked for it. Not yet
-# at zero for win32 (docs/architecture.md): the image store, qemu, the plugin SDK's terminal, the conformance suite.
-echo "== mypy --strict --platform win32 (the Windows host program: vz_core but route domains, the Machine layer, hyperv)"; mypy --platform win32 --exclude '^vz_core/(network|_proto)/' vz_core vz_drivers/__init__.py vz_drivers/_lazy.py vz_drivers/_machine vz_drivers/_agent vz_drivers/_guest vz_drivers/hyperv || status=1
+# at zero for win32 (docs/architecture.md): qemu, the plugin SDK's terminal, the conformance suite.
+echo "== mypy --strict --platform win32 (the Windows host program: vz_core but route domains, the Machine layer, hyperv)"; mypy --platform win32 --exclude '^vz_core/(network|_proto)/' vz_core vz_drivers/__init__.py vz_drivers/_lazy.py vz_drivers/_machine vz_drivers/_agent vz_drivers/_guest vz_drivers/_images vz_drivers/hyperv || status=1
 # Most tests wait (on guests, plugins, subprocesses) rather than compute, so the suite runs on several worker
 # processes (pytest-xdist, one module per worker at a time: module fixtures such as a booted guest stay shared),
 # in collection order (tests/conftest.py puts the longest modules first; xdist would otherwise start the modules

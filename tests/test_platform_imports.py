@@ -130,6 +130,6 @@ def test_the_rule_flags_a_planted_import_fcntl() -> None:
 
 def test_the_rule_covers_the_host_program() -> None:
     names = {p.relative_to(ROOT).as_posix() for p in _files()}
-    assert "vz_core/daemon/_connect.py" in names
+    assert "vz_core/wire/_connect.py" in names
     assert "vz_drivers/_machine/_procs.py" in names
     assert not any(n.startswith(("vz_core/platform/", "vz_drivers/linux_native/")) for n in names)

@@ -16,13 +16,16 @@ preceded or followed by a letter, digit or ``_`` (so the secret "ab1" is masked 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TypeVar
 
-__all__ = ["MASK", "MIN_SECRET_LENGTH", "RedactingStream", "Redactor"]
+__all__ = ["MASK", "MIN_SECRET_LENGTH", "VZ_ID_VARIABLES", "RedactingStream", "Redactor"]
 
 MASK = "***"
 MIN_SECRET_LENGTH = 4
+VZ_ID_VARIABLES = frozenset({"VZ_PROJECT_ID", "VZ_ENVIRONMENT_ID", "VZ_MACHINE_ID"})
+"""The variables vz itself gives every Machine: its own ids, printed by `vz status`, never secrets (masking them
+would hide every name built from them, such as a Machine's workspace id ``vz-<ids>``)."""
 
 _T = TypeVar("_T")
 _WORD_BYTES = rb"[A-Za-z0-9_]"
@@ -40,6 +43,10 @@ class Redactor:
         self._text_pattern: re.Pattern[str] | None = None
         self._longest = 0
         self.add(*secrets)
+
+    def add_environment(self, environment: Mapping[str, str]) -> None:
+        """Register the values of an environment (RunImage's, an exec's) as secrets, except vz's own ids."""
+        self.add(*(value for key, value in environment.items() if key not in VZ_ID_VARIABLES))
 
     def add(self, *secrets: str | bytes) -> None:
         """Register more secrets (empty values are ignored; short ones unless ``short_tokens``)."""

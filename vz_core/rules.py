@@ -18,6 +18,7 @@ __all__ = [
     "DEFAULT_PIDS",
     "DIGEST_RE",
     "DRIVER_NAME_PATTERN",
+    "EMBEDDED_IMAGES",
     "HOST_RE",
     "MAX_PIDS",
     "MIN_PIDS",
@@ -36,6 +37,9 @@ __all__ = [
 RESERVED_TARGETS: Final = ("/.vz", "/proc", "/sys", "/dev")
 """Machine paths no workspace, mount or volume may cover (they belong to the Machine runtime)."""
 
+EMBEDDED_IMAGES: Final = ("default",)
+"""The names of the images built into vz (``vz:NAME``, docs/images.md): every other ``vz:`` name is a mistake
+that the built-in drivers' image store refuses, and `vz up` refuses it before anything is compared or changed."""
 TAG_RE: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 """An image tag (use ``fullmatch``)."""
 PATH_COMPONENT_RE: Final = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*")

@@ -1,9 +1,12 @@
-"""A third-party Go client of vz.api.v1 (tests/go/src/vzinterop/apiclient, grpc-go and the committed Go package
-under protocol/go) against a real daemon listener serving the real service on the fake driver.
+"""Third-party Go clients of vz.api.v1 (grpc-go and the committed Go package under protocol/go): the interop
+client tests/go/src/vzinterop/apiclient against a real daemon listener serving the real service on the fake
+driver, and the example examples/api/lifecycle.go against a daemon started with `vz daemon start`.
 
 The committed Go package is exactly what ``protoc`` generates from protocol/ today; ``CloseSend()`` on Exec is the
 end of the command's input (the command finishes and its result arrives); the RPC's own cancel ends the call
-CANCELLED; a failed call carries both typed details (ErrorInfo, RuntimeError)."""
+CANCELLED; a failed call carries both typed details (ErrorInfo, RuntimeError); a watch resumed from its last
+revision loses and repeats nothing; the example fails at once naming
+a missing socket, then runs the whole lifecycle once the daemon is started."""
 
 from __future__ import annotations
 
@@ -38,25 +41,74 @@ def go_env(out: Path) -> dict[str, str]:
     }
 
 
-@pytest.fixture(scope="module")
-def go_api(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def go_build(out: Path, target: str, binary: Path) -> Path:
     if any(shutil.which(tool) is None for tool in ("go", "protoc", "protoc-gen-go", "protoc-gen-go-grpc")):
-        pytest.fail("the Go API client needs golang-go, protobuf-compiler, protoc-gen-go and protoc-gen-go-grpc")
-    out = tmp_path_factory.mktemp("go-api")
-    source = out / "gopath" / "src" / "vzinterop"
-    source.mkdir(parents=True)
-    shutil.copytree(ROOT / "tests" / "go" / "src" / "vzinterop" / "apiclient", source / "apiclient")
-    binary = out / "vz-go-api"
+        pytest.fail("the Go API clients need golang-go, protobuf-compiler, protoc-gen-go and protoc-gen-go-grpc")
     built = subprocess.run(
-        ["go", "build", "-o", str(binary), "vzinterop/apiclient"],
+        ["go", "build", "-o", str(binary), target],
         env=go_env(out),
         capture_output=True,
         text=True,
         check=False,
         stdin=subprocess.DEVNULL,
+        cwd=ROOT,
     )
     assert built.returncode == 0, built.stderr
     return binary
+
+
+@pytest.fixture(scope="module")
+def go_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("go-api")
+    source = out / "gopath" / "src" / "vzinterop"
+    source.mkdir(parents=True)
+    shutil.copytree(ROOT / "tests" / "go" / "src" / "vzinterop" / "apiclient", source / "apiclient")
+    return out
+
+
+@pytest.fixture(scope="module")
+def go_api(go_out: Path) -> Path:
+    return go_build(go_out, "vzinterop/apiclient", go_out / "vz-go-api")
+
+
+def vz_exe() -> str:
+    beside = Path(sys.executable).parent / "vz"
+    found = str(beside) if beside.is_file() else shutil.which("vz")
+    assert found, "the vz console script is not installed"
+    return found
+
+
+def test_the_go_example_beside_lifecycle_py(go_out: Path, tmp_path: Path) -> None:
+    """examples/api/lifecycle.go: fails at once naming a missing socket; after `vz daemon start` it runs up,
+    status, exec (CloseSend), stop, delete and reads typed operation events."""
+    example = go_build(go_out, "examples/api/lifecycle.go", go_out / "lifecycle")
+    env = {**os.environ, "VZ_HOME": str(tmp_path / "home")}
+    project = ROOT / "examples" / "fake"
+
+    def run(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            list(argv), env=env, capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL, timeout=240
+        )
+
+    missing = run(str(example), str(project))
+    socket = str(tmp_path / "home" / "daemon" / "vz.sock")
+    assert missing.returncode == 1 and f"no vz daemon socket at {socket}" in missing.stderr
+    assert "vz daemon start" in missing.stderr
+    started = run(vz_exe(), "daemon", "start", "--json")
+    try:
+        assert started.returncode == 0, started.stderr
+        assert json.loads(started.stdout)["socket"] == socket
+        done = run(str(example), str(project))
+    finally:
+        stopped = run(vz_exe(), "daemon", "stop")
+    assert done.returncode == 0, done.stderr
+    assert stopped.returncode == 0, stopped.stderr
+    out = done.stdout
+    assert "up: Environment default (env_" in out and "is running" in out and "machine dev: running" in out
+    assert 'exec: exit 3, stdout "got hello\\n", stderr "oops\\n"' in out
+    assert "stop: stopped" in out and "delete: deleted, 1 Machine(s) removed" in out
+    assert "events: 3 operation(s) finished since revision 0" in out
+    assert "Environments.Up call " in out and " succeeded" in out
 
 
 def test_the_committed_go_package_is_what_protoc_generates_today() -> None:
@@ -108,7 +160,9 @@ async def daemon(home: Path) -> AsyncIterator[DaemonPaths]:
         await asyncio.wait_for(serving, 60)
 
 
-async def test_a_go_client_closesend_cancel_and_typed_errors(go_api: Path, tmp_path: Path, project: Path) -> None:
+async def test_a_go_client_closesend_cancel_typed_errors_and_watch_resume(
+    go_api: Path, tmp_path: Path, project: Path
+) -> None:
     from vz_core.api import Client
 
     async with daemon(tmp_path / "home") as paths:
@@ -119,7 +173,7 @@ async def test_a_go_client_closesend_cancel_and_typed_errors(go_api: Path, tmp_p
                 client.up().result()
                 try:
                     found = {}
-                    for scenario in ("closesend", "cancel", "error"):
+                    for scenario in ("closesend", "cancel", "error", "watch"):
                         done = subprocess.run(
                             [str(go_api), paths.socket, str(project), scenario],
                             capture_output=True,
@@ -145,5 +199,7 @@ async def test_a_go_client_closesend_cancel_and_typed_errors(go_api: Path, tmp_p
         "exit_code": 3,
         "runtime_code": "RUNTIME_ERROR_CODE_NOT_FOUND",
     }
+    watch = found["watch"]
+    assert len(watch["all"]) == 3 and watch["first"] == watch["all"][:2] and watch["resumed"] == watch["all"][2:]
     # The cancelled command is gone: no call of the Go client is still running in the daemon.
     assert [op for op in found["operations"] if op.method == "Machines.Exec"] == []

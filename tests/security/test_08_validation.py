@@ -109,11 +109,16 @@ def test_refused_by_vz_up_before_any_record_exists(vz: Vz, tmp_path: Path, machi
 
 @pytest.mark.parametrize(
     "image",
-    ["vz:default", "vz:other", "registry.local/app:1.2", "localhost:5000/a/b@sha256:" + "0" * 64, "oci:/x/y:tag"],
+    ["vz:default", "registry.local/app:1.2", "localhost:5000/a/b@sha256:" + "0" * 64, "oci:/x/y:tag"],
 )
 def test_valid_image_references_still_pass(image: str) -> None:
     assert parse_definition(_definition(image=image)).machines[0].image == image
     assert check_image_reference(image) == image
+
+
+def test_only_the_embedded_vz_images_exist() -> None:
+    with pytest.raises(ValueError, match=r"there is no embedded image 'vz:other'; the embedded images are: vz:default"):
+        check_image_reference("vz:other")
 
 
 def test_an_external_driver_may_name_its_images_its_own_way() -> None:

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "vz_core" / "cli"))
 from vzcli import Vz, fake_machine, write_project
 
 from vz_core.daemon import PROTOCOL, Channel, DaemonPaths
-from vz_core.daemon._wire import encode_json
+from vz_core.wire._frames import encode_json
 
 DEEP = 100_000
 MALFORMED = {

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vz_core.daemon import ErrorObject, error_fields
+from vz_core.wire import ErrorObject, error_fields
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

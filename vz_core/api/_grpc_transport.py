@@ -134,7 +134,7 @@ class GrpcTransport:
     name = "grpc"
 
     def __init__(self, home: str | None = None, socket: str | None = None, autostart: bool | None = None) -> None:
-        from vz_core.daemon import daemon_paths
+        from vz_core.wire import daemon_paths
 
         self.given_socket = socket
         self.socket = socket or daemon_paths(home).socket

@@ -5,7 +5,7 @@ A ``CallStream`` yields the call's messages as tuples, in order: ``("progress", 
 error object, or UNAVAILABLE when the connection broke). Input for Exec goes through ``send``/``close_stdin``/
 ``resize``/``signal``; ``cancel`` asks for cancellation (the final message still follows); ``close`` hangs up.
 
-``LocalTransport`` speaks the local wire through ``vz_core.daemon.connect`` (standard library only: no grpc, no
+``LocalTransport`` speaks the local wire through ``vz_core.wire.connect`` (standard library only: no grpc, no
 protobuf); ``GrpcTransport`` (``vz_core.api._grpc_transport``) speaks vz.api.v1 over gRPC and converts to the
 same dicts.
 """
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from typing import Any, Protocol
 
-    from vz_core.daemon import Connection
+    from vz_core.wire import Connection
 
     class CallStream(Protocol):
         """One running call (see the module docstring)."""
@@ -73,7 +73,7 @@ def drain(stream: CallStream) -> dict[str, Any]:
 
 
 def _api_error(exc: BaseException) -> ApiError:
-    """The one mapping of a local-wire failure (``vz_core.daemon.DaemonError``, OSError) to ApiError."""
+    """The one mapping of a local-wire failure (``vz_core.wire.DaemonError``, OSError) to ApiError."""
     code = getattr(exc, "code", None)
     if isinstance(code, str):
         return ApiError(
@@ -92,7 +92,7 @@ def _api_error(exc: BaseException) -> ApiError:
 
 
 class LocalCall:
-    """A call on one local-wire connection (``vz_core.daemon.Connection``)."""
+    """A call on one local-wire connection (``vz_core.wire.Connection``)."""
 
     def __init__(self, connection: Connection) -> None:
         self.connection = connection
@@ -166,7 +166,7 @@ class LocalCall:
 
 
 class LocalTransport:
-    """The local wire (the CLI's path): one connection per call through ``vz_core.daemon.connect``."""
+    """The local wire (the CLI's path): one connection per call through ``vz_core.wire.connect``."""
 
     name = "local"
 
@@ -176,7 +176,7 @@ class LocalTransport:
         self.autostart = autostart
 
     def connect(self) -> Connection:
-        from vz_core.daemon import connect
+        from vz_core.wire import connect
 
         try:
             return connect(self.home, autostart=self.autostart, socket=self.socket)

@@ -8,8 +8,8 @@ wire fixes and proto3 JSON leaves open (docs/api.md): 64-bit integers are number
 marked ``(vz.api.v1.omit_empty)`` is absent when empty; integral numbers inside free-form Struct/Value parts are
 ints (protobuf keeps every JSON number as a double).
 
-``METHODS`` describes every rpc, read from the file descriptor (so it cannot miss one): its local-wire name
-(``"Environments.Up"``), gRPC path, request and response classes and streaming shape. ``error_to_status`` and
+``METHODS`` describes every rpc: the rows of the one method table (``vz_core.wire.METHODS``, generated from the
+descriptor) with their request and response classes. ``error_to_status`` and
 ``error_from_status`` carry the local wire's error object over gRPC.
 
 Importing this module imports protobuf and grpc: the local transport of ``vz_core.api`` never does.
@@ -127,21 +127,39 @@ class MethodSpec:
     response: type[Message]
     client_streaming: bool
     server_streaming: bool
+    passive: bool
+    """Not a Machine operation (``vz_core.wire.METHODS``)."""
+    operation: str
+    """The kind of its operation events, or "" (``vz_core.wire.METHODS``)."""
 
 
 def _methods() -> dict[str, MethodSpec]:
+    """The rows of the one method table (``vz_core.wire.METHODS``) with the stubs' message classes; the table
+    must be the descriptor's (it is generated from it: a stale one fails here, naming what differs)."""
+    from vz_core.wire import METHODS as TABLE
+
     out: dict[str, MethodSpec] = {}
     for service in api_pb2.DESCRIPTOR.services_by_name.values():
         for rpc in service.methods:
             name = f"{service.name}.{rpc.name}"
+            row = TABLE.get(name)
+            if row is None or (row.client_streaming, row.server_streaming) != (
+                rpc.client_streaming,
+                rpc.server_streaming,
+            ):
+                raise RuntimeError(f"vz_core/wire/_methods.py is stale for {name}: run scripts/gen_protos.py")
             out[name] = MethodSpec(
                 name=name,
-                path=f"/{service.full_name}/{rpc.name}",
+                path=row.path,
                 request=getattr(api_pb2, rpc.input_type.name),
                 response=getattr(api_pb2, rpc.output_type.name),
                 client_streaming=rpc.client_streaming,
                 server_streaming=rpc.server_streaming,
+                passive=row.passive,
+                operation=row.operation,
             )
+    if set(out) != set(TABLE):
+        raise RuntimeError(f"vz_core/wire/_methods.py lists {sorted(set(TABLE) - set(out))}: run scripts/gen_protos.py")
     return out
 
 
@@ -161,7 +179,7 @@ def method(name: str) -> MethodSpec:
 
 
 def grpc_code_name(code: str) -> str:
-    """The gRPC status code name of an error code name (PROTOCOL.md's table; UNKNOWN for anything else)."""
+    """The gRPC status code name of an error code name (docs/protocol.md's table; UNKNOWN for anything else)."""
     from vz_core.errors import CATEGORY_TABLE
 
     for cls in CATEGORY_TABLE:
@@ -223,8 +241,8 @@ def error_from_status_details(raw: bytes | None, code_name: str, message: str) -
                 detail.Unpack(runtime)
     import grpc
 
-    from vz_core.daemon import classify_error
     from vz_core.errors import error_class_for_code, error_class_for_grpc
+    from vz_core.wire import classify_core
 
     if runtime is not None:
         cls = error_class_for_code(runtime.code)
@@ -233,7 +251,7 @@ def error_from_status_details(raw: bytes | None, code_name: str, message: str) -
     text = (runtime.message if runtime is not None and runtime.message else message) or (
         f"the vz daemon's gRPC call failed with {code_name}"
     )
-    exit_code, kind = classify_error(cls(text))  # the CLI's one exit-code table
+    exit_code, kind = classify_core(cls(text))  # the one exit-code table (vz_core.wire)
     category = cls.category.name
     return {
         "code": category,

@@ -12,10 +12,11 @@ import sys
 import time
 from typing import Any
 
-__all__ = ["run_daemon_command"]
+from vz_core.wire import NOT_FOUND
 
-UNAVAILABLE = 69
-NOT_RUNNING = 3
+__all__ = ["daemon_parser", "run_daemon_command"]
+
+NOT_RUNNING = NOT_FOUND
 
 
 class _Parser(argparse.ArgumentParser):
@@ -25,6 +26,11 @@ class _Parser(argparse.ArgumentParser):
 
 class _Usage(Exception):
     pass
+
+
+def daemon_parser() -> argparse.ArgumentParser:
+    """The parser of `vz daemon` (its sub-commands and flags; shell completion reads them)."""
+    return _parser()
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -17,7 +17,7 @@ Environments (made from the nearest vz.json upward from here):
            vz status --logs [--machine M] [--service S] [--follow] [--tail N]
   stop     stop every Machine of an Environment
   delete   delete an Environment and everything it owns (Machines, volumes unless --keep-volumes, bindings)
-  volume   list or remove kept volumes:  vz volume list | rm NAME
+  volume   list volumes (in use and kept) or remove a kept one:  vz volume list | rm NAME
 
 Other:
   driver   list, add, verify or configure drivers (vz driver list | add MANIFEST | verify [NAME] |
@@ -27,6 +27,8 @@ Other:
   guest    the vz Linux guest for vfkit and hyperv hosts, as a verified bundle:
            vz guest build --arch A --format F --out DIR | verify DIR | fetch DIR|URL
            | fetch RELEASE/SHA256SUMS --arch A --format F
+  completion  print a shell's completion script:  source <(vz completion bash|zsh), or
+           vz completion fish > ~/.config/fish/completions/vz.fish
   version  print the vz version
   help     this text, or `vz help <command>` for a command's options
 

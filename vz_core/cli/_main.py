@@ -25,7 +25,20 @@ if TYPE_CHECKING:
 
 __all__ = ["main"]
 
-COMMANDS = ("up", "exec", "status", "stop", "delete", "volume", "driver", "daemon", "guest", "version", "help")
+COMMANDS = (
+    "up",
+    "exec",
+    "status",
+    "stop",
+    "delete",
+    "volume",
+    "driver",
+    "daemon",
+    "guest",
+    "completion",
+    "version",
+    "help",
+)
 
 
 LEGACY_COMMANDS: dict[str, str] = {
@@ -42,7 +55,8 @@ LEGACY_COMMANDS: dict[str, str] = {
     "rm": "`vz delete` deletes the selected Environment and everything it owns",
     "ssh": "`vz exec -- CMD` runs a command in a Machine (no SSH needed)",
 }
-"""0.3 command families that no longer exist → what replaces them (docs/cli.md, "Removed commands")."""
+"""Command families of earlier vz releases that no longer exist → what replaces them (docs/cli.md, "Removed
+commands"). The message names no release: this vz's own version is what `vz version` prints."""
 
 
 class _UsageError(Exception):
@@ -89,11 +103,11 @@ def _hoist_global_options(args: list[str]) -> list[str] | str:
 
 
 def _legacy(command: str, rest: list[str]) -> int:
-    """A removed 0.3 command: exit 2 with a structured ``legacy_command_removed`` error and migration guidance."""
+    """A removed command: exit 2 with a structured ``legacy_command_removed`` error and migration guidance."""
     import json
 
     guidance = LEGACY_COMMANDS[command]
-    message = f'`vz {command}` was removed in vz 0.4; instead: {guidance} (see docs/cli.md, "Removed commands")'
+    message = f'`vz {command}` was removed; instead: {guidance} (see docs/cli.md, "Removed commands")'
     if "--json" in rest:
         error = {
             "kind": "legacy_command_removed",
@@ -123,7 +137,8 @@ def _parser(command: str) -> argparse.ArgumentParser:
         "delete": "Delete an Environment: its Machines and its records. Other Environments are untouched.",
         "driver": "List, add (a manifest or an https URL), upgrade, roll back, remove, verify or configure drivers; "
         "sign manifests; choose the keys you trust.",
-        "volume": "List or remove named volumes kept after their Environment was deleted (vz delete --keep-volumes).",
+        "volume": "List named volumes (in use, or kept after their Environment was deleted: vz delete "
+        "--keep-volumes) or remove a kept one.",
     }
     parser = Parser(prog=f"vz {command}", description=summaries.get(command), allow_abbrev=False)
     if command in ("up", "exec", "status", "stop", "delete"):
@@ -140,7 +155,7 @@ def _parser(command: str) -> argparse.ArgumentParser:
             help="keep the Environment's named volumes (listed by `vz volume list`, removed by `vz volume rm`)",
         )
     if command == "volume":
-        parser.add_argument("action", choices=("list", "rm"), help="list kept volumes, or remove one")
+        parser.add_argument("action", choices=("list", "rm"), help="list volumes, or remove a kept one")
         parser.add_argument(
             "name", nargs="?", metavar="NAME", help="the volume to remove (as `vz volume list` names it)"
         )
@@ -235,6 +250,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _daemon(["--help"])
         if rest and rest[0] == "guest":
             return _guest(["--help"])
+        if rest and rest[0] == "completion":
+            return _completion(["--help"])
         if rest and rest[0] in COMMANDS and rest[0] not in ("help", "version"):
             _parser(rest[0]).print_help()
         else:
@@ -242,6 +259,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if command in LEGACY_COMMANDS:
         return _legacy(command, rest)
+    if command == "__complete":  # the completion scripts' question (not a command of its own)
+        from vz_core.cli._completion import complete_names
+
+        return complete_names(rest)
+    if command == "completion":
+        return _completion(rest)
     if command not in COMMANDS:
         sys.stderr.write(f"vz: unknown command {command!r}; commands: {', '.join(COMMANDS)} (see `vz --help`)\n")
         return 2
@@ -327,6 +350,24 @@ def _report(command: str, exc: Exception, json_mode: bool, redactor: Redactor | 
     code, kind = classify(exc)
     Output("json" if json_mode else "plain", command, redactor=redactor).error(code, kind, str(exc))
     return code
+
+
+def _completion(rest: list[str]) -> int:
+    from vz_core.cli._completion import SHELLS, completion_script
+
+    if rest in (["-h"], ["--help"]):
+        sys.stdout.write(
+            "usage: vz completion bash|zsh|fish\n\nPrint the shell's completion script for vz: commands, flags, "
+            "Environment and Machine names.\n  bash: source <(vz completion bash)\n  zsh:  source <(vz "
+            "completion zsh)\n  fish: vz completion fish > ~/.config/fish/completions/vz.fish\n"
+        )
+        return 0
+    if len(rest) != 1 or rest[0] not in SHELLS:
+        given = " ".join(rest) or "nothing"
+        sys.stderr.write(f"vz completion: error: which shell: bash, zsh or fish (got {given})\n")
+        return 2
+    sys.stdout.write(completion_script(rest[0]))
+    return 0
 
 
 def _version() -> int:

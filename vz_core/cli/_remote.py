@@ -16,6 +16,8 @@ from __future__ import annotations
 import os
 import sys
 
+from vz_core.wire import INTERRUPTED
+
 TYPE_CHECKING = False  # `typing` costs milliseconds on `vz exec`'s path
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -32,8 +34,6 @@ __all__ = [
     "run_environment_command",
     "run_operation",
 ]
-
-INTERRUPTED = 130
 
 
 class Interrupted(Exception):

@@ -124,8 +124,13 @@ def render_volumes(report: dict[str, Any], *, removed: bool = False) -> str:
     if removed:
         return "".join(f"volume {v['name']} removed\n" for v in volumes)
     if not volumes:
-        return "no kept volumes\n"
-    rows = [["NAME", "VOLUME", "PROJECT", "DRIVER", "KEPT FROM"]]
+        return "no volumes (a Machine's named volumes are listed here once `vz up` made them)\n"
+    rows = [["NAME", "VOLUME", "STATE", "PROJECT", "DRIVER", "ENVIRONMENT/MACHINE"]]
     for v in volumes:
-        rows.append([v["name"], v["volume"], v["project_id"], v["driver"], f"{v['environment_id']}/{v['machine_id']}"])
-    return "\n".join(_table(rows, indent="")) + "\n"
+        state = "in use" if v["state"] == "attached" else v["state"]
+        owner = f"{v['environment_id']}/{v['machine_id']}"
+        rows.append([v["name"], v["volume"], state, v["project_id"], v["driver"], owner])
+    lines = _table(rows, indent="")
+    if any(v["state"] == "kept" for v in volumes):
+        lines.append("kept volumes outlived their Environment: remove one with `vz volume rm NAME`")
+    return "\n".join(lines) + "\n"

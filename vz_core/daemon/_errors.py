@@ -19,6 +19,7 @@ import sys
 from typing import Any
 
 from vz_core.redact import Redactor
+from vz_core.wire import BACKEND, CONFLICT, INTERRUPTED, KINDS, NOT_FOUND, OK, USAGE, classify_core
 
 __all__ = [
     "BACKEND",
@@ -33,28 +34,13 @@ __all__ = [
     "encode_error",
 ]
 
-OK = 0
-BACKEND = 1
-USAGE = 2
-NOT_FOUND = 3
-CONFLICT = 4
-INTERRUPTED = 130
-
-KINDS = {
-    OK: "ok",
-    BACKEND: "backend_failure",
-    USAGE: "user_error",
-    NOT_FOUND: "not_found",
-    CONFLICT: "conflict",
-    INTERRUPTED: "interrupted",
-}
-
 
 def classify_error(exc: BaseException) -> tuple[int, str]:
-    """(exit code, kind) of an error: the table of docs/cli.md, by isinstance.
+    """(exit code, kind) of an error: the table of docs/cli.md (``vz_core.wire``'s), by isinstance.
 
-    Anything that is not a ``VzError`` (a bug, an OS error) is a backend failure (1); a cancellation is
-    "interrupted" (130).
+    The Environment layer's errors first (selection, definition, conflicts, plans), then the ``vz_core.errors``
+    tree (``vz_core.wire.classify_core``): anything that is not a ``VzError`` (a bug, an OS error) is a
+    backend failure (1); a cancellation is "interrupted" (130).
     """
     from vz_core.env import (
         AmbiguousSelectionError,
@@ -63,28 +49,12 @@ def classify_error(exc: BaseException) -> tuple[int, str]:
         PlanError,
         SelectionNotFoundError,
     )
-    from vz_core.errors import (
-        AlreadyExistsError,
-        FailedPreconditionError,
-        InvalidArgumentError,
-        NotFoundError,
-        OperationCancelledError,
-        UnsupportedError,
-        UserError,
-    )
 
-    code: int
-    if isinstance(exc, DefinitionNotFoundError | SelectionNotFoundError | NotFoundError):
-        code = NOT_FOUND
-    elif isinstance(exc, AmbiguousSelectionError | ConflictError | PlanError | AlreadyExistsError):
-        code = CONFLICT
-    elif isinstance(exc, OperationCancelledError | KeyboardInterrupt) or _is_cancel(exc):
-        code = INTERRUPTED
-    elif isinstance(exc, UserError | InvalidArgumentError | UnsupportedError | FailedPreconditionError):
-        code = USAGE
-    else:  # DriverError, TrustError, PluginError, any other error: the backend side failed
-        code = BACKEND
-    return code, KINDS[code]
+    if isinstance(exc, DefinitionNotFoundError | SelectionNotFoundError):
+        return NOT_FOUND, KINDS[NOT_FOUND]
+    if isinstance(exc, AmbiguousSelectionError | ConflictError | PlanError):
+        return CONFLICT, KINDS[CONFLICT]
+    return classify_core(exc)
 
 
 def _code_name(exc: BaseException, exit_code: int) -> str:
@@ -140,16 +110,16 @@ def _message(exc: BaseException) -> str:
     return f"internal error in the vz daemon: {type(exc).__name__}: {exc} (see `vz daemon logs`)"
 
 
-_CONVERGING = frozenset({"Environments.Up", "Environments.Stop", "Environments.Delete", "Volumes.Remove"})
-
-
 def cancelled_message(method: str, reason: str | None) -> str:
     """The message of a call its client cancelled (``reason``: "cancelled by the client", "the client received
     SIGINT", ...; None: a hangup), in the terms of what the method was doing (docs/api.md, how each call ends)."""
     reason = reason or "the client closed the connection"
     if method == "Machines.Exec":
         return f"the command was killed: {reason} (the Machine keeps running)"
-    if method in _CONVERGING:
+    from vz_core.wire import METHODS
+
+    known = METHODS.get(method)
+    if known is not None and known.operation:
         return f"interrupted: {reason}; run it again to converge"
     return f"cancelled: {reason}"
 

@@ -42,7 +42,7 @@ from google.protobuf.message import Message as ProtoMessage
 
 from vz_core.api import pb
 from vz_core.daemon._errors import cancelled_message
-from vz_core.daemon._wire import DaemonError
+from vz_core.wire import DaemonError
 
 __all__ = ["GRPC_SOCKET", "Dispatch", "GrpcCall", "GrpcFront"]
 
@@ -56,9 +56,6 @@ _MAX_MESSAGE = 16 * 1024 * 1024
 _CHUNK = 256 * 1024
 _SUN_PATH_MAX = 104  # the shortest sun_path among the platforms vz runs on (macOS), minus its NUL
 _EOF: Any = grpc.aio.EOF  # type: ignore[attr-defined]  # the end of a client stream (not in the stubs)
-_NON_OPERATIONS = frozenset(
-    {"Environments.Watch", "Machines.Watch", "System.Events", "System.Status", "System.Capabilities", "System.Shutdown"}
-)
 
 
 def _encode(exc: BaseException) -> dict[str, Any]:
@@ -103,7 +100,7 @@ class GrpcCall:
     @property
     def is_operation(self) -> bool:
         """Whether this call counts as a Machine operation for the idle timer and ``busy``."""
-        return self.method not in _NON_OPERATIONS
+        return not self._spec.passive
 
     async def _write(self, field: str, value: Any) -> None:
         if field not in self._streams:

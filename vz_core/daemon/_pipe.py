@@ -19,7 +19,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from vz_core.daemon._wire import AsyncChannel, DaemonError, WireError
+from vz_core.wire import AsyncChannel, DaemonError, WireError
 
 __all__ = ["PIPE_HOST"]
 

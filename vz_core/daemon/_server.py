@@ -30,19 +30,25 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from vz_core.daemon._identity import PROTOCOL, fingerprint, version
-from vz_core.daemon._paths import (
+from vz_core.platform.files import NOFOLLOW, socket_path_in
+from vz_core.platform.locks import lock_file
+from vz_core.wire import (
+    PROTOCOL,
+    AsyncChannel,
+    DaemonError,
     DaemonPaths,
+    Message,
+    WireError,
+    close_fds,
     daemon_paths,
     ensure_private_dir,
+    fingerprint,
     proc_start_ticks,
     read_pid_file,
     secure_state_home,
+    version,
     write_pid_file,
 )
-from vz_core.daemon._wire import AsyncChannel, DaemonError, Message, WireError, close_fds
-from vz_core.platform.files import NOFOLLOW, socket_path_in
-from vz_core.platform.locks import lock_file
 
 if sys.platform != "win32":
     from vz_core.platform.peer import peer_credentials
@@ -51,7 +57,6 @@ if sys.platform != "win32":
 __all__ = [
     "DEFAULT_IDLE_TIMEOUT",
     "HTTP2_PREFACE",
-    "NON_OPERATIONS",
     "Call",
     "Daemon",
     "Handler",
@@ -65,17 +70,6 @@ log = logging.getLogger("vz.daemon")
 DEFAULT_IDLE_TIMEOUT = 900.0
 IDLE_ENV = "VZ_DAEMON_IDLE_TIMEOUT"
 HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-NON_OPERATIONS = frozenset(
-    {
-        "Environments.Watch",
-        "Machines.Watch",
-        "System.Events",
-        "System.Status",
-        "System.Capabilities",
-        "System.Shutdown",
-    }
-)
-"""Methods that are not Machine operations: they do not keep the daemon from idling out."""
 SHUTDOWN_METHOD = "System.Shutdown"
 DRIVER_CONNECT_METHOD = "Drivers.Connect"
 """A client's gRPC session with a warm plugin of the daemon (``vz_core.daemon._sessions.serve_driver_connect``):
@@ -101,6 +95,15 @@ Handler = Callable[["Call"], Awaitable[dict[str, Any]]]
 Http2Hook = Callable[[socket.socket, bytes], Awaitable[None]]
 """Takes an accepted HTTP/2 connection (``prefix`` = bytes already read from it: none, the preface was
 peeked) and serves it until either side closes; it owns the socket."""
+
+
+def _is_operation(method: str) -> bool:
+    """Whether calls of ``method`` count as Machine operations (the idle timer, ``busy``, shutdown's wait): every
+    method but the passive ones of the method table (``vz_core.wire.METHODS``; an unknown method counts)."""
+    from vz_core.wire import METHODS
+
+    known = METHODS.get(method)
+    return known is None or not known.passive
 
 
 def idle_timeout_from_env(environ: dict[str, str] | None = None) -> float:
@@ -161,7 +164,7 @@ class Call:
     @property
     def is_operation(self) -> bool:
         """Whether this call counts as a Machine operation for the idle timer and ``busy``."""
-        return self.method not in NON_OPERATIONS
+        return _is_operation(self.method)
 
     async def _send(self, message: Message) -> None:
         if self._channel is None:
@@ -910,8 +913,8 @@ def run_daemon(
     ``ready <pid>`` once the socket accepts or ``error <message>``, then is closed. ``stdio_to_log``: fds 1
     and 2 are moved to the log (a detached daemon). ``echo``: the log also goes to stderr (the foreground).
     """
-    from vz_core.daemon._connect import _open_socket
     from vz_core.daemon._log import setup_logging
+    from vz_core.wire import open_socket as _open_socket
 
     def tell(line: str) -> None:
         nonlocal ready_fd

@@ -33,8 +33,6 @@ import asyncio
 import contextlib
 import itertools
 import os
-import signal as signals
-import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -43,9 +41,10 @@ from typing import Any, Protocol
 
 from vz_core.daemon._calls import MAX_WINDOW, Request, RequestError
 from vz_core.daemon._errors import CallFailed, cancelled_message, encode_error
+from vz_core.daemon._exec import cancel_reason, exec_streams, signal_name, stop_task, terminal
 from vz_core.daemon._progress import CallProgress
-from vz_core.daemon._wire import DaemonError
 from vz_core.redact import Redactor
+from vz_core.wire import METHODS
 
 __all__ = ["METHODS", "CallLike", "EventSink", "Service", "create_service", "dispatch"]
 
@@ -78,20 +77,8 @@ class EventSink(Protocol):
     ) -> AsyncIterator[dict[str, Any]]: ...
 
 
-# Methods that are not Machine operations: they never keep the daemon busy (idle timer) and are not recorded.
-PASSIVE = frozenset({"Environments.Watch", "Machines.Watch", "System.Events", "System.Status", "System.Capabilities"})
-# Methods whose progress and outcome are published as operation events.
-OPERATIONS = {
-    "Environments.Up": "up",
-    "Environments.Stop": "stop",
-    "Environments.Delete": "delete",
-    "Volumes.Remove": "volume",
-}
-STDIO_DRAIN_SECONDS = 5.0
 FORGET_DELAY = 5.0
 """Seconds between an Environment's deletion event and the removal of its events from the log."""
-"""After an exec's exit, how long its output pipes may take to reach end of file (a background process of the
-command may hold them open)."""
 
 
 def _now() -> str:
@@ -317,25 +304,8 @@ class Service:
         self.shutdown_requested = asyncio.Event()
         self._stopping = asyncio.Event()
         self._secrets = Redactor(short_tokens=True)
-        self._methods: dict[str, Handler] = {
-            "Environments.Up": self._up,
-            "Environments.Get": self._get,
-            "Environments.List": self._list,
-            "Environments.Watch": self._watch_environments,
-            "Environments.Stop": self._stop,
-            "Environments.Delete": self._delete,
-            "Machines.Get": self._machine_get,
-            "Machines.List": self._machine_list,
-            "Machines.Watch": self._watch_machines,
-            "Machines.Exec": self._exec,
-            "Machines.Logs": self._logs,
-            "Volumes.List": self._volumes,
-            "Volumes.Remove": self._remove_volume,
-            "System.Capabilities": self._capabilities,
-            "System.Events": self._system_events,
-            "System.Status": self._status,
-            "System.Shutdown": self._shutdown,
-        }
+        # One handler per row of the method table (vz_core.wire.METHODS): Environments.Up -> _environments_up.
+        self._methods: dict[str, Handler] = {name: getattr(self, "_" + row.handler) for name, row in METHODS.items()}
 
     # --- lifecycle ----------------------------------------------------------------------------------------------
 
@@ -397,7 +367,7 @@ class Service:
     @property
     def busy(self) -> bool:
         """A Machine operation is in flight (the daemon's idle timer waits)."""
-        return any(op.method not in PASSIVE for op in self._operations.values())
+        return any(not METHODS[op.method].passive for op in self._operations.values())
 
     def operations(self) -> list[dict[str, Any]]:
         return [op.row() for op in self._operations.values()]
@@ -417,7 +387,7 @@ class Service:
         state.redactor = self._call_secrets(call)
         self._secrets.merge(state.redactor)
         self._operations[operation.number] = operation
-        kind = OPERATIONS.get(call.method)
+        kind = METHODS[call.method].operation or None
         started = time.monotonic()
         started_revision: int | None = None
         if kind is not None:
@@ -517,7 +487,7 @@ class Service:
     async def _run(self, handler: Handler, state: _CallState) -> dict[str, Any]:
         call = state.call
         # Exec and terminal sessions read the client's messages themselves (stdin, resize, signals).
-        reads_messages = call.method == "Machines.Exec"
+        reads_messages = METHODS[call.method].client_streaming
         inner = asyncio.ensure_future(handler(state))
         waiters: set[asyncio.Future[Any]] = {asyncio.ensure_future(call.cancelled.wait())}
         if not reads_messages:
@@ -525,8 +495,8 @@ class Service:
         try:
             done, _ = await asyncio.wait({inner, *waiters}, return_when=asyncio.FIRST_COMPLETED)
             if inner not in done:
-                state.cancel_reason = self._reason(state)
-                await _stop(inner)
+                state.cancel_reason = cancel_reason(state)
+                await stop_task(inner)
             result = inner.result()
             if state.progress is not None:
                 await state.progress.flush()
@@ -536,7 +506,7 @@ class Service:
             if not inner.done() or (task is not None and task.cancelling()):
                 # The server cancelled this call (the client's cancel or hangup, or shutdown): so is the
                 # operation; what it reported on its way out (the failed step) still goes first.
-                await _stop(inner)
+                await stop_task(inner)
                 if state.progress is not None:
                     with contextlib.suppress(BaseException):
                         await asyncio.wait_for(state.progress.flush(), timeout=2.0)
@@ -545,7 +515,7 @@ class Service:
                 with contextlib.suppress(Exception):
                     await state.progress.flush()
             error = encode_error(asyncio.CancelledError(), state.redactor)
-            error["message"] = state.redactor.redact(cancelled_message(call.method, self._reason(state)))
+            error["message"] = state.redactor.redact(cancelled_message(call.method, cancel_reason(state)))
             raise CallFailed(error) from None
         except CallFailed:
             raise
@@ -557,13 +527,6 @@ class Service:
         finally:
             for waiter in waiters:
                 waiter.cancel()
-
-    @staticmethod
-    def _reason(state: _CallState) -> str:
-        """Why a call is being cancelled: what the service saw, what the front saw (``call.cancel_reason``: a
-        gRPC ``cancel`` message), else a hangup."""
-        front = getattr(state.call, "cancel_reason", None)
-        return state.cancel_reason or (front if isinstance(front, str) else None) or "the client closed the connection"
 
     async def _cancel_messages(self, state: _CallState) -> None:
         """Returns when the client asks to stop (``cancel``, ``signal``) or its connection ends."""
@@ -577,7 +540,7 @@ class Service:
                     state.cancel_reason = "cancelled by the client"
                     return
                 if "signal" in message:
-                    state.signal = _signal_name(message.get("signal"))
+                    state.signal = signal_name(message.get("signal"))
                     state.cancel_reason = f"the client received {state.signal or 'a signal'}"
                     return
 
@@ -637,7 +600,7 @@ class Service:
 
     # --- Environments -------------------------------------------------------------------------------------------
 
-    async def _up(self, state: _CallState) -> dict[str, Any]:
+    async def _environments_up(self, state: _CallState) -> dict[str, Any]:
         from vz_core.env import up
 
         request = self._request(state, ("context", "environment", "recreate", "dry_run"))
@@ -664,7 +627,7 @@ class Service:
         with ctx.progress.step("network", f"serving DNS, exports and imports of {env.get('name')}", **fields):
             await self._network.after_up(ctx, env_id)
 
-    async def _stop(self, state: _CallState) -> dict[str, Any]:
+    async def _environments_stop(self, state: _CallState) -> dict[str, Any]:
         from vz_core.env import stop
 
         request = self._request(state, ("context", "environment"))
@@ -676,7 +639,7 @@ class Service:
             await self._network.after_stop(env_id)
         return result
 
-    async def _delete(self, state: _CallState) -> dict[str, Any]:
+    async def _environments_delete(self, state: _CallState) -> dict[str, Any]:
         from vz_core.env import delete
 
         request = self._request(state, ("context", "environment", "keep_volumes"))
@@ -728,7 +691,7 @@ class Service:
                     )
                 self._observed[key] = health["state"]
 
-    async def _get(self, state: _CallState) -> dict[str, Any]:
+    async def _environments_get(self, state: _CallState) -> dict[str, Any]:
         request = self._request(state, ("context", "environment", "machine"))
         environment = request.string("environment", empty=False)
         machine = request.string("machine", empty=False)
@@ -736,7 +699,7 @@ class Service:
             state, request, environment=environment, all_environments=False, machine=machine
         )
 
-    async def _list(self, state: _CallState) -> dict[str, Any]:
+    async def _environments_list(self, state: _CallState) -> dict[str, Any]:
         """The project's Environments (`vz status --all --json`). Without a vz.json from the caller's directory:
         every project's with ``all`` true, else the not-found error naming where it looked."""
         request = self._request(state, ("context", "all", "machine"))
@@ -764,7 +727,7 @@ class Service:
                 following = asyncio.ensure_future(anext(events))
                 await asyncio.wait({following, stopping}, return_when=asyncio.FIRST_COMPLETED)
                 if not following.done():
-                    await _stop(following)
+                    await stop_task(following)
                     break
                 try:
                     event = following.result()
@@ -780,12 +743,12 @@ class Service:
                     await closing()
         return {"revision": last}
 
-    async def _watch_environments(self, state: _CallState) -> dict[str, Any]:
+    async def _environments_watch(self, state: _CallState) -> dict[str, Any]:
         request = self._request(state, ("from_revision", "environment"))
         environment = self._watched_environment(request)
         return await self._follow(state, request, ("environment.", "operation."), environment)
 
-    async def _watch_machines(self, state: _CallState) -> dict[str, Any]:
+    async def _machines_watch(self, state: _CallState) -> dict[str, Any]:
         request = self._request(state, ("from_revision", "environment"))
         environment = self._watched_environment(request)
         return await self._follow(state, request, ("machine.",), environment)
@@ -833,7 +796,7 @@ class Service:
 
     # --- Machines -----------------------------------------------------------------------------------------------
 
-    async def _machine_get(self, state: _CallState) -> dict[str, Any]:
+    async def _machines_get(self, state: _CallState) -> dict[str, Any]:
         request = self._request(state, ("context", "environment", "machine"))
         environment = request.string("environment", empty=False)
         machine = request.string("machine", empty=False)
@@ -843,7 +806,7 @@ class Service:
         env = report["environments"][0]
         return {**env["machines"][0], "environment": {"id": env["id"], "name": env["name"]}}
 
-    async def _machine_list(self, state: _CallState) -> dict[str, Any]:
+    async def _machines_list(self, state: _CallState) -> dict[str, Any]:
         request = self._request(state, ("context", "environment"))
         environment = request.string("environment", empty=False)
         report = await self._status_report(
@@ -852,7 +815,7 @@ class Service:
         env = report["environments"][0]
         return {"environment": {"id": env["id"], "name": env["name"]}, "machines": env["machines"]}
 
-    async def _exec(self, state: _CallState) -> dict[str, Any]:
+    async def _machines_exec(self, state: _CallState) -> dict[str, Any]:
         from vz_core.env import prepare_exec
 
         request = self._request(
@@ -902,8 +865,7 @@ class Service:
                     "Machine (send its bytes as messages, or use tty=true)",
                 )
         ctx = self._context(state, request)
-        for value in variables.values():
-            ctx.redactor.add(value)
+        ctx.redactor.add_environment(variables)
         target = prepare_exec(ctx, environment=environment, machine=machine)
         if user is not None:  # `vz exec -u USER[:GROUP]`: instead of the Machine's remote_user
             target = replace(target, user=user)
@@ -912,252 +874,10 @@ class Service:
         # "no such file" line goes straight to the command's stderr): that stderr is then copied here, masked.
         masked = any(ctx.redactor.redact(text) != text for text in (argv[0], workdir or ""))
         if tty:
-            return await self._terminal(state, ctx, target, argv, workdir, variables, rows, cols, term, masked)
-        return await self._exec_streams(state, ctx, target, argv, workdir, variables, stdio, fds, masked)
+            return await terminal(state, ctx, target, argv, workdir, variables, rows, cols, term, masked)
+        return await exec_streams(state, ctx, target, argv, workdir, variables, stdio, fds, masked)
 
-    async def _exec_streams(
-        self,
-        state: _CallState,
-        ctx: Any,
-        target: Any,
-        argv: list[str],
-        workdir: str | None,
-        variables: dict[str, str],
-        stdio: tuple[bool, ...],
-        passed: list[int],
-        masked: bool = False,
-    ) -> dict[str, Any]:
-        """``masked``: the command's stderr passes through a pipe of ours and is masked with the call's secrets
-        (to the caller's descriptor, or as frames) instead of reaching the caller's descriptor directly."""
-        if sys.platform == "win32":
-            # Our ends of the command's pipes are read and written non-blocking on the selector loop; on the
-            # proactor loop of Windows that takes overlapped pipes, which execute_local does not make yet.
-            raise DaemonError(
-                "running a command with its output copied through the daemon is not available on Windows hosts "
-                "yet (docs/daemon.md, Windows)",
-                code="UNSUPPORTED",
-                kind="user_error",
-                exit_code=2,
-            )
-        else:
-            from vz_core.env import execute_local
-
-            call = state.call
-            command: list[int] = [-1, -1, -1]
-            ours: list[int] = []  # both ends of the pipes made here, for the streams that travel as messages
-            stdin: int | None = None  # our (write) end of the command's stdin pipe
-            outputs: list[tuple[int, int]] = []  # (stream, our read end)
-            given = iter(passed)
-            caller_stderr: int | None = None  # the caller's stderr descriptor, written by us (masked)
-            try:
-                for stream in (0, 1, 2):
-                    if stdio[stream] and not (stream == 2 and masked):
-                        command[stream] = next(given)
-                        continue
-                    if stdio[stream]:
-                        caller_stderr = next(given)
-                    read_end, write_end = os.pipe()
-                    ours += [read_end, write_end]
-                    if stream == 0:
-                        command[0], stdin = read_end, write_end
-                        os.set_blocking(write_end, False)
-                    else:
-                        command[stream] = write_end
-                        os.set_blocking(read_end, False)
-                        outputs.append((stream, read_end))
-
-                async def deliver(stream: int, data: bytes) -> None:
-                    if not data:
-                        return
-                    if stream == 2 and caller_stderr is not None:
-                        await asyncio.to_thread(_write_all, caller_stderr, data)
-                    else:
-                        await call.write(stream, data)
-
-                # Set when the command's main process has exited: its output streams then end with what they hold,
-                # without waiting for a background process of the command that keeps them open (docker exec's end).
-                exited: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-                async def forward(stream: int, fd: int) -> None:
-                    cleaner = ctx.redactor.stream() if masked and stream == 2 else None
-                    async for chunk in _pipe_chunks(fd, exited):
-                        await deliver(stream, cleaner.feed(chunk) if cleaner is not None else chunk)
-                    if cleaner is not None:
-                        await deliver(stream, cleaner.flush())
-
-                pumps = [asyncio.ensure_future(forward(stream, fd)) for stream, fd in outputs]
-                running = asyncio.ensure_future(
-                    execute_local(
-                        ctx, target, argv, (command[0], command[1], command[2]), workdir=workdir, environment=variables
-                    )
-                )
-                inputs = asyncio.ensure_future(self._exec_input(state, stdin, ours))
-                gone = asyncio.ensure_future(call.cancelled.wait())
-                try:
-                    await asyncio.wait({running, inputs, gone}, return_when=asyncio.FIRST_COMPLETED)
-                    if not running.done():
-                        state.cancel_reason = self._reason(state)
-                        await _stop(running)
-                        if state.signal is not None:
-                            return _signalled(state.signal)
-                        raise asyncio.CancelledError
-                    try:
-                        event = running.result()
-                    except BrokenPipeError:
-                        return _signalled("SIGPIPE")
-                finally:
-                    inputs.cancel()
-                    gone.cancel()
-                    await _stop(running)  # this call was cancelled: so is the command (killed by its driver)
-                    # The command is over: what its output pipes hold is delivered, then they end (the driver wrote
-                    # all the main process's output before it reported the exit).
-                    if not exited.done():
-                        exited.set_result(None)
-                    for stream, _ in outputs:
-                        _close(command[stream])
-                        ours.remove(command[stream])
-                    if pumps:
-                        _, late = await asyncio.wait(pumps, timeout=STDIO_DRAIN_SECONDS)
-                        for pump in late:
-                            await _stop(pump)
-                    for pump in pumps:
-                        if not pump.cancelled() and pump.exception() is not None:
-                            raise pump.exception()  # type: ignore[misc]
-                return {"exit_code": event.exit_code, "signal": event.signal or None}
-            finally:
-                for fd in ours:
-                    _close(fd)
-
-    async def _exec_input(self, state: _CallState, stdin: int | None, ours: list[int]) -> None:
-        """The client's messages during an exec: stdin bytes and its end, cancel, signals, the end of the call."""
-        while True:
-            message = await state.call.receive()
-            if message is None:
-                state.cancel_reason = "the client closed the connection"
-                return
-            if isinstance(message, tuple):
-                stream, data = message
-                if stream != 0 or stdin is None:
-                    continue  # stdin is attached as a descriptor (or closed already): nothing reads these bytes
-                try:
-                    await _pipe_write(stdin, data)
-                except OSError:  # the command closed its stdin: the rest is dropped, as with a pipe
-                    stdin = None
-                continue
-            if "stdin_close" in message:
-                if stdin is not None and stdin in ours:  # the command's stdin reaches end of file
-                    ours.remove(stdin)
-                    _close(stdin)
-                stdin = None
-            elif "cancel" in message:
-                state.cancel_reason = "cancelled by the client"
-                return
-            elif "signal" in message:
-                state.signal = _signal_name(message.get("signal")) or "SIGTERM"
-                state.cancel_reason = f"the client received {state.signal}"
-                return
-
-    async def _terminal(
-        self,
-        state: _CallState,
-        ctx: Any,
-        target: Any,
-        argv: list[str],
-        workdir: str | None,
-        variables: dict[str, str],
-        rows: int | None,
-        cols: int | None,
-        term: str | None,
-        masked: bool = False,
-    ) -> dict[str, Any]:
-        from vz_core._types import (
-            TERMINAL_COLS,
-            TERMINAL_ROWS,
-            TERMINAL_TERM,
-            TerminalData,
-            TerminalEof,
-            TerminalResize,
-        )
-        from vz_core.env import execute_terminal
-
-        call = state.call
-        keys: asyncio.Queue[Any] = asyncio.Queue(maxsize=64)
-
-        async def typed() -> AsyncIterator[Any]:
-            while True:
-                yield await keys.get()
-
-        async def read_client() -> None:
-            while True:
-                message = await call.receive()
-                if message is None:
-                    state.cancel_reason = "the client closed the connection"
-                    return
-                if isinstance(message, tuple):
-                    stream, data = message
-                    if stream in (0, 3) and data:
-                        await keys.put(TerminalData(data))
-                elif "resize" in message:
-                    size = message.get("resize")
-                    if isinstance(size, dict):
-                        r, c = size.get("rows"), size.get("cols")
-                        if isinstance(r, int) and isinstance(c, int) and 0 < r <= MAX_WINDOW and 0 < c <= MAX_WINDOW:
-                            await keys.put(TerminalResize(r, c))
-                elif "stdin_close" in message:
-                    await keys.put(TerminalEof())
-                elif "cancel" in message:
-                    state.cancel_reason = "cancelled by the client"
-                    return
-                elif "signal" in message:
-                    state.signal = _signal_name(message.get("signal")) or "SIGTERM"
-                    state.cancel_reason = f"the client received {state.signal}"
-                    return
-
-        cleaner = ctx.redactor.stream() if masked else None  # see _exec: a command name holding a secret
-
-        async def output(data: bytes) -> None:
-            data = cleaner.feed(data) if cleaner is not None else data
-            if data:
-                await call.write(3, data)
-
-        running = asyncio.ensure_future(
-            execute_terminal(
-                ctx,
-                target,
-                argv,
-                typed(),
-                output,
-                rows=rows or TERMINAL_ROWS,
-                cols=cols or TERMINAL_COLS,
-                term=term or TERMINAL_TERM,
-                workdir=workdir,
-                environment=variables,
-            )
-        )
-        inputs = asyncio.ensure_future(read_client())
-        gone = asyncio.ensure_future(call.cancelled.wait())
-        try:
-            await asyncio.wait({running, inputs, gone}, return_when=asyncio.FIRST_COMPLETED)
-            if not running.done():
-                state.cancel_reason = self._reason(state)
-                running.cancel()
-                with contextlib.suppress(BaseException):
-                    await running
-                if state.signal is not None:
-                    return _signalled(state.signal)
-                raise asyncio.CancelledError
-            event = running.result()
-        finally:
-            inputs.cancel()
-            gone.cancel()
-            await _stop(running)
-        if cleaner is not None:
-            rest = cleaner.flush()
-            if rest:
-                await call.write(3, rest)
-        return {"exit_code": event.exit_code, "signal": event.signal or None}
-
-    async def _logs(self, state: _CallState) -> dict[str, Any]:
+    async def _machines_logs(self, state: _CallState) -> dict[str, Any]:
         from vz_core.env import execute_logs, prepare_exec
 
         request = self._request(state, ("context", "environment", "machine", "follow", "tail", "service"))
@@ -1188,14 +908,14 @@ class Service:
 
     # --- Volumes ------------------------------------------------------------------------------------------------
 
-    async def _volumes(self, state: _CallState) -> dict[str, Any]:
+    async def _volumes_list(self, state: _CallState) -> dict[str, Any]:
         from vz_core.env import list_volumes
 
         request = self._request(state, ("context",))
         ctx = self._context(state, request)
         return await list_volumes(ctx)
 
-    async def _remove_volume(self, state: _CallState) -> dict[str, Any]:
+    async def _volumes_remove(self, state: _CallState) -> dict[str, Any]:
         from vz_core.env import remove_volume
 
         request = self._request(state, ("context", "name"))
@@ -1205,7 +925,7 @@ class Service:
 
     # --- System -------------------------------------------------------------------------------------------------
 
-    async def _capabilities(self, state: _CallState) -> dict[str, Any]:
+    async def _system_capabilities(self, state: _CallState) -> dict[str, Any]:
         from vz_core.drivers import list_drivers
 
         request = Request(state.call.method, state.call.request, ("drivers",))
@@ -1224,7 +944,7 @@ class Service:
             return {"drivers": await self._pool.capabilities(names)}
         return {"drivers": await _negotiate_each(names, state.redactor)}
 
-    async def _status(self, state: _CallState) -> dict[str, Any]:
+    async def _system_status(self, state: _CallState) -> dict[str, Any]:
         Request(state.call.method, state.call.request, ())
         plugins: list[Any] = []
         describe = getattr(self._pool, "status", None) if self._pool is not None else None
@@ -1242,40 +962,25 @@ class Service:
         report.update(
             busy=self.busy,
             plugins=plugins,
-            operations=[op.row() for op in self._operations.values() if op.method not in PASSIVE],
+            operations=[op.row() for op in self._operations.values() if not METHODS[op.method].passive],
         )
         return report
 
-    async def _shutdown(self, state: _CallState) -> dict[str, Any]:
+    async def _drivers_connect(self, state: _CallState) -> dict[str, Any]:
+        raise _unsupported(
+            "Drivers.Connect is answered by the daemon's listener (vz_core.daemon.Daemon, next to the warm "
+            "sessions), not by the service on its own"
+        )
+
+    async def _system_shutdown(self, state: _CallState) -> dict[str, Any]:
         Request(state.call.method, state.call.request, ())
         busy = self.busy and any(
-            op.method not in PASSIVE and op is not state.operation for op in self._operations.values()
+            not METHODS[op.method].passive and op is not state.operation for op in self._operations.values()
         )
         self.shutdown_requested.set()
         if self._on_shutdown is not None:
             asyncio.get_running_loop().call_soon(self._on_shutdown)
         return {"stopping": True, "busy": busy}
-
-
-METHODS: tuple[str, ...] = (
-    "Environments.Up",
-    "Environments.Get",
-    "Environments.List",
-    "Environments.Watch",
-    "Environments.Stop",
-    "Environments.Delete",
-    "Machines.Get",
-    "Machines.List",
-    "Machines.Watch",
-    "Machines.Exec",
-    "Machines.Logs",
-    "Volumes.List",
-    "Volumes.Remove",
-    "System.Capabilities",
-    "System.Events",
-    "System.Status",
-    "System.Shutdown",
-)
 
 
 async def _negotiate_each(names: list[str], redactor: Redactor) -> list[dict[str, Any]]:
@@ -1308,6 +1013,12 @@ def _warm_imports() -> None:
         getattr(vz_core.env, name)
 
 
+def _unsupported(message: str) -> Exception:
+    from vz_core.errors import UnsupportedError
+
+    return UnsupportedError(message)
+
+
 def _unavailable(message: str) -> Exception:
     from vz_core.errors import UnavailableError
 
@@ -1319,109 +1030,10 @@ def _latest(events: Any) -> int:
     return int(latest()) if latest is not None else 0
 
 
-def _signal_name(data: object) -> str | None:
-    name = data.get("name") if isinstance(data, dict) else None
-    if not isinstance(name, str) or not name:
-        return None
-    name = name.strip().upper()
-    name = name if name.startswith("SIG") else "SIG" + name
-    try:
-        return signals.Signals[name].name
-    except KeyError:
-        return None
-
-
-def _signalled(name: str) -> dict[str, Any]:
-    """The result of an exec ended because its client got signal ``name``: 128+N, as the command did before."""
-    return {"exit_code": 128 + signals.Signals[name].value, "signal": name}
-
-
-async def _ready(fd: int, *, write: bool, until: asyncio.Future[None] | None = None) -> None:
-    """Wait on the loop until our non-blocking pipe end ``fd`` can be read (or written), or ``until`` is done."""
-    loop = asyncio.get_running_loop()
-    ready: asyncio.Future[None] = loop.create_future()
-
-    def wake(*_: object) -> None:
-        if not ready.done():
-            ready.set_result(None)
-
-    if write:
-        loop.add_writer(fd, wake)
-    else:
-        loop.add_reader(fd, wake)
-    if until is not None:
-        until.add_done_callback(wake)
-    try:
-        await ready
-    finally:
-        if until is not None:
-            until.remove_done_callback(wake)
-        if write:
-            loop.remove_writer(fd)
-        else:
-            loop.remove_reader(fd)
-
-
-async def _pipe_chunks(fd: int, exited: asyncio.Future[None] | None = None) -> AsyncIterator[bytes]:
-    """What arrives on our non-blocking read end ``fd``, until end of file, or once ``exited`` is done, until
-    the pipe holds nothing more."""
-    from vz_core._types import MAX_CHUNK
-
-    while True:
-        try:
-            data = os.read(fd, MAX_CHUNK)
-        except BlockingIOError:
-            if exited is not None and exited.done():
-                return
-            await _ready(fd, write=False, until=exited)
-            continue
-        if not data:
-            return
-        yield data
-
-
-async def _pipe_write(fd: int, data: bytes) -> None:
-    """All of ``data`` to our non-blocking write end ``fd`` (waits while the pipe is full: backpressure)."""
-    view = memoryview(data)
-    while view:
-        try:
-            written = os.write(fd, view)
-        except BlockingIOError:
-            await _ready(fd, write=True)
-            continue
-        view = view[written:]
-
-
-async def _stop(task: asyncio.Future[Any]) -> None:
-    """Cancel ``task`` and wait until it ended (whatever it ends with).
-
-    The cancellation is repeated while the task runs on: code below may swallow one (``asyncio.wait_for`` in
-    Python 3.11 does when its awaitable finishes at the moment it is cancelled), and a call must never outlive
-    its client because of that.
-    """
-    while not task.done():
-        task.cancel()
-        await asyncio.wait({task}, timeout=0.5)
-    if not task.cancelled():
-        task.exception()  # retrieved: an error of a cancelled operation is not "never retrieved"
-
-
 def _result_environment_id(result: Any) -> str | None:
     env = result.get("environment") if isinstance(result, dict) else None
     env_id = env.get("id") if isinstance(env, dict) else None
     return env_id if isinstance(env_id, str) and env_id else None
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    """All of ``data`` to the caller's (blocking) descriptor ``fd``; run in a thread."""
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
-def _close(fd: int) -> None:
-    with contextlib.suppress(OSError):
-        os.close(fd)
 
 
 async def _maybe_await(value: Any) -> Any:

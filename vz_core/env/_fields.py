@@ -15,6 +15,7 @@ from vz_core.env._ids import NAME_RE
 from vz_core.registry import DRIVER_NAME_PATTERN
 from vz_core.rules import (
     DIGEST_RE,
+    EMBEDDED_IMAGES,
     HOST_RE,
     PATH_COMPONENT_RE,
     TAG_RE,
@@ -56,7 +57,8 @@ def check_image_reference(ref: str) -> str:
 
     The definition itself only refuses what no driver could read (whitespace, control characters, length): an
     external driver may name its images its own way. ``vz up`` applies this grammar to Machines of built-in
-    drivers before anything is created. Only the syntax: whether an image exists is the driver's answer.
+    drivers before anything is created or compared. Only the syntax, and the names of the embedded ``vz:``
+    images: whether any other image exists is the driver's answer.
     """
     if len(ref) > 1024:
         raise ValueError("an image reference is at most 1024 characters")
@@ -65,6 +67,9 @@ def check_image_reference(ref: str) -> str:
     if ref.startswith("vz:"):
         if not _IMAGE_NAME_RE.fullmatch(ref[3:]):
             raise ValueError(f"{ref!r}: the name after 'vz:' is lowercase letters, digits, '.', '_' or '-'")
+        if ref[3:] not in EMBEDDED_IMAGES:
+            known = ", ".join(f"vz:{name}" for name in EMBEDDED_IMAGES)
+            raise ValueError(f"there is no embedded image {ref!r}; the embedded images are: {known}")
         return ref
     if ref.startswith("oci:"):
         rest = ref[4:]

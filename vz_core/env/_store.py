@@ -491,6 +491,12 @@ class Store:
         return [volume_record(r) for r in rows]
 
     @_guarded
+    def all_volumes(self) -> list[VolumeRecord]:
+        """Every recorded volume of every project: those of existing Machines (``attached``) and the kept ones."""
+        rows = self._db.execute("SELECT * FROM volumes ORDER BY state, backend_name")
+        return [volume_record(r) for r in rows]
+
+    @_guarded
     def kept_volumes(self, project_id: str | None = None) -> list[VolumeRecord]:
         """Volumes kept after their Environment or Machine was deleted (``vz volume list``)."""
         if project_id is None:

@@ -2,8 +2,9 @@
 
 A volume belongs to one Machine of one Environment (``vz-<env_id>-<machine_id>-<name>`` in its driver) and
 outlives recreation. `vz delete` removes it with its Environment unless asked to keep it (``--keep-volumes``);
-a kept volume, or one its driver could not remove, stays recorded (state ``kept``), is listed by
-`vz volume list` and removed by `vz volume rm NAME`. The data itself lives in the driver: vz removes it through
+a kept volume, or one its driver could not remove, stays recorded (state ``kept``) and is removed by
+`vz volume rm NAME`. `vz volume list` lists every recorded volume: those in use (``attached``) and the kept.
+The data itself lives in the driver: vz removes it through
 the driver's volume-removal operation (``Driver.delete_volume``), and a driver without one is named in the
 answer, never silently skipped.
 """
@@ -50,9 +51,9 @@ def _row(volume: VolumeRecord) -> dict[str, Any]:
 
 
 async def list_volumes(ctx: Context) -> dict[str, Any]:
-    """Every kept volume (all projects): ``{"volumes": [...]}``."""
+    """Every recorded volume (all projects), in use (``attached``) or kept: ``{"volumes": [...]}``."""
     with open_store(ctx) as store:
-        return {"volumes": [_row(v) for v in store.kept_volumes()]}
+        return {"volumes": [_row(v) for v in store.all_volumes()]}
 
 
 async def remove_volume(ctx: Context, name: str) -> dict[str, Any]:
@@ -61,7 +62,12 @@ async def remove_volume(ctx: Context, name: str) -> dict[str, Any]:
     store = open_store(ctx)
     try:
         volume = store.volume(name)
-        if volume is None or volume.state != "kept":
+        if volume is not None and volume.state != "kept":
+            raise SelectionNotFoundError(
+                f"volume {name!r} is in use by Machine {volume.machine_id} of Environment {volume.env_id}, not kept; "
+                "`vz delete` removes it with its Environment (`vz volume rm` removes only kept volumes)"
+            )
+        if volume is None:
             kept = ", ".join(v.backend_name for v in store.kept_volumes()) or "none"
             raise SelectionNotFoundError(f"no kept volume named {name!r}; kept volumes: {kept}")
         await remove_recorded_volume(pool, volume)

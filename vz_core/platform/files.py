@@ -7,6 +7,7 @@ import os
 import sys
 
 __all__ = [
+    "BINARY",
     "NOFOLLOW",
     "NONBLOCK",
     "PIPE_RESIZABLE",
@@ -44,9 +45,12 @@ if sys.platform == "win32":
     ``os.lstat`` for a reparse point instead."""
     NONBLOCK = 0
     """``O_NONBLOCK`` where it exists (opening a FIFO or device without blocking); Windows has none."""
+    BINARY = os.O_BINARY
+    """``O_BINARY`` on Windows (no newline translation); 0 elsewhere, where there is none to turn off."""
 else:
     NOFOLLOW = os.O_NOFOLLOW
     NONBLOCK = os.O_NONBLOCK
+    BINARY = 0
 
 SUN_PATH_MAX = 107 if sys.platform == "linux" else 103
 """The longest socket path ``bind``/``connect`` take (``sun_path`` less its terminating NUL)."""

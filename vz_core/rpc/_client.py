@@ -530,7 +530,7 @@ class RemoteDriver(Driver):
         return architecture
 
     async def run_image(self, request: RunImageRequest) -> None:
-        self._redactor.add(*request.environment.values())
+        self._redactor.add_environment(request.environment)
         await self._unary("RunImage", _convert.run_image_to_pb(request))
 
     async def start(self, workspace_id: str) -> None:
@@ -560,7 +560,7 @@ class RemoteDriver(Driver):
         start = _convert.exec_spec_to_pb(spec)
         if (problem := start_problem(start)) is not None:
             raise InvalidArgumentError(problem)  # refused here, before a launch or a call
-        self._redactor.add(*spec.environment.values())
+        self._redactor.add_environment(spec.environment)
         if self.wide_frames:
             keep_freed_heap()  # wide frames: their ~1 MiB buffers reused, not faulted in again each frame
         async with self._session() as s:
@@ -596,7 +596,7 @@ class RemoteDriver(Driver):
         spec = replace(spec, workspace_id=machine_id)
         if (problem := start_problem(_convert.exec_spec_to_pb(spec))) is not None:
             raise InvalidArgumentError(problem)
-        self._redactor.add(*spec.environment.values())
+        self._redactor.add_environment(spec.environment)
         if sys.platform == "win32" or not self.local_exec:  # Windows: no descriptor passing, always the copy
             _widen_pipes(stdio)
             return await copy_exec_local(self._wide_exec, spec, stdio)
@@ -659,7 +659,7 @@ class RemoteDriver(Driver):
             raise InvalidArgumentError(problem)
         if (problem := resize_problem(spec.rows, spec.cols)) is not None:
             raise InvalidArgumentError(f"terminal start: {problem}")
-        self._redactor.add(*spec.environment.values())
+        self._redactor.add_environment(spec.environment)
         async with self._session() as s:
             call = s.extensions.ExecPty()
             pump = _ExecPump(call, ext_pb.PtyClientMessage(start=start), input, _TerminalFrames())

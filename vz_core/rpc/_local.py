@@ -228,7 +228,7 @@ if sys.platform != "win32":  # descriptors over a Unix socket: not on Windows (F
             except ValueError:
                 raise InvalidArgumentError("a local exec request is not valid JSON") from None
             machine_id, spec = _spec_from(doc.get("exec") if isinstance(doc, dict) else None)
-            self._redactor.add(*spec.environment.values())
+            self._redactor.add_environment(spec.environment)
             if len(fds) != 3:
                 raise InvalidArgumentError(
                     f"a local exec request carries exactly three descriptors (stdin, stdout, stderr), got {len(fds)}"

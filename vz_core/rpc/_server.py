@@ -165,7 +165,7 @@ class RuntimeServicer(_Base, pb_grpc.RuntimeDriverServicer):
     async def RunImage(
         self, request: pb.RunImageRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.RunImageResponse:
-        self._redactor.add(*request.environment.values())
+        self._redactor.add_environment(request.environment)
         req = _convert.run_image_from_pb(request)
         await self._call(context, "RunImage", lambda: self._driver.run_image(req))
         return pb.RunImageResponse()
@@ -215,7 +215,7 @@ class RuntimeServicer(_Base, pb_grpc.RuntimeDriverServicer):
             )
         if (problem := start_problem(first.start)) is not None:
             await _abort(context, InvalidArgumentError(problem))
-        self._redactor.add(*first.start.environment.values())
+        self._redactor.add_environment(first.start.environment)
         spec = _convert.exec_spec_from_pb(first.start)
         stream = ExecStream(context, self._drain_timeout, chunk=wide_chunk(context.invocation_metadata()))
         try:
@@ -349,7 +349,7 @@ class ExtensionsServicer(_Base, ext_grpc.MachineExtensionsServicer):
             )
         if (problem := terminal_start_problem(first.start)) is not None:
             await _abort(context, InvalidArgumentError(problem))
-        self._redactor.add(*first.start.environment.values())
+        self._redactor.add_environment(first.start.environment)
         spec = _convert.terminal_spec_from_pb(first.start)
         stream = ExecStream(context, self._drain_timeout, terminal=True)
         try:

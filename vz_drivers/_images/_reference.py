@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vz_core.errors import InvalidArgumentError, NotFoundError
-from vz_core.rules import HOST_RE, PATH_COMPONENT_RE, TAG_RE, names_registry_host
+from vz_core.rules import EMBEDDED_IMAGES, HOST_RE, PATH_COMPONENT_RE, TAG_RE, names_registry_host
 from vz_drivers._images._model import check_digest
 
 __all__ = [
@@ -48,7 +48,7 @@ _HUB_ALIASES = ("docker.io", "index.docker.io", "registry-1.docker.io")
 DEFAULT_REF = "vz:default"
 """The embedded default image."""
 
-_EMBEDDED = ("default",)
+_EMBEDDED = EMBEDDED_IMAGES
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ import lzma
 import os
 import shutil
 import stat
+import sys
 import tarfile
 import zlib
 from collections.abc import Callable, Sequence
@@ -29,7 +30,7 @@ from pathlib import Path
 from typing import IO
 
 from vz_core.errors import InvalidArgumentError, RuntimeFailureError, UnsupportedError
-from vz_core.platform.files import set_xattr
+from vz_core.platform.files import BINARY, NOFOLLOW, set_xattr
 
 __all__ = ["BlobCorruptError", "UnpackStats", "unpack_layers"]
 
@@ -92,7 +93,8 @@ def _norm(name: str) -> list[str]:
 class _Unpacker:
     def __init__(self, dest: Path) -> None:
         self.root = str(dest)
-        self.is_root = os.geteuid() == 0
+        # Owners are applied as root only; Windows has no POSIX owners to apply.
+        self.is_root = sys.platform != "win32" and os.geteuid() == 0
         self.dirs: dict[str, tarfile.TarInfo] = {}
         self.created: set[str] = set()
         self.stats = UnpackStats()
@@ -204,7 +206,7 @@ class _Unpacker:
         self.remove_any(target)
         self.created.add(target)
         if member.isreg():
-            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW | BINARY, 0o600)
             with os.fdopen(fd, "wb") as out:
                 src = tf.extractfile(member)
                 assert src is not None
@@ -223,6 +225,8 @@ class _Unpacker:
                 raise _LayerError(f"hard link {member.name!r} points at a directory")
             os.link(source, target, follow_symlinks=False)
             return  # a hard link shares the inode (and attributes) of its source
+        elif sys.platform == "win32":
+            raise _LayerError(f"member {member.name!r} is a FIFO, which a Windows host cannot create")
         else:
             os.mkfifo(target, 0o600)
         self._owner(target, member)
@@ -232,7 +236,7 @@ class _Unpacker:
         self._xattrs(target, member)
 
     def _owner(self, path: str, member: tarfile.TarInfo) -> None:
-        if self.is_root:
+        if sys.platform != "win32" and self.is_root:
             os.lchown(path, member.uid, member.gid)
 
     def _xattrs(self, path: str, member: tarfile.TarInfo) -> None:

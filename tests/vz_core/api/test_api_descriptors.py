@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 from google.protobuf.descriptor import FieldDescriptor as F
@@ -44,6 +45,7 @@ SERVICES: dict[str, dict[str, tuple[str, str, str]]] = {
         "Status": (UNARY, "StatusRequest", "DaemonStatus"),
         "Shutdown": (UNARY, "ShutdownRequest", "ShutdownResponse"),
     },
+    "Drivers": {"Connect": (SERVER, "ConnectRequest", "ConnectResponse")},
 }
 
 S, B, I32, I64, D, BYTES, MSG = (
@@ -282,3 +284,31 @@ def test_the_generator_refuses_a_proto_it_does_not_list(tmp_path: Path, monkeypa
     monkeypatch.setattr(gen, "PROTO_ROOT", fake_root)
     with pytest.raises(SystemExit, match=re.escape("not listed: vz/new/v1/new.proto")):
         gen.protos()
+
+
+def test_the_method_table_is_the_descriptors_with_its_flags() -> None:
+    """vz_core.wire.METHODS (generated) is every rpc with its shape and (vz.api.v1.method) options."""
+    from vz_core.wire import METHODS
+
+    for service in api_pb2.DESCRIPTOR.services_by_name.values():
+        for rpc in service.methods:
+            row = METHODS[f"{service.name}.{rpc.name}"]
+            info: Any = rpc.GetOptions().Extensions[api_pb2.method]  # type: ignore[index]  # untyped in the stubs
+            assert (row.client_streaming, row.server_streaming) == (rpc.client_streaming, rpc.server_streaming)
+            assert (row.operation, row.passive) == (info.operation, info.passive)
+            assert row.path == f"/{service.full_name}/{rpc.name}"
+    operations = {name: row.operation for name, row in METHODS.items() if row.operation}
+    assert operations == {
+        "Environments.Up": "up",
+        "Environments.Stop": "stop",
+        "Environments.Delete": "delete",
+        "Volumes.Remove": "volume",
+    }
+    assert {name for name, row in METHODS.items() if row.passive} == {
+        "Environments.Watch",
+        "Machines.Watch",
+        "System.Events",
+        "System.Status",
+        "System.Capabilities",
+        "System.Shutdown",
+    }

@@ -72,7 +72,7 @@ async def test_up_status_stop_delete_reports_roundtrip(project: Path) -> None:
     # A creation-time change gives a plan with changes (recorded/desired values, environment keys).
     data = json.loads((project / "vz.json").read_text())
     data["machines"][1]["environment"] = {"A": "2"}
-    data["machines"][0]["image"] = "vz:other"
+    data["machines"][0]["image"] = "registry.local/other:1"
     (project / "vz.json").write_text(json.dumps(data))
     changed = await up(ctx, dry_run=True, recreate=True)
     assert {c["field"] for s in changed["plan"]["steps"] for c in s["changes"]} == {"image", "environment"}

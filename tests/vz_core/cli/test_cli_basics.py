@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from vzcli import Vz, fake_machine, write_project
 
+from vz_core.wire import daemon_paths
+
 HOST_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine(), "amd64")
 
 
@@ -177,8 +179,8 @@ def test_no_daemon_and_no_autostart_fails_fast_with_one_line(vz: Vz, project: Pa
     assert proc.returncode == (125 if args[0] == "exec" else 69) and "Traceback" not in err
     (line,) = err.splitlines()
     assert line == (
-        f"vz {args[0]}: error: no vz daemon runs for {vz.home}; start it with `vz daemon start` "
-        "(VZ_DAEMON_AUTOSTART=0 keeps commands from starting one)"
+        f"vz {args[0]}: error: no vz daemon runs for {vz.home} (nothing listens on {daemon_paths(vz.home).socket}); "
+        "start it with `vz daemon start` (VZ_DAEMON_AUTOSTART=0 keeps commands from starting one)"
     )
     if "--json" in args:
         (event,) = [json.loads(x) for x in proc.stdout.decode().splitlines()]

@@ -99,7 +99,7 @@ def test_status_json_shape(vz: Vz, running: Path) -> None:
 
 def test_status_reports_drift_from_the_definition(vz: Vz, running: Path) -> None:
     data = json.loads((running / "vz.json").read_text())
-    data["machines"][1]["image"] = "vz:newer"
+    data["machines"][1]["image"] = "registry.local/newer:1"
     data["machines"].append({**data["machines"][0], "name": "cache"})
     (running / "vz.json").write_text(json.dumps(data))
     env = vz.status(running)["environments"][0]
@@ -107,7 +107,9 @@ def test_status_reports_drift_from_the_definition(vz: Vz, running: Path) -> None
     db = next(m for m in env["machines"] if m["name"] == "db")
     assert db["drift"] == {
         "status": "drifted",
-        "changes": [{"field": "image", "kind": "creation", "recorded": "vz:default", "desired": "vz:newer"}],
+        "changes": [
+            {"field": "image", "kind": "creation", "recorded": "vz:default", "desired": "registry.local/newer:1"}
+        ],
     }
     human = vz.ok("status", cwd=running)
     assert "drift from vz.json: not created: cache; changed: db" in human
@@ -124,7 +126,7 @@ def test_errors_in_json_mode_are_json_too(vz: Vz, running: Path) -> None:
 
 def test_plan_blocked_needs_recreate_and_exits_4(vz: Vz, running: Path) -> None:
     data = json.loads((running / "vz.json").read_text())
-    data["machines"][0]["image"] = "vz:other"
+    data["machines"][0]["image"] = "registry.local/other:1"
     (running / "vz.json").write_text(json.dumps(data))
     before = vz.status(running)["environments"][0]["machines"][0]["find"]
     err = vz.fails(4, "up", cwd=running)

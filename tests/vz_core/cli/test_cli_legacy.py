@@ -45,3 +45,10 @@ def test_removed_command_json_shape(vz: Vz, tmp_path: Path, command: str) -> Non
 def test_an_unknown_command_is_still_unknown(vz: Vz, tmp_path: Path) -> None:
     err = vz.fails(2, "frobnicate", cwd=tmp_path)
     assert "unknown command 'frobnicate'" in err
+
+
+def test_the_message_names_no_release_and_logs_points_at_status_logs(vz: Vz, tmp_path: Path) -> None:
+    version = vz.ok("version", cwd=tmp_path).split()[1]
+    err = vz.fails(2, "logs", cwd=tmp_path)
+    assert "vz 0." not in err.replace(f"vz {version}", "")  # no release other than this one is claimed
+    assert "`vz status --logs [--machine M] [--follow] [--tail N]`" in err

@@ -284,7 +284,7 @@ def test_older_busy_daemon_is_not_replaced(home: Path, helpers: list[Helper], tm
         connect(environ={**env, "VZ_DAEMON_AUTOSTART": "0"})  # idle, but this command may not start one
     assert helper.proc.poll() is None
     # Keep an operation in flight on the old daemon (a raw client: ours would replace it first).
-    from vz_core.daemon._wire import Channel
+    from vz_core.wire._frames import Channel
 
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(daemon_paths(environ=env).socket)
@@ -321,7 +321,8 @@ def test_autostart_off_fails_fast_naming_the_command(home: Path) -> None:
     with pytest.raises(DaemonError) as exc:
         connect(environ=env)
     assert time.monotonic() - started < 1.0
-    assert str(exc.value).startswith(f"no vz daemon runs for {home}; start it with `vz daemon start`")
+    socket = daemon_paths(environ=env).socket
+    assert str(exc.value).startswith(f"no vz daemon runs for {home} (nothing listens on {socket}); start it with")
     assert (exc.value.code, exc.value.kind, exc.value.exit_code) == ("UNAVAILABLE", "unavailable", 69)
     assert not os.path.exists(daemon_paths(environ=env).pid_file)
     assert _daemon_pids(home) == []
@@ -424,7 +425,7 @@ def test_daemon_command(home: Path) -> None:
 
 
 def test_daemon_paths_under_a_foreign_or_symlinked_dir(tmp_path: Path) -> None:
-    from vz_core.daemon._paths import ensure_private_dir
+    from vz_core.wire._paths import ensure_private_dir
 
     target = tmp_path / "elsewhere"
     target.mkdir(mode=0o700)

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from vz_core.daemon import Call, Connection, Daemon, DaemonError, DaemonPaths, connect, read_pid_file
-from vz_core.daemon._wire import Channel
 from vz_core.errors import NotFoundError
+from vz_core.wire._frames import Channel
 
 
 class Recorder:

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from vz_core.daemon import MAX_FDS, MAX_MESSAGE, AsyncChannel, Channel, WireError
-from vz_core.daemon._wire import decode, encode_binary, encode_json
+from vz_core.wire._frames import decode, encode_binary, encode_json
 
 
 def _fd_count() -> int:
@@ -246,7 +246,7 @@ def test_json_is_exactly_what_the_json_module_writes_and_reads(obj: dict[str, ob
     import json
     import sys
 
-    from vz_core.daemon import _wire
+    from vz_core.wire import _frames as _wire
 
     if sys.implementation.name == "cpython":
         assert _wire._FAST_JSON is not None, "the accelerated JSON path is not in use on CPython"

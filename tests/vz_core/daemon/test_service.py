@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 
 from vz_core.daemon._errors import CallFailed, classify_error, encode_error
-from vz_core.daemon._service import METHODS, Service
+from vz_core.daemon._service import Service
 from vz_core.env import Context, Store, up
+from vz_core.wire import METHODS
 
 SECRET = "s3cr3t-token-value"
 

@@ -307,3 +307,41 @@ def test_the_proxy_passes_application_metadata_and_status_details_but_not_grpcs_
         ("vz-exec-stop-input", "1"),
     ]
     assert _forwarded(None) == []
+
+
+def test_drivers_connect_over_grpc_serves_the_same_session(home: Path, tmp_path: Path) -> None:
+    """Drivers.Connect is an rpc of api.proto: over gRPC its one progress message names the proxy's private
+    socket (Runtime Protocol calls reach the warm plugin there) until the client cancels the call."""
+    from google.protobuf import json_format
+
+    from vz_core.api import pb
+
+    with connect(autostart=True):  # the daemon of this home runs
+        pass
+    spec = pb.method("Drivers.Connect")
+    request = pb.api_pb2.ConnectRequest(driver="fake")
+    json_format.ParseDict({"state_dir": str(tmp_path / "grpc-state")}, request.options)
+    with grpc.insecure_channel("unix:" + str(home / "daemon" / "vz.sock")) as channel:
+        stub = channel.unary_stream(
+            spec.path, request_serializer=spec.request.SerializeToString, response_deserializer=spec.response.FromString
+        )
+        responses: Any = stub(request, timeout=120)
+        first = next(responses)
+        session = pb.to_wire(first.progress)["driver"]
+        socket_path = Path(session["socket"])
+        assert first.WhichOneof("message") == "progress" and session["name"] == "fake"
+        assert stat.S_IMODE(os.stat(socket_path).st_mode) == 0o600 and session["pid"] == fake_row(status())["pid"]
+        with grpc.insecure_channel("unix:" + str(socket_path)) as plugin:  # the Runtime Protocol, proxied
+            from vz_core.rpc import pb as runtime
+
+            info = plugin.unary_unary(
+                "/devsy.runtime.v1.RuntimeDriver/Info",
+                request_serializer=runtime.runtime_pb2.InfoRequest.SerializeToString,
+                response_deserializer=runtime.runtime_pb2.InfoResponse.FromString,
+            )(runtime.runtime_pb2.InfoRequest(), timeout=60)
+            assert info.driver_name == "fake"
+        responses.cancel()
+    deadline = time.monotonic() + 10
+    while socket_path.parent.exists():
+        assert time.monotonic() < deadline, f"{socket_path} still served after its call was cancelled"
+        time.sleep(0.05)

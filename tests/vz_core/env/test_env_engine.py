@@ -146,20 +146,21 @@ async def test_creation_time_change_is_refused_then_recreated_keeping_identity(p
     with Store(proj.home / "state.db") as store:
         (before,) = store.machines(env_id)
     backend_before = await find_ids(env_id, proj.home)
-    proj.write(machine("web", image="vz:other"))
-    with pytest.raises(PlanError, match=r"image \"vz:default\" → \"vz:other\"[\s\S]*vz up --recreate"):
+    proj.write(machine("web", image="registry.local/other:1"))
+    with pytest.raises(PlanError, match=r"image \"vz:default\" → \"registry.local/other:1\"[\s\S]*vz up --recreate"):
         await up(proj.ctx())
     assert await find_ids(env_id, proj.home) == backend_before
     report = await status(proj.ctx())
     drift = report["environments"][0]["machines"][0]["drift"]
     assert drift["status"] == "drifted"
-    assert drift["changes"] == [{"field": "image", "kind": "creation", "recorded": "vz:default", "desired": "vz:other"}]
+    change = {"field": "image", "kind": "creation", "recorded": "vz:default", "desired": "registry.local/other:1"}
+    assert drift["changes"] == [change]
     result = await up(proj.ctx(), recreate=True)
     assert [s["action"] for s in result["plan"]["steps"]] == ["recreate"]
     with Store(proj.home / "state.db") as store:
         (after,) = store.machines(env_id)
     assert (after.machine_id, after.workspace_id) == (before.machine_id, before.workspace_id)
-    assert after.spec["image"] == "vz:other"
+    assert after.spec["image"] == "registry.local/other:1"
     assert (await find_ids(env_id, proj.home))["web"] != backend_before["web"]
 
 

@@ -15,8 +15,8 @@ import threading
 
 import pytest
 
-from vz_core.daemon._wire import Channel, WireError, encode_binary, encode_json
 from vz_core.platform.pipes import PIPE_PREFIX, client_refusal, is_sid, owner_only_sddl, pipe_name
+from vz_core.wire._frames import Channel, WireError, encode_binary, encode_json
 
 windows_only = pytest.mark.skipif(sys.platform != "win32", reason="Windows only")
 
@@ -206,7 +206,7 @@ def test_a_client_of_the_daemons_pipe_is_our_user_and_the_wire_runs_over_it() ->
 @windows_only
 def test_a_second_daemon_on_the_same_pipe_is_refused() -> None:
     from vz_core.daemon._pipe import PipeListener
-    from vz_core.daemon._wire import DaemonError
+    from vz_core.wire._frames import DaemonError
 
     name = _unique_pipe()
     listener = PipeListener(name)

@@ -2,7 +2,7 @@
 // interop tests as a third-party client. It dials the daemon's socket, runs one scenario and prints one JSON
 // object on stdout; it exits 1 when the scenario cannot run.
 //
-//	vz-go-api SOCKET PROJECT_DIR closesend|cancel|error
+//	vz-go-api SOCKET PROJECT_DIR closesend|cancel|error|watch
 package main
 
 import (
@@ -113,9 +113,35 @@ func typedError(ctx context.Context, conn *grpc.ClientConn, project string) {
 	emit(found)
 }
 
+// watchResume: a watch cancelled after two events and resumed from the last revision it saw continues with
+// exactly the event that followed (nothing lost, nothing repeated).
+func watchResume(ctx context.Context, conn *grpc.ClientConn) {
+	read := func(from int64, n int) []int64 {
+		callCtx, stop := context.WithCancel(ctx)
+		defer stop()
+		stream, err := apiv1.NewEnvironmentsClient(conn).Watch(callCtx, &apiv1.WatchRequest{FromRevision: &from})
+		if err != nil {
+			fail("Watch: %v", err)
+		}
+		revisions := []int64{}
+		for len(revisions) < n {
+			message, err := stream.Recv()
+			if err != nil {
+				fail("Watch from %d: %v", from, err)
+			}
+			revisions = append(revisions, message.GetEvent().GetRevision())
+		}
+		return revisions
+	}
+	all := read(0, 3)
+	first := read(0, 2)
+	resumed := read(first[len(first)-1], 1)
+	emit(map[string]interface{}{"scenario": "watch", "all": all, "first": first, "resumed": resumed})
+}
+
 func main() {
 	if len(os.Args) != 4 {
-		fail("usage: vz-go-api SOCKET PROJECT_DIR closesend|cancel|error")
+		fail("usage: vz-go-api SOCKET PROJECT_DIR closesend|cancel|error|watch")
 	}
 	socket, project, scenario := os.Args[1], os.Args[2], os.Args[3]
 	ctx, done := context.WithTimeout(context.Background(), 120*time.Second)
@@ -135,6 +161,8 @@ func main() {
 		cancel(ctx, conn, project)
 	case "error":
 		typedError(ctx, conn, project)
+	case "watch":
+		watchResume(ctx, conn)
 	default:
 		fail("unknown scenario %q", scenario)
 	}

@@ -13,6 +13,16 @@ NULLABLE_FIELD_NUMBER: _ClassVar[int]
 nullable: _descriptor.FieldDescriptor
 OMIT_EMPTY_FIELD_NUMBER: _ClassVar[int]
 omit_empty: _descriptor.FieldDescriptor
+METHOD_FIELD_NUMBER: _ClassVar[int]
+method: _descriptor.FieldDescriptor
+
+class MethodInfo(_message.Message):
+    __slots__ = ("operation", "passive")
+    OPERATION_FIELD_NUMBER: _ClassVar[int]
+    PASSIVE_FIELD_NUMBER: _ClassVar[int]
+    operation: str
+    passive: bool
+    def __init__(self, operation: _Optional[str] = ..., passive: _Optional[bool] = ...) -> None: ...
 
 class Context(_message.Message):
     __slots__ = ("cwd", "environ", "definition_file")
@@ -1086,6 +1096,48 @@ class ShutdownResponse(_message.Message):
     stopping: bool
     busy: bool
     def __init__(self, pid: _Optional[int] = ..., operations: _Optional[int] = ..., stopping: _Optional[bool] = ..., busy: _Optional[bool] = ...) -> None: ...
+
+class ConnectRequest(_message.Message):
+    __slots__ = ("driver", "options")
+    DRIVER_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    driver: str
+    options: _struct_pb2.Struct
+    def __init__(self, driver: _Optional[str] = ..., options: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+
+class ConnectResponse(_message.Message):
+    __slots__ = ("progress", "result")
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    progress: DriverSession
+    result: Empty
+    def __init__(self, progress: _Optional[_Union[DriverSession, _Mapping]] = ..., result: _Optional[_Union[Empty, _Mapping]] = ...) -> None: ...
+
+class DriverSession(_message.Message):
+    __slots__ = ("driver",)
+    DRIVER_FIELD_NUMBER: _ClassVar[int]
+    driver: DriverConnection
+    def __init__(self, driver: _Optional[_Union[DriverConnection, _Mapping]] = ...) -> None: ...
+
+class DriverConnection(_message.Message):
+    __slots__ = ("socket", "pid", "name", "script", "sha256", "args", "options", "launches")
+    SOCKET_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SCRIPT_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    ARGS_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    LAUNCHES_FIELD_NUMBER: _ClassVar[int]
+    socket: str
+    pid: int
+    name: str
+    script: str
+    sha256: str
+    args: _containers.RepeatedScalarFieldContainer[str]
+    options: _struct_pb2.Struct
+    launches: int
+    def __init__(self, socket: _Optional[str] = ..., pid: _Optional[int] = ..., name: _Optional[str] = ..., script: _Optional[str] = ..., sha256: _Optional[str] = ..., args: _Optional[_Iterable[str]] = ..., options: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., launches: _Optional[int] = ...) -> None: ...
 
 class ErrorInfo(_message.Message):
     __slots__ = ("code", "message", "kind", "exit_code", "details")

@@ -938,3 +938,92 @@ class System:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class DriversStub:
+    """---------------------------------------------------------------------------------------------------------
+    Drivers
+
+    Drivers: a driver's warm plugin session of the daemon, for a client that speaks the Runtime Protocol itself
+    (the conformance suite's --through-daemon). The plugin is reached on a private socket of the caller's uid.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Connect = channel.unary_stream(
+                '/vz.api.v1.Drivers/Connect',
+                request_serializer=vz_dot_api_dot_v1_dot_api__pb2.ConnectRequest.SerializeToString,
+                response_deserializer=vz_dot_api_dot_v1_dot_api__pb2.ConnectResponse.FromString,
+                _registered_method=True)
+
+
+class DriversServicer:
+    """---------------------------------------------------------------------------------------------------------
+    Drivers
+
+    Drivers: a driver's warm plugin session of the daemon, for a client that speaks the Runtime Protocol itself
+    (the conformance suite's --through-daemon). The plugin is reached on a private socket of the caller's uid.
+    """
+
+    def Connect(self, request, context):
+        """Launch (or reuse) the daemon's plugin session of a driver for these options; one progress message says
+        where to send Runtime Protocol gRPC; it is served until the client cancels this call; then an empty result.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_DriversServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Connect': grpc.unary_stream_rpc_method_handler(
+                    servicer.Connect,
+                    request_deserializer=vz_dot_api_dot_v1_dot_api__pb2.ConnectRequest.FromString,
+                    response_serializer=vz_dot_api_dot_v1_dot_api__pb2.ConnectResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'vz.api.v1.Drivers', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('vz.api.v1.Drivers', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Drivers:
+    """---------------------------------------------------------------------------------------------------------
+    Drivers
+
+    Drivers: a driver's warm plugin session of the daemon, for a client that speaks the Runtime Protocol itself
+    (the conformance suite's --through-daemon). The plugin is reached on a private socket of the caller's uid.
+    """
+
+    @staticmethod
+    def Connect(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/vz.api.v1.Drivers/Connect',
+            vz_dot_api_dot_v1_dot_api__pb2.ConnectRequest.SerializeToString,
+            vz_dot_api_dot_v1_dot_api__pb2.ConnectResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

@@ -1074,3 +1074,117 @@ var _System_serviceDesc = grpc.ServiceDesc{
 	},
 	Metadata: "vz/api/v1/api.proto",
 }
+
+// DriversClient is the client API for Drivers service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+type DriversClient interface {
+	// Launch (or reuse) the daemon's plugin session of a driver for these options; one progress message says
+	// where to send Runtime Protocol gRPC; it is served until the client cancels this call; then an empty result.
+	Connect(ctx context.Context, in *ConnectRequest, opts ...grpc.CallOption) (Drivers_ConnectClient, error)
+}
+
+type driversClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewDriversClient(cc grpc.ClientConnInterface) DriversClient {
+	return &driversClient{cc}
+}
+
+func (c *driversClient) Connect(ctx context.Context, in *ConnectRequest, opts ...grpc.CallOption) (Drivers_ConnectClient, error) {
+	stream, err := c.cc.NewStream(ctx, &_Drivers_serviceDesc.Streams[0], "/vz.api.v1.Drivers/Connect", opts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &driversConnectClient{stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+type Drivers_ConnectClient interface {
+	Recv() (*ConnectResponse, error)
+	grpc.ClientStream
+}
+
+type driversConnectClient struct {
+	grpc.ClientStream
+}
+
+func (x *driversConnectClient) Recv() (*ConnectResponse, error) {
+	m := new(ConnectResponse)
+	if err := x.ClientStream.RecvMsg(m); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// DriversServer is the server API for Drivers service.
+// All implementations must embed UnimplementedDriversServer
+// for forward compatibility
+type DriversServer interface {
+	// Launch (or reuse) the daemon's plugin session of a driver for these options; one progress message says
+	// where to send Runtime Protocol gRPC; it is served until the client cancels this call; then an empty result.
+	Connect(*ConnectRequest, Drivers_ConnectServer) error
+	mustEmbedUnimplementedDriversServer()
+}
+
+// UnimplementedDriversServer must be embedded to have forward compatible implementations.
+type UnimplementedDriversServer struct {
+}
+
+func (UnimplementedDriversServer) Connect(*ConnectRequest, Drivers_ConnectServer) error {
+	return status.Errorf(codes.Unimplemented, "method Connect not implemented")
+}
+func (UnimplementedDriversServer) mustEmbedUnimplementedDriversServer() {}
+
+// UnsafeDriversServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to DriversServer will
+// result in compilation errors.
+type UnsafeDriversServer interface {
+	mustEmbedUnimplementedDriversServer()
+}
+
+func RegisterDriversServer(s *grpc.Server, srv DriversServer) {
+	s.RegisterService(&_Drivers_serviceDesc, srv)
+}
+
+func _Drivers_Connect_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(ConnectRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(DriversServer).Connect(m, &driversConnectServer{stream})
+}
+
+type Drivers_ConnectServer interface {
+	Send(*ConnectResponse) error
+	grpc.ServerStream
+}
+
+type driversConnectServer struct {
+	grpc.ServerStream
+}
+
+func (x *driversConnectServer) Send(m *ConnectResponse) error {
+	return x.ServerStream.SendMsg(m)
+}
+
+var _Drivers_serviceDesc = grpc.ServiceDesc{
+	ServiceName: "vz.api.v1.Drivers",
+	HandlerType: (*DriversServer)(nil),
+	Methods:     []grpc.MethodDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "Connect",
+			Handler:       _Drivers_Connect_Handler,
+			ServerStreams: true,
+		},
+	},
+	Metadata: "vz/api/v1/api.proto",
+}

@@ -29,6 +29,7 @@ import os
 import sys
 
 from vz_core.platform.fdpass import FD_PASSING, RECVMSG_FLAGS, own_received
+from vz_core.wire._exits import BACKEND, KINDS, UNAVAILABLE
 
 TYPE_CHECKING = False  # `typing` itself costs milliseconds on the CLI's hot path
 if TYPE_CHECKING:
@@ -203,8 +204,8 @@ class DaemonError(ErrorObject, Exception):
         message: str,
         *,
         code: str = "UNAVAILABLE",
-        kind: str = "unavailable",
-        exit_code: int = 69,
+        kind: str = KINDS[UNAVAILABLE],
+        exit_code: int = UNAVAILABLE,
         details: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(message)
@@ -224,7 +225,7 @@ class WireError(DaemonError):
     """The peer broke the local wire (bad length, kind, JSON, stream byte or descriptors; early close)."""
 
     def __init__(self, message: str) -> None:
-        super().__init__(message, code="INTERNAL", kind="backend_failure", exit_code=1)
+        super().__init__(message, code="INTERNAL", kind=KINDS[BACKEND], exit_code=BACKEND)
 
 
 def close_fds(fds: Sequence[int]) -> None:

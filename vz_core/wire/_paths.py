@@ -37,7 +37,7 @@ import os
 import stat
 import sys
 
-from vz_core.daemon._wire import DaemonError
+from vz_core.wire._frames import DaemonError
 
 TYPE_CHECKING = False  # `typing` itself costs milliseconds on the CLI's hot path
 if TYPE_CHECKING:

@@ -2,7 +2,7 @@
 
 The fingerprint is the SHA-256 over the vz version, ``sys.executable`` and the values of the environment
 variables that change what a daemon does (``DAEMON_ENV``). A CLI and a daemon that agree on it behave the
-same; when they differ the CLI decides (``vz_core.daemon._connect``): a newer CLI replaces an idle daemon.
+same; when they differ the CLI decides (``vz_core.wire._connect``): a newer CLI replaces an idle daemon.
 
 Imported on the CLI's hot path: standard library only, and nothing is computed at import time.
 """

@@ -27,9 +27,9 @@ import os
 import sys
 import time
 
-from vz_core.daemon._identity import PROTOCOL, compare_versions, fingerprint, version
-from vz_core.daemon._paths import NOFOLLOW, DaemonPaths, check_private_dir, daemon_paths, ensure_private_dir
-from vz_core.daemon._wire import Channel, DaemonError, WireError, close_fds
+from vz_core.wire._frames import Channel, DaemonError, WireError, close_fds
+from vz_core.wire._identity import PROTOCOL, compare_versions, fingerprint, version
+from vz_core.wire._paths import NOFOLLOW, DaemonPaths, check_private_dir, daemon_paths, ensure_private_dir
 
 if sys.platform != "win32":
     from vz_core.platform.peer import peer_credentials
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
     from typing import Any
 
-    from vz_core.daemon._wire import Message, Stream
+    from vz_core.wire._frames import Message, Stream
 
 __all__ = ["AUTOSTART_ENV", "START_TIMEOUT", "Connection", "autostart_enabled", "connect"]
 
@@ -166,12 +166,12 @@ def autostart_enabled(environ: Mapping[str, str] | None = None) -> bool:
 
 def _unavailable(paths: DaemonPaths) -> DaemonError:
     return DaemonError(
-        f"no vz daemon runs for {paths.home}; start it with `vz daemon start` "
-        f"({AUTOSTART_ENV}=0 keeps commands from starting one)",
+        f"no vz daemon runs for {paths.home} (nothing listens on {paths.socket}); start it with "
+        f"`vz daemon start` ({AUTOSTART_ENV}=0 keeps commands from starting one)",
     )
 
 
-def _open_socket(paths: DaemonPaths) -> Stream | None:
+def open_socket(paths: DaemonPaths) -> Stream | None:
     """A socket connected to the listener, or None when there is none (no file, or nobody listening).
 
     Windows: the client end of the daemon's named pipe, once its server is known to run as this user.
@@ -250,7 +250,7 @@ if sys.platform == "win32":
 
 def _hello(paths: DaemonPaths, environ: Mapping[str, str]) -> Connection | None:
     """Connect and exchange hellos; None when no daemon answers (none runs, or it is exiting)."""
-    sock = _open_socket(paths)
+    sock = open_socket(paths)
     if sock is None:
         return None
     channel = Channel(sock)
@@ -559,7 +559,7 @@ def stop_daemon(
     """
     import signal
 
-    from vz_core.daemon._paths import live_daemon
+    from vz_core.wire._paths import live_daemon
 
     env = os.environ if environ is None else environ
     paths = daemon_paths(home, env)
