@@ -127,9 +127,6 @@ async def check_supervised(ctx: CheckContext) -> Outcome:
     )
     await _set(ctx, wid, [])
     ensure(not await _states(ctx, wid), "ServiceStates", "no service after SetServices([])", "services left")
-    probe = ("sh", "-c", 'kill -0 "$1" 2>/dev/null && echo alive || echo gone', "sh", str(running.pid))
-    result = await ctx.run_ok(wid, probe)
-    ensure(result.stdout.strip() == b"gone", "Exec", f"service process {running.pid} gone", result.stdout)
     return Passed()
 
 
