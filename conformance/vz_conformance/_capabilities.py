@@ -20,6 +20,7 @@ __all__ = [
     "RESOURCE_LIMITS",
     "REUSE_PREFLIGHT",
     "SAVE_STATE",
+    "SERVICES",
     "STORAGE_LIMITS",
     "TERMINAL",
     "TOPOLOGY",
@@ -39,6 +40,8 @@ RESOURCE_LIMITS = "extensions.resource_limits"
 STORAGE_LIMITS = "extensions.storage_limits"
 TERMINAL = "extensions.terminal"
 SAVE_STATE = "extensions.save_state"
+SERVICES = "extensions.services"
+"""SetServices, ServiceStates and ServiceLogs (vz.machine.v1): the Machine supervises long-running commands."""
 TOPOLOGY = "extensions.facts.topology"
 """The Extensions fact ``topology``: the driver joins a Machine with the ``vz.network`` label to its route domain."""
 
@@ -56,6 +59,7 @@ ALL = (
     TERMINAL,
     TOPOLOGY,
     SAVE_STATE,
+    SERVICES,
 )
 
 _MOUNTS = {MountType.BIND: MOUNT_BIND, MountType.VOLUME: MOUNT_VOLUME, MountType.TMPFS: MOUNT_TMPFS}
@@ -93,6 +97,8 @@ def declared(
         return ext is not None and ext.terminal
     if name == SAVE_STATE:
         return ext is not None and ext.save_state
+    if name == SERVICES:
+        return ext is not None and ext.services
     if name == TOPOLOGY:
         return ext is not None and bool(ext.facts.get("topology"))
     raise KeyError(f"unknown capability name {name!r}; known: {', '.join(ALL)}")

@@ -28,6 +28,7 @@ from vz_conformance._checks import (
     pty,
     recreate,
     resources,
+    services,
     storage,
 )
 from vz_conformance._labels import LABELS
@@ -51,6 +52,7 @@ CATALOGUE: tuple[Case, ...] = (
     *recreate.CASES,
     *egress.CASES,
     *network.CASES,
+    *services.CASES,
     *crash.CASES,
     *checkpoint.CASES,
 )

@@ -20,6 +20,7 @@ LABELS: tuple[str, ...] = (
     "recreate",
     "egress",
     "network",
+    "services",
     "crash",
     "checkpoint",
 )

@@ -84,6 +84,7 @@ class ExtensionsRecord(_Model):
     topology: bool = Field(
         default=False, description="the Extensions fact 'topology' is present (the driver reads the vz.network label)"
     )
+    services: bool = Field(default=False, description="SetServices, ServiceStates and ServiceLogs are served")
 
 
 class InfoRecord(_Model):
@@ -138,6 +139,7 @@ class InfoRecord(_Model):
                 storage_limits=e.storage_limits,
                 terminal=e.terminal,
                 facts={"topology": "declared in the report"} if e.topology else {},
+                services=e.services,
             )
         on_run = None if self.recreate_mode_on_run is None else _enum(RecreateMode, self.recreate_mode_on_run)
         return info, ext, on_run
@@ -178,6 +180,7 @@ def info_record(info: DriverInfo, ext: Extensions | None, on_run: RecreateMode |
             storage_limits=ext.storage_limits,
             terminal=ext.terminal,
             topology=bool(ext.facts.get("topology")),
+            services=ext.services,
         )
     return InfoRecord(
         driver_name=info.driver_name,

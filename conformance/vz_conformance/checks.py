@@ -104,6 +104,9 @@ from vz_conformance._checks.recreate import check_opt_in as check_recreate_opt_i
 from vz_conformance._checks.recreate import check_valid_replaces as check_recreate_valid_replaces
 from vz_conformance._checks.resources import check_impossible_refused as check_resources_impossible_refused
 from vz_conformance._checks.resources import check_visible as check_resources_visible
+from vz_conformance._checks.services import check_health_and_order as check_services_health_and_order
+from vz_conformance._checks.services import check_restart_policies as check_services_restart_policies
+from vz_conformance._checks.services import check_supervised as check_services_supervised
 from vz_conformance._checks.storage import check_local_gone_after_recreate as check_storage_local_gone_after_recreate
 from vz_conformance._checks.storage import check_local_survives_restart as check_storage_local_survives_restart
 from vz_conformance._checks.storage import check_size as check_storage_size
@@ -208,6 +211,9 @@ __all__ = [
     "check_recreate_valid_replaces",
     "check_resources_impossible_refused",
     "check_resources_visible",
+    "check_services_health_and_order",
+    "check_services_restart_policies",
+    "check_services_supervised",
     "check_storage_local_gone_after_recreate",
     "check_storage_local_survives_restart",
     "check_storage_size",

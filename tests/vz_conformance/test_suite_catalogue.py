@@ -27,6 +27,7 @@ COUNTS = {
     "recreate": 4,
     "egress": 3,
     "network": 9,
+    "services": 3,
     "crash": 9,
     "checkpoint": 3,
 }
@@ -35,8 +36,8 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "conformance.md"
 
 def test_counts_per_label() -> None:
     assert Counter(c.label for c in _catalogue.CATALOGUE) == COUNTS
-    assert len(_catalogue.select("external")) == sum(COUNTS.values()) == 102
-    assert len(_catalogue.select("in-process")) == sum(COUNTS.values()) - COUNTS["crash"] == 93
+    assert len(_catalogue.select("external")) == sum(COUNTS.values()) == 105
+    assert len(_catalogue.select("in-process")) == sum(COUNTS.values()) - COUNTS["crash"] == 96
 
 
 def test_ids_are_stable_label_dot_name_and_unique() -> None:

@@ -27,9 +27,9 @@ SCHEMA_FILES = [
 
 def test_list_count_and_text(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["list", "--count"]) == 0
-    assert capsys.readouterr().out.strip() == "102"
+    assert capsys.readouterr().out.strip() == "105"
     assert main(["list", "--count", "--provider-mode", "in-process"]) == 0
-    assert capsys.readouterr().out.strip() == "93"
+    assert capsys.readouterr().out.strip() == "96"
     assert main(["list", "--count", "--label", "exec", "--label", "cancel"]) == 0
     assert capsys.readouterr().out.strip() == "25"
     assert main(["list", "--label", "crash"]) == 0
@@ -149,8 +149,8 @@ def test_verify_two_files_as_parity(tmp_path: Path, capsys: pytest.CaptureFixtur
     first, second = tmp_path / "in.json", tmp_path / "ext.json"
     passing_report("in-process").dump(first)
     passing_report("external").dump(second)
-    assert main(["verify-report", str(first), str(second), "--provider-mode", "parity", "--expect-count", "102"]) == 0
-    assert "93 shared cases identical in both modes, 9 external-only" in capsys.readouterr().out
+    assert main(["verify-report", str(first), str(second), "--provider-mode", "parity", "--expect-count", "105"]) == 0
+    assert "96 shared cases identical in both modes, 9 external-only" in capsys.readouterr().out
 
 
 @pytest.mark.slow

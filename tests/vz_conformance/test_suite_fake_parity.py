@@ -44,7 +44,7 @@ def test_cli_parity_run_passes_the_gate(tmp_path: Path) -> None:
         check=False,
     )
     assert gate.returncode == 0, gate.stdout
-    assert "PASS: parity report verified (102 cases)" in gate.stdout
+    assert "PASS: parity report verified (105 cases)" in gate.stdout
     loaded = load_report(report)
     assert [r.provider_mode for r in loaded.runs] == ["in-process", "external"]
     assert loaded.runs[0].info == loaded.runs[1].info

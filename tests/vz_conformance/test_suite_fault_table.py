@@ -266,6 +266,10 @@ TABLE = (
     Row("save-fails", "in-process", frozenset({"checkpoint.resume_keeps_process"})),
     Row("restore-fails", "in-process", frozenset({"checkpoint.resume_keeps_process"})),
     Row("state-file-corrupt", "in-process", frozenset({"checkpoint.corrupt_refused"})),
+    # A service killed 0.3 s after each start never stays running; its dependents' health ordering breaks too.
+    # The restart case's commands exit by themselves before the kill.
+    Row("service-crashes", "in-process", frozenset({"services.supervised", "services.health_and_order"})),
+    Row("health-never-passes", "in-process", frozenset({"services.health_and_order"})),
     # Plugin-process faults: nothing in-process ...
     Row("crash-before-handshake", "in-process", frozenset()),
     Row("crash-after-handshake", "in-process", frozenset()),

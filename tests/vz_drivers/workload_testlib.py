@@ -72,6 +72,12 @@ def check_workload_through_vz(tmp_path: Path, driver: str) -> None:
         web_pid = services["web"]["pid"]
         assert _running(vz, "sleep 10000[1]") == 1
         assert vz.sh("m", "cat /var/tmp/setup.log") == "setup ran yes"  # the Machine's environment
+        # Each service's own output (vz status --logs --service; Machines.Logs with a service).
+        assert vz.ok("status", "--logs", "--service", "web") == "web up\n"
+        assert vz.ok("status", "--logs", "--service", "web", "--tail", "0") == ""
+        assert vz.ok("status", "--logs", "--service", "once") == "vz-agent: service once exited (code 0)\n"
+        unknown = vz.run("status", "--logs", "--service", "nope")
+        assert unknown.returncode != 0 and "no service 'nope' (its services: once, web)" in unknown.stderr
 
         # Unchanged: setup skipped, the running service untouched.
         again = vz.ok("up", stderr=True)
@@ -99,6 +105,9 @@ def check_workload_through_vz(tmp_path: Path, driver: str) -> None:
         assert "service web of machine m did not start: exited" in broken.stderr, broken.stderr
         assert "last exit code 4" in broken.stderr, broken.stderr
         assert _running(vz, "sleep 10000[1]") == 0  # the changed service was stopped
+        # The service's log is kept across its restarts (and its change): both runs are in it.
+        log = vz.ok("status", "--logs", "--service", "web")
+        assert log.startswith("web up\n") and "broken\n" in log and "exited (code 4)" in log, log
 
         # Services removed from vz.json stop; what they were is gone from vz status.
         definition["machines"][0]["services"][1]["command"] = ["sh", "-c", "exec sleep 100002"]

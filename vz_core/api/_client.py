@@ -554,10 +554,13 @@ class Client(_Handle):
         tail: int | None = None,
         context: Mapping[str, Any] | None = None,
         definition_file: str | os.PathLike[str] | None = None,
+        service: str | None = None,
     ) -> Iterator[bytes]:
-        """A Machine's logs as chunks of bytes (with ``follow``, until the iterator is closed)."""
+        """A Machine's logs as chunks of bytes (with ``follow``, until the iterator is closed); with ``service``,
+        that service's output instead (kept across its restarts while the Machine runs)."""
+        fields: dict[str, Any] = {"service": service} if service is not None else {}
         request = self._request(
-            context, definition_file, environment=environment, machine=machine, follow=follow, tail=tail
+            context, definition_file, environment=environment, machine=machine, follow=follow, tail=tail, **fields
         )
         stream = self.transport.start("Machines.Logs", request)
         try:

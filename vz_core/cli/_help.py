@@ -14,7 +14,7 @@ Environments (made from the nearest vz.json upward from here):
   exec     run a command in a Machine:  vz exec [--environment E] [--machine M] [-e K=V] [-u U] [-w DIR]
            [-d] [-it] -- CMD...
   status   show Environments, Machines, drivers, state and drift; a Machine's log:
-           vz status --logs [--machine M] [--follow] [--tail N]
+           vz status --logs [--machine M] [--service S] [--follow] [--tail N]
   stop     stop every Machine of an Environment
   delete   delete an Environment and everything it owns (Machines, volumes unless --keep-volumes, bindings)
   volume   list volumes (in use and kept) or remove a kept one:  vz volume list | rm NAME

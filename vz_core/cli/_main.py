@@ -44,7 +44,8 @@ COMMANDS = (
 LEGACY_COMMANDS: dict[str, str] = {
     "run": "declare the Machine in vz.json, then `vz up` and `vz exec -- CMD`",
     "shell": "`vz exec -- sh` (or any shell) in the Machine of this worktree's Environment",
-    "logs": "`vz status --logs [--machine M] [--follow] [--tail N]` (a Machine's log); `vz status` shows each "
+    "logs": "`vz status --logs [--machine M] [--service S] [--follow] [--tail N]` (a Machine's or a service's "
+    "log); `vz status` shows each "
     "Machine's state and errors",
     "stack": "an Environment is the stack: list its Machines in vz.json, then `vz up` / `vz stop` / `vz delete`",
     "vm": "a VM is a Machine with a VM driver (qemu, vfkit, hyperv, macos_vm) in vz.json; `vz up` creates it",
@@ -216,6 +217,11 @@ def _parser(command: str) -> argparse.ArgumentParser:
         )
         parser.add_argument(
             "--tail", type=int, metavar="N", help="with --logs: start with the last N lines of what is there now"
+        )
+        parser.add_argument(
+            "--service",
+            metavar="NAME",
+            help="with --logs: that service's output instead (kept across its restarts while the Machine runs)",
         )
     if command == "driver":
         from vz_core.cli._driver_cmd import add_driver_arguments

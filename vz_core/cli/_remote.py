@@ -97,7 +97,9 @@ def exit_interrupted(command: str) -> int:
 def _check_logs_options(parsed: Any, usage_error: type[Exception]) -> None:
     if not parsed.logs:
         given = [
-            flag for flag, value in (("--follow", parsed.follow), ("--tail", parsed.tail)) if value not in (None, False)
+            flag
+            for flag, value in (("--follow", parsed.follow), ("--tail", parsed.tail), ("--service", parsed.service))
+            if value not in (None, False)
         ]
         if given:
             raise usage_error(f"{' and '.join(given)}: only with --logs (vz status --logs [--machine M] ...)")
@@ -113,7 +115,9 @@ def _check_logs_options(parsed: Any, usage_error: type[Exception]) -> None:
 def _print_logs(client: Any, parsed: Any) -> int:
     """`vz status --logs`: the Machine's log to stdout as bytes (Ctrl-C ends --follow with exit 0)."""
     out = sys.stdout.buffer
-    chunks = client.logs(parsed.machine, environment=parsed.environment, follow=parsed.follow, tail=parsed.tail)
+    chunks = client.logs(
+        parsed.machine, environment=parsed.environment, follow=parsed.follow, tail=parsed.tail, service=parsed.service
+    )
     try:
         for chunk in chunks:
             out.write(chunk)

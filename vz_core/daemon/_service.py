@@ -880,11 +880,12 @@ class Service:
     async def _machines_logs(self, state: _CallState) -> dict[str, Any]:
         from vz_core.env import execute_logs, prepare_exec
 
-        request = self._request(state, ("context", "environment", "machine", "follow", "tail"))
+        request = self._request(state, ("context", "environment", "machine", "follow", "tail", "service"))
         environment = request.string("environment", empty=False)
         machine = request.string("machine", empty=False)
         follow = request.boolean("follow")
         tail = request.integer("tail", default=None)
+        service = request.string("service", empty=False)
         ctx = self._context(state, request)
         target = prepare_exec(ctx, environment=environment, machine=machine)
         masked = ctx.redactor.stream()
@@ -894,7 +895,12 @@ class Service:
             if clean:
                 await state.call.write(1, clean)
 
-        await execute_logs(ctx, target, output, follow=follow, tail=tail)
+        if service is None:
+            await execute_logs(ctx, target, output, follow=follow, tail=tail)
+        else:
+            from vz_core.env import execute_service_logs
+
+            await execute_service_logs(ctx, target, service, output, follow=follow, tail=tail)
         rest = masked.flush()
         if rest:
             await state.call.write(1, rest)

@@ -72,6 +72,7 @@ if TYPE_CHECKING:
     from vz_core.env._plan import Change, Plan, Step, compute_plan
     from vz_core.env._progress import Progress
     from vz_core.env._select import select_environment, select_machine
+    from vz_core.env._service_logs import execute_service_logs
     from vz_core.env._status import STATUS_SCHEMA, environment_health, status
     from vz_core.env._store import (
         MIGRATIONS,
@@ -108,6 +109,7 @@ _WHERE = {
     "LogSink": "_exec",
     "execute_local": "_exec",
     "execute_logs": "_exec",
+    "execute_service_logs": "_service_logs",
     "environment_health": "_status",
     "OutputSink": "_exec",
     "TerminalSink": "_exec",
@@ -186,6 +188,7 @@ __all__ = [
     "execute",
     "execute_local",
     "execute_logs",
+    "execute_service_logs",
     "execute_terminal",
     "find_definition",
     "learn_project_secrets",

@@ -20,7 +20,7 @@ import pwd
 import secrets
 import shutil
 import subprocess
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -65,6 +65,7 @@ from vz_core.errors import (
 from vz_core.options import Options
 from vz_core.savestate import NO_SAVED_STATE, RestoreOutcome, SavedState
 from vz_core.secrets import SecretKeeper
+from vz_core.services import ServiceSpec, ServiceState
 
 from . import _network, _saved
 from ._exec import (
@@ -79,6 +80,7 @@ from ._exec import (
 )
 from ._faults import check_faults
 from ._main import append_log, read_log_tail, start_main_process, stop_main_process
+from ._services import Supervisor
 from ._store import MachineRecord, MachineStore
 from ._terminal import run_terminal
 
@@ -118,6 +120,9 @@ class FakeDriver(Driver):
         )
         # Process groups of the execs this instance is running, per Machine key: Stop/Delete/recreation kill them.
         self._active: dict[str, set[int]] = {}
+        # The service sets of running Machines (SetServices), per Machine key; Stop ends them, as it does in a
+        # Machine whose agent supervises them.
+        self._services: dict[str, Supervisor] = {}
         # The Machines' environment values: never on disk (the record keeps the names only), in this process's
         # memory and the user's kernel keyring, as for the built-in drivers; a Start without them is refused.
         self._secrets = SecretKeeper(self.state_dir)
@@ -164,6 +169,7 @@ class FakeDriver(Driver):
             terminal=True,
             facts={_network.FACT_KEY: _network.FACT},
             save_state=True,
+            services=True,
         )
 
     async def preflight(self, *, disable_auto_start: bool = False) -> None:
@@ -281,6 +287,9 @@ class FakeDriver(Driver):
                         "(fault mode 'stop-not-idempotent')"
                     )
                 return
+            supervisor = self._services.pop(key, None)
+            if supervisor is not None:
+                await supervisor.stop()
             self._halt(key, record)
             await self._release(key, record)
             record.status = "stopped"
@@ -490,6 +499,47 @@ class FakeDriver(Driver):
         for offset in range(0, len(data), size):
             yield data[offset : offset + size]
 
+    # Services --------------------------------------------------------------------------------------------
+
+    async def set_services(self, workspace_id: str, specs: Sequence[ServiceSpec]) -> tuple[ServiceState, ...]:
+        """Make ``specs`` the running Machine's whole service set (``_services``). A bad set is
+        INVALID_ARGUMENT and changes nothing; a stopped Machine is FAILED_PRECONDITION."""
+        _require_id(workspace_id, "SetServices")
+        key = self._store.key(workspace_id)
+        async with self._store.locked(key, cross_process=False):
+            record = self._running_record(key, workspace_id, "SetServices")
+            supervisor = self._services.get(key)
+            if supervisor is None:
+                supervisor = Supervisor(lambda spec, argv: self._service_launch(key, record, spec, argv), self.faults)
+            states = await supervisor.set(specs)
+            self._services[key] = supervisor
+            return states
+
+    async def service_states(self, workspace_id: str) -> tuple[ServiceState, ...]:
+        """The running Machine's services, in start order."""
+        _require_id(workspace_id, "ServiceStates")
+        key = self._store.key(workspace_id)
+        self._running_record(key, workspace_id, "ServiceStates")
+        supervisor = self._services.get(key)
+        return supervisor.states() if supervisor is not None else ()
+
+    async def service_logs(self, workspace_id: str, name: str, tail_bytes: int = 0) -> bytes:
+        """The newest output of service ``name`` (kept across its restarts, bounded)."""
+        _require_id(workspace_id, "ServiceLogs")
+        key = self._store.key(workspace_id)
+        self._running_record(key, workspace_id, "ServiceLogs")
+        supervisor = self._services.get(key)
+        if supervisor is None:
+            raise InvalidArgumentError(f"no service {name!r} in this Machine", details={"field": "name"})
+        return supervisor.log_tail(name, tail_bytes)
+
+    def _service_launch(self, key: str, record: MachineRecord, spec: ServiceSpec, argv: Sequence[str]) -> Launch:
+        _check_argv(tuple(argv), "argv")
+        _check_environment(spec.environment, "environment")
+        exec_spec = ExecSpec(record.workspace_id, tuple(argv), spec.user, spec.workdir, spec.environment)
+        launch = self._exec_launch(key, record, exec_spec)
+        return replace(launch, argv=tuple(argv))  # the exec fault modes are not the services'
+
     # Helpers ---------------------------------------------------------------------------------------------
 
     @contextlib.asynccontextmanager
@@ -547,8 +597,11 @@ class FakeDriver(Driver):
             await _network.release(key, record.labels)
 
     def _halt(self, key: str, record: MachineRecord | None) -> None:
-        """Kill everything running in the Machine: its main process, the execs this instance started and the
-        processes of a saved state."""
+        """Kill everything running in the Machine: its main process, the execs this instance started, its services
+        and the processes of a saved state."""
+        supervisor = self._services.pop(key, None)
+        if supervisor is not None:
+            supervisor.kill()
         if record is not None:
             stop_main_process(record.main_pid, record.main_started)
             _saved.kill_saved(_saved.raw_groups(self._store.machine_dir(key)))

@@ -72,6 +72,9 @@ FAULT_DESCRIPTIONS: Mapping[str, str] = MappingProxyType(
         "logs-wrong-chunks": "Logs chunks are up to 65536 bytes",
         "logs-stopped-refused": "Logs on a stopped Machine fails with FAILED_PRECONDITION instead of answering",
         "logs-starts-machine": "Logs on a stopped Machine starts it first",
+        # Services (SetServices).
+        "service-crashes": "every service process is killed (SIGKILL) 0.3 s after it starts, as if it crashed",
+        "health-never-passes": "health checks never pass: a service with one never becomes healthy",
     }
 )
 """Every fault mode name → one line saying what it does."""

@@ -62,6 +62,7 @@ from vz_core.errors import (
     UnsupportedError,
 )
 from vz_core.rpc import capabilities_to_pb
+from vz_core.services import HealthCheck, ServiceSpec, ServiceState
 
 Check = Callable[[Path], Awaitable[None]]
 CHECKS: dict[str, Check] = {}
@@ -459,6 +460,56 @@ async def _logs_starts_machine(tmp_path: Path) -> None:
     await logs_of(clean(tmp_path), ws)
     details = await clean(tmp_path).find(ws)
     assert details is not None and details.state.status == "stopped"
+
+
+# Services ---------------------------------------------------------------------------------------------------
+
+
+async def _service_state(driver: FakeDriver, ws: str, name: str, ok: Callable[[ServiceState], bool]) -> ServiceState:
+    for _ in range(150):
+        state = {s.name: s for s in await driver.service_states(ws)}.get(name)
+        if state is not None and ok(state):
+            return state
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"service {name!r}: {state!r}")
+
+
+@check("service-crashes")
+async def _service_crashes(tmp_path: Path) -> None:
+    idle = ServiceSpec("idle", ("sleep", "600"))
+    driver = faulty(tmp_path, "service-crashes")
+    ws = unique_id()
+    await driver.run_image(request(ws))
+    await driver.set_services(ws, [idle])
+    crashed = await _service_state(driver, ws, "idle", lambda s: s.state == "exited")
+    assert crashed.last_signal == "SIGKILL" and crashed.last_exit_code == 128 + signal.SIGKILL
+    await driver.delete(ws)
+    driver = clean(tmp_path)
+    ws = unique_id()
+    await driver.run_image(request(ws))
+    await driver.set_services(ws, [idle])
+    running = await _service_state(driver, ws, "idle", lambda s: s.state == "running")
+    await asyncio.sleep(1.0)
+    assert (await driver.service_states(ws))[0].pid == running.pid
+    await driver.delete(ws)
+
+
+@check("health-never-passes")
+async def _health_never_passes(tmp_path: Path) -> None:
+    healthy = ServiceSpec("db", ("sleep", "600"), health=HealthCheck(argv=("true",), interval=0.2, retries=1))
+    driver = faulty(tmp_path, "health-never-passes")
+    ws = unique_id()
+    await driver.run_image(request(ws))
+    await driver.set_services(ws, [healthy])
+    sick = await _service_state(driver, ws, "db", lambda s: s.health == "unhealthy")
+    assert sick.state == "running" and "health-never-passes" in sick.last_error
+    await driver.delete(ws)
+    driver = clean(tmp_path)
+    ws = unique_id()
+    await driver.run_image(request(ws))
+    await driver.set_services(ws, [healthy])
+    await _service_state(driver, ws, "db", lambda s: s.health == "healthy")
+    await driver.delete(ws)
 
 
 # Terminal sessions ------------------------------------------------------------------------------------------

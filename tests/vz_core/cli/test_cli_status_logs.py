@@ -83,3 +83,9 @@ def test_log_option_mistakes_exit_2(vz: Vz, tmp_path: Path, args: tuple[str, ...
 def test_help_status_names_the_log_options(vz: Vz, tmp_path: Path) -> None:
     out = vz.ok("help", "status", cwd=tmp_path)
     assert "--logs" in out and "--follow" in out and "--tail N" in out
+
+
+def test_service_needs_logs(vz: Vz, tmp_path: Path) -> None:
+    project = write_project(tmp_path / "p", fake_machine("web"))
+    assert "--service: only with --logs" in vz.fails(2, "status", "--service", "web", cwd=project)
+    vz.assert_recorded_nothing()

@@ -898,18 +898,20 @@ class ExecResult(_message.Message):
     def __init__(self, exit_code: _Optional[int] = ..., signal: _Optional[str] = ...) -> None: ...
 
 class LogsRequest(_message.Message):
-    __slots__ = ("context", "environment", "machine", "follow", "tail")
+    __slots__ = ("context", "environment", "machine", "follow", "tail", "service")
     CONTEXT_FIELD_NUMBER: _ClassVar[int]
     ENVIRONMENT_FIELD_NUMBER: _ClassVar[int]
     MACHINE_FIELD_NUMBER: _ClassVar[int]
     FOLLOW_FIELD_NUMBER: _ClassVar[int]
     TAIL_FIELD_NUMBER: _ClassVar[int]
+    SERVICE_FIELD_NUMBER: _ClassVar[int]
     context: Context
     environment: str
     machine: str
     follow: bool
     tail: int
-    def __init__(self, context: _Optional[_Union[Context, _Mapping]] = ..., environment: _Optional[str] = ..., machine: _Optional[str] = ..., follow: _Optional[bool] = ..., tail: _Optional[int] = ...) -> None: ...
+    service: str
+    def __init__(self, context: _Optional[_Union[Context, _Mapping]] = ..., environment: _Optional[str] = ..., machine: _Optional[str] = ..., follow: _Optional[bool] = ..., tail: _Optional[int] = ..., service: _Optional[str] = ...) -> None: ...
 
 class LogsResponse(_message.Message):
     __slots__ = ("output", "result")
