@@ -165,6 +165,8 @@ NOT_APPLICABLE = {  # what hostdir declares absent, each refusal verified by the
     "extensions.resource_limits",
     "extensions.storage_limits",
     "extensions.facts.topology",
+    "extensions.services",
+    "extensions.save_state",
 }
 
 

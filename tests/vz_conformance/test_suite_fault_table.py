@@ -102,6 +102,9 @@ NEEDS_A_MACHINE = NEEDS_AN_EXIT | frozenset(
         "pty.exit_code",
         "pty.resize",
         "pty.size",
+        "services.health_and_order",  # services run in a Machine
+        "services.restart_policies",
+        "services.supervised",
     }
 )
 

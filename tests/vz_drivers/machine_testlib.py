@@ -165,6 +165,15 @@ def not_passed(report: dict[str, Any]) -> list[str]:
     return sorted({c["id"] for r in report["runs"] for c in r["cases"] if c["outcome"] != "passed"})
 
 
+def not_applicable(report: dict[str, Any]) -> list[str]:
+    """Ids of the cases of a report that were verified refusals (``not-applicable``) in some run."""
+    return sorted({c["id"] for r in report["runs"] for c in r["cases"] if c["outcome"] == "not-applicable"})
+
+
+CHECKPOINT_CASES = ["checkpoint.corrupt_refused", "checkpoint.delete_removes_state", "checkpoint.resume_keeps_process"]
+"""The ``checkpoint`` label's cases: not applicable to a driver that declares ``save_state`` false."""
+
+
 async def check_machines_outlive_the_plugin(
     tmp_path: Path,
     name: str,

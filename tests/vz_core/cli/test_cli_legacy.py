@@ -51,4 +51,4 @@ def test_the_message_names_no_release_and_logs_points_at_status_logs(vz: Vz, tmp
     version = vz.ok("version", cwd=tmp_path).split()[1]
     err = vz.fails(2, "logs", cwd=tmp_path)
     assert "vz 0." not in err.replace(f"vz {version}", "")  # no release other than this one is claimed
-    assert "`vz status --logs [--machine M] [--follow] [--tail N]`" in err
+    assert "`vz status --logs [--machine M] [--service S] [--follow] [--tail N]`" in err

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from machine_testlib import not_passed, parity_run
+from machine_testlib import CHECKPOINT_CASES, not_applicable, not_passed, parity_run
 
 ADAPTER = "vz_conformance.adapters.qemu:ADAPTER"
 
@@ -20,4 +20,6 @@ ADAPTER = "vz_conformance.adapters.qemu:ADAPTER"
 @pytest.mark.timeout(3600)
 def test_parity_run_of_the_whole_catalogue_passes_the_gate(tmp_path: Path) -> None:
     report = parity_run(tmp_path, "qemu", "--adapter", ADAPTER, timeout=3300, through_daemon=True)
-    assert not_passed(report) == [], "the qemu driver declares every capability: no case may be not-applicable"
+    # qemu declares every capability but saving a running Machine (extensions.save_state is false, with its
+    # reason): the checkpoint cases alone are verified refusals, and nothing fails.
+    assert not_passed(report) == not_applicable(report) == CHECKPOINT_CASES, not_passed(report)
